@@ -1,0 +1,33 @@
+"""heartbeat: keep long-running agent work alive across the seams between invocations.
+
+The Python API is :func:`open_task`; the rest lives in one module per concept (see the
+README's "Code map"). Importing this package is cheap: nothing heavy is loaded until used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "open_task", "Task", "Baton", "HeartbeatError"]
+
+if TYPE_CHECKING:
+    from heartbeat.api import Task, open_task
+    from heartbeat.baton import Baton
+    from heartbeat.errors import HeartbeatError
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("open_task", "Task"):
+        from heartbeat import api
+
+        return getattr(api, name)
+    if name == "Baton":
+        from heartbeat.baton import Baton
+
+        return Baton
+    if name == "HeartbeatError":
+        from heartbeat.errors import HeartbeatError
+
+        return HeartbeatError
+    raise AttributeError(name)

@@ -1,0 +1,103 @@
+"""The Python API for agents written in Python.
+
+    import heartbeat
+
+    task = heartbeat.open_task("fix-fallback")   # state dir and epoch from the environment
+    baton = task.read()
+    with task.update() as baton:                  # locked; written atomically and fenced on exit
+        baton.step = "Restart the service"
+        baton.done.append("Saved state")
+
+The epoch comes from ``HEARTBEAT_EPOCH`` when ``HEARTBEAT_TASK`` names this task (as it
+does for an agent the daemon launched), so a superseded agent's update is refused with
+:class:`~heartbeat.errors.Conflict` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from heartbeat import tasks
+from heartbeat.baton import Baton, check_id
+from heartbeat.errors import BadInput
+from heartbeat.store import Store, open_store
+
+__all__ = ["Task", "open_task", "epoch_from_env"]
+
+
+def epoch_from_env(task_id: str, env: Mapping[str, str] | None = None) -> int | None:
+    """The caller's epoch for ``task_id`` from ``HEARTBEAT_EPOCH``, when it belongs to this task."""
+    env = os.environ if env is None else env
+    raw = env.get("HEARTBEAT_EPOCH")
+    if not raw:
+        return None
+    owner_task = env.get("HEARTBEAT_TASK")
+    if owner_task and owner_task != task_id:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadInput(f"HEARTBEAT_EPOCH is not an integer: {raw[:20]!r}") from None
+    if value < 0:
+        raise BadInput("HEARTBEAT_EPOCH must not be negative")
+    return value
+
+
+class Task:
+    """One task's baton, read and updated through a store."""
+
+    def __init__(self, task_id: str, store: Store, *, epoch: int | None = None, actor: str = "api") -> None:
+        self.id = check_id(task_id)
+        self.store = store
+        self.epoch = epoch
+        self.actor = actor
+
+    def read(self) -> Baton:
+        """The baton as it is now (validated)."""
+        return self.store.load(self.id)
+
+    @contextmanager
+    def update(self, *, expect_revision: int | None = None) -> Iterator[Baton]:
+        """Lock the baton and yield it for changes; written atomically, fenced and recorded on exit.
+
+        An exception inside the block writes nothing. ``blocked_on`` and ``meta`` are not
+        yours to change here (the write is refused): use :meth:`block` and :meth:`unblock`.
+        """
+        with self.store.edit(self.id, expect_revision=expect_revision, epoch=self.epoch, actor=self.actor) as ed:
+            yield ed.baton
+            if ed.baton.blocked_on != ed.old.blocked_on:
+                raise BadInput("change blocked_on with block()/unblock(), not update()", task=self.id,
+                               field="blocked_on")
+            if ed.baton.meta != ed.old.meta:
+                raise BadInput("meta is managed by heartbeat", task=self.id, field="meta")
+
+    def touch(self) -> Baton:
+        return tasks.touch(self.store, self.id, epoch=self.epoch, actor=self.actor)
+
+    def block(self, on: str, gate: str = "human") -> Baton:
+        from heartbeat.baton import Gate
+
+        return tasks.block(self.store, self.id, on, Gate.parse(gate), epoch=self.epoch, actor=self.actor)
+
+    def done(self, note: str = "") -> Baton:
+        return tasks.finish(self.store, self.id, note=note, epoch=self.epoch, actor=self.actor)
+
+
+def open_task(
+    task_id: str,
+    *,
+    state_dir: str | None = None,
+    config: str | None = None,
+    epoch: int | None = None,
+    store: Store | None = None,
+) -> Task:
+    """Open a task by id. The state dir comes from the arguments, ``$HEARTBEAT_STATE_DIR`` or the config."""
+    if store is None:
+        from heartbeat.config import resolve_state_dir
+
+        store = open_store(resolve_state_dir(state_dir, config))
+    if epoch is None:
+        epoch = epoch_from_env(task_id)
+    return Task(task_id, store, epoch=epoch)

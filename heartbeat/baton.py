@@ -1,0 +1,462 @@
+"""The baton: one task's state note, its validation, and its TOML form.
+
+A baton is read with :mod:`tomllib` and written with :mod:`tomli_w`. Reading validates
+every field and fails with one line naming the file and the field; keys heartbeat does
+not know are kept (``extra``) and written back unchanged, so a rewrite never loses what
+a human or another tool put there. Comments are not kept: TOML libraries drop them.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from heartbeat import defaults
+from heartbeat.errors import BadInput, InvalidBaton
+from heartbeat.timeparse import parse_instant, to_utc
+
+__all__ = [
+    "ID_PATTERN",
+    "SCALAR_FIELDS",
+    "LIST_FIELDS",
+    "Status",
+    "GateKind",
+    "Gate",
+    "Owner",
+    "Meta",
+    "Baton",
+    "check_id",
+    "parse_baton",
+    "dump_baton",
+]
+
+ID_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+
+SCALAR_FIELDS = ("task", "intent", "step", "next_step", "blocked_on", "workdir", "launcher", "handoff")
+"""Top-level string fields, in the order a baton is written."""
+
+LIST_FIELDS = ("key_files", "constraints", "done", "plan", "decisions", "rejected", "unknowns")
+"""Top-level list-of-string fields."""
+
+REQUIRED_FIELDS = ("task", "step")
+
+
+class Status(StrEnum):
+    """Where a task stands; ``invalid`` is never stored, only shown for unreadable batons."""
+
+    ACTIVE = "active"
+    BLOCKED = "blocked"
+    SNOOZED = "snoozed"
+    DONE = "done"
+    FAILED = "failed"
+    ESCALATED = "escalated"
+    PAUSED = "paused"
+    INVALID = "invalid"
+
+
+STORED_STATUSES = frozenset(s for s in Status if s is not Status.INVALID)
+FINISHED_STATUSES = frozenset({Status.DONE, Status.FAILED})
+
+
+class GateKind(StrEnum):
+    """How a block clears."""
+
+    HUMAN = "human"
+    FILE = "file"
+    TIME = "time"
+    TASK = "task"
+    CHECK = "check"
+
+
+def check_id(task_id: object) -> str:
+    """Return ``task_id`` if it is a valid task id, else raise :class:`BadInput`."""
+    if not isinstance(task_id, str) or not ID_PATTERN.fullmatch(task_id):
+        shown = task_id if isinstance(task_id, str) else type(task_id).__name__
+        raise BadInput(
+            f"bad task id {str(shown)[:80]!r}: use 1-64 of a-z 0-9 . _ -, starting with a letter or digit"
+        )
+    return task_id
+
+
+@dataclass
+class Gate:
+    """What lifts a block: a human, a file appearing, a time, another task done, a check."""
+
+    kind: GateKind = GateKind.HUMAN
+    target: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, spec: str) -> Gate:
+        """Parse the CLI form: ``human``, ``file:PATH``, ``time:ISO8601``, ``task:ID``, ``check:NAME``."""
+        kind_text, sep, target = spec.partition(":")
+        try:
+            kind = GateKind(kind_text.strip())
+        except ValueError:
+            raise BadInput(
+                f"bad gate {spec[:80]!r}: use human, file:PATH, time:ISO8601, task:ID or check:NAME",
+                field="gate",
+            ) from None
+        if kind is GateKind.HUMAN:
+            if target:
+                raise BadInput("the human gate takes no target", field="gate")
+            return cls(kind)
+        if not sep or not target:
+            raise BadInput(f"gate {kind.value} needs a target: {kind.value}:...", field="gate")
+        if "\0" in target:
+            raise BadInput("gate target contains a NUL byte", field="gate")
+        if kind is GateKind.TIME:
+            target = parse_instant(target, field="gate").isoformat()
+        elif kind is GateKind.TASK:
+            check_id(target)
+        elif kind is GateKind.FILE and not target.startswith("/"):
+            raise BadInput("a file gate needs an absolute path", field="gate")
+        return cls(kind, target)
+
+    def spec(self) -> str:
+        """The CLI form of this gate."""
+        return self.kind.value if self.kind is GateKind.HUMAN else f"{self.kind.value}:{self.target}"
+
+
+@dataclass
+class Owner:
+    """The agent holding a task: enough to tell whether it is still alive, and how it started."""
+
+    pid: int | None = None
+    create_time: float | None = None
+    host: str = ""
+    launcher: str = ""
+    unit: str = ""
+    session: str = ""
+    how: str = ""  # "dispatch" (the daemon started it) or "claim" (it started itself)
+    started_at: datetime | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Meta:
+    """The part of a baton heartbeat manages; agents do not edit it."""
+
+    schema: int = defaults.SCHEMA
+    id: str = ""
+    status: Status = Status.ACTIVE
+    revision: int = 0
+    epoch: int = 0
+    attempt: int = 0
+    dispatches: int = 0
+    idle_resumes: int = 0
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    touched_at: datetime | None = None
+    progress_at: datetime | None = None
+    dispatched_at: datetime | None = None
+    blocked_at: datetime | None = None
+    snooze_until: datetime | None = None
+    last_failure: str = ""
+    last_exit: int | None = None
+    owner: Owner | None = None
+    gate: Gate | None = None
+    world: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Baton:
+    """A task's state note. ``extra`` holds top-level keys heartbeat does not know."""
+
+    task: str
+    step: str
+    intent: str = ""
+    next_step: str = ""
+    blocked_on: str = ""
+    workdir: str = ""
+    launcher: str = ""
+    handoff: str = ""
+    key_files: list[str] = field(default_factory=list)
+    constraints: list[str] = field(default_factory=list)
+    done: list[str] = field(default_factory=list)
+    plan: list[str] = field(default_factory=list)
+    decisions: list[str] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+    unknowns: list[str] = field(default_factory=list)
+    meta: Meta = field(default_factory=Meta)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.meta.id
+
+    @property
+    def status(self) -> Status:
+        return self.meta.status
+
+    def copy(self) -> Baton:
+        """A deep-enough copy: lists and nested meta may be mutated without touching the original."""
+        meta = replace(
+            self.meta,
+            owner=replace(self.meta.owner, extra=_deep(self.meta.owner.extra)) if self.meta.owner else None,
+            gate=replace(self.meta.gate, extra=_deep(self.meta.gate.extra)) if self.meta.gate else None,
+            world=dict(self.meta.world),
+            extra=_deep(self.meta.extra),
+        )
+        lists = {name: list(getattr(self, name)) for name in LIST_FIELDS}
+        return replace(self, meta=meta, extra=_deep(self.extra), **lists)  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The TOML document as plain data (also what ``show --json`` prints, with times as text)."""
+        doc: dict[str, Any] = {}
+        for name in SCALAR_FIELDS:
+            doc[name] = getattr(self, name)
+        for name in LIST_FIELDS:
+            doc[name] = list(getattr(self, name))
+        for key, value in self.extra.items():
+            doc[key] = value
+        doc["meta"] = _meta_to_dict(self.meta)
+        return doc
+
+
+def _deep(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _deep(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep(v) for v in value]
+    return value
+
+
+_META_TIMES = ("created_at", "updated_at", "touched_at", "progress_at", "dispatched_at", "blocked_at", "snooze_until")
+_META_INTS = ("schema", "revision", "epoch", "attempt", "dispatches", "idle_resumes")
+
+
+def _meta_to_dict(meta: Meta) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "schema": meta.schema,
+        "id": meta.id,
+        "status": meta.status.value,
+        "revision": meta.revision,
+        "epoch": meta.epoch,
+        "attempt": meta.attempt,
+        "dispatches": meta.dispatches,
+        "idle_resumes": meta.idle_resumes,
+    }
+    for name in _META_TIMES:
+        value = getattr(meta, name)
+        if value is not None:
+            out[name] = value
+    if meta.last_failure:
+        out["last_failure"] = meta.last_failure
+    if meta.last_exit is not None:
+        out["last_exit"] = meta.last_exit
+    out.update(meta.extra)
+    if meta.owner is not None:
+        owner: dict[str, Any] = {}
+        for f in fields(Owner):
+            if f.name == "extra":
+                continue
+            value = getattr(meta.owner, f.name)
+            if value is not None and value != "":
+                owner[f.name] = value
+        owner.update(meta.owner.extra)
+        out["owner"] = owner
+    if meta.gate is not None:
+        out["gate"] = {"kind": meta.gate.kind.value, "target": meta.gate.target, **meta.gate.extra}
+    if meta.world:
+        out["world"] = dict(meta.world)
+    return out
+
+
+class _Reader:
+    """Validates one parsed document, naming the file and field of the first problem."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def fail(self, field_name: str, message: str) -> InvalidBaton:
+        return InvalidBaton(message, path=self.path, field=field_name)
+
+    def string(self, data: dict[str, Any], key: str, name: str, *, required: bool = False) -> str:
+        if key not in data:
+            if required:
+                raise self.fail(name, "missing (required)")
+            return ""
+        value = data.pop(key)
+        if not isinstance(value, str):
+            raise self.fail(name, f"expected a string, got {_describe(value)}")
+        if required and not value.strip():
+            raise self.fail(name, "must not be empty")
+        return value
+
+    def strings(self, data: dict[str, Any], key: str, name: str) -> list[str]:
+        if key not in data:
+            return []
+        value = data.pop(key)
+        if not isinstance(value, list):
+            raise self.fail(name, f"expected a list of strings, got {_describe(value)}")
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise self.fail(f"{name}[{i}]", f"expected a string, got {_describe(item)}")
+        return list(value)
+
+    def integer(self, data: dict[str, Any], key: str, name: str, default: int | None) -> int | None:
+        if key not in data:
+            return default
+        value = data.pop(key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(name, f"expected an integer, got {_describe(value)}")
+        if value < 0 and key != "last_exit":
+            raise self.fail(name, f"must not be negative, got {value}")
+        return value
+
+    def number(self, data: dict[str, Any], key: str, name: str) -> float | None:
+        if key not in data:
+            return None
+        value = data.pop(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(name, f"expected a number, got {_describe(value)}")
+        return float(value)
+
+    def time(self, data: dict[str, Any], key: str, name: str) -> datetime | None:
+        if key not in data:
+            return None
+        value = data.pop(key)
+        if isinstance(value, datetime):
+            return to_utc(value)
+        if isinstance(value, str):
+            try:
+                return parse_instant(value)
+            except BadInput:
+                pass
+        raise self.fail(name, f"expected a date-time, got {_describe(value)}")
+
+    def table(self, data: dict[str, Any], key: str, name: str) -> dict[str, Any] | None:
+        if key not in data:
+            return None
+        value = data.pop(key)
+        if not isinstance(value, dict):
+            raise self.fail(name, f"expected a table, got {_describe(value)}")
+        return dict(value)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, str):
+        return f"a string {value[:40]!r}"
+    if isinstance(value, bool):
+        return f"a boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__
+
+
+def baton_from_dict(doc: dict[str, Any], *, path: str, expected_id: str | None = None) -> Baton:
+    """Validate a parsed baton document; ``expected_id`` is the id its file name gives."""
+    r = _Reader(path)
+    data = dict(doc)
+    meta_doc = r.table(data, "meta", "meta") or {}
+    meta = _meta_from_dict(r, meta_doc, expected_id)
+    values: dict[str, Any] = {}
+    for name in SCALAR_FIELDS:
+        values[name] = r.string(data, name, name, required=name in REQUIRED_FIELDS)
+    for name in LIST_FIELDS:
+        values[name] = r.strings(data, name, name)
+    baton = Baton(meta=meta, extra=data, **values)
+    if baton.workdir and (not baton.workdir.startswith("/") or "\0" in baton.workdir):
+        raise r.fail("workdir", "must be an absolute path")
+    if baton.launcher and not ID_PATTERN.fullmatch(baton.launcher):
+        raise r.fail("launcher", f"bad launcher name {baton.launcher[:40]!r}")
+    for i, key_file in enumerate(baton.key_files):
+        if not key_file or "\0" in key_file:
+            raise r.fail(f"key_files[{i}]", "must be a non-empty path")
+    if meta.status is Status.BLOCKED and meta.gate is None:
+        meta.gate = Gate(GateKind.HUMAN)
+    return baton
+
+
+def _meta_from_dict(r: _Reader, doc: dict[str, Any], expected_id: str | None) -> Meta:
+    schema = r.integer(doc, "schema", "meta.schema", defaults.SCHEMA)
+    assert schema is not None
+    if schema > defaults.SCHEMA:
+        raise r.fail(
+            "meta.schema",
+            f"written by a newer heartbeat (schema {schema}; this one reads up to {defaults.SCHEMA}): upgrade heartbeat",
+        )
+    if schema < 1:
+        raise r.fail("meta.schema", f"unknown schema {schema}")
+    task_id = r.string(doc, "id", "meta.id") or (expected_id or "")
+    if expected_id is not None and task_id != expected_id:
+        raise r.fail("meta.id", f"is {task_id[:64]!r} but the file is named for {expected_id!r}")
+    if task_id and not ID_PATTERN.fullmatch(task_id):
+        raise r.fail("meta.id", f"bad task id {task_id[:64]!r}")
+    status_text = r.string(doc, "status", "meta.status") or Status.ACTIVE.value
+    try:
+        status = Status(status_text)
+    except ValueError:
+        status = Status.INVALID
+    if status not in STORED_STATUSES:
+        raise r.fail("meta.status", f"unknown status {status_text[:40]!r}")
+    meta = Meta(schema=schema, id=task_id, status=status)
+    for name in _META_INTS[1:]:
+        value = r.integer(doc, name, f"meta.{name}", 0)
+        setattr(meta, name, value)
+    for name in _META_TIMES:
+        setattr(meta, name, r.time(doc, name, f"meta.{name}"))
+    meta.last_failure = r.string(doc, "last_failure", "meta.last_failure")
+    meta.last_exit = r.integer(doc, "last_exit", "meta.last_exit", None)
+    owner_doc = r.table(doc, "owner", "meta.owner")
+    if owner_doc is not None:
+        meta.owner = Owner(
+            pid=r.integer(owner_doc, "pid", "meta.owner.pid", None),
+            create_time=r.number(owner_doc, "create_time", "meta.owner.create_time"),
+            host=r.string(owner_doc, "host", "meta.owner.host"),
+            launcher=r.string(owner_doc, "launcher", "meta.owner.launcher"),
+            unit=r.string(owner_doc, "unit", "meta.owner.unit"),
+            session=r.string(owner_doc, "session", "meta.owner.session"),
+            how=r.string(owner_doc, "how", "meta.owner.how"),
+            started_at=r.time(owner_doc, "started_at", "meta.owner.started_at"),
+            extra=owner_doc,
+        )
+    gate_doc = r.table(doc, "gate", "meta.gate")
+    if gate_doc is not None:
+        kind_text = r.string(gate_doc, "kind", "meta.gate.kind") or GateKind.HUMAN.value
+        try:
+            kind = GateKind(kind_text)
+        except ValueError:
+            raise r.fail("meta.gate.kind", f"unknown gate kind {kind_text[:40]!r}") from None
+        meta.gate = Gate(kind, r.string(gate_doc, "target", "meta.gate.target"), extra=gate_doc)
+    world_doc = r.table(doc, "world", "meta.world")
+    if world_doc is not None:
+        for key, value in world_doc.items():
+            if not isinstance(value, str):
+                raise r.fail(f"meta.world.{key}", f"expected a string, got {_describe(value)}")
+        meta.world = world_doc
+    meta.extra = doc
+    return meta
+
+
+def parse_baton(text: str | bytes, *, path: str, expected_id: str | None = None) -> Baton:
+    """Parse and validate a baton's TOML text, raising :class:`InvalidBaton` with file and field."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidBaton(f"not UTF-8 text (byte {exc.start})", path=path) from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidBaton(f"not valid TOML: {exc}", path=path) from None
+    except RecursionError:
+        raise InvalidBaton("not valid TOML: nested too deeply", path=path) from None
+    return baton_from_dict(doc, path=path, expected_id=expected_id)
+
+
+def dump_baton(baton: Baton) -> str:
+    """The TOML text of a baton: known fields first, in DESIGN.md's order, then unknown keys."""
+    import tomli_w
+
+    return tomli_w.dumps(baton.to_dict(), multiline_strings=True)

@@ -1,0 +1,437 @@
+"""The ``heartbeat`` command. Agents call it often, so its write paths import only what
+they use: no scheduler, no watcher, no structlog, no psutil (except ``claim``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from heartbeat.errors import EXIT_BAD_INPUT, EXIT_ERROR, BadInput, HeartbeatError
+
+__all__ = ["main", "build_parser"]
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from heartbeat.config import resolve_state_dir
+    from heartbeat.store import open_store
+
+    return open_store(resolve_state_dir(args.state_dir, args.config))
+
+
+def _epoch(args: argparse.Namespace) -> int | None:
+    if getattr(args, "epoch", None) is not None:
+        if args.epoch < 0:
+            raise BadInput("--epoch must not be negative")
+        return int(args.epoch)
+    from heartbeat.api import epoch_from_env
+
+    return epoch_from_env(args.id)
+
+
+def _actor(args: argparse.Namespace) -> str:
+    return os.environ.get("HEARTBEAT_ACTOR") or ("agent" if os.environ.get("HEARTBEAT_EPOCH") else "cli")
+
+
+def _print_json(value: Any) -> None:
+    json.dump(value, sys.stdout, ensure_ascii=False, indent=2, default=_json_default)
+    sys.stdout.write("\n")
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return str(value)
+
+
+def _age(seconds: float) -> str:
+    from heartbeat.timeparse import format_duration
+
+    return format_duration(max(0.0, seconds))
+
+
+# -- commands: writing -------------------------------------------------------------------
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    from heartbeat import tasks
+    from heartbeat.baton import Gate, check_id
+
+    check_id(args.id)
+    gate = Gate.parse(args.gate) if args.gate else None
+    if gate and not args.blocked_on:
+        raise BadInput("--gate goes with --blocked-on")
+    owner = _claiming_owner(args) if args.claim else None
+    store = _store(args)
+    workdir = args.workdir or os.getcwd()
+    baton = tasks.new_task(
+        store,
+        args.id,
+        task=args.task,
+        step=args.step,
+        intent=args.intent or "",
+        next_step=args.next or "",
+        workdir=workdir,
+        launcher=args.launcher or "",
+        handoff=args.handoff or "",
+        key_files=args.key_file or [],
+        constraints=args.constraint or [],
+        plan=args.plan or [],
+        blocked_on=args.blocked_on or "",
+        gate=gate,
+        owner=owner,
+        actor=_actor(args),
+    )
+    if args.claim:
+        print(baton.meta.epoch)
+    return 0
+
+
+def _claiming_owner(args: argparse.Namespace) -> Any:
+    from heartbeat.baton import Owner
+    from heartbeat.liveness import identify, this_host
+    from heartbeat.timeparse import utcnow
+
+    pid = args.pid if getattr(args, "pid", None) else os.getppid()
+    found = identify(pid)
+    if found is None:
+        raise BadInput(f"no running process with pid {pid}", field="--pid")
+    return Owner(pid=pid, create_time=found[1], host=this_host(), how="claim", started_at=utcnow())
+
+
+def _assignments(pairs: Sequence[str]) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise BadInput(f"expected FIELD=VALUE, got {pair[:80]!r}")
+        values[name.strip()] = value
+    return values
+
+
+def cmd_set(args: argparse.Namespace) -> int:
+    from heartbeat import tasks
+
+    tasks.set_fields(_store(args), args.id, _assignments(args.pairs), expect_revision=args.expect_revision,
+                     epoch=_epoch(args), actor=_actor(args))
+    return 0
+
+
+def cmd_add(args: argparse.Namespace) -> int:
+    from heartbeat import tasks
+
+    tasks.add_items(_store(args), args.id, args.field, args.values, expect_revision=args.expect_revision,
+                    epoch=_epoch(args), actor=_actor(args))
+    return 0
+
+
+def cmd_touch(args: argparse.Namespace) -> int:
+    from heartbeat import tasks
+
+    tasks.touch(_store(args), args.id, epoch=_epoch(args), actor=_actor(args))
+    return 0
+
+
+def cmd_claim(args: argparse.Namespace) -> int:
+    from heartbeat import tasks
+    from heartbeat.baton import check_id
+
+    check_id(args.id)
+    baton = tasks.claim(_store(args), args.id, _claiming_owner(args), force=args.force, actor=_actor(args))
+    print(baton.meta.epoch)
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    from heartbeat import tasks
+
+    tasks.release(_store(args), args.id, epoch=_epoch(args), actor=_actor(args))
+    return 0
+
+
+def cmd_snooze(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    from heartbeat import tasks
+    from heartbeat.timeparse import parse_duration, parse_instant, utcnow
+
+    if bool(args.until) == bool(args.for_):
+        raise BadInput("give one of --until ISO8601 or --for DURATION")
+    if args.until:
+        until = parse_instant(args.until, field="--until")
+    else:
+        until = utcnow() + timedelta(seconds=parse_duration(args.for_, field="--for"))
+    tasks.snooze(_store(args), args.id, until, epoch=_epoch(args), actor=_actor(args))
+    return 0
+
+
+def cmd_block(args: argparse.Namespace) -> int:
+    from heartbeat import tasks
+    from heartbeat.baton import Gate
+
+    gate = Gate.parse(args.gate)
+    tasks.block(_store(args), args.id, args.on, gate, epoch=_epoch(args), actor=_actor(args))
+    return 0
+
+
+def cmd_unblock(args: argparse.Namespace) -> int:
+    from heartbeat import tasks
+
+    tasks.unblock(_store(args), args.id, by=args.by, note=args.note or "")
+    return 0
+
+
+def cmd_done(args: argparse.Namespace) -> int:
+    from heartbeat import tasks
+
+    tasks.finish(_store(args), args.id, note=args.note or "", epoch=_epoch(args), actor=_actor(args))
+    return 0
+
+
+def cmd_fail(args: argparse.Namespace) -> int:
+    from heartbeat import tasks
+
+    tasks.fail(_store(args), args.id, reason=args.reason, epoch=_epoch(args), actor=_actor(args))
+    return 0
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    from heartbeat import tasks
+
+    tasks.retry(_store(args), args.id, by=args.by, note=args.note or "")
+    return 0
+
+
+# -- commands: reading -------------------------------------------------------------------
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from heartbeat.baton import dump_baton
+
+    baton = _store(args).load(args.id)
+    if args.json:
+        _print_json(baton.to_dict())
+    else:
+        sys.stdout.write(dump_baton(baton))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from heartbeat.timeparse import utcnow
+
+    entries = _store(args).scan()
+    now = utcnow()
+    rows = []
+    for entry in entries:
+        if entry.baton is None:
+            rows.append({"id": entry.id, "status": "invalid", "step": "", "attempt": None, "epoch": None,
+                         "revision": None, "age_s": None, "owner_pid": None, "error": str(entry.error)})
+            continue
+        meta = entry.baton.meta
+        last = meta.touched_at or meta.updated_at
+        rows.append({
+            "id": entry.id,
+            "status": meta.status.value,
+            "step": entry.baton.step,
+            "attempt": meta.attempt,
+            "epoch": meta.epoch,
+            "revision": meta.revision,
+            "age_s": round((now - last).total_seconds(), 3) if last else None,
+            "owner_pid": meta.owner.pid if meta.owner else None,
+            "blocked_on": entry.baton.blocked_on,
+            "error": None,
+        })
+    if args.json:
+        _print_json({"tasks": rows})
+        return 0
+    if not rows:
+        print("no tasks")
+        return 0
+    header = ("ID", "STATUS", "ATTEMPT", "EPOCH", "AGE", "STEP")
+    table = [header]
+    for r in rows:
+        step = r["error"] if r["status"] == "invalid" else (
+            f"{r['step']}  [blocked on: {r['blocked_on']}]" if r["blocked_on"] else r["step"])
+        table.append((r["id"], r["status"], "-" if r["attempt"] is None else str(r["attempt"]),
+                      "-" if r["epoch"] is None else str(r["epoch"]),
+                      "-" if r["age_s"] is None else _age(r["age_s"]), " ".join(str(step).split())))
+    widths = [max(len(row[i]) for row in table) for i in range(5)]
+    for row in table:
+        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:5])) + "  " + row[5][:100])
+    return 0
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    from heartbeat.baton import check_id
+
+    check_id(args.id)
+    store = _store(args)
+    events = store.ledger.events(args.id)
+    if args.json:
+        _print_json({"task": args.id, "events": [e.to_json() for e in events]})
+        return 0
+    for e in events:
+        data = " ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in e.data.items() if v not in ("", None, []))
+        print(f"{e.ts.isoformat(timespec='seconds')}  {e.kind:<11} epoch={e.epoch} rev={e.revision} "
+              f"by={e.actor or '-'}  {data}".rstrip())
+    return 0
+
+
+# -- commands: setup ---------------------------------------------------------------------
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from heartbeat.starter import write_starter
+
+    path = write_starter(args.dir, force=args.force)
+    print(f"wrote {path}")
+    print(f"next: heartbeat --config {path} check-config")
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    import shutil
+
+    from heartbeat.config import find_config, load_config
+
+    path = find_config(args.config)
+    if path is None:
+        raise BadInput("no config found (tried --config, $HEARTBEAT_CONFIG, ./heartbeat.toml, "
+                       "/etc/heartbeat/heartbeat.toml)")
+    config = load_config(path)
+    for launcher in config.launchers.values():
+        program = launcher.command[0] if launcher.command else ""
+        if program and not shutil.which(program) and not os.path.isfile(program):
+            print(f"heartbeat: warning: {path}: launchers.{launcher.name}.command: "
+                  f"{program!r} is not on PATH", file=sys.stderr)
+    print(f"ok: {path}: state_dir {config.state_dir}, {len(config.launchers)} launcher(s), "
+          f"{len(config.checks)} check(s), {len(config.notify)} notifier(s)")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from heartbeat.daemon import run_from_cli
+
+    return run_from_cli(args)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from heartbeat.demo import run_demo
+
+    return run_demo(args)
+
+
+# -- the parser --------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, exit 2, as every other bad input
+        raise BadInput(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="heartbeat", description="Keep long-running agent work alive across seams.")
+    parser.add_argument("--config", help="config file (else $HEARTBEAT_CONFIG, ./heartbeat.toml, /etc/heartbeat/)")
+    parser.add_argument("--state-dir", help="state dir (else $HEARTBEAT_STATE_DIR, else the config's)")
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def command(name: str, func: Callable[[argparse.Namespace], int], help_: str, *, task: bool = True,
+                write: bool = False, json_: bool = False) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(func=func)
+        if task:
+            p.add_argument("id", help="task id")
+        if write:
+            p.add_argument("--epoch", type=int, help="your epoch (else $HEARTBEAT_EPOCH); a superseded one is refused")
+        if json_:
+            p.add_argument("--json", action="store_true", help="print one JSON document")
+        return p
+
+    p = command("init", cmd_init, "write a starter config and state dir", task=False)
+    p.add_argument("dir", nargs="?", default=".", help="where (default: here)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing heartbeat.toml")
+    command("check-config", cmd_check_config, "validate the config", task=False)
+    p = command("run", cmd_run, "the daemon (what systemd starts)", task=False)
+    p.add_argument("--dry-run", action="store_true", help="decide and log, but launch nothing")
+    p.add_argument("--once", action="store_true", help="one tick, then exit")
+    p = command("demo", cmd_demo, "a self-contained run: an agent is killed mid-task and its successor resumes",
+                task=False)
+    p.add_argument("--keep", action="store_true", help="keep the demo's state dir")
+
+    p = command("new", cmd_new, "create a task", write=False)
+    p.add_argument("--task", required=True, help="what the task is")
+    p.add_argument("--step", required=True, help="the current step")
+    p.add_argument("--intent", help="why the task exists")
+    p.add_argument("--next", help="the next step")
+    p.add_argument("--workdir", help="the task's working directory (default: here)")
+    p.add_argument("--launcher", help="a [launchers.NAME] of the config")
+    p.add_argument("--handoff", help="path to a longer briefing")
+    p.add_argument("--key-file", action="append", help="a key file, relative to the workdir (repeatable)")
+    p.add_argument("--constraint", action="append", help="a constraint (repeatable)")
+    p.add_argument("--plan", action="append", help="a plan step, in order (repeatable)")
+    p.add_argument("--blocked-on", help="start blocked on this")
+    p.add_argument("--gate", help="how the block clears: human|file:PATH|time:ISO8601|task:ID|check:NAME")
+    p.add_argument("--claim", action="store_true", help="claim it for the calling process; prints the epoch")
+    p.add_argument("--pid", type=int, help="with --claim: the owner's pid (default: the caller's parent)")
+
+    p = command("show", cmd_show, "print a baton", json_=True)
+    p = command("set", cmd_set, "set scalar fields", write=True)
+    p.add_argument("pairs", nargs="+", metavar="FIELD=VALUE")
+    p.add_argument("--expect-revision", type=int, help="refuse (exit 5) if the baton moved past this revision")
+    p = command("add", cmd_add, "append to a list field", write=True)
+    p.add_argument("field")
+    p.add_argument("values", nargs="+", metavar="VALUE")
+    p.add_argument("--expect-revision", type=int, help="refuse (exit 5) if the baton moved past this revision")
+    command("touch", cmd_touch, "heartbeat: alive, still on this step", write=True)
+    p = command("claim", cmd_claim, "take the task for an agent the daemon did not start; prints the epoch")
+    p.add_argument("--pid", type=int, help="the owner's pid (default: the caller's parent)")
+    p.add_argument("--force", action="store_true", help="take it even from a live agent")
+    command("release", cmd_release, "hand the task back to the daemon", write=True)
+    p = command("snooze", cmd_snooze, "end the shift; the daemon wakes the task later", write=True)
+    p.add_argument("--until", help="ISO 8601 time")
+    p.add_argument("--for", dest="for_", help="a duration: 30m, 2h")
+    p = command("block", cmd_block, "block the task", write=True)
+    p.add_argument("--on", required=True, help="what it is blocked on")
+    p.add_argument("--gate", default="human", help="human|file:PATH|time:ISO8601|task:ID|check:NAME")
+    p = command("unblock", cmd_unblock, "lift a block (a named human)")
+    p.add_argument("--by", required=True, help="who")
+    p.add_argument("--note")
+    p = command("done", cmd_done, "mark the task done", write=True)
+    p.add_argument("--note")
+    p = command("fail", cmd_fail, "mark the task failed", write=True)
+    p.add_argument("--reason", required=True)
+    p = command("retry", cmd_retry, "re-arm an escalated or failed task")
+    p.add_argument("--by", required=True, help="who")
+    p.add_argument("--note")
+    command("status", cmd_status, "one row per task", task=False, json_=True)
+    command("log", cmd_log, "the ledger's events for one task", json_=True)
+    return parser
+
+
+def _version() -> str:
+    from heartbeat import __version__
+
+    return f"heartbeat {__version__}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if not getattr(args, "func", None):
+            build_parser().print_help(sys.stderr)
+            return EXIT_BAD_INPUT
+        return int(args.func(args))
+    except HeartbeatError as exc:
+        print(f"heartbeat: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_ERROR

@@ -1,0 +1,429 @@
+"""The TOML config: found, loaded and validated, with errors as ``file:line: key.path: what``.
+
+Search order: ``--config``, ``$HEARTBEAT_CONFIG``, ``./heartbeat.toml``,
+``/etc/heartbeat/heartbeat.toml``. Unknown keys are errors (a typo must not silently
+fall back to a default). A config file others can write to is refused: it chooses the
+programs the daemon runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from heartbeat import defaults
+from heartbeat.baton import ID_PATTERN
+from heartbeat.errors import BadInput, ConfigError
+from heartbeat.timeparse import parse_duration
+
+__all__ = [
+    "Config",
+    "DaemonConfig",
+    "LauncherConfig",
+    "CommandConfig",
+    "find_config",
+    "load_config",
+    "parse_config",
+    "expand_argv",
+    "LAUNCHER_PLACEHOLDERS",
+    "NOTIFY_PLACEHOLDERS",
+]
+
+LAUNCHER_PLACEHOLDERS = frozenset({"id", "brief_file", "workdir", "epoch", "attempt", "state_dir", "session"})
+NOTIFY_PLACEHOLDERS = frozenset({"id", "reason", "status", "epoch", "attempt"})
+CHECK_PLACEHOLDERS = frozenset({"id", "workdir"})
+BUILTIN_LAUNCHER_KEYS = {
+    "exec": frozenset(),
+    "systemd-run": frozenset({"properties", "slice", "user"}),
+    "null": frozenset({"exit_code", "runtime"}),
+}
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """``[daemon]``: the clock and the retry policy."""
+
+    state_dir: str = defaults.STATE_DIR
+    tick: float = defaults.TICK
+    stall_after: float = defaults.STALL_AFTER
+    progress_after: float = defaults.PROGRESS_AFTER
+    max_attempts: int = defaults.MAX_ATTEMPTS
+    max_idle_resumes: int = defaults.MAX_IDLE_RESUMES
+    backoff_initial: float = defaults.BACKOFF_INITIAL
+    backoff_max: float = defaults.BACKOFF_MAX
+    dispatches_per_minute: int = defaults.DISPATCHES_PER_MINUTE
+    max_concurrent: int = defaults.MAX_CONCURRENT
+    default_launcher: str = defaults.DEFAULT_LAUNCHER
+    log_format: str = "auto"
+    log_level: str = "info"
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    """``[launchers.NAME]``: how to start an agent."""
+
+    name: str
+    type: str = "exec"
+    command: tuple[str, ...] = ()
+    brief: str = "file"
+    cwd: str = "{workdir}"
+    env: Mapping[str, str] = field(default_factory=dict)
+    inherit_env: bool | tuple[str, ...] = True
+    stop_grace: float = defaults.STOP_GRACE
+    max_runtime: float | None = None
+    max_concurrent: int | None = None
+    non_retryable_exit_codes: tuple[int, ...] = ()
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CommandConfig:
+    """``[notify.NAME]`` and ``[checks.NAME]``: a command run with a timeout."""
+
+    name: str
+    command: tuple[str, ...]
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole config. ``path`` is the file it came from, or ``""`` for the built-in default."""
+
+    path: str = ""
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    launchers: Mapping[str, LauncherConfig] = field(default_factory=dict)
+    notify: Mapping[str, CommandConfig] = field(default_factory=dict)
+    checks: Mapping[str, CommandConfig] = field(default_factory=dict)
+
+    @property
+    def state_dir(self) -> str:
+        return self.daemon.state_dir
+
+
+def find_config(explicit: str | None = None, *, env: Mapping[str, str] | None = None) -> str | None:
+    """The config path by the search order, or None when there is none."""
+    env = os.environ if env is None else env
+    if explicit:
+        return explicit
+    if env.get("HEARTBEAT_CONFIG"):
+        return env["HEARTBEAT_CONFIG"]
+    for candidate in defaults.CONFIG_PATHS:
+        if os.path.isfile(candidate):
+            return os.path.abspath(candidate)
+    return None
+
+
+def load_config(path: str) -> Config:
+    """Read, check and parse a config file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ConfigError("no such file", path=path) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
+    with os.fdopen(fd, "rb") as handle:
+        st = os.fstat(handle.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError("is not a regular file", path=path)
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o022:
+            raise ConfigError(
+                f"is writable by others (mode {mode:04o}) and chooses the programs heartbeat runs; "
+                f"fix it with: chmod go-w {path}",
+                path=path,
+            )
+        if st.st_size > defaults.MAX_BATON_BYTES:
+            raise ConfigError("is larger than 1 MiB", path=path)
+        raw = handle.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.start})", path=path) from None
+    return parse_config(text, path=path)
+
+
+def parse_config(text: str, *, path: str = "heartbeat.toml") -> Config:
+    """Parse config text; every problem is a :class:`ConfigError` naming file, line and key."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        line = None
+        match = re.search(r"line (\d+)", str(exc))
+        if match:
+            line = int(match.group(1))
+        raise ConfigError(f"not valid TOML: {exc}", path=path, line=line) from None
+    except RecursionError:
+        raise ConfigError("not valid TOML: nested too deeply", path=path) from None
+    return _Parser(text, path).parse(doc)
+
+
+def expand_argv(argv: tuple[str, ...] | list[str], values: Mapping[str, object]) -> list[str]:
+    """Substitute ``{name}`` per argument; ``{{``/``}}`` are literal braces.
+
+    Values are inserted as text into one argument each: they can never split into
+    more arguments, reach a shell, or become the program (``argv[0]`` is checked to
+    hold no placeholder when the config is loaded).
+    """
+    def one(arg: str) -> str:
+        def sub(match: re.Match[str]) -> str:
+            token = match.group(0)
+            if token == "{{":
+                return "{"
+            if token == "}}":
+                return "}"
+            return str(values.get(match.group(1), ""))
+
+        return _PLACEHOLDER.sub(sub, arg)
+
+    return [one(arg) for arg in argv]
+
+
+def placeholders_in(arg: str) -> set[str]:
+    return {m.group(1) for m in _PLACEHOLDER.finditer(arg) if m.group(1) is not None}
+
+
+class _Parser:
+    def __init__(self, text: str, path: str) -> None:
+        self.lines = text.splitlines()
+        self.path = path
+
+    def error(self, key: str, message: str) -> ConfigError:
+        return ConfigError(message, path=self.path, field=key, line=self.locate(key))
+
+    def locate(self, dotted: str) -> int | None:
+        """Best-effort line of a key: TOML parsers keep no positions, so scan the text."""
+        parts = dotted.split(".")
+        while parts:
+            found = self._find(parts)
+            if found:
+                return found
+            parts = parts[:-1]
+        return None
+
+    def _find(self, parts: list[str]) -> int | None:
+        table: list[str] = []
+        header = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+        assign = re.compile(r"^\s*([A-Za-z0-9_.\"' -]+?)\s*=")
+        for number, line in enumerate(self.lines, 1):
+            m = header.match(line)
+            if m:
+                table = [p.strip().strip("\"'") for p in m.group(1).split(".")]
+                if table == parts:
+                    return number
+                continue
+            m = assign.match(line)
+            if m:
+                key = [p.strip().strip("\"'") for p in m.group(1).split(".")]
+                if table + key == parts:
+                    return number
+        return None
+
+    def table(self, value: Any, key: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.error(key, f"expected a table, got {type(value).__name__}")
+        return value
+
+    def unknown(self, doc: dict[str, Any], allowed: set[str] | frozenset[str], prefix: str) -> None:
+        for key in doc:
+            if key not in allowed:
+                known = ", ".join(sorted(allowed))
+                raise self.error(f"{prefix}{key}", f"unknown key (known: {known})")
+
+    def duration(self, doc: dict[str, Any], key: str, prefix: str, default: float, *, positive: bool = True) -> float:
+        if key not in doc:
+            return default
+        try:
+            value = parse_duration(doc[key])
+        except BadInput as exc:
+            raise self.error(f"{prefix}{key}", exc.message) from None
+        if positive and value <= 0:
+            raise self.error(f"{prefix}{key}", "must be more than zero")
+        return value
+
+    def integer(self, doc: dict[str, Any], key: str, prefix: str, default: int, *, minimum: int = 1) -> int:
+        if key not in doc:
+            return default
+        value = doc[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(f"{prefix}{key}", f"expected an integer, got {value!r}")
+        if value < minimum:
+            raise self.error(f"{prefix}{key}", f"must be at least {minimum}")
+        return value
+
+    def string(self, doc: dict[str, Any], key: str, prefix: str, default: str, choices: tuple[str, ...] = ()) -> str:
+        if key not in doc:
+            return default
+        value = doc[key]
+        if not isinstance(value, str):
+            raise self.error(f"{prefix}{key}", f"expected a string, got {value!r}")
+        if choices and value not in choices:
+            raise self.error(f"{prefix}{key}", f"must be one of {', '.join(choices)}; got {value!r}")
+        if "\0" in value:
+            raise self.error(f"{prefix}{key}", "contains a NUL byte")
+        return value
+
+    def command(self, doc: dict[str, Any], key: str, prefix: str, allowed: frozenset[str]) -> tuple[str, ...]:
+        name = f"{prefix}{key}"
+        if key not in doc:
+            raise self.error(name, "missing (required): an argv list such as [\"my-agent\", \"{id}\"]")
+        value = doc[key]
+        if not isinstance(value, list) or not value or not all(isinstance(a, str) for a in value):
+            raise self.error(name, "expected a non-empty list of strings (an argv; no shell is involved)")
+        if not value[0] or "{" in value[0].replace("{{", "") or "\0" in "".join(value):
+            raise self.error(name, "the program (first element) must be a fixed name or path, not a placeholder")
+        for arg in value:
+            unknown = placeholders_in(arg) - allowed
+            if unknown:
+                raise self.error(
+                    name, f"unknown placeholder {{{sorted(unknown)[0]}}} (known: {', '.join(sorted(allowed))})"
+                )
+        return tuple(value)
+
+    def parse(self, doc: dict[str, Any]) -> Config:
+        self.unknown(doc, {"daemon", "launchers", "notify", "checks"}, "")
+        daemon = self.parse_daemon(self.table(doc.get("daemon", {}), "daemon"))
+        launchers = {
+            name: self.parse_launcher(name, self.table(body, f"launchers.{name}"))
+            for name, body in self.table(doc.get("launchers", {}), "launchers").items()
+        }
+        notify = {
+            name: self.parse_command(name, self.table(body, f"notify.{name}"), "notify", NOTIFY_PLACEHOLDERS,
+                                     defaults.NOTIFY_TIMEOUT)
+            for name, body in self.table(doc.get("notify", {}), "notify").items()
+        }
+        checks = {
+            name: self.parse_command(name, self.table(body, f"checks.{name}"), "checks", CHECK_PLACEHOLDERS,
+                                     defaults.CHECK_TIMEOUT)
+            for name, body in self.table(doc.get("checks", {}), "checks").items()
+        }
+        if launchers and daemon.default_launcher not in launchers:
+            raise self.error(
+                "daemon.default_launcher",
+                f"names launcher {daemon.default_launcher!r}, which is not configured "
+                f"(configured: {', '.join(sorted(launchers))})",
+            )
+        return Config(path=os.path.abspath(self.path), daemon=daemon, launchers=launchers, notify=notify,
+                      checks=checks)
+
+    def parse_daemon(self, doc: dict[str, Any]) -> DaemonConfig:
+        p = "daemon."
+        fields_ = {f for f in DaemonConfig.__dataclass_fields__}
+        self.unknown(doc, fields_, p)
+        state_dir = self.string(doc, "state_dir", p, defaults.STATE_DIR)
+        if not state_dir:
+            raise self.error("daemon.state_dir", "must not be empty")
+        if not os.path.isabs(state_dir):
+            state_dir = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(self.path)), state_dir))
+        launcher = self.string(doc, "default_launcher", p, defaults.DEFAULT_LAUNCHER)
+        if not ID_PATTERN.fullmatch(launcher):
+            raise self.error("daemon.default_launcher", f"bad launcher name {launcher!r}")
+        backoff_initial = self.duration(doc, "backoff_initial", p, defaults.BACKOFF_INITIAL, positive=False)
+        backoff_max = self.duration(doc, "backoff_max", p, defaults.BACKOFF_MAX, positive=False)
+        if backoff_max < backoff_initial:
+            raise self.error("daemon.backoff_max", "must not be less than backoff_initial")
+        return DaemonConfig(
+            state_dir=state_dir,
+            tick=self.duration(doc, "tick", p, defaults.TICK),
+            stall_after=self.duration(doc, "stall_after", p, defaults.STALL_AFTER),
+            progress_after=self.duration(doc, "progress_after", p, defaults.PROGRESS_AFTER),
+            max_attempts=self.integer(doc, "max_attempts", p, defaults.MAX_ATTEMPTS),
+            max_idle_resumes=self.integer(doc, "max_idle_resumes", p, defaults.MAX_IDLE_RESUMES),
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+            dispatches_per_minute=self.integer(doc, "dispatches_per_minute", p, defaults.DISPATCHES_PER_MINUTE),
+            max_concurrent=self.integer(doc, "max_concurrent", p, defaults.MAX_CONCURRENT),
+            default_launcher=launcher,
+            log_format=self.string(doc, "log_format", p, "auto", ("auto", "json", "console")),
+            log_level=self.string(doc, "log_level", p, "info", ("debug", "info", "warning", "error")),
+        )
+
+    def parse_launcher(self, name: str, doc: dict[str, Any]) -> LauncherConfig:
+        p = f"launchers.{name}."
+        if not ID_PATTERN.fullmatch(name):
+            raise self.error(f"launchers.{name}", "bad launcher name: use a-z 0-9 . _ -")
+        kind = self.string(doc, "type", p, "exec")
+        common = {"type", "command", "brief", "cwd", "env", "inherit_env", "stop_grace", "max_runtime",
+                  "max_concurrent", "non_retryable_exit_codes"}
+        extra_keys = BUILTIN_LAUNCHER_KEYS.get(kind)
+        if extra_keys is not None:
+            self.unknown(doc, common | extra_keys, p)
+        options = {k: v for k, v in doc.items() if k not in common}
+        command: tuple[str, ...] = ()
+        if kind != "null" or "command" in doc:
+            command = self.command(doc, "command", p, LAUNCHER_PLACEHOLDERS)
+        env = doc.get("env", {})
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise self.error(f"{p}env", "expected a table of strings, e.g. { MODEL = \"large\" }")
+        for key, value in env.items():
+            if "=" in key or "\0" in key or "\0" in value or not key:
+                raise self.error(f"{p}env.{key}", "bad environment variable")
+        inherit = doc.get("inherit_env", True)
+        if isinstance(inherit, list):
+            if not all(isinstance(v, str) for v in inherit):
+                raise self.error(f"{p}inherit_env", "expected true, false or a list of variable names")
+            inherit_env: bool | tuple[str, ...] = tuple(inherit)
+        elif isinstance(inherit, bool):
+            inherit_env = inherit
+        else:
+            raise self.error(f"{p}inherit_env", "expected true, false or a list of variable names")
+        codes = doc.get("non_retryable_exit_codes", [])
+        if not isinstance(codes, list) or not all(
+            isinstance(c, int) and not isinstance(c, bool) and 0 < c < 256 for c in codes
+        ):
+            raise self.error(f"{p}non_retryable_exit_codes", "expected a list of exit codes from 1 to 255")
+        max_runtime = self.duration(doc, "max_runtime", p, 0.0) or None
+        cwd = self.string(doc, "cwd", p, "{workdir}")
+        unknown_ph = placeholders_in(cwd) - LAUNCHER_PLACEHOLDERS
+        if unknown_ph:
+            raise self.error(f"{p}cwd", f"unknown placeholder {{{sorted(unknown_ph)[0]}}}")
+        return LauncherConfig(
+            name=name,
+            type=kind,
+            command=command,
+            brief=self.string(doc, "brief", p, "file", ("file", "stdin", "arg")),
+            cwd=cwd,
+            env=dict(env),
+            inherit_env=inherit_env,
+            stop_grace=self.duration(doc, "stop_grace", p, defaults.STOP_GRACE, positive=False),
+            max_runtime=max_runtime,
+            max_concurrent=self.integer(doc, "max_concurrent", p, 0) or None,
+            non_retryable_exit_codes=tuple(codes),
+            options=options,
+        )
+
+    def parse_command(
+        self, name: str, doc: dict[str, Any], section: str, allowed: frozenset[str], timeout: float
+    ) -> CommandConfig:
+        p = f"{section}.{name}."
+        self.unknown(doc, {"command", "timeout"}, p)
+        return CommandConfig(
+            name=name,
+            command=self.command(doc, "command", p, allowed),
+            timeout=self.duration(doc, "timeout", p, timeout),
+        )
+
+
+def resolve_state_dir(
+    state_dir: str | None = None, config_path: str | None = None, *, env: Mapping[str, str] | None = None
+) -> str:
+    """Where the batons are: ``--state-dir``, then ``--config``'s, then ``$HEARTBEAT_STATE_DIR``,
+    then the config found by the search order. Agents launched by the daemon have the
+    variable set, so their frequent writes never parse the config."""
+    env = os.environ if env is None else env
+    if state_dir:
+        return os.path.abspath(state_dir)
+    if not config_path and env.get("HEARTBEAT_STATE_DIR"):
+        return os.path.abspath(env["HEARTBEAT_STATE_DIR"])
+    path = find_config(config_path, env=env)
+    if path is None:
+        raise ConfigError(
+            "no config found (tried --config, $HEARTBEAT_CONFIG, ./heartbeat.toml, "
+            "/etc/heartbeat/heartbeat.toml): run `heartbeat init` or pass --state-dir"
+        )
+    return load_config(path).state_dir

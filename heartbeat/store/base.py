@@ -1,0 +1,183 @@
+"""The store contract, and the bookkeeping every store applies to every write.
+
+A store keeps batons and their ledger. Everything above it (the CLI, the API, the
+daemon, the report) talks to this interface only, so the file store, the in-memory
+store and a PostgreSQL store are interchangeable. The rules every implementation must
+keep, and that ``tests/test_store_contract.py`` checks against each one:
+
+- a write is atomic: a reader sees the old baton or the new one, never a mix;
+- writes to one baton are serialized, and each bumps ``meta.revision`` by one;
+- a write that names an expected revision, or an epoch, that has moved on is refused
+  with :class:`~heartbeat.errors.Conflict` and changes nothing;
+- an invalid baton is reported, never deleted or overwritten;
+- every write appends its events to the ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from heartbeat.baton import LIST_FIELDS, SCALAR_FIELDS, Baton
+from heartbeat.errors import Conflict, HeartbeatError
+from heartbeat.ledger import Event, Ledger
+from heartbeat.timeparse import utcnow
+
+__all__ = ["Entry", "Edit", "Store", "check_fence", "finish_edit", "content_changes"]
+
+
+@dataclass
+class Entry:
+    """One task as a listing sees it: its baton, or the error that makes it invalid."""
+
+    id: str
+    baton: Baton | None = None
+    error: HeartbeatError | None = None
+    path: str = ""
+    mtime: float = 0.0
+
+
+@dataclass
+class Edit:
+    """An open write to one baton, held under that baton's lock.
+
+    Change ``baton`` in place; add events with :meth:`event`. When the edit closes
+    without an exception the store writes the baton atomically, bumps its revision and
+    appends the events (or one ``updated`` event naming the changed fields).
+    """
+
+    old: Baton
+    baton: Baton
+    now: datetime
+    actor: str = ""
+    touch: bool = False
+    events: list[Event] = field(default_factory=list)
+    cancelled: bool = False
+
+    def event(self, kind: str, **data: Any) -> None:
+        """Record that this write is a ``kind`` event (blocked, unblocked, dispatched, ...)."""
+        self.events.append(Event(task=self.old.id, kind=kind, ts=self.now, actor=self.actor, data=data))
+
+    def cancel(self) -> None:
+        """Leave the baton as it was: nothing is written, no event recorded."""
+        self.cancelled = True
+
+
+class Store(Protocol):
+    """A place batons live. See the module docstring for the rules."""
+
+    ledger: Ledger
+
+    def create(self, baton: Baton, *, actor: str = "", now: datetime | None = None) -> Baton:
+        """Write a new baton (revision 1) and its ``created`` event; :class:`AlreadyExists` if taken."""
+
+    def load(self, task_id: str) -> Baton:
+        """Read and validate one baton; :class:`NotFound` or :class:`InvalidBaton`."""
+
+    def edit(
+        self,
+        task_id: str,
+        *,
+        expect_revision: int | None = None,
+        epoch: int | None = None,
+        actor: str = "",
+        touch: bool = False,
+        now: datetime | None = None,
+    ) -> AbstractContextManager[Edit]:
+        """Lock one baton, check the fence, yield an :class:`Edit`, write it on a clean exit."""
+
+    def scan(self) -> list[Entry]:
+        """Every task, valid or not, sorted by id. Cheap when little changed since the last scan."""
+
+    def record(self, events: list[Event]) -> None:
+        """Append events that come with no baton write (an agent's exit, an invalid baton found)."""
+
+    def close(self) -> None:
+        """Release files, connections and locks."""
+
+
+def update(store: Store, task_id: str, mutate: Callable[[Edit], None], **kwargs: Any) -> Baton:
+    """Apply ``mutate`` to one baton inside an edit and return the baton as written."""
+    with store.edit(task_id, **kwargs) as ed:
+        mutate(ed)
+    return ed.baton
+
+
+def check_fence(current: Baton, *, expect_revision: int | None, epoch: int | None) -> None:
+    """Refuse a write whose expected revision or epoch has moved on."""
+    meta = current.meta
+    if expect_revision is not None and expect_revision != meta.revision:
+        raise Conflict(
+            f"expected revision {expect_revision} but the baton is at revision {meta.revision}: "
+            "re-read it and apply your change again",
+            task=meta.id,
+        )
+    if epoch is not None and epoch != meta.epoch:
+        if epoch < meta.epoch:
+            raise Conflict(
+                f"epoch {epoch} has been superseded by epoch {meta.epoch}: another agent holds this task now",
+                task=meta.id,
+            )
+        raise Conflict(f"epoch {epoch} is ahead of the baton's epoch {meta.epoch}", task=meta.id)
+
+
+def content_changes(old: Baton, new: Baton) -> list[str]:
+    """The top-level fields (and unknown keys) whose value differs between two batons."""
+    changed = [name for name in (*SCALAR_FIELDS, *LIST_FIELDS) if getattr(old, name) != getattr(new, name)]
+    for key in sorted(set(old.extra) | set(new.extra)):
+        if old.extra.get(key) != new.extra.get(key):
+            changed.append(key)
+    return changed
+
+
+def made_progress(old: Baton, new: Baton) -> bool:
+    """Progress is the step changing or ``done`` growing; a touch is not progress."""
+    return new.step != old.step or len(new.done) > len(old.done)
+
+
+def finish_edit(ed: Edit, fingerprint: Callable[[Baton], dict[str, str]] | None) -> list[Event]:
+    """Apply the bookkeeping of a write and return the events to record.
+
+    Bumps the revision, stamps times, resets the attempt counters on progress and
+    re-fingerprints the world (not on a bare touch: a touch says "still on this step").
+    """
+    old, new, now = ed.old, ed.baton, ed.now
+    meta = new.meta
+    meta.id = old.meta.id
+    meta.revision = old.meta.revision + 1
+    meta.touched_at = now
+    changed = content_changes(old, new)
+    if changed or not ed.touch:
+        meta.updated_at = now
+    if made_progress(old, new):
+        meta.progress_at = now
+        meta.attempt = 0
+        meta.idle_resumes = 0
+    if fingerprint is not None and not (ed.touch and not changed):
+        meta.world = fingerprint(new)
+    events = ed.events
+    if not events:
+        kind = "touched" if ed.touch and not changed else "updated"
+        events = [Event(task=meta.id, kind=kind, ts=now, actor=ed.actor)]
+    for event in events:
+        event.epoch = meta.epoch
+        event.revision = meta.revision
+        if changed and event.kind not in ("touched", "created"):
+            event.data.setdefault("changed", changed)
+        if "step" in changed:
+            event.data.setdefault("step", new.step)
+            event.data.setdefault("from_step", old.step)
+        if "done" in changed:
+            event.data.setdefault("done", new.done[len(old.done):] if new.done[: len(old.done)] == old.done else new.done)
+    return events
+
+
+def now_or(now: datetime | None) -> datetime:
+    return now if now is not None else utcnow()
+
+
+def iter_ids(entries: list[Entry]) -> Iterator[str]:
+    return (e.id for e in entries)

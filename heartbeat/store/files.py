@@ -1,0 +1,319 @@
+"""The embedded store: a directory of TOML batons and an SQLite ledger.
+
+Layout under the state dir (created 0700; refused when others can write to it)::
+
+    batons/<id>.toml     one baton per task (0600)
+    locks/<id>.lock      flock(2) target per baton, so writers of one task serialize
+    logs/<id>/           agents' output, written by launchers
+    ledger.sqlite3       the ledger (WAL)
+
+A write is: temp file in ``batons/`` (named ``.<id>.toml.<pid>.<rand>.tmp``, which no
+reader looks at), fsync, ledger append, ``os.replace`` over the baton, fsync of the
+directory. A crash at any instant leaves the old baton or the new one. Temp files
+orphaned by a killed writer are removed by :meth:`FileStore.scan` once their writer
+is gone.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import secrets
+import stat
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+
+from heartbeat import defaults
+from heartbeat.baton import Baton, check_id, dump_baton, parse_baton
+from heartbeat.errors import (
+    AlreadyExists,
+    BadInput,
+    HeartbeatError,
+    InvalidBaton,
+    NotFound,
+    StoreError,
+    UnsafePath,
+)
+from heartbeat.ledger import Event, Ledger, SqliteLedger
+from heartbeat.store.base import Edit, Entry, check_fence, finish_edit, now_or
+from heartbeat.world import fingerprint_world
+
+__all__ = ["FileStore", "ensure_private_dir"]
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def ensure_private_dir(path: str, *, what: str = "state dir") -> None:
+    """Create ``path`` 0700 if missing; refuse it if others can write to it or it is not ours.
+
+    Like sshd's StrictModes: a directory another user can write to would let them plant
+    batons that make the daemon launch agents, so it is refused rather than used.
+    """
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+    except OSError as exc:
+        raise StoreError(f"cannot create {what}: {exc.strerror}", path=path) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafePath(f"{what} is not a directory", path=path)
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o022:
+        who = "group- and world-writable" if mode & 0o022 == 0o022 else (
+            "group-writable" if mode & 0o020 else "world-writable")
+        raise UnsafePath(f"{what} is {who} (mode {mode:04o}); fix it with: chmod go-w {path}", path=path)
+    if st.st_uid not in (os.geteuid(), 0):
+        raise UnsafePath(
+            f"{what} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}); "
+            f"fix it with: chown {os.geteuid()} {path}",
+            path=path,
+        )
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class FileStore:
+    """Batons as files in ``<state_dir>/batons``; see the module docstring."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.state_dir = os.path.abspath(state_dir)
+        ensure_private_dir(self.state_dir)
+        self.batons_dir = os.path.join(self.state_dir, "batons")
+        self.locks_dir = os.path.join(self.state_dir, "locks")
+        self.logs_dir = os.path.join(self.state_dir, "logs")
+        for sub, what in ((self.batons_dir, "batons dir"), (self.locks_dir, "locks dir")):
+            ensure_private_dir(sub, what=what)
+        self.ledger: Ledger = SqliteLedger(os.path.join(self.state_dir, "ledger.sqlite3"))
+        self._cache: dict[str, tuple[tuple[int, ...], Entry]] = {}
+
+    def path_of(self, task_id: str) -> str:
+        return os.path.join(self.batons_dir, f"{task_id}.toml")
+
+    # -- reading ---------------------------------------------------------------------
+
+    def load(self, task_id: str) -> Baton:
+        check_id(task_id)
+        return self._read(task_id)[0]
+
+    def _read(self, task_id: str) -> tuple[Baton, os.stat_result]:
+        path = self.path_of(task_id)
+        try:
+            fd = os.open(path, _READ_FLAGS)
+        except FileNotFoundError:
+            raise NotFound(f"no such task (looked for {path})", task=task_id) from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafePath(
+                    "is a symbolic link; heartbeat does not follow links in its state dir", path=path
+                ) from None
+            raise InvalidBaton(f"unreadable: {exc.strerror}", path=path) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafePath("is not a regular file (a FIFO, device or directory)", path=path)
+            if st.st_size > defaults.MAX_BATON_BYTES:
+                raise InvalidBaton(
+                    f"is {st.st_size} bytes; a baton may be at most {defaults.MAX_BATON_BYTES} bytes", path=path
+                )
+            chunks = []
+            remaining = defaults.MAX_BATON_BYTES + 1
+            while remaining > 0:
+                chunk = os.read(fd, min(remaining, 1 << 16))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                remaining -= len(chunk)
+        except OSError as exc:
+            raise InvalidBaton(f"unreadable: {exc.strerror}", path=path) from None
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)
+        if len(data) > defaults.MAX_BATON_BYTES:
+            raise InvalidBaton(f"grew past {defaults.MAX_BATON_BYTES} bytes while being read", path=path)
+        return parse_baton(data, path=path, expected_id=task_id), st
+
+    def scan(self) -> list[Entry]:
+        """Every baton in the directory; re-parses only files whose stat changed since the last scan."""
+        entries: list[Entry] = []
+        seen: set[str] = set()
+        try:
+            listing = list(os.scandir(self.batons_dir))
+        except OSError as exc:
+            raise StoreError(f"cannot list batons: {exc.strerror}", path=self.batons_dir) from None
+        for de in listing:
+            name = de.name
+            if name.startswith("."):
+                if name.endswith(".tmp"):
+                    self._reap_temp(de.path, name)
+                continue
+            if not name.endswith(".toml"):
+                continue
+            task_id = name[:-5]
+            seen.add(task_id)
+            try:
+                st = de.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            key = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_mode)
+            cached = self._cache.get(task_id)
+            if cached is not None and cached[0] == key:
+                entries.append(cached[1])
+                continue
+            entry = Entry(id=task_id, path=de.path, mtime=st.st_mtime)
+            try:
+                check_id(task_id)
+                entry.baton, _ = self._read(task_id)
+            except NotFound:
+                continue
+            except HeartbeatError as exc:
+                if isinstance(exc, BadInput) and not exc.path:
+                    exc = InvalidBaton("file name is not a valid task id", path=de.path)
+                entry.error = exc
+            self._cache[task_id] = (key, entry)
+            entries.append(entry)
+        for gone in set(self._cache) - seen:
+            del self._cache[gone]
+        entries.sort(key=lambda e: e.id)
+        return entries
+
+    def _reap_temp(self, path: str, name: str) -> None:
+        # ".<id>.toml.<pid>.<rand>.tmp": the writer's pid tells whether it may still rename it.
+        parts = name.rsplit(".", 3)
+        try:
+            pid = int(parts[1])
+        except (IndexError, ValueError):
+            return
+        if not _pid_alive(pid):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    # -- writing ---------------------------------------------------------------------
+
+    @contextmanager
+    def _locked(self, task_id: str) -> Iterator[None]:
+        lock_path = os.path.join(self.locks_dir, f"{task_id}.lock")
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise StoreError(f"cannot open lock: {exc.strerror}", path=lock_path) from None
+        try:
+            deadline = time.monotonic() + defaults.LOCK_TIMEOUT
+            delay = 0.0005
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise StoreError(
+                            f"another writer has held this baton's lock for {defaults.LOCK_TIMEOUT:.0f}s",
+                            task=task_id,
+                        ) from None
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.01)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the flock
+
+    def create(self, baton: Baton, *, actor: str = "", now: datetime | None = None) -> Baton:
+        task_id = check_id(baton.meta.id)
+        now = now_or(now)
+        with self._locked(task_id):
+            if os.path.lexists(self.path_of(task_id)):
+                raise AlreadyExists("a task with this id exists already", task=task_id)
+            new = baton.copy()
+            meta = new.meta
+            meta.revision = 1
+            meta.created_at = meta.updated_at = meta.touched_at = meta.progress_at = now
+            meta.world = fingerprint_world(new.workdir, new.key_files)
+            events = [Event(task=task_id, kind="created", ts=now, actor=actor, epoch=meta.epoch, revision=1,
+                            data={"task": new.task, "step": new.step, "status": meta.status.value})]
+            self._write(task_id, new, events)
+        return new
+
+    @contextmanager
+    def edit(
+        self,
+        task_id: str,
+        *,
+        expect_revision: int | None = None,
+        epoch: int | None = None,
+        actor: str = "",
+        touch: bool = False,
+        now: datetime | None = None,
+    ) -> Iterator[Edit]:
+        check_id(task_id)
+        with self._locked(task_id):
+            old, _ = self._read(task_id)
+            check_fence(old, expect_revision=expect_revision, epoch=epoch)
+            ed = Edit(old=old, baton=old.copy(), now=now_or(now), actor=actor, touch=touch)
+            yield ed
+            if ed.cancelled:
+                return
+            events = finish_edit(ed, lambda b: fingerprint_world(b.workdir, b.key_files))
+            self._write(task_id, ed.baton, events)
+
+    def _write(self, task_id: str, baton: Baton, events: list[Event]) -> None:
+        path = self.path_of(task_id)
+        data = dump_baton(baton).encode("utf-8")
+        if len(data) > defaults.MAX_BATON_BYTES:
+            raise BadInput(
+                f"the baton would be {len(data)} bytes; a baton may be at most {defaults.MAX_BATON_BYTES}",
+                task=task_id,
+            )
+        tmp = os.path.join(self.batons_dir, f".{task_id}.toml.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            # The event goes in before the rename: a baton on disk always has its event.
+            self.ledger.append(events)
+            os.replace(tmp, path)
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            raise StoreError(f"cannot write the baton: {exc.strerror}; the previous baton is kept", path=path) from None
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        try:
+            _fsync_dir(self.batons_dir)
+        except OSError as exc:
+            raise StoreError(f"wrote the baton but could not fsync its directory: {exc.strerror}", path=path) from None
+
+    def record(self, events: list[Event]) -> None:
+        self.ledger.append(events)
+
+    def close(self) -> None:
+        self.ledger.close()
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

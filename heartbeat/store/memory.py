@@ -1,0 +1,78 @@
+"""A store in memory, for tests and ``--dry-run``: the same contract as the file store."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+
+from heartbeat.baton import Baton, check_id
+from heartbeat.errors import AlreadyExists, NotFound
+from heartbeat.ledger import Event, Ledger, MemoryLedger
+from heartbeat.store.base import Edit, Entry, check_fence, finish_edit, now_or
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    """Batons in a dict. Thread-safe; world fingerprints are not taken (there are no files)."""
+
+    def __init__(self) -> None:
+        self.ledger: Ledger = MemoryLedger()
+        self._batons: dict[str, Baton] = {}
+        self._lock = threading.RLock()
+
+    def create(self, baton: Baton, *, actor: str = "", now: datetime | None = None) -> Baton:
+        task_id = check_id(baton.meta.id)
+        now = now_or(now)
+        with self._lock:
+            if task_id in self._batons:
+                raise AlreadyExists("a task with this id exists already", task=task_id)
+            new = baton.copy()
+            new.meta.revision = 1
+            new.meta.created_at = new.meta.updated_at = new.meta.touched_at = new.meta.progress_at = now
+            self.ledger.append([Event(task=task_id, kind="created", ts=now, actor=actor, epoch=new.meta.epoch,
+                                      revision=1, data={"task": new.task, "step": new.step,
+                                                        "status": new.meta.status.value})])
+            self._batons[task_id] = new
+        return new.copy()
+
+    def load(self, task_id: str) -> Baton:
+        check_id(task_id)
+        with self._lock:
+            if task_id not in self._batons:
+                raise NotFound("no such task", task=task_id)
+            return self._batons[task_id].copy()
+
+    @contextmanager
+    def edit(
+        self,
+        task_id: str,
+        *,
+        expect_revision: int | None = None,
+        epoch: int | None = None,
+        actor: str = "",
+        touch: bool = False,
+        now: datetime | None = None,
+    ) -> Iterator[Edit]:
+        with self._lock:
+            old = self.load(task_id)
+            check_fence(old, expect_revision=expect_revision, epoch=epoch)
+            ed = Edit(old=old, baton=old.copy(), now=now_or(now), actor=actor, touch=touch)
+            yield ed
+            if ed.cancelled:
+                return
+            events = finish_edit(ed, None)
+            self.ledger.append(events)
+            self._batons[task_id] = ed.baton.copy()
+
+    def scan(self) -> list[Entry]:
+        with self._lock:
+            return [Entry(id=i, baton=b.copy()) for i, b in sorted(self._batons.items())]
+
+    def record(self, events: list[Event]) -> None:
+        self.ledger.append(events)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,305 @@
+"""The verbs agents and humans use on a task: new, set, add, touch, claim, block, done, ...
+
+Each is a small function over a :class:`~heartbeat.store.Store`, shared by the CLI and
+the Python API so both enforce the same rules: ``blocked_on`` and ``meta`` change only
+through block/unblock and the daemon; a finished task is not silently reopened; every
+write is fenced by the caller's epoch when it has one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from heartbeat.baton import (
+    FINISHED_STATUSES,
+    LIST_FIELDS,
+    SCALAR_FIELDS,
+    Baton,
+    Gate,
+    GateKind,
+    Meta,
+    Owner,
+    Status,
+    check_id,
+)
+from heartbeat.errors import BadInput, Conflict, NotActive
+from heartbeat.store.base import Edit, Store
+from heartbeat.timeparse import utcnow
+
+__all__ = [
+    "SETTABLE_FIELDS",
+    "new_task",
+    "set_fields",
+    "add_items",
+    "touch",
+    "claim",
+    "release",
+    "snooze",
+    "block",
+    "unblock",
+    "finish",
+    "fail",
+    "retry",
+]
+
+SETTABLE_FIELDS = tuple(f for f in SCALAR_FIELDS if f != "blocked_on")
+"""Scalar fields ``set`` may change; ``blocked_on`` goes through block/unblock only."""
+
+
+def new_task(
+    store: Store,
+    task_id: str,
+    *,
+    task: str,
+    step: str,
+    intent: str = "",
+    next_step: str = "",
+    workdir: str = "",
+    launcher: str = "",
+    handoff: str = "",
+    key_files: Sequence[str] = (),
+    constraints: Sequence[str] = (),
+    plan: Sequence[str] = (),
+    blocked_on: str = "",
+    gate: Gate | None = None,
+    owner: Owner | None = None,
+    actor: str = "",
+    now: datetime | None = None,
+) -> Baton:
+    """Create a task. With ``owner`` it is claimed at once (epoch 1); with ``blocked_on`` it starts blocked."""
+    check_id(task_id)
+    if not task.strip():
+        raise BadInput("must not be empty", task=task_id, field="task")
+    if not step.strip():
+        raise BadInput("must not be empty", task=task_id, field="step")
+    if workdir and not os.path.isabs(workdir):
+        workdir = os.path.abspath(workdir)
+    meta = Meta(id=task_id)
+    if blocked_on:
+        meta.status = Status.BLOCKED
+        meta.gate = gate or Gate(GateKind.HUMAN)
+        meta.blocked_at = now or utcnow()
+    if owner is not None:
+        meta.owner = owner
+        meta.epoch = 1
+    baton = Baton(
+        task=task,
+        step=step,
+        intent=intent,
+        next_step=next_step,
+        workdir=workdir,
+        launcher=launcher,
+        handoff=handoff,
+        key_files=list(key_files),
+        constraints=list(constraints),
+        plan=list(plan),
+        blocked_on=blocked_on,
+        meta=meta,
+    )
+    return store.create(baton, actor=actor, now=now)
+
+
+def set_fields(
+    store: Store,
+    task_id: str,
+    values: Mapping[str, str],
+    *,
+    expect_revision: int | None = None,
+    epoch: int | None = None,
+    actor: str = "",
+) -> Baton:
+    """Set scalar fields. ``blocked_on``, list fields and ``meta.*`` are refused with the way to do it."""
+    for name, value in values.items():
+        _check_settable(task_id, name)
+        if name in ("task", "step") and not value.strip():
+            raise BadInput("must not be empty", task=task_id, field=name)
+        if name == "workdir" and value and not os.path.isabs(value):
+            raise BadInput("must be an absolute path", task=task_id, field=name)
+        if "\0" in value:
+            raise BadInput("contains a NUL byte", task=task_id, field=name)
+    with store.edit(task_id, expect_revision=expect_revision, epoch=epoch, actor=actor) as ed:
+        for name, value in values.items():
+            setattr(ed.baton, name, value)
+    return ed.baton
+
+
+def _check_settable(task_id: str, name: str) -> None:
+    if name == "blocked_on":
+        raise BadInput(
+            "is set only through `heartbeat block` and cleared only through `heartbeat unblock --by NAME`",
+            task=task_id,
+            field=name,
+        )
+    if name == "meta" or name.startswith("meta."):
+        raise BadInput("is managed by heartbeat and cannot be set", task=task_id, field=name)
+    if name in LIST_FIELDS:
+        raise BadInput(f"is a list: use `heartbeat add {task_id} {name} VALUE...`", task=task_id, field=name)
+    if name not in SETTABLE_FIELDS:
+        raise BadInput(f"unknown field (settable: {', '.join(SETTABLE_FIELDS)})", task=task_id, field=name)
+
+
+def add_items(
+    store: Store,
+    task_id: str,
+    name: str,
+    items: Sequence[str],
+    *,
+    expect_revision: int | None = None,
+    epoch: int | None = None,
+    actor: str = "",
+) -> Baton:
+    """Append to a list field (done, plan, constraints, decisions, ...)."""
+    if name not in LIST_FIELDS:
+        raise BadInput(f"is not a list field (lists: {', '.join(LIST_FIELDS)})", task=task_id, field=name)
+    if not items:
+        raise BadInput("nothing to add", task=task_id, field=name)
+    for item in items:
+        if not item or "\0" in item:
+            raise BadInput("items must be non-empty text", task=task_id, field=name)
+    with store.edit(task_id, expect_revision=expect_revision, epoch=epoch, actor=actor) as ed:
+        getattr(ed.baton, name).extend(items)
+    return ed.baton
+
+
+def touch(store: Store, task_id: str, *, epoch: int | None = None, actor: str = "") -> Baton:
+    """A heartbeat: "alive, still on this step". Not progress."""
+    with store.edit(task_id, epoch=epoch, actor=actor, touch=True) as ed:
+        pass
+    return ed.baton
+
+
+def _require(ed: Edit, allowed: set[Status] | frozenset[Status], verb: str) -> None:
+    status = ed.old.meta.status
+    if status not in allowed:
+        raise NotActive(f"cannot {verb}: the task is {status.value}", task=ed.old.id)
+
+
+def claim(
+    store: Store,
+    task_id: str,
+    owner: Owner,
+    *,
+    force: bool = False,
+    alive: bool | None = None,
+    actor: str = "",
+) -> Baton:
+    """Take the task for an agent the daemon did not start; bumps and returns the epoch.
+
+    A task held by another live agent is refused (exit 5) unless ``force``; its epoch is
+    bumped either way so the previous holder's writes are fenced off from now on.
+    """
+    from heartbeat.liveness import is_alive
+
+    with store.edit(task_id, actor=actor) as ed:
+        _require(ed, {Status.ACTIVE, Status.SNOOZED, Status.PAUSED}, "claim")
+        current = ed.old.meta.owner
+        same = current is not None and current.pid == owner.pid and current.host == owner.host
+        held = alive if alive is not None else is_alive(current)
+        if current is not None and not same and held and not force:
+            raise Conflict(
+                f"held by a live agent (pid {current.pid} on {current.host or 'this host'}); "
+                "release it first or pass --force",
+                task=task_id,
+            )
+        meta = ed.baton.meta
+        meta.epoch += 1
+        meta.owner = owner
+        meta.status = Status.ACTIVE
+        meta.snooze_until = None
+        ed.event("claimed", pid=owner.pid, host=owner.host, previous_pid=current.pid if current else None)
+    return ed.baton
+
+
+def release(store: Store, task_id: str, *, epoch: int | None = None, actor: str = "") -> Baton:
+    """Hand the task back to the daemon: the owner is cleared and, if unfinished, a successor is due."""
+    with store.edit(task_id, epoch=epoch, actor=actor) as ed:
+        previous = ed.old.meta.owner
+        ed.baton.meta.owner = None
+        ed.event("released", pid=previous.pid if previous else None)
+    return ed.baton
+
+
+def snooze(store: Store, task_id: str, until: datetime, *, epoch: int | None = None, actor: str = "") -> Baton:
+    """End the shift: status snoozed; the daemon wakes the task with a fresh agent at ``until``."""
+    with store.edit(task_id, epoch=epoch, actor=actor) as ed:
+        _require(ed, {Status.ACTIVE, Status.SNOOZED}, "snooze")
+        ed.baton.meta.status = Status.SNOOZED
+        ed.baton.meta.snooze_until = until
+        ed.event("snoozed", until=until.isoformat())
+    return ed.baton
+
+
+def block(
+    store: Store, task_id: str, on: str, gate: Gate, *, epoch: int | None = None, actor: str = ""
+) -> Baton:
+    """Block the task on ``on`` until ``gate`` opens or a human unblocks it."""
+    if not on.strip():
+        raise BadInput("say what the task is blocked on", task=task_id, field="blocked_on")
+    with store.edit(task_id, epoch=epoch, actor=actor) as ed:
+        _require(ed, {Status.ACTIVE, Status.SNOOZED, Status.PAUSED, Status.BLOCKED}, "block")
+        meta = ed.baton.meta
+        ed.baton.blocked_on = on
+        meta.status = Status.BLOCKED
+        meta.gate = gate
+        meta.blocked_at = ed.now
+        meta.snooze_until = None
+        ed.event("blocked", on=on, gate=gate.spec())
+    return ed.baton
+
+
+def unblock(store: Store, task_id: str, *, by: str, note: str = "", gate_opened: str = "") -> Baton:
+    """Lift a block. ``by`` names the human (or ``gate:<spec>`` when the daemon saw a gate open)."""
+    if not by.strip():
+        raise BadInput("name who unblocks (--by NAME)", task=task_id, field="by")
+    with store.edit(task_id, actor=by) as ed:
+        _require(ed, {Status.BLOCKED}, "unblock")
+        meta = ed.baton.meta
+        was_on, gate = ed.old.blocked_on, ed.old.meta.gate
+        ed.baton.blocked_on = ""
+        meta.status = Status.ACTIVE
+        meta.gate = None
+        meta.blocked_at = None
+        meta.attempt = 0
+        meta.idle_resumes = 0
+        ed.event("unblocked", by=by, note=note, was_on=was_on, gate=gate.spec() if gate else "human",
+                 gate_opened=gate_opened)
+    return ed.baton
+
+
+def finish(store: Store, task_id: str, *, note: str = "", epoch: int | None = None, actor: str = "") -> Baton:
+    """Mark the task done."""
+    with store.edit(task_id, epoch=epoch, actor=actor) as ed:
+        _require(ed, {Status.ACTIVE, Status.SNOOZED, Status.PAUSED, Status.ESCALATED}, "mark done")
+        ed.baton.meta.status = Status.DONE
+        ed.baton.meta.snooze_until = None
+        ed.event("done", note=note)
+    return ed.baton
+
+
+def fail(store: Store, task_id: str, *, reason: str, epoch: int | None = None, actor: str = "") -> Baton:
+    """Mark the task failed; nothing more is dispatched until ``retry``."""
+    if not reason.strip():
+        raise BadInput("say why (--reason TEXT)", task=task_id, field="reason")
+    with store.edit(task_id, epoch=epoch, actor=actor) as ed:
+        if ed.old.meta.status in FINISHED_STATUSES:
+            raise NotActive(f"cannot fail: the task is {ed.old.meta.status.value}", task=task_id)
+        ed.baton.meta.status = Status.FAILED
+        ed.baton.meta.last_failure = reason
+        ed.event("failed", reason=reason)
+    return ed.baton
+
+
+def retry(store: Store, task_id: str, *, by: str, note: str = "") -> Baton:
+    """Re-arm an escalated or failed task: attempts reset, the daemon dispatches it again."""
+    if not by.strip():
+        raise BadInput("name who re-arms the task (--by NAME)", task=task_id, field="by")
+    with store.edit(task_id, actor=by) as ed:
+        _require(ed, {Status.ESCALATED, Status.FAILED}, "retry")
+        meta = ed.baton.meta
+        meta.status = Status.ACTIVE
+        meta.attempt = 0
+        meta.idle_resumes = 0
+        ed.event("retried", by=by, note=note, was=ed.old.meta.status.value)
+    return ed.baton
