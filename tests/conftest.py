@@ -1,0 +1,86 @@
+"""Shared fixtures: a private state dir, stores, and the real CLI run as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from heartbeat.store.files import FileStore
+from heartbeat.store.memory import MemoryStore
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment for a CLI subprocess: no stray HEARTBEAT_* from the developer's shell."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTBEAT_")}
+    env.pop("NOTIFY_SOCKET", None)
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "state"
+    path.mkdir(mode=0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
+@pytest.fixture
+def file_store(state_dir: Path) -> Iterator[FileStore]:
+    store = FileStore(str(state_dir))
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def memory_store() -> MemoryStore:
+    return MemoryStore()
+
+
+@pytest.fixture
+def hb(state_dir: Path) -> Callable[..., Result]:
+    """Run ``heartbeat ARGS...`` for real against ``state_dir``; ``env=`` adds variables."""
+
+    def run(*args: str, env: Mapping[str, str] | None = None, input: str | None = None,
+            timeout: float = 60) -> Result:
+        proc = subprocess.run(
+            [sys.executable, "-m", "heartbeat", *args],
+            env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir), **(env or {})),
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=str(state_dir.parent),
+        )
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    return run
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.01,
+             message: str = "condition") -> object:
+    """Poll ``predicate`` until it returns something truthy, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
