@@ -156,6 +156,7 @@ class Meta:
     dispatched_at: datetime | None = None
     blocked_at: datetime | None = None
     snooze_until: datetime | None = None
+    ended_at: datetime | None = None
     last_failure: str = ""
     last_exit: int | None = None
     owner: Owner | None = None
@@ -227,7 +228,8 @@ def _deep(value: Any) -> Any:
     return value
 
 
-_META_TIMES = ("created_at", "updated_at", "touched_at", "progress_at", "dispatched_at", "blocked_at", "snooze_until")
+_META_TIMES = ("created_at", "updated_at", "touched_at", "progress_at", "dispatched_at", "blocked_at", "snooze_until",
+               "ended_at")
 _META_INTS = ("schema", "revision", "epoch", "attempt", "dispatches", "idle_resumes")
 
 

@@ -60,6 +60,7 @@ class DaemonConfig:
     dispatches_per_minute: int = defaults.DISPATCHES_PER_MINUTE
     max_concurrent: int = defaults.MAX_CONCURRENT
     default_launcher: str = defaults.DEFAULT_LAUNCHER
+    on_spinning: str = defaults.ON_SPINNING
     log_format: str = "auto"
     log_level: str = "info"
 
@@ -339,6 +340,7 @@ class _Parser:
             dispatches_per_minute=self.integer(doc, "dispatches_per_minute", p, defaults.DISPATCHES_PER_MINUTE),
             max_concurrent=self.integer(doc, "max_concurrent", p, defaults.MAX_CONCURRENT),
             default_launcher=launcher,
+            on_spinning=self.string(doc, "on_spinning", p, defaults.ON_SPINNING, ("escalate", "restart", "report")),
             log_format=self.string(doc, "log_format", p, "auto", ("auto", "json", "console")),
             log_level=self.string(doc, "log_level", p, "info", ("debug", "info", "warning", "error")),
         )

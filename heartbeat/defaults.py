@@ -38,6 +38,10 @@ DISPATCHES_PER_MINUTE = 30
 MAX_CONCURRENT = 4
 """Agents running at once across all launchers."""
 
+ON_SPINNING = "escalate"
+"""What to do with a spinning agent (alive, touching, step unchanged past progress_after):
+``escalate`` (stop it, escalate the task), ``restart`` (stop it, count a failed attempt) or ``report`` only."""
+
 DEFAULT_LAUNCHER = "agent"
 """The launcher a baton uses when it names none."""
 
