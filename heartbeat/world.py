@@ -1,8 +1,9 @@
 """Fingerprints of the world a baton describes: its key files and the workdir's git HEAD.
 
-A baton records them on every write; ``heartbeat verify`` compares them with the world
-as it is now, so a resumed agent learns whether the note still holds before it does
-something it cannot undo.
+A baton records them whenever its content is written; ``heartbeat verify`` compares
+them with the world as it is now, so a resumed agent learns whether the note still holds
+before it does something it cannot undo. Verify's checks, in order: the caller's epoch
+has been superseded (5), the task is not active (4), the world changed (3), else fresh (0).
 """
 
 from __future__ import annotations
@@ -10,11 +11,29 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from heartbeat import defaults
-from heartbeat.errors import UnsafePath
+from heartbeat.errors import EXIT_CONFLICT, EXIT_NOT_ACTIVE, EXIT_OK, EXIT_STALE, UnsafePath
 
-__all__ = ["GIT_HEAD_KEY", "resolve_key_file", "fingerprint", "fingerprint_world", "git_head"]
+if TYPE_CHECKING:
+    from heartbeat.baton import Baton
+    from heartbeat.store.base import Store
+
+__all__ = [
+    "GIT_HEAD_KEY",
+    "MISSING",
+    "resolve_key_file",
+    "fingerprint",
+    "fingerprint_world",
+    "git_head",
+    "describe_change",
+    "world_changes",
+    "VerifyResult",
+    "verify",
+]
 
 GIT_HEAD_KEY = ":git-head"
 """The key under ``[meta.world]`` that holds the workdir's git HEAD (no file path starts with ':')."""
@@ -118,3 +137,156 @@ def fingerprint_world(workdir: str, key_files: list[str]) -> dict[str, str]:
     if head:
         world[GIT_HEAD_KEY] = head
     return world
+
+
+def _current(workdir: str, key: str) -> str:
+    """The fingerprint of one recorded key now; a path that became unsafe reads as ``unsafe:``."""
+    if key == GIT_HEAD_KEY:
+        return git_head(workdir) or MISSING
+    try:
+        return fingerprint(resolve_key_file(workdir, key))
+    except UnsafePath as exc:
+        return f"unsafe:{exc.message}"
+
+
+def _kind(value: str) -> str:
+    prefix = value.split(":", 1)[0]
+    return {"sha256": "file", "stat": "file", "dir": "directory", "other": "special file"}.get(prefix, prefix)
+
+
+def describe_change(key: str, was: str, now: str) -> str:
+    """A few words for how a fingerprint changed: ``modified``, ``deleted``, ``created``, ..."""
+    if key == GIT_HEAD_KEY:
+        return "HEAD moved" if now != MISSING else "no longer a git checkout"
+    if now.startswith("unsafe:"):
+        return "now refused: " + now[len("unsafe:"):]
+    if now.startswith("error:"):
+        return f"unreadable now (errno {now[len('error:'):]})"
+    if was == MISSING:
+        return f"created ({_kind(now)})"
+    if now == MISSING:
+        return "deleted"
+    if _kind(was) != _kind(now):
+        return f"replaced ({_kind(was)} -> {_kind(now)})"
+    return "modified"
+
+
+def world_changes(baton: Baton) -> list[dict[str, str]]:
+    """What differs between the world the baton recorded (``meta.world``) and the world now.
+
+    Only recorded keys that are still key files (or git HEAD) are compared: a key file
+    added by a hand edit was never fingerprinted, so there is nothing to compare it with.
+    Each change is ``{"key", "was", "now", "change"}``.
+    """
+    recorded = baton.meta.world
+    if not baton.workdir or not recorded:
+        return []
+    wanted = set(baton.key_files) | {GIT_HEAD_KEY}
+    changes = []
+    for key, was in recorded.items():
+        if key not in wanted:
+            continue
+        now = _current(baton.workdir, key)
+        if now != was:
+            changes.append({"key": key, "was": was, "now": now, "change": describe_change(key, was, now)})
+    return changes
+
+
+@dataclass
+class VerifyResult:
+    """What ``heartbeat verify`` found. ``code``: 0 fresh, 3 stale, 4 not active, 5 superseded."""
+
+    task_id: str
+    code: int
+    status: str  # fresh | stale | blocked | superseded (the ``verified`` event's ``result``)
+    message: str
+    changed: list[dict[str, str]] = field(default_factory=list)
+    task_status: str = ""
+    epoch: int = 0
+    caller_epoch: int | None = None
+    revision: int = 0
+    checked: list[str] = field(default_factory=list)
+    verified_at: datetime | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.code == EXIT_OK
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.task_id,
+            "code": self.code,
+            "result": self.status,
+            "message": self.message,
+            "changed": [dict(c) for c in self.changed],
+            "task_status": self.task_status,
+            "epoch": self.epoch,
+            "caller_epoch": self.caller_epoch,
+            "revision": self.revision,
+            "checked": list(self.checked),
+            "verified_at": self.verified_at.isoformat() if self.verified_at else None,
+        }
+
+    def render_text(self) -> str:
+        lines = [f"{self.status}: {self.message}"]
+        for c in self.changed:
+            lines.append(f"  {c['key']}: {c['change']} ({_short(c['was'])} -> {_short(c['now'])})")
+        return "\n".join(lines)
+
+
+def _short(value: str) -> str:
+    if value.startswith("sha256:"):
+        return value[:19]
+    return value if len(value) <= 60 else value[:57] + "..."
+
+
+def verify(
+    store: Store,
+    task_id: str,
+    *,
+    epoch: int | None = None,
+    actor: str = "",
+    now: datetime | None = None,
+    record: bool = True,
+) -> VerifyResult:
+    """Does the baton still hold for a caller at ``epoch``? Records a ``verified`` event.
+
+    Superseded (5) is checked before not active (4), before stale (3): an agent whose
+    epoch has moved on must stop whatever the world looks like.
+    """
+    from heartbeat.baton import Status
+    from heartbeat.ledger import Event
+    from heartbeat.timeparse import utcnow
+
+    now = now or utcnow()
+    baton = store.load(task_id)
+    meta = baton.meta
+    checked = sorted(k for k in meta.world if k in set(baton.key_files) | {GIT_HEAD_KEY})
+    result = VerifyResult(task_id, EXIT_OK, "fresh", "", task_status=meta.status.value, epoch=meta.epoch,
+                          caller_epoch=epoch, revision=meta.revision, checked=checked, verified_at=now)
+    if epoch is not None and epoch != meta.epoch:
+        result.code, result.status = EXIT_CONFLICT, "superseded"
+        relation = "has been superseded by" if epoch < meta.epoch else "is ahead of"
+        result.message = (f"{task_id}: your epoch {epoch} {relation} the task's epoch {meta.epoch}: "
+                          "another agent holds this task; stop and do not write")
+    elif meta.status is not Status.ACTIVE:
+        result.code, result.status = EXIT_NOT_ACTIVE, "blocked"
+        if meta.status is Status.BLOCKED:
+            gate = meta.gate.spec() if meta.gate else "human"
+            result.message = f"{task_id} is blocked on {' '.join(baton.blocked_on.split())!r} (gate {gate})"
+        else:
+            result.message = f"{task_id} is {meta.status.value}, not active"
+    else:
+        result.changed = world_changes(baton)
+        if result.changed:
+            result.code, result.status = EXIT_STALE, "stale"
+            result.message = (f"{task_id}: the world changed since the baton was written (revision "
+                              f"{meta.revision}): {len(result.changed)} change(s); re-read before acting")
+        else:
+            what = f"{len(checked)} fingerprint(s)" if checked else "nothing fingerprinted"
+            result.message = f"{task_id} is active at epoch {meta.epoch} and the world matches the baton ({what})"
+    if record:
+        store.record([Event(task=task_id, kind="verified", ts=now, epoch=epoch if epoch is not None else meta.epoch,
+                            revision=meta.revision, actor=actor,
+                            data={"result": result.status, "changed": [c["key"] for c in result.changed]})])
+    return result

@@ -1,0 +1,319 @@
+"""The brief: what the next instance of an agent reads first, rendered from a baton.
+
+Sections, in this order (DESIGN.md, "The brief"):
+
+1. the intent, in one sentence;
+2. the constraints, loudly;
+3. where things stand: task, status, step, next step, block and gate, attempt N of M
+   and how the previous attempt ended (so a retry knows it is a retry);
+4. the minimum context: done, plan, decisions, rejected alternatives, unknowns;
+5. pointers: each key file, marked when it changed since the baton was written, and
+   the longer handoff document;
+6. how to keep the baton (the commands), for an agent that has never seen heartbeat.
+
+A brief fits a budget of tokens, estimated as UTF-8 bytes / 4 (no tokenizer: the
+estimate errs on the generous side for English, and is the same on every machine).
+When it does not fit, units are cut from the end: whole list items, then whole
+sections, never the intent or the constraints, and the brief says what was left out.
+A missing intent or missing constraints are warned about, in the brief and by the
+CLI on stderr: those are the handoffs that fail silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from heartbeat import defaults
+from heartbeat.baton import Baton, Status
+from heartbeat.timeparse import format_duration, utcnow
+from heartbeat.world import world_changes
+
+__all__ = ["Brief", "render_brief", "estimate_tokens"]
+
+_OMITTED_PREFIX = "_Left out to fit"
+
+
+def estimate_tokens(text: str) -> int:
+    """Tokens a text costs, estimated as UTF-8 bytes / 4, rounded up."""
+    return (len(text.encode("utf-8")) + 3) // 4
+
+
+@dataclass
+class Brief:
+    """A rendered brief: markdown ``text`` within ``budget``, and what was warned about or cut."""
+
+    task_id: str
+    text: str
+    warnings: list[str] = field(default_factory=list)
+    omitted: list[str] = field(default_factory=list)
+    tokens: int = 0
+    budget: int = defaults.BRIEF_BUDGET
+    changed: list[dict[str, str]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The brief as data (what ``heartbeat brief --json`` prints)."""
+        return {
+            "id": self.task_id,
+            "text": self.text,
+            "tokens": self.tokens,
+            "budget": self.budget,
+            "warnings": list(self.warnings),
+            "omitted": list(self.omitted),
+            "changed": [dict(c) for c in self.changed],
+        }
+
+
+@dataclass
+class _Unit:
+    """One cuttable piece of the brief: a heading, a line, a list item."""
+
+    text: str
+    section: str
+    label: str = ""  # what the omission note calls it ("done", "key files"); "" for headings
+    required: bool = False
+
+
+def render_brief(
+    baton: Baton,
+    *,
+    budget: int = defaults.BRIEF_BUDGET,
+    max_attempts: int | None = None,
+    now: datetime | None = None,
+    epoch: int | None = None,
+) -> Brief:
+    """Render the brief for ``baton`` within ``budget`` tokens.
+
+    ``max_attempts`` is the policy's bound (shown as "attempt N of M"); ``epoch`` is the
+    caller's epoch, warned about when it has been superseded. The baton is expected as
+    the dispatch wrote it: ``meta.attempt`` already counts the dispatch being briefed.
+    Key files are fingerprinted afresh (this reads the workdir) and compared with
+    ``meta.world``.
+    """
+    now = now or utcnow()
+    budget = max(1, int(budget))
+    meta = baton.meta
+    task_id = meta.id
+    warnings: list[str] = []
+    intent = _one_line(baton.intent)
+    if not intent:
+        warnings.append(
+            f"no intent: the next agent cannot tell why this task exists; "
+            f"set it with `heartbeat set {task_id} intent=\"...\"`"
+        )
+    constraints = [_one_line(c) for c in baton.constraints if c.strip()]
+    if not constraints:
+        warnings.append(
+            f"no constraints recorded: if there is anything the next agent must not do, "
+            f"add it with `heartbeat add {task_id} constraints \"...\"`"
+        )
+    if epoch is not None and epoch != meta.epoch:
+        warnings.append(
+            f"your epoch {epoch} is not the task's epoch {meta.epoch}: another agent holds this task now; "
+            "your writes will be refused"
+        )
+    changed = world_changes(baton)
+    if changed:
+        keys = ", ".join(c["key"] for c in changed)
+        warnings.append(
+            f"the world changed since the baton was written ({keys}): run `heartbeat verify {task_id}` "
+            "before doing anything you cannot undo"
+        )
+
+    units: list[_Unit] = []
+
+    def add(text: str, section: str, label: str = "", required: bool = False) -> None:
+        units.append(_Unit(text, section, label, required))
+
+    add(f"# Brief: {task_id} - {_one_line(baton.task)}\n", "header", required=True)
+    if warnings:
+        add("\n".join(f"> **WARNING:** {w}" for w in warnings) + "\n", "header", required=True)
+
+    add("\n## Intent\n", "intent", required=True)
+    add((intent or "_(none recorded)_") + "\n", "intent", required=True)
+
+    add("\n## Constraints - DO NOT BREAK THESE\n", "constraints", required=True)
+    if constraints:
+        for c in constraints:
+            add(f"- **{c}**\n", "constraints", required=True)
+    else:
+        add("_(none recorded)_\n", "constraints", required=True)
+
+    add("\n## Where things stand\n", "state")
+    for line in _state_lines(baton, max_attempts, now, epoch):
+        add(line + "\n", "state", "where things stand")
+
+    context = (
+        ("done", "Done", baton.done),
+        ("plan", "Plan", _plan_items(baton)),
+        ("decisions", "Decisions", baton.decisions),
+        ("rejected", "Rejected alternatives (do not retry these)", baton.rejected),
+        ("unknowns", "Unknowns (be wary)", baton.unknowns),
+    )
+    if any(items for _, _, items in context):
+        add("\n## Context\n", "context")
+        for label, title, items in context:
+            if not items:
+                continue
+            add(f"\n{title}:\n", "context")
+            for item in items:
+                add(f"- {_one_line(item)}\n", "context", label)
+
+    by_key = {c["key"]: c for c in changed}
+    pointers: list[tuple[str, str]] = []
+    if baton.workdir:
+        pointers.append((f"- Workdir: `{baton.workdir}`\n", "workdir"))
+    for key_file in baton.key_files:
+        mark = ""
+        if key_file in by_key:
+            mark = f" - **CHANGED since the baton was written: {by_key[key_file]['change']}**"
+        elif key_file not in meta.world and meta.world:
+            mark = " - (not fingerprinted)"
+        pointers.append((f"- `{key_file}`{mark}\n", "key files"))
+    head = by_key.get(":git-head")
+    if head:
+        pointers.append((f"- git HEAD - **CHANGED since the baton was written: {head['change']}**\n", "git head"))
+    if baton.handoff:
+        pointers.append((f"- Longer handoff document: `{baton.handoff}` (read it next)\n", "handoff document"))
+    if pointers:
+        add("\n## Pointers\n", "pointers")
+        for text, label in pointers:
+            add(text, "pointers", label)
+
+    add("\n## Keeping the baton\n", "howto")
+    for line in _howto_lines(task_id):
+        add(line + "\n", "howto", "how to keep the baton")
+
+    return _fit(task_id, units, budget, warnings, changed)
+
+
+def _fit(task_id: str, units: list[_Unit], budget: int, warnings: list[str], changed: list[dict[str, str]]) -> Brief:
+    """Keep the longest prefix of units that fits (required units always), and say what was cut."""
+    full = "".join(u.text for u in units)
+    if estimate_tokens(full) <= budget:
+        return Brief(task_id, full, warnings, [], estimate_tokens(full), budget, changed)
+    required = [u for u in units if u.required]
+    optional = [u for u in units if not u.required]
+    sizes = [len(u.text.encode("utf-8")) for u in optional]
+    prefix = [0]
+    for size in sizes:
+        prefix.append(prefix[-1] + size)
+    base = sum(len(u.text.encode("utf-8")) for u in required)
+    totals = _label_counts(optional)
+    dropped_counts: dict[str, int] = {}
+    # Cutting from the end: the longest prefix of the optional units that fits together
+    # with the note saying what was cut after it.
+    cut_at = 0
+    for n in range(len(optional), -1, -1):
+        if n < len(optional) and optional[n].label:
+            label = optional[n].label
+            dropped_counts[label] = dropped_counts.get(label, 0) + 1
+        note = _omission_note(task_id, _labels(totals, dropped_counts), budget)
+        if (base + prefix[n] + len(note.encode("utf-8")) + 3) // 4 <= budget:
+            cut_at = n
+            break
+    while cut_at > 0 and not optional[cut_at - 1].label:
+        cut_at -= 1  # a heading whose items were all cut goes too
+    dropped = optional[cut_at:]
+    omitted = _labels(totals, _label_counts(dropped))
+    keep = {id(u) for u in optional[:cut_at]}
+    kept = [u for u in units if u.required or id(u) in keep]
+    text = "".join(u.text for u in kept) + _omission_note(task_id, omitted, budget)
+    tokens = estimate_tokens(text)
+    if tokens > budget:
+        warnings = [*warnings, f"the intent and constraints alone take {tokens} tokens, over the budget of {budget}"]
+    return Brief(task_id, text, warnings, omitted, tokens, budget, changed)
+
+
+def _label_counts(units: list[_Unit]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for u in units:
+        if u.label:
+            counts[u.label] = counts.get(u.label, 0) + 1
+    return counts
+
+
+def _labels(totals: dict[str, int], cut: dict[str, int]) -> list[str]:
+    """``["done (3 of 5)", "key files"]``: what was cut, in the brief's order."""
+    out = []
+    for label, total in totals.items():
+        n = cut.get(label, 0)
+        if n:
+            out.append(label if n == total else f"{label} ({n} of {total})")
+    return out
+
+
+def _omission_note(task_id: str, labels: list[str], budget: int) -> str:
+    if not labels:
+        return ""
+    return (
+        f"\n{_OMITTED_PREFIX} the budget of {budget} tokens: {', '.join(labels)}. "
+        f"Run `heartbeat show {task_id}` for the whole baton._\n"
+    )
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _plan_items(baton: Baton) -> list[str]:
+    done = set(baton.done)
+    items = []
+    for step in baton.plan:
+        if step == baton.step:
+            items.append(f"[current] {step}")
+        elif step in done:
+            items.append(f"[done] {step}")
+        else:
+            items.append(f"[ ] {step}")
+    return items
+
+
+def _state_lines(baton: Baton, max_attempts: int | None, now: datetime, epoch: int | None) -> list[str]:
+    meta = baton.meta
+    lines = [f"- Task: {_one_line(baton.task)}", f"- Status: {meta.status.value}"]
+    lines.append(f"- Step (current): **{_one_line(baton.step)}**")
+    lines.append(f"- Next step: {_one_line(baton.next_step) or '_(not recorded)_'}")
+    if meta.status is Status.BLOCKED or baton.blocked_on:
+        gate = meta.gate.spec() if meta.gate else "human"
+        lines.append(f"- **Blocked on: {_one_line(baton.blocked_on) or '(unspecified)'}** (clears by gate: {gate}); "
+                     "do not work around it")
+    if meta.status is Status.SNOOZED and meta.snooze_until:
+        lines.append(f"- Snoozed until {meta.snooze_until.isoformat()}")
+    bound = f" of {max_attempts}" if max_attempts else ""
+    if meta.attempt > 0:
+        line = f"- Attempt {meta.attempt}{bound} since the last progress"
+        if meta.attempt > 1:
+            line += f" - **this is a retry**: {meta.attempt - 1} earlier attempt(s) on this step made no progress"
+        lines.append(line)
+    ended = _previous_end(baton)
+    if ended:
+        lines.append(f"- Previous attempt ended: {ended}")
+    if meta.progress_at:
+        lines.append(f"- Last progress: {format_duration(max(0.0, (now - meta.progress_at).total_seconds()))} ago")
+    lines.append(f"- Epoch: {meta.epoch} (write with HEARTBEAT_EPOCH={meta.epoch}), revision {meta.revision}, "
+                 f"{meta.dispatches} dispatch(es) so far")
+    return lines
+
+
+def _previous_end(baton: Baton) -> str:
+    meta = baton.meta
+    parts = []
+    if meta.last_failure:
+        parts.append(_one_line(meta.last_failure))
+    if meta.last_exit is not None:
+        parts.append(f"exit code {meta.last_exit}")
+    return "; ".join(parts)
+
+
+def _howto_lines(task_id: str) -> list[str]:
+    return [
+        f"- Before anything you cannot undo: `heartbeat verify {task_id}` (0 = the note still holds)",
+        f"- When the step changes: `heartbeat set {task_id} step=\"...\" next_step=\"...\"`",
+        f"- When a step is finished: `heartbeat add {task_id} done \"...\"`; "
+        f"decisions/rejected/unknowns/constraints the same way",
+        f"- Still working, same step: `heartbeat touch {task_id}`",
+        f"- Stuck on something outside your control: `heartbeat block {task_id} --on \"...\"`",
+        f"- All finished: `heartbeat done {task_id} --note \"...\"`",
+    ]
