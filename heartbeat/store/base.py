@@ -156,12 +156,18 @@ def finish_edit(ed: Edit, fingerprint: Callable[[Baton], dict[str, str]] | None)
         meta.progress_at = now
         meta.attempt = 0
         meta.idle_resumes = 0
-    if fingerprint is not None and not (ed.touch and not changed):
+    # The world is re-fingerprinted when the note is (re)written: a content change, or a
+    # plain set/add (which an agent may use to accept the world as it is now). A touch or
+    # a bookkeeping write (claim, dispatch, block, ...) keeps the old fingerprints, so a
+    # world that changed across a handoff still reads as stale to the successor's verify.
+    if fingerprint is not None and (changed or (not ed.touch and not ed.events)):
         meta.world = fingerprint(new)
     events = ed.events
     if not events:
         kind = "touched" if ed.touch and not changed else "updated"
         events = [Event(task=meta.id, kind=kind, ts=now, actor=ed.actor)]
+    if meta.world != old.meta.world:
+        events[0].data.setdefault("world", dict(meta.world))  # report: stale resumes from the ledger
     for event in events:
         event.epoch = meta.epoch
         event.revision = meta.revision

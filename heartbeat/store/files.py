@@ -247,7 +247,8 @@ class FileStore:
             meta.created_at = meta.updated_at = meta.touched_at = meta.progress_at = now
             meta.world = fingerprint_world(new.workdir, new.key_files)
             events = [Event(task=task_id, kind="created", ts=now, actor=actor, epoch=meta.epoch, revision=1,
-                            data={"task": new.task, "step": new.step, "status": meta.status.value})]
+                            data={"task": new.task, "step": new.step, "status": meta.status.value,
+                                  **({"world": dict(meta.world)} if meta.world else {})})]
             self._write(task_id, new, events)
         return new
 
