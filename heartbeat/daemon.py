@@ -1,0 +1,850 @@
+"""The clock: ``heartbeat run``.
+
+A small loop class in the manner of huey's consumer: :meth:`Daemon.initialize`,
+:meth:`Daemon.tick` (one pass over every baton; ``now`` is a parameter so tests never
+patch time), :meth:`Daemon.shutdown`. :meth:`Daemon.serve` adds what a service needs:
+APScheduler ticking every ``tick`` (coalesced, one instance at a time), a watchdog
+observer that re-evaluates a changed baton within a fraction of a second, signal
+handlers that only set flags (SIGHUP reloads, SIGTERM/SIGINT stop), and systemd
+notifications (READY, WATCHDOG from the tick, STATUS with counts by state).
+
+Per task, every look is: observe (liveness, exit status, gate) → :func:`policy.decide`
+→ act. Dispatches of one pass are admitted together (:func:`policy.admit`) so capacity
+and the per-minute budget are respected, oldest-waiting first. Stopping an agent (grace,
+then SIGKILL) runs in the background; its successor is dispatched once it is gone, so
+there is at most one agent per task at every instant.
+
+Stopping the daemon leaves agents running; a restarted daemon re-adopts them from
+their batons (owner pid + create time) instead of launching duplicates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from heartbeat import policy as pol
+from heartbeat import systemd, tasks
+from heartbeat.baton import Baton, Gate, GateKind, Owner, Status
+from heartbeat.config import Config, LauncherConfig, expand_argv, load_config
+from heartbeat.errors import Conflict, HeartbeatError, NotActive, NotFound
+from heartbeat.gates import GateEvaluator
+from heartbeat.ledger import Event
+from heartbeat.liveness import this_host
+from heartbeat.store.base import Entry, Store
+from heartbeat.timeparse import utcnow
+
+__all__ = ["Daemon", "run_from_cli"]
+
+_BLOCK_KINDS = ("blocked", "unblocked", "bypass")
+
+
+@dataclass
+class _TaskMemory:
+    """What the daemon remembers of a task between looks (never the source of truth)."""
+
+    block_checked_rev: int = -1
+    block_dropped: bool = False
+    last_blocked: dict[str, Any] = field(default_factory=dict)
+    spinning_reported_for: datetime | None = None
+    invalid_reported: str = ""
+    stopping: bool = False
+    stop_reason: str = ""
+    stop_why: str = ""
+    escalate_after_stop: bool = False
+    last_reason: str = ""
+
+
+class Daemon:
+    """The decision loop over one store. See the module docstring."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        store: Store | None = None,
+        dry_run: bool = False,
+        log: Any = None,
+    ) -> None:
+        self.config = config
+        self.dry_run = dry_run
+        self.store: Store = store if store is not None else _open_store(config.state_dir)
+        self.log = log if log is not None else _logger()
+        self.host = this_host()
+        self._lock = threading.RLock()
+        self._memory: dict[str, _TaskMemory] = {}
+        self._dispatch_times: deque[datetime] = deque()
+        self._running: dict[str, str] = {}  # task id -> launcher name, for live dispatched agents
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="heartbeat-worker")
+        self.gates = GateEvaluator(config.checks, self._pool)
+        self.launchers: dict[str, Any] = {}
+        self._build_launchers()
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._wake = threading.Condition()
+        self._pending: dict[str, float] = {}
+        self._gate_paths: dict[str, set[str]] = {}
+        self._observer: Any = None
+        self._watched_dirs: dict[str, Any] = {}
+        self._scheduler: Any = None
+        self.counts: dict[str, int] = {}
+        self.ticks = 0
+
+    # -- life cycle --------------------------------------------------------------------
+
+    def _build_launchers(self) -> None:
+        from heartbeat.launchers import make_launcher
+
+        launchers: dict[str, Any] = {}
+        for name, lc in self.config.launchers.items():
+            if self.dry_run:
+                lc = LauncherConfig(name=name, type="null", command=lc.command,
+                                    non_retryable_exit_codes=lc.non_retryable_exit_codes)
+            launchers[name] = make_launcher(lc)
+        self.launchers = launchers
+
+    def initialize(self, now: datetime | None = None) -> None:
+        """Seed the dispatch budget from the ledger, so a restart does not relaunch everything at once."""
+        now = now or utcnow()
+        since = now - timedelta(seconds=60)
+        for event in self.store.ledger.events(since=since, kinds=["dispatched"]):
+            self._dispatch_times.append(event.ts)
+        self.log.info("started", state_dir=self.config.state_dir, tick=self.config.daemon.tick,
+                      launchers=sorted(self.launchers), dry_run=self.dry_run, pid=os.getpid())
+
+    def shutdown(self) -> None:
+        """Stop the scheduler and watcher; agents keep running (they are re-adopted on the next start)."""
+        self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
+        if self._scheduler is not None:
+            try:
+                self._scheduler.shutdown(wait=True)
+            except Exception:  # the scheduler may already be stopped
+                pass
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout=5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.gates.close()
+        self.store.close()
+        self.log.info("stopped", pid=os.getpid())
+
+    # -- one pass ------------------------------------------------------------------------
+
+    def tick(self, now: datetime | None = None) -> dict[str, int]:
+        """Look at every task once; returns counts by status (and ``running``)."""
+        started = time.monotonic()
+        with self._lock:
+            now = now or utcnow()
+            for launcher in self.launchers.values():
+                launcher.reap()
+            entries = self.store.scan()
+            statuses: dict[str, Status] = {e.id: e.baton.meta.status for e in entries if e.baton is not None}
+            wants: list[tuple[str, str, datetime, pol.Decision]] = []
+            counts: dict[str, int] = {}
+            gate_paths: dict[str, set[str]] = {}
+            seen: set[str] = set()
+            for entry in entries:
+                seen.add(entry.id)
+                status, want = self._look(entry, now, statuses)
+                counts[status] = counts.get(status, 0) + 1
+                if want is not None:
+                    wants.append(want)
+                baton = entry.baton
+                if baton is not None and baton.meta.status is Status.BLOCKED and baton.meta.gate is not None \
+                        and baton.meta.gate.kind is GateKind.FILE and baton.meta.gate.target:
+                    gate_paths.setdefault(baton.meta.gate.target, set()).add(entry.id)
+            for gone in set(self._memory) - seen:
+                del self._memory[gone]
+                self._running.pop(gone, None)
+            self._dispatch(wants, now)
+            counts["running"] = len(self._running)
+            self.counts = counts
+            self._gate_paths = gate_paths
+            self.ticks += 1
+        self._update_gate_watches()
+        systemd.notify("WATCHDOG=1", f"STATUS={systemd.status_line(counts)}")
+        self.log.debug("tick", tasks=len(entries), seconds=round(time.monotonic() - started, 4), **counts)
+        return counts
+
+    def evaluate(self, task_id: str, now: datetime | None = None) -> None:
+        """Look at one task now (the watcher's path); dispatch it if due and admitted."""
+        with self._lock:
+            now = now or utcnow()
+            try:
+                baton = self.store.load(task_id)
+                entry = Entry(id=task_id, baton=baton)
+            except NotFound:
+                return
+            except HeartbeatError as exc:
+                entry = Entry(id=task_id, error=exc)
+            statuses = _StatusLookup(self.store)
+            _, want = self._look(entry, now, statuses)
+            if want is not None:
+                self._dispatch([want], now)
+
+    def _look(
+        self, entry: Entry, now: datetime, statuses: Any
+    ) -> tuple[str, tuple[str, str, datetime, pol.Decision] | None]:
+        mem = self._memory.setdefault(entry.id, _TaskMemory())
+        if entry.baton is None:
+            error = str(entry.error)
+            if mem.invalid_reported != error:
+                mem.invalid_reported = error
+                self.log.error("invalid_baton", task=entry.id, error=error)
+                self._record(Event(task=entry.id, kind="invalid", ts=now, actor="daemon", data={"error": error}))
+            return "invalid", None
+        mem.invalid_reported = ""
+        baton = entry.baton
+        for _ in range(4):  # settle / wake / unblock change the baton; then look again
+            decision = self._decide(baton, mem, now, statuses)
+            if decision.action in (pol.Action.NOTHING, pol.Action.WAIT_LAUNCH):
+                if decision.reason != mem.last_reason:
+                    self.log.debug("decision", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
+                                   action=decision.action.value, reason=decision.reason)
+                    mem.last_reason = decision.reason
+                break
+            mem.last_reason = decision.reason
+            self.log.info("decision", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
+                          action=decision.action.value, reason=decision.reason)
+            if decision.action in (pol.Action.DISPATCH,):
+                launcher = baton.launcher or self.config.daemon.default_launcher
+                since = baton.meta.ended_at or baton.meta.updated_at or now
+                return baton.meta.status.value, (baton.id, launcher, since, decision)
+            try:
+                new = self._act(baton, decision, mem, now)
+            except (Conflict, NotFound, NotActive) as exc:
+                # Someone wrote the baton between our look and our act: look again next time.
+                self.log.info("raced", task=baton.id, action=decision.action.value, reason=str(exc))
+                break
+            if new is None:
+                break
+            baton = new
+        return baton.meta.status.value, None
+
+    def _decide(self, baton: Baton, mem: _TaskMemory, now: datetime, statuses: Any) -> pol.Decision:
+        obs = self._observe(baton, mem, now, statuses)
+        return pol.decide(baton, obs, now, self._policy(baton))
+
+    def _policy(self, baton: Baton) -> pol.Policy:
+        d = self.config.daemon
+        lc = self.config.launchers.get(baton.launcher or d.default_launcher)
+        return pol.Policy(
+            stall_after=d.stall_after,
+            progress_after=d.progress_after,
+            max_attempts=d.max_attempts,
+            max_idle_resumes=d.max_idle_resumes,
+            backoff_initial=d.backoff_initial,
+            backoff_max=d.backoff_max,
+            max_runtime=lc.max_runtime if lc else None,
+            non_retryable_exit_codes=frozenset(lc.non_retryable_exit_codes) if lc else frozenset(),
+            on_spinning=d.on_spinning,
+            launch_timeout=max(30.0, 3 * d.tick),
+        )
+
+    # -- observing -------------------------------------------------------------------------
+
+    def _observe(self, baton: Baton, mem: _TaskMemory, now: datetime, statuses: Any) -> pol.Observation:
+        meta = baton.meta
+        alive = False
+        exit_code: int | None = None
+        exit_signal: int | None = None
+        owner = meta.owner
+        if owner is not None:
+            if mem.stopping:
+                alive = True  # a stop is under way: treat as alive until it reports
+            else:
+                launcher = self._launcher_for(owner)
+                if owner.pid is None and not owner.unit and owner.how == "dispatch":
+                    adopted = self._adopt_pending(baton)
+                    alive = adopted is not None
+                    if adopted is not None:
+                        owner = adopted
+                elif launcher is not None and owner.how == "dispatch":
+                    alive = bool(launcher.alive(owner))
+                    if not alive:
+                        status = launcher.exit_status(owner, self._exit_file(baton.id, meta.epoch))
+                        if status is not None:
+                            exit_code, exit_signal = status.code, status.signal
+                else:
+                    from heartbeat.liveness import is_alive
+
+                    alive = is_alive(owner, host=self.host)
+            if alive and owner.how == "dispatch":
+                self._running[baton.id] = owner.launcher or baton.launcher or self.config.daemon.default_launcher
+            else:
+                self._running.pop(baton.id, None)
+        else:
+            self._running.pop(baton.id, None)
+        gate_open = False
+        if meta.status is Status.BLOCKED and meta.gate is not None:
+            gate_open = self.gates.is_open(baton.id, meta.gate, now, workdir=baton.workdir,
+                                           task_status=statuses.get)
+        block_dropped = False
+        if meta.status in (Status.ACTIVE, Status.SNOOZED, Status.PAUSED):
+            if mem.block_checked_rev != meta.revision:
+                mem.block_checked_rev = meta.revision
+                last = self.store.ledger.events(baton.id, kinds=_BLOCK_KINDS)
+                mem.block_dropped = bool(last) and last[-1].kind in ("blocked", "bypass")
+                mem.last_blocked = dict(last[-1].data) if mem.block_dropped else {}
+            block_dropped = mem.block_dropped
+        else:
+            mem.block_checked_rev = -1
+        spinning_reported = mem.spinning_reported_for is not None and mem.spinning_reported_for == meta.progress_at
+        return pol.Observation(alive=alive, exit_code=exit_code, exit_signal=exit_signal, gate_open=gate_open,
+                               block_dropped=block_dropped, spinning_reported=spinning_reported)
+
+    def _launcher_for(self, owner: Owner) -> Any:
+        return self.launchers.get(owner.launcher) if owner.launcher else None
+
+    def _log_dir(self, task_id: str) -> str:
+        return os.path.join(self.config.state_dir, "logs", task_id)
+
+    def _exit_file(self, task_id: str, epoch: int) -> str:
+        return os.path.join(self._log_dir(task_id), f"{epoch}.exit")
+
+    def _adopt_pending(self, baton: Baton) -> Owner | None:
+        """A dispatch whose pid never reached the baton (the daemon died mid-launch): find its agent
+        through the pid file the launcher's shim writes, and record it."""
+        path = os.path.join(self._log_dir(baton.id), f"{baton.meta.epoch}.pid")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = json.load(handle)
+            pid, create_time = int(data["pid"]), float(data["create_time"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        owner = Owner(pid=pid, create_time=create_time, host=self.host,
+                      launcher=baton.meta.owner.launcher if baton.meta.owner else "", how="dispatch",
+                      started_at=baton.meta.dispatched_at)
+        from heartbeat.liveness import is_alive
+
+        if not is_alive(owner, host=self.host):
+            return None
+        try:
+            with self.store.edit(baton.id, epoch=baton.meta.epoch, actor="daemon") as ed:
+                ed.baton.meta.owner = owner
+                ed.event("adopted", pid=pid)
+        except HeartbeatError:
+            return None
+        self.log.info("adopted", task=baton.id, epoch=baton.meta.epoch, pid=pid)
+        return owner
+
+    # -- acting ----------------------------------------------------------------------------
+
+    def _act(self, baton: Baton, d: pol.Decision, mem: _TaskMemory, now: datetime) -> Baton | None:
+        a = pol.Action
+        if d.action is a.SETTLE:
+            return self._settle(baton, d, mem, now)
+        if d.action is a.WAKE:
+            with self.store.edit(baton.id, expect_revision=baton.meta.revision, actor="daemon", now=now) as ed:
+                ed.baton.meta.status = Status.ACTIVE
+                ed.baton.meta.snooze_until = None
+                ed.event("woke")
+            return ed.baton
+        if d.action is a.UNBLOCK:
+            gate = baton.meta.gate.spec() if baton.meta.gate else "human"
+            new = tasks.unblock(self.store, baton.id, by=f"gate:{gate}", note=d.reason, gate_opened=gate)
+            self.gates.forget(baton.id)
+            return new
+        if d.action is a.ESCALATE:
+            return self._escalate(baton, d.reason, now)
+        if d.action is a.RESTORE_BLOCK:
+            return self._restore_block(baton, mem, now)
+        if d.action is a.REPORT_SPINNING:
+            mem.spinning_reported_for = baton.meta.progress_at
+            self._record(Event(task=baton.id, kind="spinning", ts=now, epoch=baton.meta.epoch, actor="daemon",
+                               data={"step": baton.step, "since": (baton.meta.progress_at or now).isoformat()}))
+            return None
+        if d.action in (a.STOP_THEN_DISPATCH, a.STOP_THEN_ESCALATE):
+            self._start_stop(baton, d, mem, now)
+            return None
+        return None
+
+    def _settle(self, baton: Baton, d: pol.Decision, mem: _TaskMemory, now: datetime) -> Baton:
+        meta = baton.meta
+        owner = meta.owner
+        obs_code = None
+        obs_signal = None
+        launcher = self._launcher_for(owner) if owner else None
+        if launcher is not None and owner is not None and owner.how == "dispatch":
+            status = launcher.exit_status(owner, self._exit_file(baton.id, meta.epoch))
+            if status is not None:
+                obs_code, obs_signal = status.code, status.signal
+        kind = d.exit_kind or pol.ExitKind.FAILED
+        started = (owner.started_at if owner else None) or meta.dispatched_at
+        duration = (now - started).total_seconds() if started else None
+        progressed = kind is pol.ExitKind.SHIFT_END
+        if mem.stop_reason:
+            reason = f"stopped: {mem.stop_reason}"
+        elif obs_signal is not None:
+            reason = f"killed by signal {obs_signal}"
+        elif obs_code is not None:
+            reason = f"exit {obs_code}"
+        else:
+            reason = d.reason
+        if duration is not None and duration >= 1:
+            from heartbeat.timeparse import format_duration
+
+            reason = f"{reason} after {format_duration(duration)}"
+        escalate = mem.escalate_after_stop
+        stop_why = mem.stop_why
+        stop_reason = mem.stop_reason
+        mem.stopping = False
+        mem.stop_reason = ""
+        mem.stop_why = ""
+        mem.escalate_after_stop = False
+        with self.store.edit(baton.id, expect_revision=meta.revision, actor="daemon", now=now) as ed:
+            m = ed.baton.meta
+            m.owner = None
+            m.ended_at = now
+            m.last_exit = obs_code
+            ed.event("exited", code=obs_code, signal=obs_signal, pid=owner.pid if owner else None,
+                     duration_s=round(duration, 3) if duration is not None else None, progress=progressed,
+                     kind=kind.value)
+            if kind is pol.ExitKind.IDLE:
+                m.idle_resumes += 1
+                m.last_failure = f"ended without moving the step ({reason})"
+            elif kind is pol.ExitKind.FAILED:
+                m.last_failure = reason
+            elif kind is pol.ExitKind.NON_RETRYABLE:
+                ed.baton.blocked_on = f"the agent exited {obs_code}, which the launcher marks non-retryable: " \
+                                      "a human is needed"
+                m.status = Status.BLOCKED
+                m.gate = Gate(GateKind.HUMAN)
+                m.blocked_at = now
+                m.last_failure = reason
+                ed.event("blocked", on=ed.baton.blocked_on, gate="human")
+            if kind is not pol.ExitKind.FINISHED and m.status is Status.ACTIVE:
+                ed.event("stalled", why=stop_why or d.stalled_why or "exited")
+        self._running.pop(baton.id, None)
+        self.log.info("exited", task=baton.id, epoch=meta.epoch, attempt=meta.attempt, kind=kind.value,
+                      code=obs_code, signal=obs_signal, reason=reason)
+        new = ed.baton
+        if escalate and new.meta.status is Status.ACTIVE:
+            return self._escalate(new, stop_reason or d.reason, now)
+        return new
+
+    def _escalate(self, baton: Baton, reason: str, now: datetime) -> Baton:
+        with self.store.edit(baton.id, expect_revision=baton.meta.revision, actor="daemon", now=now) as ed:
+            ed.baton.meta.status = Status.ESCALATED
+            ed.event("escalated", reason=reason)
+        self.log.warning("escalated", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
+                         reason=reason)
+        self._notify(ed.baton, reason)
+        return ed.baton
+
+    def _notify(self, baton: Baton, reason: str) -> None:
+        from heartbeat.commands import run_command
+
+        values = {"id": baton.id, "reason": reason, "status": baton.meta.status.value,
+                  "epoch": baton.meta.epoch, "attempt": baton.meta.attempt}
+        for name, nc in self.config.notify.items():
+            argv = expand_argv(nc.command, values)
+
+            def run(name: str = name, argv: list[str] = argv, timeout: float = nc.timeout) -> None:
+                result = run_command(argv, timeout=timeout)
+                self._record(Event(task=baton.id, kind="notified", ts=utcnow(), epoch=baton.meta.epoch,
+                                   actor="daemon", data={"name": name, "code": result.code,
+                                                         "error": result.error}))
+                log = self.log.info if result.ok else self.log.error
+                log("notified", task=baton.id, notifier=name, code=result.code, error=result.error,
+                    output=result.output[-500:])
+
+            self._pool.submit(run)
+
+    def _restore_block(self, baton: Baton, mem: _TaskMemory, now: datetime) -> Baton:
+        data = mem.last_blocked
+        on = str(data.get("on") or data.get("was_on") or "(restored: the block was removed by a hand edit)")
+        try:
+            gate = Gate.parse(str(data.get("gate") or "human"))
+        except HeartbeatError:
+            gate = Gate(GateKind.HUMAN)
+        with self.store.edit(baton.id, expect_revision=baton.meta.revision, actor="daemon", now=now) as ed:
+            ed.baton.blocked_on = on
+            ed.baton.meta.status = Status.BLOCKED
+            ed.baton.meta.gate = gate
+            ed.baton.meta.blocked_at = now
+            ed.event("bypass", was_on=on, gate=gate.spec(), on=on)
+        mem.block_checked_rev = -1
+        self.log.warning("bypass", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
+                         reason="a hand edit dropped the block; it is held blocked", blocked_on=on)
+        return ed.baton
+
+    def _start_stop(self, baton: Baton, d: pol.Decision, mem: _TaskMemory, now: datetime) -> None:
+        if mem.stopping:
+            return
+        owner = baton.meta.owner
+        if owner is None:
+            return
+        launcher = self._launcher_for(owner)
+        mem.stopping = True
+        mem.stop_reason = d.reason
+        mem.stop_why = d.stalled_why or "hung"
+        mem.escalate_after_stop = d.action is pol.Action.STOP_THEN_ESCALATE
+        if d.stalled_why == "spinning":
+            self._record(Event(task=baton.id, kind="spinning", ts=now, epoch=baton.meta.epoch, actor="daemon",
+                               data={"step": baton.step,
+                                     "since": (baton.meta.progress_at or now).isoformat()}))
+        lc = self.config.launchers.get(owner.launcher)
+        grace = lc.stop_grace if lc else 10.0
+        why = {"never_wrote": "hung", "silent": "hung"}.get(mem.stop_why, mem.stop_why)
+
+        def stop() -> None:
+            gone = True
+            try:
+                if launcher is not None:
+                    gone = bool(launcher.stop(owner, grace=grace))
+                else:
+                    from heartbeat.liveness import stop_process_group
+
+                    gone = bool(stop_process_group(owner.pid or 0, owner.create_time, grace))
+            except Exception as exc:  # a stop must never kill the worker thread
+                self.log.error("stop_failed", task=baton.id, error=repr(exc))
+                gone = False
+            self._record(Event(task=baton.id, kind="stopped", ts=utcnow(), epoch=baton.meta.epoch,
+                               actor="daemon", data={"why": why, "pid": owner.pid, "gone": gone}))
+            self.log.info("stopped", task=baton.id, epoch=baton.meta.epoch, pid=owner.pid, why=why, gone=gone)
+            with self._lock:
+                if not gone:
+                    mem.stopping = False  # try again next look
+                    return
+                mem.stopping = False
+            self.poke(baton.id)
+
+        self.log.warning("stopping", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
+                         pid=owner.pid, reason=d.reason)
+        self._pool.submit(stop)
+
+    def _dispatch(self, wants: list[tuple[str, str, datetime, pol.Decision]], now: datetime) -> None:
+        if not wants:
+            return
+        while self._dispatch_times and (now - self._dispatch_times[0]).total_seconds() >= 60:
+            self._dispatch_times.popleft()
+        by_launcher: dict[str, int] = {}
+        for launcher in self._running.values():
+            by_launcher[launcher] = by_launcher.get(launcher, 0) + 1
+        capacity = pol.Capacity(
+            running=len(self._running),
+            running_by_launcher=by_launcher,
+            max_concurrent=self.config.daemon.max_concurrent,
+            launcher_limits={n: lc.max_concurrent for n, lc in self.config.launchers.items()},
+            dispatched_last_minute=len(self._dispatch_times),
+            dispatches_per_minute=self.config.daemon.dispatches_per_minute,
+        )
+        decisions = {w[0]: w[3] for w in wants}
+        launchers = {w[0]: w[1] for w in wants}
+        for adm in pol.admit([(w[0], w[1], w[2]) for w in wants], capacity):
+            mem = self._memory.setdefault(adm.task_id, _TaskMemory())
+            if not adm.admitted:
+                if mem.last_reason != adm.reason:
+                    self.log.info("waiting", task=adm.task_id, reason=adm.reason)
+                    mem.last_reason = adm.reason
+                continue
+            self._launch(adm.task_id, launchers[adm.task_id], decisions[adm.task_id], now)
+
+    def _launch(self, task_id: str, launcher_name: str, decision: pol.Decision, now: datetime) -> None:
+        launcher = self.launchers.get(launcher_name)
+        try:
+            baton = self.store.load(task_id)
+        except HeartbeatError:
+            return
+        if launcher is None:
+            self._escalate(baton, f"launcher {launcher_name!r} is not in the config", now)
+            return
+        from heartbeat.brief import render_brief
+        from heartbeat.launchers.base import LaunchRequest
+
+        stalled = self.store.ledger.events(task_id, kinds=["stalled", "dispatched"])
+        stalled_at = stalled[-1].ts.isoformat() if stalled and stalled[-1].kind == "stalled" else None
+        resume = baton.meta.dispatches > 0 or baton.meta.epoch > 0
+        # Phase 1: record the dispatch (new epoch, owner pending) before anything runs, so a
+        # daemon killed mid-launch finds the dispatch on restart and adopts, not duplicates.
+        try:
+            with self.store.edit(task_id, expect_revision=baton.meta.revision, actor="daemon", now=now) as ed:
+                m = ed.baton.meta
+                if m.owner is not None:
+                    ed.cancel()
+                    return
+                m.epoch += 1
+                m.attempt += 1
+                m.dispatches += 1
+                m.dispatched_at = now
+                m.owner = Owner(how="dispatch", launcher=launcher_name, host=self.host, started_at=now)
+                ed.event("dispatched", reason=decision.reason, attempt=m.attempt, launcher=launcher_name,
+                         resume=resume, stalled_at=stalled_at, pid=None, unit="")
+        except (Conflict, NotFound, NotActive) as exc:
+            self.log.info("raced", task=task_id, action="dispatch", reason=str(exc))
+            return
+        pending = ed.baton
+        epoch = pending.meta.epoch
+        self._dispatch_times.append(now)
+        log_dir = self._log_dir(task_id)
+        os.makedirs(log_dir, mode=0o700, exist_ok=True)
+        brief = render_brief(pending, max_attempts=self.config.daemon.max_attempts, now=now)
+        brief_file = os.path.join(log_dir, f"{epoch}.brief.md")
+        _write_private(brief_file, brief.text)
+        request = LaunchRequest(
+            task_id=task_id, epoch=epoch, attempt=pending.meta.attempt,
+            workdir=pending.workdir or self.config.state_dir, brief_text=brief.text, brief_file=brief_file,
+            log_file=os.path.join(log_dir, f"{epoch}.log"), exit_file=self._exit_file(task_id, epoch),
+            state_dir=self.config.state_dir, config_path=self.config.path,
+            session=baton.meta.owner.session if baton.meta.owner else "",
+        )
+        try:
+            owner = launcher.launch(request)
+        except HeartbeatError as exc:
+            self._launch_failed(pending, str(exc), now)
+            return
+        except OSError as exc:
+            self._launch_failed(pending, f"cannot start the agent: {exc.strerror or exc}", now)
+            return
+        # Phase 2: the agent runs; record who it is. The agent may have written already
+        # (same epoch), so this is fenced by epoch, not by revision.
+        try:
+            with self.store.edit(task_id, epoch=epoch, actor="daemon") as ed:
+                owner.how = "dispatch"
+                owner.launcher = launcher_name
+                owner.started_at = owner.started_at or now
+                ed.baton.meta.owner = owner
+                if ed.baton.meta.touched_at is not None and ed.old.meta.touched_at == ed.old.meta.dispatched_at:
+                    ed.baton.meta.dispatched_at = ed.now  # "never wrote since dispatch" counts from here
+        except HeartbeatError as exc:
+            self.log.error("dispatch_unrecorded", task=task_id, epoch=epoch, error=str(exc))
+        self._running[task_id] = launcher_name
+        self._record(Event(task=task_id, kind="launched", ts=utcnow(), epoch=epoch, actor="daemon",
+                           data={"pid": owner.pid, "unit": owner.unit}))
+        self.log.info("dispatched", task=task_id, epoch=epoch, attempt=pending.meta.attempt,
+                      reason=decision.reason, launcher=launcher_name, pid=owner.pid, unit=owner.unit)
+
+    def _launch_failed(self, baton: Baton, error: str, now: datetime) -> None:
+        self.log.error("launch_failed", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
+                       reason=error)
+        try:
+            with self.store.edit(baton.id, epoch=baton.meta.epoch, actor="daemon", now=now) as ed:
+                ed.baton.meta.owner = None
+                ed.baton.meta.ended_at = now
+                ed.baton.meta.last_exit = None
+                ed.baton.meta.last_failure = f"launch failed: {error}"
+                ed.event("exited", code=None, signal=None, pid=None, duration_s=0, progress=False, kind="failed",
+                         error=error)
+        except HeartbeatError:
+            pass
+
+    def _record(self, event: Event) -> None:
+        try:
+            self.store.record([event])
+        except HeartbeatError as exc:
+            self.log.error("ledger_write_failed", task=event.task, kind=event.kind, error=str(exc))
+
+    # -- serving: scheduler, watcher, signals ----------------------------------------------
+
+    def poke(self, task_id: str) -> None:
+        """Ask for ``task_id`` to be looked at soon (debounced), off the tick."""
+        with self._wake:
+            self._pending[task_id] = time.monotonic()
+            self._wake.notify()
+
+    def _safe_tick(self) -> None:
+        try:
+            self.tick()
+        except Exception as exc:  # the clock must keep ticking whatever one pass hit
+            self.log.exception("tick_failed", error=repr(exc))
+
+    def _watch_worker(self) -> None:
+        from heartbeat import defaults
+
+        debounce = defaults.WATCH_DEBOUNCE
+        while not self._stop.is_set():
+            with self._wake:
+                if not self._pending:
+                    self._wake.wait(timeout=1.0)
+                    continue
+                now_m = time.monotonic()
+                ready = [t for t, at in self._pending.items() if now_m - at >= debounce]
+                if not ready:
+                    wait = min(debounce - (now_m - at) for at in self._pending.values())
+                    self._wake.wait(timeout=max(wait, 0.001))
+                    continue
+                for task_id in ready:
+                    del self._pending[task_id]
+            for task_id in ready:
+                try:
+                    self.evaluate(task_id)
+                except Exception as exc:
+                    self.log.exception("evaluate_failed", task=task_id, error=repr(exc))
+
+    def _start_watcher(self) -> None:
+        from watchdog.events import FileSystemEvent, FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        daemon = self
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event: FileSystemEvent) -> None:
+                if event.event_type not in ("created", "modified", "moved", "closed", "deleted"):
+                    return
+                for raw in (event.src_path, getattr(event, "dest_path", "")):
+                    path = os.fsdecode(raw) if raw else ""
+                    if path:
+                        daemon._on_path(path)
+
+        self._handler = Handler()
+        self._observer = Observer()
+        self._observer.schedule(self._handler, self.store_batons_dir(), recursive=False)
+        self._observer.start()
+
+    def store_batons_dir(self) -> str:
+        return os.path.join(self.config.state_dir, "batons")
+
+    def _on_path(self, path: str) -> None:
+        directory, name = os.path.split(path)
+        if directory == self.store_batons_dir():
+            if name.startswith(".") or not name.endswith(".toml"):
+                return
+            self.poke(name[:-5])
+            return
+        for task_id in self._gate_paths.get(path, ()):
+            self.poke(task_id)
+
+    def _update_gate_watches(self) -> None:
+        if self._observer is None:
+            return
+        wanted = {os.path.dirname(p) for p in self._gate_paths}
+        wanted = {d for d in wanted if os.path.isdir(d) and d != self.store_batons_dir()}
+        for directory in set(self._watched_dirs) - wanted:
+            try:
+                self._observer.unschedule(self._watched_dirs.pop(directory))
+            except (KeyError, ValueError):
+                pass
+        for directory in wanted - set(self._watched_dirs):
+            try:
+                self._watched_dirs[directory] = self._observer.schedule(self._handler, directory, recursive=False)
+            except OSError as exc:
+                self.log.warning("gate_watch_failed", directory=directory, error=str(exc))
+
+    def reload(self) -> bool:
+        """Re-read the config (SIGHUP). An invalid new config is logged and the old one kept."""
+        systemd.notify("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
+        try:
+            new = load_config(self.config.path)
+        except HeartbeatError as exc:
+            self.log.error("reload_failed", error=str(exc), keeping=self.config.path)
+            systemd.notify("READY=1")
+            return False
+        if new.state_dir != self.config.state_dir:
+            self.log.error("reload_failed", error="state_dir cannot change on reload; restart the daemon",
+                           keeping=self.config.path)
+            systemd.notify("READY=1")
+            return False
+        with self._lock:
+            old_tick = self.config.daemon.tick
+            self.config = new
+            self._build_launchers()
+            self.gates.checks = dict(new.checks)
+        if self._scheduler is not None and new.daemon.tick != old_tick:
+            self._scheduler.reschedule_job("tick", trigger="interval", seconds=new.daemon.tick)
+        self.log.info("reloaded", config=new.path, tick=new.daemon.tick, launchers=sorted(self.launchers))
+        systemd.notify("READY=1")
+        return True
+
+    def serve(self) -> int:
+        """Run until SIGTERM/SIGINT: the scheduler ticks, the watcher reacts, SIGHUP reloads."""
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        def on_term(signum: int, _frame: Any) -> None:
+            self._stop.set()
+            with self._wake:
+                self._wake.notify_all()
+
+        def on_hup(_signum: int, _frame: Any) -> None:
+            self._reload.set()
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_term)
+        signal.signal(signal.SIGHUP, on_hup)
+        self.initialize()
+        self._start_watcher()
+        worker = threading.Thread(target=self._watch_worker, name="heartbeat-watch", daemon=True)
+        worker.start()
+        self._scheduler = BackgroundScheduler(timezone="UTC", job_defaults={
+            "coalesce": True, "max_instances": 1, "misfire_grace_time": None})
+        self._scheduler.add_job(self._safe_tick, "interval", seconds=self.config.daemon.tick, id="tick",
+                                next_run_time=datetime.now().astimezone())
+        self._scheduler.start()
+        interval = systemd.watchdog_interval()
+        if interval is not None and interval / 2 < self.config.daemon.tick:
+            self.log.warning("watchdog_shorter_than_tick", watchdog_s=interval, tick=self.config.daemon.tick,
+                             hint="set WatchdogSec= to more than twice the tick")
+        systemd.notify("READY=1", "STATUS=started")
+        while not self._stop.is_set():
+            self._stop.wait(timeout=0.2)
+            if self._reload.is_set():
+                self._reload.clear()
+                self.reload()
+        systemd.notify("STOPPING=1")
+        self.shutdown()
+        return 0
+
+
+class _StatusLookup:
+    """``task:ID`` gates outside a full pass: look the other task up in the store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def get(self, task_id: str) -> Status | None:
+        try:
+            return self.store.load(task_id).meta.status
+        except HeartbeatError:
+            return None
+
+
+def _write_private(path: str, text: str) -> None:
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def _open_store(state_dir: str) -> Store:
+    from heartbeat.store import open_store
+
+    return open_store(state_dir)
+
+
+def _logger() -> Any:
+    from heartbeat.logging import get_logger
+
+    return get_logger("heartbeat.daemon")
+
+
+def run_from_cli(args: Any) -> int:
+    """``heartbeat run [--dry-run] [--once]``."""
+    from heartbeat.config import find_config
+    from heartbeat.errors import ConfigError
+    from heartbeat.logging import configure
+
+    path = find_config(args.config)
+    if path is None:
+        raise ConfigError("no config found (tried --config, $HEARTBEAT_CONFIG, ./heartbeat.toml, "
+                          "/etc/heartbeat/heartbeat.toml): run `heartbeat init`")
+    config = load_config(path)
+    configure(fmt=config.daemon.log_format, level=config.daemon.log_level)
+    daemon = Daemon(config, dry_run=args.dry_run)
+    if args.once:
+        daemon.initialize()
+        daemon.tick()
+        daemon._pool.shutdown(wait=True)
+        daemon.store.close()
+        return 0
+    return daemon.serve()

@@ -1,0 +1,319 @@
+"""The decision: one pure function from (baton, liveness, now, policy) to an action.
+
+Nothing here touches the disk, a process or the clock: the daemon observes the world,
+calls :func:`decide` for each task and :func:`admit` once per tick to apply capacity and
+the dispatch budget, then acts. That keeps the heart of the product testable with a
+table of cases (``tests/test_policy.py``) and no sleeping.
+
+Vocabulary (DESIGN.md, "Ownership, progress, attempts"):
+
+- *progress* is the step changing or ``done`` growing; the store resets
+  ``meta.attempt`` and ``meta.idle_resumes`` when it sees progress;
+- ``meta.attempt`` counts dispatches since the last progress, so a long task with many
+  healthy shift changes never accumulates attempts;
+- an agent that exits 0 after progress has ended its shift: its successor is due at once;
+- one that exits 0 without progress is an *idle resume*; ``max_idle_resumes`` of them in a
+  row escalate the task; ``max_attempts`` dispatches without progress escalate it too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from heartbeat.baton import Baton, GateKind, Status
+from heartbeat.timeparse import format_duration
+
+__all__ = [
+    "Action",
+    "ExitKind",
+    "Policy",
+    "Observation",
+    "Decision",
+    "Admission",
+    "decide",
+    "classify_exit",
+    "backoff_delay",
+    "admit",
+]
+
+
+class Action(StrEnum):
+    """What the daemon should do for a task this time round."""
+
+    NOTHING = "nothing"
+    SETTLE = "settle"  # the owner is gone: record how it ended, then decide again
+    DISPATCH = "dispatch"
+    STOP_THEN_DISPATCH = "stop-then-dispatch"
+    STOP_THEN_ESCALATE = "stop-then-escalate"
+    UNBLOCK = "unblock"
+    WAKE = "wake"
+    ESCALATE = "escalate"
+    BLOCK = "block"  # a non-retryable exit: hold the task for a human
+    RESTORE_BLOCK = "restore-block"  # a hand edit dropped a block: put it back, record a bypass
+    REPORT_SPINNING = "report-spinning"
+    WAIT_LAUNCH = "wait-launch"  # a dispatch was recorded but its agent's pid is not yet known
+
+
+class ExitKind(StrEnum):
+    """How an agent's run ended, as far as the retry policy is concerned."""
+
+    SHIFT_END = "shift-end"  # exit 0 after progress: dispatch the successor now
+    IDLE = "idle"  # exit 0 without progress: an idle resume
+    FAILED = "failed"  # non-zero, signal, or vanished: a failed attempt, backoff applies
+    NON_RETRYABLE = "non-retryable"  # the launcher says a human is needed
+    FINISHED = "finished"  # the task is done/failed/escalated: nothing follows
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The knobs :func:`decide` reads; the daemon builds one per task from the config."""
+
+    stall_after: float = 600.0
+    progress_after: float = 3600.0
+    max_attempts: int = 5
+    max_idle_resumes: int = 3
+    backoff_initial: float = 30.0
+    backoff_max: float = 1800.0
+    max_runtime: float | None = None
+    non_retryable_exit_codes: frozenset[int] = frozenset()
+    on_spinning: str = "escalate"
+    launch_timeout: float = 30.0
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the daemon saw of the world at the edge, for one task."""
+
+    alive: bool = False
+    """The owner's process (pid + create time, or its unit) is running."""
+    exit_code: int | None = None
+    """The owner's exit code, when it is gone and the launcher recorded one."""
+    exit_signal: int | None = None
+    gate_open: bool = False
+    """For a blocked task: its gate has opened (file exists, time reached, task done, check passed)."""
+    block_dropped: bool = False
+    """The ledger's last word on this task is ``blocked`` but the baton is no longer blocked."""
+    spinning_reported: bool = False
+    """A ``spinning`` event was already recorded for this episode."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The action for one task, with the reason the log and ledger record."""
+
+    action: Action
+    reason: str
+    exit_kind: ExitKind | None = None
+    not_before: datetime | None = None
+    """For a dispatch held back by backoff: when it becomes due."""
+    stalled_why: str = ""
+    """owner_dead | silent | never_wrote | exited: why the previous agent counts as gone."""
+
+    @property
+    def wants_dispatch(self) -> bool:
+        return self.action in (Action.DISPATCH, Action.WAKE, Action.UNBLOCK)
+
+
+def _ago(now: datetime, then: datetime | None) -> float:
+    return (now - then).total_seconds() if then is not None else float("inf")
+
+
+def classify_exit(baton: Baton, obs: Observation, policy: Policy) -> ExitKind:
+    """How the owner's run ended: shift end, idle, failed or non-retryable."""
+    meta = baton.meta
+    if meta.status in (Status.DONE, Status.FAILED, Status.ESCALATED):
+        return ExitKind.FINISHED
+    if obs.exit_code is not None and obs.exit_code in policy.non_retryable_exit_codes:
+        return ExitKind.NON_RETRYABLE
+    if obs.exit_code == 0 and obs.exit_signal is None:
+        progressed = (
+            meta.progress_at is not None
+            and meta.dispatched_at is not None
+            and meta.progress_at >= meta.dispatched_at
+        )
+        if progressed or meta.attempt == 0:
+            # attempt == 0 with a dispatch behind it means the store reset it on progress
+            return ExitKind.SHIFT_END
+        return ExitKind.IDLE
+    return ExitKind.FAILED
+
+
+def _jitter(task_id: str, attempt: int) -> float:
+    """A deterministic value in [0, 1) per task and attempt: spreads retries without randomness in tests."""
+    digest = hashlib.blake2b(f"{task_id}:{attempt}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") / 2**32
+
+
+def backoff_delay(task_id: str, attempt: int, policy: Policy) -> float:
+    """Seconds to wait before dispatch number ``attempt + 1`` after ``attempt`` failed ones.
+
+    Exponential from ``backoff_initial``, capped at ``backoff_max``, with ±25% jitter so
+    tasks that failed together do not come back together.
+    """
+    if attempt <= 0 or policy.backoff_initial <= 0:
+        return 0.0
+    base = min(policy.backoff_max, policy.backoff_initial * 2 ** min(attempt - 1, 30))
+    return min(policy.backoff_max, base * (0.75 + 0.5 * _jitter(task_id, attempt)))
+
+
+def decide(baton: Baton, obs: Observation, now: datetime, policy: Policy) -> Decision:
+    """The one decision per task per look. See the module docstring for the vocabulary."""
+    meta = baton.meta
+    status = meta.status
+    owner = meta.owner
+
+    # A block dropped by a hand edit is put back before anything else can happen.
+    if obs.block_dropped and status in (Status.ACTIVE, Status.SNOOZED, Status.PAUSED):
+        return Decision(Action.RESTORE_BLOCK, "the block was removed by editing the baton, not by unblock or a gate")
+
+    # An owner recorded but not yet known by pid: a dispatch is (or was) in flight.
+    if owner is not None and owner.how == "dispatch" and owner.pid is None and not owner.unit:
+        if _ago(now, meta.dispatched_at) < policy.launch_timeout:
+            return Decision(Action.WAIT_LAUNCH, "launch in progress")
+        return Decision(Action.SETTLE, "the launch never reported a process", exit_kind=ExitKind.FAILED,
+                        stalled_why="owner_dead")
+
+    # The owner is gone: settle its exit first (record it, clear the owner), then decide again.
+    if owner is not None and not obs.alive:
+        kind = classify_exit(baton, obs, policy)
+        if obs.exit_code is not None or obs.exit_signal is not None:
+            how = f"exit {obs.exit_code}" if obs.exit_signal is None else f"killed by signal {obs.exit_signal}"
+            why = "exited"
+        else:
+            how, why = "its process is gone", "owner_dead"
+        return Decision(Action.SETTLE, f"agent ended ({how})", exit_kind=kind, stalled_why=why)
+
+    if status in (Status.DONE, Status.FAILED):
+        return Decision(Action.NOTHING, f"task {status.value}")
+    if status is Status.ESCALATED:
+        return Decision(Action.NOTHING, "escalated: waiting for `heartbeat retry`")
+    if status is Status.PAUSED:
+        return Decision(Action.NOTHING, "paused")
+
+    if status is Status.BLOCKED:
+        if obs.gate_open and meta.gate is not None and meta.gate.kind is not GateKind.HUMAN:
+            return Decision(Action.UNBLOCK, f"gate {meta.gate.spec()} opened")
+        return Decision(Action.NOTHING, f"blocked on: {baton.blocked_on or '(no reason given)'}")
+
+    if status is Status.SNOOZED:
+        if owner is not None and obs.alive:
+            return Decision(Action.NOTHING, "snoozed; the agent is ending its shift")
+        if meta.snooze_until is not None and now < meta.snooze_until:
+            return Decision(Action.NOTHING, f"snoozed until {meta.snooze_until.isoformat()}",
+                            not_before=meta.snooze_until)
+        return Decision(Action.WAKE, "snooze ended")
+
+    # Active from here on.
+    if owner is not None and obs.alive:
+        return _judge_running(baton, obs, now, policy)
+
+    return _due(baton, now, policy)
+
+
+def _judge_running(baton: Baton, obs: Observation, now: datetime, policy: Policy) -> Decision:
+    meta = baton.meta
+    owner = meta.owner
+    assert owner is not None
+    started = owner.started_at or meta.dispatched_at
+    if policy.max_runtime is not None and owner.how == "dispatch" and _ago(now, started) > policy.max_runtime:
+        return Decision(Action.STOP_THEN_DISPATCH, f"ran past max_runtime ({format_duration(policy.max_runtime)})",
+                        exit_kind=ExitKind.FAILED, stalled_why="max_runtime")
+    last_signal = max((t for t in (meta.touched_at, meta.dispatched_at) if t is not None), default=None)
+    silent = _ago(now, last_signal)
+    if silent > policy.stall_after:
+        never = meta.dispatched_at is not None and (meta.touched_at is None or meta.touched_at <= meta.dispatched_at)
+        why = "never_wrote" if never else "silent"
+        text = "never wrote since its dispatch" if never else "alive but silent"
+        return Decision(Action.STOP_THEN_DISPATCH, f"hung: {text} for {format_duration(silent)}",
+                        exit_kind=ExitKind.FAILED, stalled_why=why)
+    since_progress = _ago(now, max((t for t in (meta.progress_at, started) if t is not None), default=None))
+    if since_progress > policy.progress_after:
+        text = f"spinning: alive and touching, step unchanged for {format_duration(since_progress)}"
+        if policy.on_spinning == "escalate":
+            return Decision(Action.STOP_THEN_ESCALATE, text, exit_kind=ExitKind.FAILED, stalled_why="spinning")
+        if policy.on_spinning == "restart":
+            return Decision(Action.STOP_THEN_DISPATCH, text, exit_kind=ExitKind.FAILED, stalled_why="spinning")
+        if not obs.spinning_reported:
+            return Decision(Action.REPORT_SPINNING, text)
+    return Decision(Action.NOTHING, "running")
+
+
+def _due(baton: Baton, now: datetime, policy: Policy) -> Decision:
+    """An active task with no live owner: dispatch it, hold it back (backoff), or escalate it."""
+    meta = baton.meta
+    if meta.idle_resumes >= policy.max_idle_resumes:
+        return Decision(Action.ESCALATE, f"{meta.idle_resumes} agents in a row ended without moving the step")
+    if meta.attempt >= policy.max_attempts:
+        last = f"; last: {meta.last_failure}" if meta.last_failure else ""
+        return Decision(Action.ESCALATE, f"{meta.attempt} attempts without progress{last}")
+    if meta.dispatches == 0:
+        return Decision(Action.DISPATCH, "new task, no agent yet")
+    if meta.attempt > 0 and meta.last_exit != 0:
+        ended = meta.ended_at or meta.dispatched_at or meta.updated_at
+        delay = backoff_delay(baton.id, meta.attempt, policy)
+        due_at = ended + timedelta(seconds=delay) if ended is not None else now
+        if now < due_at:
+            return Decision(Action.NOTHING, f"backing off {format_duration(delay)} after attempt {meta.attempt}",
+                            not_before=due_at)
+        return Decision(Action.DISPATCH, f"retry after a failed attempt ({meta.last_failure or 'agent gone'})")
+    if meta.last_exit == 0 and meta.attempt == 0:
+        return Decision(Action.DISPATCH, "the previous agent ended its shift")
+    if meta.last_exit == 0:
+        return Decision(Action.DISPATCH, "the previous agent ended without progress (idle resume)")
+    return Decision(Action.DISPATCH, "no live agent holds the task")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The outcome of :func:`admit` for one task that wanted a dispatch."""
+
+    task_id: str
+    admitted: bool
+    reason: str
+
+
+@dataclass
+class Capacity:
+    """What is free this tick: global and per-launcher agent slots, and the dispatch budget."""
+
+    running: int = 0
+    running_by_launcher: Mapping[str, int] = field(default_factory=dict)
+    max_concurrent: int = 4
+    launcher_limits: Mapping[str, int | None] = field(default_factory=dict)
+    dispatched_last_minute: int = 0
+    dispatches_per_minute: int = 30
+
+
+def admit(wanting: Sequence[tuple[str, str, datetime]], capacity: Capacity) -> list[Admission]:
+    """Pick which due dispatches go ahead: oldest-waiting first, within slots and budget.
+
+    ``wanting`` holds (task id, launcher, waiting since). Those left out wait for a
+    later tick; none is dropped.
+    """
+    running = capacity.running
+    by_launcher = dict(capacity.running_by_launcher)
+    budget = capacity.dispatches_per_minute - capacity.dispatched_last_minute
+    out: list[Admission] = []
+    for task_id, launcher, _since in sorted(wanting, key=lambda w: (w[2], w[0])):
+        limit = capacity.launcher_limits.get(launcher)
+        if budget <= 0:
+            out.append(Admission(task_id, False, f"dispatch budget spent ({capacity.dispatches_per_minute}/min)"))
+        elif running >= capacity.max_concurrent:
+            out.append(Admission(task_id, False, f"capacity full ({capacity.max_concurrent} agents running)"))
+        elif limit is not None and by_launcher.get(launcher, 0) >= limit:
+            out.append(Admission(task_id, False, f"launcher {launcher} full ({limit} agents running)"))
+        else:
+            out.append(Admission(task_id, True, "admitted"))
+            running += 1
+            budget -= 1
+            by_launcher[launcher] = by_launcher.get(launcher, 0) + 1
+    return out
+
+
+def count_recent(times: Iterable[datetime], now: datetime, window: float = 60.0) -> int:
+    """How many of ``times`` fall within ``window`` seconds before ``now``."""
+    return sum(1 for t in times if 0 <= (now - t).total_seconds() < window)
