@@ -50,7 +50,10 @@ def resolve_key_file(workdir: str, key_file: str) -> str:
     root = os.path.realpath(workdir)
     joined = os.path.normpath(os.path.join(root, key_file))
     if not _within(joined, root):
-        raise UnsafePath(f"key file {key_file[:200]!r} is outside the workdir {workdir}", field="key_files")
+        raise UnsafePath(
+            f"key file {key_file[:200]!r} is outside the workdir {workdir}: key files must be paths inside it",
+            field="key_files",
+        )
     real = os.path.realpath(joined)
     if not _within(real, root):
         raise UnsafePath(

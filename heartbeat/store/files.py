@@ -245,7 +245,7 @@ class FileStore:
             meta = new.meta
             meta.revision = 1
             meta.created_at = meta.updated_at = meta.touched_at = meta.progress_at = now
-            meta.world = fingerprint_world(new.workdir, new.key_files)
+            meta.world = _fingerprint(new)
             events = [Event(task=task_id, kind="created", ts=now, actor=actor, epoch=meta.epoch, revision=1,
                             data={"task": new.task, "step": new.step, "status": meta.status.value,
                                   **({"world": dict(meta.world)} if meta.world else {})})]
@@ -271,7 +271,7 @@ class FileStore:
             yield ed
             if ed.cancelled:
                 return
-            events = finish_edit(ed, lambda b: fingerprint_world(b.workdir, b.key_files))
+            events = finish_edit(ed, _fingerprint)
             self._write(task_id, ed.baton, events)
 
     def _write(self, task_id: str, baton: Baton, events: list[Event]) -> None:
@@ -311,6 +311,15 @@ class FileStore:
 
     def close(self) -> None:
         self.ledger.close()
+
+
+def _fingerprint(baton: Baton) -> dict[str, str]:
+    """The baton's world; a key file escaping the workdir is refused naming the task."""
+    try:
+        return fingerprint_world(baton.workdir, baton.key_files)
+    except UnsafePath as exc:
+        exc.task = exc.task or baton.meta.id
+        raise
 
 
 def _unlink_quietly(path: str) -> None:
