@@ -156,11 +156,10 @@ def finish_edit(ed: Edit, fingerprint: Callable[[Baton], dict[str, str]] | None)
         meta.progress_at = now
         meta.attempt = 0
         meta.idle_resumes = 0
-    # The world is re-fingerprinted when the note is (re)written: a content change, or a
-    # plain set/add (which an agent may use to accept the world as it is now). A touch or
-    # a bookkeeping write (claim, dispatch, block, ...) keeps the old fingerprints, so a
-    # world that changed across a handoff still reads as stale to the successor's verify.
-    if fingerprint is not None and (changed or (not ed.touch and not ed.events)):
+    # The world is re-fingerprinted only when the note itself changes. A touch or a
+    # bookkeeping write (claim, dispatch, owner, block/unblock) keeps the old fingerprints,
+    # so a world that changed across a handoff still reads as stale to the successor's verify.
+    if fingerprint is not None and any(name != "blocked_on" for name in changed):
         meta.world = fingerprint(new)
     events = ed.events
     if not events:
