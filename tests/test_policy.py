@@ -1,0 +1,245 @@
+"""The decision, as a table: (baton, observation, now, policy) -> action, with no I/O and no sleeping."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from heartbeat.baton import Baton, Gate, GateKind, Meta, Owner, Status
+from heartbeat.policy import (
+    Action,
+    Capacity,
+    ExitKind,
+    Observation,
+    Policy,
+    admit,
+    backoff_delay,
+    classify_exit,
+    decide,
+)
+from heartbeat.store.memory import MemoryStore
+
+T0 = datetime(2026, 11, 29, 6, 0, tzinfo=timezone.utc)
+POLICY = Policy(stall_after=600, progress_after=3600, max_attempts=5, max_idle_resumes=3, backoff_initial=30,
+                backoff_max=1800, max_runtime=4 * 3600, non_retryable_exit_codes=frozenset({3}))
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def baton(status: Status = Status.ACTIVE, *, owner: bool = False, how: str = "dispatch", pid: int | None = 4242,
+          dispatched: float | None = 0, touched: float | None = 0, progress: float | None = 0,
+          attempt: int = 1, dispatches: int = 1, idle: int = 0, last_exit: int | None = None,
+          ended: float | None = None, gate: Gate | None = None, snooze: float | None = None,
+          started: float | None = 0) -> Baton:
+    meta = Meta(id="t", status=status, attempt=attempt, dispatches=dispatches, idle_resumes=idle,
+                last_exit=last_exit, epoch=dispatches,
+                dispatched_at=None if dispatched is None else at(dispatched),
+                touched_at=None if touched is None else at(touched),
+                progress_at=None if progress is None else at(progress),
+                ended_at=None if ended is None else at(ended),
+                snooze_until=None if snooze is None else at(snooze),
+                updated_at=at(0), gate=gate)
+    if owner:
+        meta.owner = Owner(pid=pid, create_time=1.0, how=how, launcher="agent",
+                           started_at=None if started is None else at(started))
+    return Baton(task="demo", step="step one", blocked_on="x" if status is Status.BLOCKED else "", meta=meta)
+
+
+ALIVE = Observation(alive=True)
+DEAD = Observation(alive=False)
+
+# (name, baton, observation, now (seconds after T0), expected action)
+TABLE = [
+    ("fresh task, never dispatched", baton(owner=False, attempt=0, dispatches=0, dispatched=None), DEAD, 1,
+     Action.DISPATCH),
+    ("released: no owner, after a healthy shift", baton(owner=False, attempt=0, last_exit=0), DEAD, 5,
+     Action.DISPATCH),
+    ("running and recently touched", baton(owner=True, touched=500), ALIVE, 600, Action.NOTHING),
+    ("stalled: the owner died (no exit code known)", baton(owner=True), DEAD, 60, Action.SETTLE),
+    ("stalled: never wrote since dispatch", baton(owner=True, touched=0, dispatched=0), ALIVE, 601,
+     Action.STOP_THEN_DISPATCH),
+    ("hung: alive but silent past stall_after", baton(owner=True, touched=100, dispatched=0), ALIVE, 701,
+     Action.STOP_THEN_DISPATCH),
+    ("spinning: touching, step unchanged past progress_after", baton(owner=True, touched=3650, progress=0),
+     ALIVE, 3700, Action.STOP_THEN_ESCALATE),
+    ("ran past max_runtime", baton(owner=True, touched=4 * 3600, progress=4 * 3600 - 10), ALIVE, 4 * 3600 + 1,
+     Action.STOP_THEN_DISPATCH),
+    ("blocked, human gate: held even when 'open'", baton(Status.BLOCKED, gate=Gate(GateKind.HUMAN)),
+     Observation(gate_open=True), 10, Action.NOTHING),
+    ("blocked, file gate closed", baton(Status.BLOCKED, gate=Gate(GateKind.FILE, "/x")), DEAD, 10, Action.NOTHING),
+    ("blocked, file gate open", baton(Status.BLOCKED, gate=Gate(GateKind.FILE, "/x")),
+     Observation(gate_open=True), 10, Action.UNBLOCK),
+    ("blocked, time gate open", baton(Status.BLOCKED, gate=Gate(GateKind.TIME, at(5).isoformat())),
+     Observation(gate_open=True), 10, Action.UNBLOCK),
+    ("blocked, task gate open", baton(Status.BLOCKED, gate=Gate(GateKind.TASK, "other")),
+     Observation(gate_open=True), 10, Action.UNBLOCK),
+    ("blocked, check gate closed", baton(Status.BLOCKED, gate=Gate(GateKind.CHECK, "ci")), DEAD, 10,
+     Action.NOTHING),
+    ("blocked, check gate open", baton(Status.BLOCKED, gate=Gate(GateKind.CHECK, "ci")),
+     Observation(gate_open=True), 10, Action.UNBLOCK),
+    ("blocked with a live agent: never dispatched", baton(Status.BLOCKED, owner=True), ALIVE, 10_000,
+     Action.NOTHING),
+    ("backoff not yet elapsed after a failed attempt", baton(attempt=2, last_exit=1, ended=100), DEAD, 110,
+     Action.NOTHING),
+    ("backoff elapsed", baton(attempt=2, last_exit=1, ended=100), DEAD, 100 + 76, Action.DISPATCH),
+    ("attempts exhausted", baton(attempt=5, last_exit=1, ended=0), DEAD, 10_000, Action.ESCALATE),
+    ("idle resumes exhausted", baton(attempt=3, idle=3, last_exit=0, ended=0), DEAD, 10, Action.ESCALATE),
+    ("shift ended: exit 0 after progress, successor due at once", baton(attempt=0, last_exit=0, ended=100),
+     DEAD, 100, Action.DISPATCH),
+    ("snoozed until a later time", baton(Status.SNOOZED, snooze=1000), DEAD, 999, Action.NOTHING),
+    ("snoozed, time reached: wake", baton(Status.SNOOZED, snooze=1000), DEAD, 1000, Action.WAKE),
+    ("snoozed, agent still finishing its shift", baton(Status.SNOOZED, owner=True, snooze=1000), ALIVE, 2000,
+     Action.NOTHING),
+    ("done", baton(Status.DONE), DEAD, 10, Action.NOTHING),
+    ("failed", baton(Status.FAILED), DEAD, 10, Action.NOTHING),
+    ("paused", baton(Status.PAUSED), DEAD, 10, Action.NOTHING),
+    ("escalated: nothing until retry", baton(Status.ESCALATED, attempt=9), DEAD, 10**6, Action.NOTHING),
+    ("done, agent exited afterwards: settle its exit", baton(Status.DONE, owner=True), DEAD, 10, Action.SETTLE),
+    ("a hand edit dropped the block", baton(), Observation(block_dropped=True), 10, Action.RESTORE_BLOCK),
+    ("dispatch recorded, pid not yet known", baton(owner=True, pid=None, dispatched=0), DEAD, 5,
+     Action.WAIT_LAUNCH),
+    ("dispatch recorded, pid never came", baton(owner=True, pid=None, dispatched=0), DEAD, 31, Action.SETTLE),
+    ("claimed by a live interactive agent, quiet but within stall_after", baton(owner=True, how="claim",
+     attempt=0, dispatches=0, dispatched=None, touched=0), ALIVE, 300, Action.NOTHING),
+]
+
+
+class TestDecisionTable:
+    """Every row of the decision table gives exactly its action."""
+
+    @pytest.mark.parametrize(("name", "b", "obs", "now", "expected"), TABLE, ids=[row[0] for row in TABLE])
+    def test_row(self, name: str, b: Baton, obs: Observation, now: float, expected: Action) -> None:
+        """The row's action comes out, with a reason to log."""
+        decision = decide(b, obs, at(now), POLICY)
+        assert decision.action is expected, decision.reason
+        assert decision.reason
+
+    def test_spinning_can_be_restart_or_report(self) -> None:
+        """on_spinning=restart stops and re-dispatches; report only reports, once per episode."""
+        b = baton(owner=True, touched=3650, progress=0)
+        restart = decide(b, ALIVE, at(3700), replace(POLICY, on_spinning="restart"))
+        assert restart.action is Action.STOP_THEN_DISPATCH
+        report = replace(POLICY, on_spinning="report")
+        assert decide(b, ALIVE, at(3700), report).action is Action.REPORT_SPINNING
+        assert decide(b, Observation(alive=True, spinning_reported=True), at(3700), report).action is Action.NOTHING
+
+    def test_hung_reason_names_the_silence(self) -> None:
+        """A stop's reason says what was seen, so the log and the next brief explain it."""
+        d = decide(baton(owner=True, touched=100, dispatched=0), ALIVE, at(701), POLICY)
+        assert "silent" in d.reason and d.stalled_why == "silent"
+        d = decide(baton(owner=True, touched=0, dispatched=0), ALIVE, at(601), POLICY)
+        assert d.stalled_why == "never_wrote"
+
+
+class TestExitClassification:
+    """How an agent's run ended decides what follows."""
+
+    def test_exit_zero_after_progress_is_a_shift_end(self) -> None:
+        """Exit 0 with progress since the dispatch: the successor is due at once, no attempt counted."""
+        b = baton(owner=True, dispatched=0, progress=50, attempt=0)
+        assert classify_exit(b, Observation(exit_code=0), POLICY) is ExitKind.SHIFT_END
+
+    def test_exit_zero_without_progress_is_idle(self) -> None:
+        """Exit 0 without progress is the confident resume from nowhere."""
+        b = baton(owner=True, dispatched=10, progress=0, attempt=1)
+        assert classify_exit(b, Observation(exit_code=0), POLICY) is ExitKind.IDLE
+
+    def test_non_retryable_code_blocks(self) -> None:
+        """A code the launcher names non-retryable needs a human."""
+        assert classify_exit(baton(owner=True), Observation(exit_code=3), POLICY) is ExitKind.NON_RETRYABLE
+
+    def test_signal_or_nonzero_is_a_failed_attempt(self) -> None:
+        """A crash is a failed attempt."""
+        assert classify_exit(baton(owner=True), Observation(exit_code=1), POLICY) is ExitKind.FAILED
+        assert classify_exit(baton(owner=True), Observation(exit_signal=9), POLICY) is ExitKind.FAILED
+        assert classify_exit(baton(owner=True), DEAD, POLICY) is ExitKind.FAILED
+
+
+class TestBackoff:
+    """Retries wait exponentially longer, with jitter, up to the cap."""
+
+    def test_grows_and_caps(self) -> None:
+        """Each failed attempt roughly doubles the wait; none exceeds backoff_max."""
+        delays = [backoff_delay("t", n, POLICY) for n in range(1, 12)]
+        assert 22.5 <= delays[0] <= 37.5
+        assert delays[1] > delays[0] and delays[2] > delays[1]
+        assert max(delays) <= POLICY.backoff_max
+
+    def test_jitter_differs_between_tasks_and_is_deterministic(self) -> None:
+        """Tasks that failed together do not come back together; the same task gets the same wait."""
+        waits = {backoff_delay(f"task-{i}", 3, POLICY) for i in range(20)}
+        assert len(waits) > 10
+        assert backoff_delay("a", 3, POLICY) == backoff_delay("a", 3, POLICY)
+
+    def test_no_backoff_before_a_failure(self) -> None:
+        """A fresh or healthy task is not held back."""
+        assert backoff_delay("t", 0, POLICY) == 0
+
+
+class TestAdmission:
+    """Capacity and the dispatch budget hold dispatches back, oldest-waiting first, dropping none."""
+
+    def test_capacity_full(self) -> None:
+        """With every slot taken, nothing is admitted and each waiting task says why."""
+        out = admit([("a", "agent", at(0)), ("b", "agent", at(1))], Capacity(running=4, max_concurrent=4))
+        assert [a.admitted for a in out] == [False, False]
+        assert "capacity full" in out[0].reason
+
+    def test_oldest_first_within_capacity(self) -> None:
+        """One free slot goes to the task that has waited longest."""
+        out = admit([("new", "agent", at(50)), ("old", "agent", at(1))], Capacity(running=3, max_concurrent=4))
+        assert [(a.task_id, a.admitted) for a in out] == [("old", True), ("new", False)]
+
+    def test_budget_exhausted(self) -> None:
+        """Past dispatches_per_minute, the rest wait for the next minute."""
+        wanting = [(f"t{i}", "agent", at(i)) for i in range(5)]
+        out = admit(wanting, Capacity(max_concurrent=100, dispatched_last_minute=28, dispatches_per_minute=30))
+        assert sum(a.admitted for a in out) == 2
+        assert "budget" in out[-1].reason
+
+    def test_per_launcher_limit(self) -> None:
+        """A launcher's own max_concurrent is honoured while others still have room."""
+        out = admit([("a", "gpu", at(0)), ("b", "cpu", at(1))],
+                    Capacity(max_concurrent=10, running_by_launcher={"gpu": 1}, launcher_limits={"gpu": 1}))
+        assert [(a.task_id, a.admitted) for a in out] == [("a", False), ("b", True)]
+
+
+class TestLongTask:
+    """A long task with many healthy shift changes is never escalated for them."""
+
+    def test_fifty_shifts_with_progress(self) -> None:
+        """Dispatch, progress, exit 0 — fifty times — keeps attempt at zero and always dispatches."""
+        store = MemoryStore()
+        b = Baton(task="long", step="step 0", meta=Meta(id="long"))
+        store.create(b, now=at(0))
+        clock = 0.0
+        for shift in range(50):
+            clock += 10
+            with store.edit("long", now=at(clock)) as ed:  # what the daemon's dispatch writes
+                m = ed.baton.meta
+                m.epoch += 1
+                m.attempt += 1
+                m.dispatches += 1
+                m.dispatched_at = at(clock)
+                m.owner = Owner(pid=100 + shift, create_time=1.0, how="dispatch", launcher="agent",
+                                started_at=at(clock))
+            clock += 60
+            with store.edit("long", now=at(clock)) as ed:  # the agent makes progress
+                ed.baton.step = f"step {shift + 1}"
+            clock += 5
+            current = store.load("long")
+            assert decide(current, Observation(alive=True), at(clock), POLICY).action is Action.NOTHING
+            ended = decide(current, Observation(exit_code=0), at(clock), POLICY)
+            assert ended.action is Action.SETTLE and ended.exit_kind is ExitKind.SHIFT_END
+            with store.edit("long", now=at(clock)) as ed:  # the daemon settles the exit
+                ed.baton.meta.owner = None
+                ed.baton.meta.last_exit = 0
+                ed.baton.meta.ended_at = at(clock)
+            after = decide(store.load("long"), DEAD, at(clock), POLICY)
+            assert after.action is Action.DISPATCH, after.reason
+        assert store.load("long").meta.dispatches == 50
+        assert store.load("long").meta.attempt == 0
