@@ -155,7 +155,11 @@ class Daemon:
             seen: set[str] = set()
             for entry in entries:
                 seen.add(entry.id)
-                status, want = self._look(entry, now, statuses)
+                try:
+                    status, want = self._look(entry, now, statuses)
+                except Exception as exc:  # one task's trouble must not stop the others being served
+                    self.log.exception("task_failed", task=entry.id, error=repr(exc))
+                    status, want = "error", None
                 counts[status] = counts.get(status, 0) + 1
                 if want is not None:
                     wants.append(want)

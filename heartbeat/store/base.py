@@ -57,7 +57,7 @@ class Edit:
     events: list[Event] = field(default_factory=list)
     cancelled: bool = False
 
-    def event(self, kind: str, **data: Any) -> None:
+    def event(self, kind: str, /, **data: Any) -> None:
         """Record that this write is a ``kind`` event (blocked, unblocked, dispatched, ...)."""
         self.events.append(Event(task=self.old.id, kind=kind, ts=self.now, actor=self.actor, data=data))
 
