@@ -283,6 +283,64 @@ def cmd_log(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_brief(args: argparse.Namespace) -> int:
+    from heartbeat.brief import render_brief
+
+    if args.budget is not None and args.budget < 1:
+        raise BadInput("--budget must be a positive number of tokens")
+    store = _store(args)
+    baton = store.load(args.id)
+    kwargs: dict[str, Any] = {"max_attempts": _max_attempts(args), "epoch": _epoch(args)}
+    if args.budget is not None:
+        kwargs["budget"] = args.budget
+    brief = render_brief(baton, **kwargs)
+    for warning in brief.warnings:
+        print(f"heartbeat: warning: {args.id}: {warning}", file=sys.stderr)
+    if args.json:
+        _print_json(brief.to_json())
+    else:
+        sys.stdout.write(brief.text)
+    return 0
+
+
+def _max_attempts(args: argparse.Namespace) -> int:
+    """The config's max_attempts for "attempt N of M"; the default when there is no readable config."""
+    from heartbeat import defaults
+    from heartbeat.config import find_config, load_config
+
+    path = find_config(args.config)
+    if path is None:
+        return defaults.MAX_ATTEMPTS
+    try:
+        return load_config(path).daemon.max_attempts
+    except HeartbeatError:
+        return defaults.MAX_ATTEMPTS  # a broken config must not keep an agent from its brief
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from heartbeat.world import verify
+
+    result = verify(_store(args), args.id, epoch=_epoch(args), actor=_actor(args))
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        print(result.render_text())
+    return result.code
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from heartbeat.report import build_report
+    from heartbeat.timeparse import parse_instant
+
+    since = parse_instant(args.since, field="--since") if args.since else None
+    report = build_report(_store(args), since=since)
+    if args.json:
+        _print_json(report.to_json())
+    else:
+        print(report.render_text())
+    return 0
+
+
 # -- commands: setup ---------------------------------------------------------------------
 
 
@@ -412,6 +470,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--note")
     command("status", cmd_status, "one row per task", task=False, json_=True)
     command("log", cmd_log, "the ledger's events for one task", json_=True)
+    p = command("brief", cmd_brief, "what the next agent reads first: intent, constraints, state, context, pointers",
+                write=True, json_=True)
+    p.add_argument("--budget", type=int, help="tokens (UTF-8 bytes / 4) the brief may use (default 4000)")
+    command("verify", cmd_verify, "does the baton still hold? 0 fresh, 3 stale, 4 not active, 5 superseded",
+            write=True, json_=True)
+    p = command("report", cmd_report, "handoff quality from the ledger, per task and in total", task=False,
+                json_=True)
+    p.add_argument("--since", help="count only what happened at or after this ISO 8601 time")
     return parser
 
 
