@@ -7,6 +7,8 @@
     with task.update() as baton:                  # locked; written atomically and fenced on exit
         baton.step = "Restart the service"
         baton.done.append("Saved state")
+    if task.verify().code != 0:                   # before anything irreversible
+        ...
 
 The epoch comes from ``HEARTBEAT_EPOCH`` when ``HEARTBEAT_TASK`` names this task (as it
 does for an agent the daemon launched), so a superseded agent's update is refused with
@@ -18,11 +20,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from heartbeat import tasks
 from heartbeat.baton import Baton, check_id
 from heartbeat.errors import BadInput
 from heartbeat.store import Store, open_store
+
+if TYPE_CHECKING:
+    from heartbeat.world import VerifyResult
 
 __all__ = ["Task", "open_task", "epoch_from_env"]
 
@@ -83,6 +89,13 @@ class Task:
 
     def done(self, note: str = "") -> Baton:
         return tasks.finish(self.store, self.id, note=note, epoch=self.epoch, actor=self.actor)
+
+    def verify(self) -> VerifyResult:
+        """Does the baton still hold for this caller? The same result as ``heartbeat verify``:
+        ``.code`` 0 fresh, 3 stale (``.changed`` says what), 4 not active, 5 superseded."""
+        from heartbeat.world import verify
+
+        return verify(self.store, self.id, epoch=self.epoch, actor=self.actor)
 
 
 def open_task(
