@@ -195,6 +195,15 @@ class Daemon:
             _, want = self._look(entry, now, statuses)
             if want is not None:
                 self._dispatch([want], now)
+            gate = entry.baton.meta.gate if entry.baton is not None else None
+            if gate is not None and gate.kind is GateKind.FILE and gate.target \
+                    and task_id not in self._gate_paths.get(gate.target, set()):
+                self._gate_paths.setdefault(gate.target, set()).add(task_id)
+                watch_new_gate = True
+            else:
+                watch_new_gate = False
+        if watch_new_gate:
+            self._update_gate_watches()
 
     def _look(
         self, entry: Entry, now: datetime, statuses: Any
