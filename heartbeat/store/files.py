@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import secrets
 import stat
 import time
 from collections.abc import Iterator
@@ -39,7 +38,6 @@ from heartbeat.errors import (
 )
 from heartbeat.ledger import Event, Ledger, SqliteLedger
 from heartbeat.store.base import Edit, Entry, check_fence, finish_edit, now_or
-from heartbeat.world import fingerprint_world
 
 __all__ = ["FileStore", "ensure_private_dir"]
 
@@ -282,7 +280,7 @@ class FileStore:
                 f"the baton would be {len(data)} bytes; a baton may be at most {defaults.MAX_BATON_BYTES}",
                 task=task_id,
             )
-        tmp = os.path.join(self.batons_dir, f".{task_id}.toml.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        tmp = os.path.join(self.batons_dir, f".{task_id}.toml.{os.getpid()}.{os.urandom(4).hex()}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             try:
@@ -315,6 +313,8 @@ class FileStore:
 
 def _fingerprint(baton: Baton) -> dict[str, str]:
     """The baton's world; a key file escaping the workdir is refused naming the task."""
+    from heartbeat.world import fingerprint_world  # not on a touch's path: hashlib loads OpenSSL
+
     try:
         return fingerprint_world(baton.workdir, baton.key_files)
     except UnsafePath as exc:
