@@ -44,14 +44,14 @@ from heartbeat.timeparse import utcnow
 
 __all__ = ["Daemon", "run_from_cli"]
 
-_BLOCK_KINDS = ("blocked", "unblocked", "bypass")
+_BLOCK_KINDS = ("created", "blocked", "unblocked", "bypass")
 
 
 @dataclass
 class _TaskMemory:
     """What the daemon remembers of a task between looks (never the source of truth)."""
 
-    block_checked_rev: int = -1
+    block_checked: tuple[int, str, str] | None = None
     block_dropped: bool = False
     last_blocked: dict[str, Any] = field(default_factory=dict)
     spinning_reported_for: datetime | None = None
@@ -304,14 +304,20 @@ class Daemon:
                                            task_status=statuses.get)
         block_dropped = False
         if meta.status in (Status.ACTIVE, Status.SNOOZED, Status.PAUSED):
-            if mem.block_checked_rev != meta.revision:
-                mem.block_checked_rev = meta.revision
+            # Keyed on more than the revision: a hand edit can change the file and keep the revision.
+            key = (meta.revision, meta.status.value, baton.blocked_on)
+            if mem.block_checked != key:
+                mem.block_checked = key
                 last = self.store.ledger.events(baton.id, kinds=_BLOCK_KINDS)
-                mem.block_dropped = bool(last) and last[-1].kind in ("blocked", "bypass")
-                mem.last_blocked = dict(last[-1].data) if mem.block_dropped else {}
+                held = bool(last) and (last[-1].kind in ("blocked", "bypass") or (
+                    last[-1].kind == "created" and last[-1].data.get("status") == Status.BLOCKED.value))
+                mem.block_dropped = held
+                mem.last_blocked = dict(last[-1].data) if held else {}
+                if held and last[-1].kind == "created":
+                    mem.last_blocked = {"on": last[-1].data.get("blocked_on", ""), "gate": last[-1].data.get("gate")}
             block_dropped = mem.block_dropped
         else:
-            mem.block_checked_rev = -1
+            mem.block_checked = None
         spinning_reported = mem.spinning_reported_for is not None and mem.spinning_reported_for == meta.progress_at
         return pol.Observation(alive=alive, exit_code=exit_code, exit_signal=exit_signal, gate_open=gate_open,
                                block_dropped=block_dropped, spinning_reported=spinning_reported)
@@ -487,7 +493,7 @@ class Daemon:
             ed.baton.meta.gate = gate
             ed.baton.meta.blocked_at = now
             ed.event("bypass", was_on=on, gate=gate.spec(), on=on)
-        mem.block_checked_rev = -1
+        mem.block_checked = None
         self.log.warning("bypass", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
                          reason="a hand edit dropped the block; it is held blocked", blocked_on=on)
         return ed.baton

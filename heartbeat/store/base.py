@@ -26,7 +26,7 @@ from heartbeat.errors import Conflict, HeartbeatError
 from heartbeat.ledger import Event, Ledger
 from heartbeat.timeparse import utcnow
 
-__all__ = ["Entry", "Edit", "Store", "check_fence", "finish_edit", "content_changes"]
+__all__ = ["Entry", "Edit", "Store", "check_fence", "finish_edit", "content_changes", "created_data"]
 
 
 @dataclass
@@ -122,6 +122,17 @@ def check_fence(current: Baton, *, expect_revision: int | None, epoch: int | Non
                 task=meta.id,
             )
         raise Conflict(f"epoch {epoch} is ahead of the baton's epoch {meta.epoch}", task=meta.id)
+
+
+def created_data(baton: Baton) -> dict[str, Any]:
+    """The data of a ``created`` event: enough to know, later, that the task started blocked."""
+    data: dict[str, Any] = {"task": baton.task, "step": baton.step, "status": baton.meta.status.value}
+    if baton.blocked_on:
+        data["blocked_on"] = baton.blocked_on
+        data["gate"] = baton.meta.gate.spec() if baton.meta.gate else "human"
+    if baton.meta.world:
+        data["world"] = dict(baton.meta.world)
+    return data
 
 
 def content_changes(old: Baton, new: Baton) -> list[str]:

@@ -37,7 +37,7 @@ from heartbeat.errors import (
     UnsafePath,
 )
 from heartbeat.ledger import Event, Ledger, SqliteLedger
-from heartbeat.store.base import Edit, Entry, check_fence, finish_edit, now_or
+from heartbeat.store.base import Edit, Entry, check_fence, created_data, finish_edit, now_or
 
 __all__ = ["FileStore", "ensure_private_dir"]
 
@@ -245,8 +245,7 @@ class FileStore:
             meta.created_at = meta.updated_at = meta.touched_at = meta.progress_at = now
             meta.world = _fingerprint(new)
             events = [Event(task=task_id, kind="created", ts=now, actor=actor, epoch=meta.epoch, revision=1,
-                            data={"task": new.task, "step": new.step, "status": meta.status.value,
-                                  **({"world": dict(meta.world)} if meta.world else {})})]
+                            data=created_data(new))]
             self._write(task_id, new, events)
         return new
 

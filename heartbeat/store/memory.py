@@ -10,7 +10,7 @@ from datetime import datetime
 from heartbeat.baton import Baton, check_id
 from heartbeat.errors import AlreadyExists, NotFound
 from heartbeat.ledger import Event, Ledger, MemoryLedger
-from heartbeat.store.base import Edit, Entry, check_fence, finish_edit, now_or
+from heartbeat.store.base import Edit, Entry, check_fence, created_data, finish_edit, now_or
 
 __all__ = ["MemoryStore"]
 
@@ -33,8 +33,7 @@ class MemoryStore:
             new.meta.revision = 1
             new.meta.created_at = new.meta.updated_at = new.meta.touched_at = new.meta.progress_at = now
             self.ledger.append([Event(task=task_id, kind="created", ts=now, actor=actor, epoch=new.meta.epoch,
-                                      revision=1, data={"task": new.task, "step": new.step,
-                                                        "status": new.meta.status.value})])
+                                      revision=1, data=created_data(new))])
             self._batons[task_id] = new
         return new.copy()
 

@@ -1,0 +1,194 @@
+"""A real ``heartbeat run`` in a subprocess, with tiny intervals, for the daemon tests and the soak.
+
+The harness writes a config, starts the daemon, and offers independent views of the
+world: batons read from disk, the daemon's JSON log lines, and the live agents found by
+scanning the process table for ``HEARTBEAT_TASK`` in their environment (not the daemon's
+own bookkeeping).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from heartbeat.baton import Baton
+from heartbeat.errors import HeartbeatError
+from heartbeat.store.files import FileStore
+
+TOY = [sys.executable, "-m", "heartbeat.toyagent"]
+
+
+def toml_list(items: list[str]) -> str:
+    return json.dumps(items)
+
+
+class DaemonHarness:
+    """One state dir, one config, and a daemon process that can be killed and restarted."""
+
+    def __init__(self, root: Path, *, tick: str = "200ms", stall_after: str = "3s", progress_after: str = "1h",
+                 max_attempts: int = 5, max_idle_resumes: int = 3, backoff_initial: str = "200ms",
+                 backoff_max: str = "1s", max_concurrent: int = 50, dispatches_per_minute: int = 600,
+                 agent: list[str] | None = None, extra: str = "", launcher_extra: str = "") -> None:
+        self.root = root
+        self.state = root / "state"
+        self.state.mkdir(mode=0o700, exist_ok=True)
+        self.config = root / "heartbeat.toml"
+        self.log_path = root / "daemon.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.settings = dict(tick=tick, stall_after=stall_after, progress_after=progress_after,
+                             max_attempts=max_attempts, max_idle_resumes=max_idle_resumes,
+                             backoff_initial=backoff_initial, backoff_max=backoff_max,
+                             max_concurrent=max_concurrent, dispatches_per_minute=dispatches_per_minute)
+        self.agent = agent or [*TOY, "--step-time", "0.3"]
+        self.extra = extra
+        self.launcher_extra = launcher_extra
+        self.write_config()
+        self.store = FileStore(str(self.state))
+
+    def config_text(self) -> str:
+        s = self.settings
+        return f"""\
+[daemon]
+state_dir = {json.dumps(str(self.state))}
+tick = "{s['tick']}"
+stall_after = "{s['stall_after']}"
+progress_after = "{s['progress_after']}"
+max_attempts = {s['max_attempts']}
+max_idle_resumes = {s['max_idle_resumes']}
+backoff_initial = "{s['backoff_initial']}"
+backoff_max = "{s['backoff_max']}"
+max_concurrent = {s['max_concurrent']}
+dispatches_per_minute = {s['dispatches_per_minute']}
+default_launcher = "toy"
+log_format = "json"
+log_level = "debug"
+
+[launchers.toy]
+type = "exec"
+command = {toml_list(self.agent)}
+stop_grace = "500ms"
+{self.launcher_extra}
+{self.extra}
+"""
+
+    def write_config(self, text: str | None = None) -> None:
+        tmp = self.config.with_suffix(".tmp")
+        tmp.write_text(self.config_text() if text is None else text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, self.config)
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTBEAT_")}
+        env.pop("NOTIFY_SOCKET", None)
+        return env
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-m", "heartbeat", "--config", str(self.config), "run"],
+                                     stdout=log, stderr=subprocess.STDOUT, env=self.env(), cwd=str(self.root))
+        log.close()
+        self.wait_log(lambda e: e.get("event") == "started" and e.get("pid") == self.proc.pid, "daemon start")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=20)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "heartbeat", "--config", str(self.config), *args],
+                              capture_output=True, text=True, env={**self.env(), **(env or {})}, timeout=60)
+
+    def new(self, task_id: str, *extra: str, plan: int = 0, step: str = "start") -> None:
+        plan_args = [a for i in range(plan) for a in ("--plan", f"step {i + 1}")]
+        r = self.cli("new", task_id, "--task", f"task {task_id}", "--step", step, "--intent", "test",
+                     "--workdir", str(self.root), *plan_args, *extra)
+        assert r.returncode == 0, r.stderr
+
+    def baton(self, task_id: str) -> Baton:
+        return self.store.load(task_id)
+
+    def try_baton(self, task_id: str) -> Baton | None:
+        try:
+            return self.store.load(task_id)
+        except HeartbeatError:
+            return None
+
+    def events(self, task_id: str, kind: str | None = None) -> list[Any]:
+        return [e for e in self.store.ledger.events(task_id) if kind is None or e.kind == kind]
+
+    def log(self) -> list[dict[str, Any]]:
+        if not self.log_path.exists():
+            return []
+        out = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                out.append({"event": "non-json", "line": line})
+        return out
+
+    def wait_log(self, predicate: Callable[[dict[str, Any]], bool], message: str, timeout: float = 20) -> Any:
+        return self.wait(lambda: next((e for e in self.log() if predicate(e)), None), message, timeout)
+
+    def wait(self, predicate: Callable[[], Any], message: str, timeout: float = 20, interval: float = 0.02) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                tail = "\n".join(json.dumps(e)[:300] for e in self.log()[-15:])
+                raise AssertionError(f"timed out after {timeout}s waiting for {message}; daemon log tail:\n{tail}")
+            time.sleep(interval)
+
+    def live_agents(self, task_id: str | None = None) -> dict[str, set[int]]:
+        """Process groups of live agents per task, from the process table (independent of the daemon)."""
+        groups: dict[str, set[int]] = {}
+        for proc in psutil.process_iter(["pid", "status"]):
+            try:
+                if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                    continue
+                env = proc.environ()
+                task = env.get("HEARTBEAT_TASK")
+                if not task or env.get("HEARTBEAT_STATE_DIR") != str(self.state):
+                    continue
+                if task_id is not None and task != task_id:
+                    continue
+                groups.setdefault(task, set()).add(os.getpgid(proc.pid))
+            except (psutil.Error, ProcessLookupError, PermissionError):
+                continue
+        return groups
+
+    def kill_agents(self) -> None:
+        for groups in self.live_agents().values():
+            for pgid in groups:
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def close(self) -> None:
+        self.stop()
+        self.kill_agents()
+        self.store.close()
