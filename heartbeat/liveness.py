@@ -1,14 +1,19 @@
 """Is an agent still alive? psutil, with the process's create time so a reused pid is not
-mistaken for the agent, and zombies counted as dead."""
+mistaken for the agent, and zombies counted as dead. And stopping one: its whole process
+group, SIGTERM then SIGKILL, never a process that merely inherited its pid."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import time
+from collections.abc import Callable
 
 from heartbeat.baton import Owner
+from heartbeat.launchers.shim import group_members
 
-__all__ = ["identify", "is_alive", "this_host"]
+__all__ = ["identify", "is_alive", "this_host", "group_members", "stop_process_group"]
 
 _CREATE_TIME_SLACK = 0.05  # psutil's create_time is derived from jiffies: allow rounding
 
@@ -50,3 +55,105 @@ def is_alive(owner: Owner | None, *, host: str | None = None) -> bool:
 
 def parent_pid() -> int:
     return os.getppid()
+
+
+_CONFIRM_AFTER_KILL = 2.0
+"""Seconds to wait after SIGKILL for the kernel to take the processes away."""
+
+
+def _matches(pid: int, create_time: float | None) -> bool:
+    found = identify(pid)
+    if found is None:
+        return False
+    return create_time is None or abs(found[1] - create_time) <= _CREATE_TIME_SLACK
+
+
+def _orphans(pgid: int, create_time: float | None) -> list[int]:
+    """Members of a group whose leader is gone, started no earlier than the leader was.
+
+    While any member holds the group, the kernel does not hand its number out as a new
+    pid, so these are the leader's own leftovers.
+    """
+    if create_time is None:
+        return []
+    import psutil
+
+    found = []
+    for pid in group_members(pgid):
+        try:
+            if psutil.Process(pid).create_time() >= create_time - _CREATE_TIME_SLACK:
+                found.append(pid)
+        except (psutil.Error, ValueError):
+            continue
+    return found
+
+
+def _signal(targets: Callable[[], list[int]], pgid: int | None, signum: int) -> None:
+    if pgid is not None:
+        try:
+            os.killpg(pgid, signum)
+            return
+        except OSError:
+            pass
+    for pid in targets():
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+
+def _wait_gone(targets: Callable[[], list[int]], seconds: float, on_poll: Callable[[], object] | None) -> bool:
+    deadline = time.monotonic() + seconds
+    delay = 0.01
+    while True:
+        if on_poll is not None:
+            on_poll()
+        if not targets():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.1)
+
+
+def stop_process_group(
+    pid: int, create_time: float | None, grace: float, *, on_poll: Callable[[], object] | None = None
+) -> bool:
+    """Stop the process ``pid`` started at ``create_time`` and its process group; True when all are gone.
+
+    SIGTERM, then up to ``grace`` seconds of polling, then SIGKILL and up to two seconds
+    more to confirm. If ``pid`` now belongs to another process (a reused pid) nothing is
+    signalled and the owner counts as gone. A process that does not lead its own group
+    (an agent that claimed a task from a shell) is signalled alone, never the group it
+    shares with others. If the leader is gone but left processes in its group, those
+    are stopped. ``on_poll`` runs on every poll (the exec launcher reaps its children there).
+    """
+    if _matches(pid, create_time):
+        try:
+            leads = os.getpgid(pid) == pid
+        except OSError:
+            leads = False
+        if leads:
+            pgid: int | None = pid
+
+            def targets() -> list[int]:
+                return group_members(pid)
+        else:
+            pgid = None
+
+            def targets() -> list[int]:
+                return [pid] if _matches(pid, create_time) else []
+    elif identify(pid) is None:
+        pgid = None
+
+        def targets() -> list[int]:
+            return _orphans(pid, create_time)
+    else:
+        return True  # the pid is someone else's now: never signal it
+    if not targets():
+        return True
+    _signal(targets, pgid, signal.SIGTERM)
+    if _wait_gone(targets, grace, on_poll):
+        return True
+    _signal(targets, pgid, signal.SIGKILL)
+    return _wait_gone(targets, _CONFIRM_AFTER_KILL, on_poll)

@@ -1,0 +1,314 @@
+"""The launcher contract, and the argv and environment every launcher builds the same way.
+
+A launcher starts an agent for one dispatch and answers for it afterwards: is it alive,
+how did it end, stop it. The daemon holds one launcher object per ``[launchers.NAME]``
+and calls it only through :class:`Launcher`.
+
+Safety rules every launcher keeps (they are enforced here, not left to each type):
+
+- The program is ``argv[0]`` of the operator's config. Baton values reach the agent
+  only as the text of single arguments (placeholders are substituted per argument) or
+  in the environment; never through a shell.
+- The agent's environment never holds the daemon's systemd plumbing
+  (``NOTIFY_SOCKET``, ``WATCHDOG_*``, ``LISTEN_*``): an agent must not speak to systemd
+  for the daemon.
+- Logs are private: ``logs/<id>/`` is 0700 and each log file 0600.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from heartbeat.baton import Owner
+from heartbeat.config import LauncherConfig, expand_argv
+from heartbeat.errors import HeartbeatError
+from heartbeat.systemd import PLUMBING_ENV
+
+__all__ = [
+    "LaunchRequest",
+    "ExitStatus",
+    "Launcher",
+    "LaunchError",
+    "PROTOCOL_METHODS",
+    "MAX_ARG_BYTES",
+    "placeholder_values",
+    "build_argv",
+    "build_env",
+    "resolve_cwd",
+    "prepare_log",
+    "read_exit_file",
+    "write_private_file",
+]
+
+PROTOCOL_METHODS = ("launch", "alive", "exit_status", "stop", "reap")
+"""What a launcher class must provide; the registry checks for these."""
+
+MAX_ARG_BYTES = 128 * 1024 - 1
+"""Linux refuses a single argument of 128 KiB or more (``MAX_ARG_STRLEN``) with E2BIG."""
+
+
+@dataclass
+class LaunchRequest:
+    """Everything a launcher needs for one dispatch; the daemon builds it from the baton."""
+
+    task_id: str
+    epoch: int
+    attempt: int
+    workdir: str
+    brief_text: str
+    """The brief's markdown."""
+    brief_file: str
+    """Where the daemon wrote the brief: ``<state_dir>/logs/<id>/<epoch>.brief.md``."""
+    log_file: str
+    """``<state_dir>/logs/<id>/<epoch>.log``: the launcher opens it for append, 0600."""
+    exit_file: str
+    """``<state_dir>/logs/<id>/<epoch>.exit``: the shim writes the exit status here."""
+    state_dir: str
+    config_path: str
+    session: str = ""
+    """A resumable session id from the previous owner, if any (the ``{session}`` placeholder)."""
+
+
+@dataclass
+class ExitStatus:
+    """How an agent ended: an exit ``code``, or the ``signal`` that killed it."""
+
+    code: int | None
+    signal: int | None
+    ended_at: datetime | None
+
+
+@runtime_checkable
+class Launcher(Protocol):
+    """Starts agents for one ``[launchers.NAME]`` and answers for them afterwards.
+
+    A launcher is built as ``Type(config)``. Every method may be called for an owner
+    this object did not launch (the daemon restarted and re-adopted the agent from its
+    baton), so answers come from the system, not from memory, wherever they can.
+    """
+
+    name: str
+    config: LauncherConfig
+
+    def launch(self, req: LaunchRequest) -> Owner:
+        """Start the agent; return its owner (pid, create_time, host, launcher, unit, how, started_at).
+
+        Raises :class:`LaunchError` (one line naming the task and what is wrong) when the
+        agent cannot be started: a missing working directory, an unusable argument. A
+        program that does not exist is *not* a launch error: it is recorded as exit 127.
+        """
+        ...
+
+    def alive(self, owner: Owner) -> bool:
+        """True while the owner's agent runs. Never blocks for more than about two seconds."""
+        ...
+
+    def exit_status(self, owner: Owner, exit_file: str) -> ExitStatus | None:
+        """How the agent ended, or None while it runs or when that cannot be known."""
+        ...
+
+    def stop(self, owner: Owner, *, grace: float) -> bool:
+        """Stop the agent and everything in its process group: SIGTERM, ``grace`` seconds, SIGKILL.
+
+        Never signals a process that is not the owner (a reused pid). True when it is gone.
+        """
+        ...
+
+    def reap(self) -> None:
+        """Collect exited children this object started, so none is left a zombie."""
+        ...
+
+
+class LaunchError(HeartbeatError):
+    """An agent could not be started; the message names the task and the reason."""
+
+
+def placeholder_values(req: LaunchRequest) -> dict[str, object]:
+    """The values of ``{id}`` ``{brief_file}`` ``{workdir}`` ``{epoch}`` ``{attempt}`` ``{state_dir}`` ``{session}``."""
+    return {
+        "id": req.task_id,
+        "brief_file": req.brief_file,
+        "workdir": req.workdir,
+        "epoch": req.epoch,
+        "attempt": req.attempt,
+        "state_dir": req.state_dir,
+        "session": req.session,
+    }
+
+
+def build_argv(config: LauncherConfig, req: LaunchRequest) -> list[str]:
+    """The agent's argv: the config's command with placeholders substituted per argument.
+
+    With ``brief = "arg"`` the brief's text is appended as the last argument. Each value
+    stays inside the one argument it was substituted into, whatever it contains
+    (spaces, quotes, ``;``, ``$(...)``, newlines); ``argv[0]`` is fixed by the config.
+    """
+    if not config.command:
+        raise LaunchError(f"launchers.{config.name}.command is empty: nothing to run", task=req.task_id)
+    argv = expand_argv(config.command, placeholder_values(req))
+    if config.brief == "arg":
+        argv.append(req.brief_text)
+    for arg in argv:
+        if "\0" in arg:
+            raise LaunchError("an argument holds a NUL byte, which no program can receive", task=req.task_id)
+        size = len(arg.encode("utf-8", "surrogateescape"))
+        if size > MAX_ARG_BYTES:
+            raise LaunchError(
+                f"an argument is {size} bytes, over the system's limit of 128 KiB for one argument "
+                f"(launchers.{config.name}.brief = \"{config.brief}\"; use \"file\" or \"stdin\" for long briefs)",
+                task=req.task_id,
+            )
+    return argv
+
+
+def build_env(
+    config: LauncherConfig, req: LaunchRequest, base_env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The agent's environment.
+
+    The daemon's own (``inherit_env = true``), only the listed names of it
+    (``inherit_env = ["PATH", ...]``) or nothing (``false``); then the config's ``env``;
+    then ``HEARTBEAT_TASK``, ``HEARTBEAT_EPOCH``, ``HEARTBEAT_BRIEF``,
+    ``HEARTBEAT_CONFIG`` and ``HEARTBEAT_STATE_DIR``. ``HEARTBEAT_*`` variables of the
+    daemon's environment are never inherited (they describe the daemon, not this
+    dispatch), and systemd's plumbing variables are always removed.
+    """
+    base = os.environ if base_env is None else base_env
+    if config.inherit_env is True:
+        names: list[str] = list(base)
+    elif config.inherit_env is False:
+        names = []
+    else:
+        names = [name for name in config.inherit_env if name in base]
+    env = {name: base[name] for name in names if not name.startswith("HEARTBEAT_")}
+    env.update(config.env)
+    env.update(
+        HEARTBEAT_TASK=req.task_id,
+        HEARTBEAT_EPOCH=str(req.epoch),
+        HEARTBEAT_BRIEF=req.brief_file,
+        HEARTBEAT_STATE_DIR=req.state_dir,
+    )
+    if req.config_path:
+        env["HEARTBEAT_CONFIG"] = req.config_path
+    else:
+        env.pop("HEARTBEAT_CONFIG", None)
+    for name in PLUMBING_ENV:
+        env.pop(name, None)
+    return env
+
+
+def resolve_cwd(config: LauncherConfig, req: LaunchRequest) -> str:
+    """The agent's working directory: the config's ``cwd`` (default ``{workdir}``), expanded.
+
+    It must be an absolute path to an existing directory; anything else is a
+    :class:`LaunchError` saying which setting to fix.
+    """
+    cwd = expand_argv([config.cwd], placeholder_values(req))[0]
+    where = f"launchers.{config.name}.cwd = {config.cwd!r}"
+    if not cwd:
+        raise LaunchError(
+            f"no working directory: the baton sets no workdir and {where}; set one with "
+            f"`heartbeat set {req.task_id} workdir=/path` or give the launcher a fixed cwd",
+            task=req.task_id, field="workdir",
+        )
+    if "\0" in cwd or not os.path.isabs(cwd):
+        raise LaunchError(f"working directory {cwd!r} is not an absolute path ({where})",
+                          task=req.task_id, field="workdir")
+    try:
+        st = os.stat(cwd)
+    except FileNotFoundError:
+        raise LaunchError(f"working directory {cwd} does not exist ({where})", task=req.task_id, field="workdir")
+    except OSError as exc:
+        raise LaunchError(f"working directory {cwd}: {exc.strerror} ({where})", task=req.task_id, field="workdir")
+    if not stat.S_ISDIR(st.st_mode):
+        raise LaunchError(f"working directory {cwd} is not a directory ({where})", task=req.task_id, field="workdir")
+    return cwd
+
+
+def _private_dir(path: str, task: str) -> None:
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise LaunchError(f"{path} is not a directory", task=task)
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            os.chmod(path, 0o700)
+    except OSError as exc:
+        raise LaunchError(f"cannot create the log directory {path}: {exc.strerror}", task=task)
+
+
+def prepare_log(req: LaunchRequest) -> int:
+    """Create ``logs/`` and ``logs/<id>/`` (0700) and open the log for append (0600); return the fd.
+
+    Also removes a stale exit file at ``req.exit_file``, so an old record can never be
+    read as this dispatch's outcome. The caller closes the fd.
+    """
+    log_dir = os.path.dirname(req.log_file)
+    _private_dir(os.path.dirname(log_dir), req.task_id)
+    _private_dir(log_dir, req.task_id)
+    for directory in {os.path.dirname(req.exit_file), os.path.dirname(req.brief_file)} - {log_dir, ""}:
+        _private_dir(directory, req.task_id)
+    try:
+        os.unlink(req.exit_file)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise LaunchError(f"cannot remove the stale exit file {req.exit_file}: {exc.strerror}", task=req.task_id)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(req.log_file, flags, 0o600)
+    except OSError as exc:
+        raise LaunchError(f"cannot open the log {req.log_file}: {exc.strerror}", task=req.task_id)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        pass
+    return fd
+
+
+def write_private_file(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` (0600) atomically: temp file, fsync, rename."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    os.replace(tmp, path)
+
+
+def read_exit_file(path: str) -> ExitStatus | None:
+    """The exit record the shim wrote, or None when there is none (yet) or it is unreadable."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(4096)
+        doc = json.loads(raw)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    code, sig, ended = doc.get("code"), doc.get("signal"), doc.get("ended_at")
+
+    def as_int(value: object) -> int | None:
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    ended_at = None
+    if isinstance(ended, str):
+        try:
+            ended_at = datetime.fromisoformat(ended)
+        except ValueError:
+            ended_at = None
+    return ExitStatus(code=as_int(code), signal=as_int(sig), ended_at=ended_at)

@@ -1,0 +1,169 @@
+"""``type = "exec"``: the agent runs as a direct child of the daemon, in its own session.
+
+The daemon starts the shim (:mod:`heartbeat.launchers.shim`) with
+``start_new_session=True``; the shim runs the agent in its process group and records the
+exit status in the exit file. So the agent survives the daemon (a restart, a crash, a
+SIGKILL), a stop reaches the agent and all its children through the group, and the
+exit status is known even for an agent a restarted daemon re-adopted and never waited for.
+
+``Owner.pid`` is the shim's pid, which is also the process group id.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from typing import IO, Any
+
+from heartbeat.baton import Owner
+from heartbeat.config import LauncherConfig
+from heartbeat.launchers import shim
+from heartbeat.launchers.base import (
+    ExitStatus,
+    LaunchError,
+    LaunchRequest,
+    build_argv,
+    build_env,
+    prepare_log,
+    read_exit_file,
+    resolve_cwd,
+)
+from heartbeat.liveness import identify, is_alive, stop_process_group, this_host
+from heartbeat.timeparse import utcnow
+
+__all__ = ["ExecLauncher", "shim_command"]
+
+_KEEP_FINISHED = 1024
+"""Exit statuses of reaped children kept in memory (the exit file is the lasting record)."""
+
+
+def shim_command(config: LauncherConfig, exit_file: str, argv: list[str]) -> list[str]:
+    """The argv that starts the shim around ``argv``.
+
+    The shim runs as a script (``-I``: isolated from the agent's ``PYTHON*`` variables
+    and user site), not as ``-m heartbeat.launchers.shim``: it then imports nothing from
+    heartbeat, stays small for the agent's whole life, and works whatever the agent's
+    environment says.
+    """
+    if not sys.executable:
+        raise LaunchError("cannot find the Python interpreter to run the shim (sys.executable is empty)")
+    grace = f"{max(0.0, config.stop_grace):g}"
+    return [sys.executable, "-I", os.path.abspath(shim.__file__), "--grace", grace, exit_file, "--", *argv]
+
+
+def _stdin_for(config: LauncherConfig, req: LaunchRequest) -> IO[bytes] | int:
+    """The brief on stdin: an unlinked temp file, so no thread and no pipe can block the daemon."""
+    if config.brief != "stdin":
+        return subprocess.DEVNULL
+    handle = tempfile.TemporaryFile(dir=os.path.dirname(req.log_file))  # noqa: SIM115 (the caller closes it)
+    try:
+        handle.write(req.brief_text.encode("utf-8", "surrogateescape"))
+        handle.flush()
+        handle.seek(0)
+    except OSError as exc:
+        handle.close()
+        raise LaunchError(f"cannot stage the brief for stdin: {exc.strerror}", task=req.task_id) from None
+    return handle
+
+
+class ExecLauncher:
+    """Starts the agent as a child process of the daemon, in a new session (see the module doc)."""
+
+    def __init__(self, config: LauncherConfig) -> None:
+        self.name = config.name
+        self.config = config
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._finished: dict[int, ExitStatus] = {}
+
+    def launch(self, req: LaunchRequest) -> Owner:
+        argv = build_argv(self.config, req)
+        env = build_env(self.config, req)
+        cwd = resolve_cwd(self.config, req)
+        command = shim_command(self.config, req.exit_file, argv)
+        log_fd = prepare_log(req)
+        stdin: IO[bytes] | int = subprocess.DEVNULL
+        try:
+            stdin = _stdin_for(self.config, req)
+            proc = subprocess.Popen(
+                command,
+                stdin=stdin,
+                stdout=log_fd,
+                stderr=log_fd,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise LaunchError(f"cannot start {command[0]}: {exc.strerror}", task=req.task_id) from None
+        finally:
+            os.close(log_fd)
+            if not isinstance(stdin, int):
+                stdin.close()
+        self._children[proc.pid] = proc
+        self._finished.pop(proc.pid, None)
+        found = identify(proc.pid)
+        return Owner(
+            pid=proc.pid,
+            create_time=found[1] if found else _create_time(proc.pid),
+            host=this_host(),
+            launcher=self.name,
+            session=req.session,
+            how="dispatch",
+            started_at=utcnow(),
+        )
+
+    def alive(self, owner: Owner) -> bool:
+        self.reap()
+        return is_alive(owner)
+
+    def exit_status(self, owner: Owner, exit_file: str) -> ExitStatus | None:
+        recorded = read_exit_file(exit_file)
+        if recorded is not None:
+            return recorded
+        if owner.pid is None:
+            return None
+        self.reap()
+        if owner.pid in self._children:
+            return None  # still running
+        finished = self._finished.get(owner.pid)
+        if finished is not None:
+            # The shim wrote its record before exiting; a file may have appeared since we looked.
+            return read_exit_file(exit_file) or finished
+        return None
+
+    def stop(self, owner: Owner, *, grace: float) -> bool:
+        if owner.pid is None:
+            return True
+        if owner.host and owner.host != this_host():
+            return False  # another machine's process: not ours to signal
+        gone = stop_process_group(owner.pid, owner.create_time, grace, on_poll=self.reap)
+        self.reap()
+        return gone
+
+    def reap(self) -> None:
+        for pid, proc in list(self._children.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del self._children[pid]
+            # Exit status of the shim itself: its code mirrors the agent's; a negative code means
+            # the shim was killed (a SIGKILL to the group), so the agent died by that signal too.
+            self._finished[pid] = ExitStatus(
+                code=code if code >= 0 else None, signal=-code if code < 0 else None, ended_at=utcnow()
+            )
+            while len(self._finished) > _KEEP_FINISHED:
+                del self._finished[next(iter(self._finished))]
+
+
+def _create_time(pid: int) -> float | None:
+    """The create time even of a child that already exited (a zombie still has one)."""
+    import psutil
+
+    try:
+        value: Any = psutil.Process(pid).create_time()
+    except (psutil.Error, ValueError):
+        return None
+    return float(value)

@@ -1,0 +1,202 @@
+"""The process a launcher actually starts: it runs the agent and records how it ended.
+
+Usage: ``python heartbeat/launchers/shim.py [--grace SECONDS] EXIT_FILE -- ARGV...``
+(``python -m heartbeat.launchers.shim ...`` works too).
+
+The shim is started as the leader of a new session and process group. It runs the agent
+as its child in that same group, so a signal sent to the group (a stop) reaches the
+agent, while the shim itself swallows SIGTERM/SIGINT/SIGHUP and stays to record the
+outcome. When the agent ends, whatever it left behind in the group is stopped too
+(SIGTERM, ``--grace`` seconds, SIGKILL): an agent's helpers do not outlive its shift, as
+under systemd. Then ``{"code": N|null, "signal": S|null, "ended_at": ISO}`` is written
+atomically to EXIT_FILE, and the shim exits with the agent's code (128+S for a signal).
+This is how the daemon learns an agent's exit status even when it was restarted in the
+meantime and the agent is no longer its child.
+
+An agent that cannot be started is recorded as code 127 (no such program) or 126 (not
+executable), with one line on stderr, which the launcher points at the task's log.
+
+The shim lives as long as the agent, so it imports only a few standard modules and
+nothing from heartbeat: it can run as a plain script, unaffected by the agent's
+``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import sys
+import time
+
+__all__ = ["main", "group_members", "write_exit_file", "DEFAULT_GRACE"]
+
+DEFAULT_GRACE = 5.0
+"""Seconds the agent's leftovers get between SIGTERM and SIGKILL after the agent ended."""
+
+_SWALLOWED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_USAGE = "usage: shim.py [--grace SECONDS] EXIT_FILE -- ARGV..."
+
+
+def group_members(pgid: int, *, exclude: int | None = None) -> list[int]:
+    """Pids of the living (not zombie) processes in process group ``pgid``.
+
+    Reads ``/proc/<pid>/stat`` directly: a stop must see every member, and this runs in
+    the shim, which must not import psutil. Without ``/proc`` (not Linux) it can only
+    say whether the group has any member at all, and answers ``[pgid]`` for yes.
+    """
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        try:
+            os.killpg(pgid, 0)
+        except OSError:
+            return []
+        return [pgid]
+    members = []
+    for name in names:
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if pid == exclude:
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                raw = handle.read()
+        except OSError:
+            continue
+        # The command name (field 2) may hold spaces and parentheses: split after the last ")".
+        fields = raw[raw.rfind(b")") + 2:].split()
+        if len(fields) < 3:
+            continue
+        state, group = fields[0], fields[2]
+        if state in (b"Z", b"X", b"x"):
+            continue
+        if int(group) == pgid:
+            members.append(pid)
+    return members
+
+
+def write_exit_file(path: str, code: int | None, sig: int | None, ended_at: float) -> None:
+    """Write the exit record atomically: temp file, fsync, rename, directory fsync."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ended_at)) + f".{int(ended_at % 1 * 1e6):06d}Z"
+    data = json.dumps({"code": code, "signal": sig, "ended_at": stamp}) + "\n"
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    try:
+        dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+def _swallow(signum: int, frame: object) -> None:
+    """A handler, not SIG_IGN: handled signals reset to default in the child at exec."""
+
+
+def _spawn(argv: list[str]) -> int:
+    """Fork and exec the agent in our process group; return its pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        # Python ignores SIGPIPE and SIGXFSZ for itself; the agent gets the defaults.
+        for signum in (*_SWALLOWED, signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(signum, signal.SIG_DFL)
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        code = 127 if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 126
+        try:
+            os.write(2, f"heartbeat shim: cannot start {argv[0]!r}: {exc.strerror}\n".encode(errors="replace"))
+        finally:
+            os._exit(code)
+    except BaseException:
+        os._exit(127)
+    os._exit(127)  # unreachable: execvp returns only by raising
+
+
+def _wait(pid: int) -> tuple[int | None, int | None]:
+    """Wait for the agent; ``(code, None)`` or ``(None, signal)``."""
+    while True:
+        _, status = os.waitpid(pid, 0)
+        if os.WIFEXITED(status):
+            return os.WEXITSTATUS(status), None
+        if os.WIFSIGNALED(status):
+            return None, os.WTERMSIG(status)
+
+
+def _stop_leftovers(grace: float) -> None:
+    """Stop what the agent left in our group: SIGTERM to the group, wait, SIGKILL each."""
+    me = os.getpid()
+    pgid = os.getpgid(0)
+    if pgid != me or not group_members(pgid, exclude=me):
+        return
+    try:
+        os.killpg(pgid, signal.SIGTERM)  # reaches us too: swallowed
+    except OSError:
+        return
+    deadline = time.monotonic() + grace
+    delay = 0.01
+    while group_members(pgid, exclude=me):
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+    for _ in range(50):
+        left = group_members(pgid, exclude=me)
+        if not left:
+            return
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.02)
+
+
+def _parse(args: list[str]) -> tuple[float, str, list[str]]:
+    grace = DEFAULT_GRACE
+    if args[:1] == ["--grace"] and len(args) > 1:
+        grace = max(0.0, float(args[1]))
+        args = args[2:]
+    if len(args) < 3 or args[1] != "--":
+        raise ValueError(_USAGE)
+    return grace, args[0], args[2:]
+
+
+def main(args: list[str] | None = None) -> int:
+    try:
+        grace, exit_file, argv = _parse(sys.argv[1:] if args is None else args)
+    except ValueError as exc:
+        msg = str(exc) if str(exc) == _USAGE else f"bad --grace: {exc}"
+        os.write(2, f"heartbeat shim: {msg}\n".encode())
+        return 2
+    for signum in _SWALLOWED:
+        signal.signal(signum, _swallow)
+    # A daemon thread may have had signals blocked: the mask is inherited, so clear it.
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    pid = _spawn(argv)
+    code, sig = _wait(pid)
+    ended_at = time.time()
+    _stop_leftovers(grace)
+    try:
+        write_exit_file(exit_file, code, sig, ended_at)
+    except OSError as exc:
+        os.write(2, f"heartbeat shim: cannot write {exit_file}: {exc.strerror}\n".encode(errors="replace"))
+    return code if code is not None else 128 + (sig or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
