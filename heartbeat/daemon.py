@@ -261,7 +261,7 @@ class Daemon:
             max_runtime=lc.max_runtime if lc else None,
             non_retryable_exit_codes=frozenset(lc.non_retryable_exit_codes) if lc else frozenset(),
             on_spinning=d.on_spinning,
-            launch_timeout=max(30.0, 3 * d.tick),
+            launch_timeout=10.0,
         )
 
     # -- observing -------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from daemon_harness import TOY, DaemonHarness, toml_list
 
 pytestmark = pytest.mark.slow

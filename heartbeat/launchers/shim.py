@@ -102,6 +102,43 @@ def write_exit_file(path: str, code: int | None, sig: int | None, ended_at: floa
         os.close(dir_fd)
 
 
+def pid_file_for(exit_file: str) -> str:
+    """``<epoch>.pid`` beside ``<epoch>.exit``: who this dispatch's agent is."""
+    base = exit_file[: -len(".exit")] if exit_file.endswith(".exit") else exit_file
+    return f"{base}.pid"
+
+
+def _own_create_time() -> float | None:
+    """Our start time as psutil computes it (boot time + start ticks), without importing psutil."""
+    try:
+        with open("/proc/self/stat", "rb") as handle:
+            raw = handle.read()
+        start_ticks = int(raw[raw.rfind(b")") + 2:].split()[19])
+        with open("/proc/stat", "rb") as handle:
+            btime = next(int(line.split()[1]) for line in handle if line.startswith(b"btime"))
+        return btime + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _write_pid_file(exit_file: str) -> None:
+    """Record who we are before the agent starts, so a daemon that died mid-dispatch (before it
+    could write our pid into the baton) can adopt us on restart instead of launching a twin."""
+    path = pid_file_for(exit_file)
+    data = json.dumps({"pid": os.getpid(), "create_time": _own_create_time()}) + "\n"
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, data.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        os.write(2, f"heartbeat shim: cannot write {path}: {exc.strerror}\n".encode(errors="replace"))
+
+
 def _swallow(signum: int, frame: object) -> None:
     """A handler, not SIG_IGN: handled signals reset to default in the child at exec."""
 
@@ -187,6 +224,7 @@ def main(args: list[str] | None = None) -> int:
         signal.signal(signum, _swallow)
     # A daemon thread may have had signals blocked: the mask is inherited, so clear it.
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    _write_pid_file(exit_file)
     pid = _spawn(argv)
     code, sig = _wait(pid)
     ended_at = time.time()
