@@ -255,8 +255,8 @@ class _Replay:
         resume = self.starts > 0
         self.starts += 1
         gap_from = self.gap_stalled or self.gap_ended
-        if gap_from is not None and self.gap_waited is not None and self.gap_waited > gap_from:
-            gap_from = self.gap_waited
+        if self.gap_waited is not None and (gap_from is None or self.gap_waited > gap_from):
+            gap_from = self.gap_waited  # ready again only from the wake / unblock / retry
         counted = self.within(e.ts)
         self.agent = _Agent(start=e, epoch=e.epoch, resume=resume, step_at_start=self.step,
                             done_at_start=frozenset(self.done), reach_at_start=self.reach(),
