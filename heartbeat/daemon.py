@@ -798,12 +798,12 @@ class Daemon:
             "coalesce": True, "max_instances": 1, "misfire_grace_time": None})
         self._scheduler.add_job(self._safe_tick, "interval", seconds=self.config.daemon.tick, id="tick",
                                 next_run_time=datetime.now().astimezone())
+        systemd.notify("READY=1", "STATUS=started")
         self._scheduler.start()
         interval = systemd.watchdog_interval()
         if interval is not None and interval / 2 < self.config.daemon.tick:
             self.log.warning("watchdog_shorter_than_tick", watchdog_s=interval, tick=self.config.daemon.tick,
                              hint="set WatchdogSec= to more than twice the tick")
-        systemd.notify("READY=1", "STATUS=started")
         while not self._stop.is_set():
             self._stop.wait(timeout=0.2)
             if self._reload.is_set():

@@ -116,7 +116,9 @@ stop_grace = "500ms"
         return self.proc.returncode
 
     def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "heartbeat", "--config", str(self.config), *args],
+        # --state-dir as well: writes must not depend on the config (a test may have broken it).
+        return subprocess.run([sys.executable, "-m", "heartbeat", "--config", str(self.config),
+                               "--state-dir", str(self.state), *args],
                               capture_output=True, text=True, env={**self.env(), **(env or {})}, timeout=60)
 
     def new(self, task_id: str, *extra: str, plan: int = 0, step: str = "start") -> None:

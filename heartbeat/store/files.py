@@ -63,9 +63,15 @@ def ensure_private_dir(path: str, *, what: str = "state dir") -> None:
             "group-writable" if mode & 0o020 else "world-writable")
         raise UnsafePath(f"{what} is {who} (mode {mode:04o}); fix it with: chmod go-w {path}", path=path)
     if st.st_uid not in (os.geteuid(), 0):
+        import pwd
+
+        try:
+            owner = pwd.getpwuid(st.st_uid).pw_name
+        except KeyError:
+            owner = str(st.st_uid)
         raise UnsafePath(
-            f"{what} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}); "
-            f"fix it with: chown {os.geteuid()} {path}",
+            f"{what} belongs to {owner}, not to this user (uid {os.geteuid()}): run heartbeat as its owner "
+            f"(e.g. sudo -u {owner} heartbeat ...), or if this user should own it: chown {os.geteuid()} {path}",
             path=path,
         )
 
