@@ -878,5 +878,5 @@ class TestRegistry:
     def test_bad_types_are_config_errors(self, type_name: str, message: str) -> None:
         """A type that names nothing, or names something that is not a launcher, is a ConfigError saying so."""
         with pytest.raises(ConfigError, match=message) as caught:
-            make_launcher(LauncherConfig(name="x", type=type_name))
-        assert "launchers.x.type" in str(caught.value)
+            make_launcher(LauncherConfig(name="x", type=type_name), path="/etc/hb.toml")
+        assert str(caught.value).startswith("/etc/hb.toml: launchers.x.type: ")

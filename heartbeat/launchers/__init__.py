@@ -120,17 +120,20 @@ def resolve(type_name: str) -> type[Launcher]:
     )
 
 
-def make_launcher(config: LauncherConfig) -> Launcher:
-    """A launcher for ``[launchers.NAME]``; raises :class:`ConfigError` for a bad type or options."""
+def make_launcher(config: LauncherConfig, *, path: str | None = None) -> Launcher:
+    """A launcher for ``[launchers.NAME]``; a bad type or bad options are a :class:`ConfigError`.
+
+    ``path`` (the config file) is named in the error, so ``check-config`` can report it.
+    """
     try:
         cls = resolve(config.type)
     except ConfigError as exc:
-        raise ConfigError(exc.message, field=f"launchers.{config.name}.type") from None
+        raise ConfigError(exc.message, path=path, field=f"launchers.{config.name}.type") from None
     try:
         launcher = cls(config)  # type: ignore[call-arg]
-    except ConfigError:
-        raise
+    except ConfigError as exc:
+        raise ConfigError(exc.message, path=path or exc.path, field=exc.field, line=exc.line) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"cannot set up launcher {config.name!r} (type {config.type!r}): {exc}",
-                          field=f"launchers.{config.name}") from None
+                          path=path, field=f"launchers.{config.name}") from None
     return launcher

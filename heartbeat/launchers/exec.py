@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from typing import IO, Any
 
 from heartbeat.baton import Owner
@@ -69,11 +70,15 @@ def _stdin_for(config: LauncherConfig, req: LaunchRequest) -> IO[bytes] | int:
 
 
 class ExecLauncher:
-    """Starts the agent as a child process of the daemon, in a new session (see the module doc)."""
+    """Starts the agent as a child process of the daemon, in a new session (see the module doc).
+
+    Safe to call from several threads (the daemon's tick and its watcher).
+    """
 
     def __init__(self, config: LauncherConfig) -> None:
         self.name = config.name
         self.config = config
+        self._lock = threading.Lock()
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._finished: dict[int, ExitStatus] = {}
 
@@ -102,8 +107,9 @@ class ExecLauncher:
             os.close(log_fd)
             if not isinstance(stdin, int):
                 stdin.close()
-        self._children[proc.pid] = proc
-        self._finished.pop(proc.pid, None)
+        with self._lock:
+            self._children[proc.pid] = proc
+            self._finished.pop(proc.pid, None)
         found = identify(proc.pid)
         return Owner(
             pid=proc.pid,
@@ -126,9 +132,10 @@ class ExecLauncher:
         if owner.pid is None:
             return None
         self.reap()
-        if owner.pid in self._children:
-            return None  # still running
-        finished = self._finished.get(owner.pid)
+        with self._lock:
+            if owner.pid in self._children:
+                return None  # still running
+            finished = self._finished.get(owner.pid)
         if finished is not None:
             # The shim wrote its record before exiting; a file may have appeared since we looked.
             return read_exit_file(exit_file) or finished
@@ -144,16 +151,17 @@ class ExecLauncher:
         return gone
 
     def reap(self) -> None:
-        for pid, proc in list(self._children.items()):
-            code = proc.poll()
-            if code is None:
-                continue
-            del self._children[pid]
-            # Exit status of the shim itself: its code mirrors the agent's; a negative code means
-            # the shim was killed (a SIGKILL to the group), so the agent died by that signal too.
-            self._finished[pid] = ExitStatus(
-                code=code if code >= 0 else None, signal=-code if code < 0 else None, ended_at=utcnow()
-            )
+        with self._lock:
+            for pid, proc in list(self._children.items()):
+                code = proc.poll()
+                if code is None:
+                    continue
+                del self._children[pid]
+                # The shim's own status: its code mirrors the agent's; a negative code means the
+                # shim was killed (a SIGKILL to the group), so the agent died by that signal too.
+                self._finished[pid] = ExitStatus(
+                    code=code if code >= 0 else None, signal=-code if code < 0 else None, ended_at=utcnow()
+                )
             while len(self._finished) > _KEEP_FINISHED:
                 del self._finished[next(iter(self._finished))]
 
