@@ -118,8 +118,6 @@ class _Agent:
     epoch: int
     resume: bool
     step_at_start: str
-    done_at_start: frozenset[str]
-    reach_at_start: int
     world_at_start: dict[str, str]
     gap_from: datetime | None
     counted: bool  # the start is inside the report window
@@ -141,9 +139,12 @@ class _Replay:
     incidents: list[dict[str, Any]] = field(default_factory=list)
     ttr: list[float] = field(default_factory=list)
     step: str = ""
-    done: list[str] = field(default_factory=list)
+    done: set[str] = field(default_factory=set)
     ever_current: set[str] = field(default_factory=set)
     skipped: set[str] = field(default_factory=set)
+    plan_pos: dict[str, int] = field(default_factory=dict)
+    reach: int = -1  # the furthest plan index that has been current or done
+    skip_from: int = 0  # plan steps before this index have been judged for skipping
     world: dict[str, str] = field(default_factory=dict)
     blocked: bool = False
     bypass_derived: bool = False  # this block's bypass was already counted from the events
@@ -165,13 +166,16 @@ class _Replay:
             self.counts[key] += 1
             self.incidents.append({"metric": key, "ts": ts.isoformat(), "epoch": epoch, "detail": detail})
 
-    def reach(self) -> int:
-        """The furthest plan index that has been current or done (-1 when none)."""
-        seen = self.ever_current | set(self.done)
-        return max((i for i, step in enumerate(self.plan) if step in seen), default=-1)
+    def __post_init__(self) -> None:
+        for i, step in enumerate(self.plan):
+            self.plan_pos.setdefault(step, i)
+
+    def visit(self, step: str) -> None:
+        """``step`` has been current or done: it moves how far along the plan the task got."""
+        self.reach = max(self.reach, self.plan_pos.get(step, -1))
 
     def passed(self, step: str, reach: int) -> bool:
-        return step in self.plan and self.plan.index(step) < reach
+        return step in self.plan_pos and self.plan_pos[step] < reach
 
     # -- the replay -------------------------------------------------------------------
 
@@ -184,6 +188,7 @@ class _Replay:
             self.created_at = e.ts
             self.step = str(data.get("step", ""))
             self.ever_current.add(self.step)
+            self.visit(self.step)
             self.blocked = data.get("status") == Status.BLOCKED.value
         if self.blocked and kind in _BLOCK_BREAKERS:
             self.count("bypassed_blocks", e.ts, e.epoch, f"{kind} while blocked, with no unblock")
@@ -259,7 +264,6 @@ class _Replay:
             gap_from = self.gap_waited  # ready again only from the wake / unblock / retry
         counted = self.within(e.ts)
         self.agent = _Agent(start=e, epoch=e.epoch, resume=resume, step_at_start=self.step,
-                            done_at_start=frozenset(self.done), reach_at_start=self.reach(),
                             world_at_start=dict(self.world), gap_from=gap_from, counted=counted)
         self.gap_stalled = self.gap_ended = self.gap_waited = None
         if counted:
@@ -310,12 +314,13 @@ class _Replay:
             added = [str(item) for item in data["done"]]
         if not step_changed and not added and e.kind != "done":
             return False
-        done_before = set(self.done)
-        reach_before = self.reach()
-        new_items = [item for item in added if item not in done_before]
-        self.done.extend(new_items)
         new_step = str(data.get("step", self.step)) if step_changed else self.step
-        back = step_changed and (new_step in done_before or self.passed(new_step, reach_before))
+        back = step_changed and (new_step in self.done or self.passed(new_step, self.reach))
+        was_done = new_step in self.done
+        new_items = [item for item in dict.fromkeys(added) if item not in self.done]
+        self.done.update(new_items)
+        for item in new_items:
+            self.visit(item)
         agent = self.agent
         if agent is not None and not agent.ended and agent.resume and e.epoch == agent.epoch \
                 and not agent.clean_judged:
@@ -326,17 +331,17 @@ class _Replay:
                 self.counts["clean_resumes"] += 1
         if step_changed:
             if back and self.resumed:
-                where = "recorded done" if new_step in done_before else "passed in the plan"
+                where = "recorded done" if was_done else "passed in the plan"
                 self.count("redone_steps", e.ts, e.epoch, f"back to {new_step!r}, already {where}")
-            if new_step in self.plan:
-                j = self.plan.index(new_step)
-                seen_done = set(self.done)
-                for step in self.plan[:j]:
-                    if step not in seen_done and step not in self.ever_current and step not in self.skipped:
-                        self.skipped.add(step)
-                        self.count("skipped_steps", e.ts, e.epoch, f"jumped past plan step {step!r} to {new_step!r}")
+            j = self.plan_pos.get(new_step, -1)
+            for step in self.plan[self.skip_from:max(j, self.skip_from)]:
+                if step not in self.done and step not in self.ever_current and step not in self.skipped:
+                    self.skipped.add(step)
+                    self.count("skipped_steps", e.ts, e.epoch, f"jumped past plan step {step!r} to {new_step!r}")
+            self.skip_from = max(self.skip_from, j)
             self.step = new_step
             self.ever_current.add(new_step)
+            self.visit(new_step)
         return True
 
     def finish(self, baton: Baton | None, now: datetime) -> None:
