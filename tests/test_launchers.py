@@ -276,8 +276,12 @@ def make_config(kind: str, kit_root: Path, *, mode: str = "wait:0", extra_env: d
 
 
 @pytest.fixture
-def make_kit(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Kit]]:
-    """Build a :class:`Kit` for a launcher kind; everything it launched is stopped afterwards."""
+def make_kit(tmp_path: Path, request: pytest.FixtureRequest,
+             monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Kit]]:
+    """Build a :class:`Kit` for a launcher kind; everything it launched is stopped afterwards.
+
+    Depends on ``monkeypatch`` so the fake systemd stays on PATH until the kits are torn down.
+    """
     kits: list[Kit] = []
 
     def build(kind: str, **config: Any) -> Kit:
@@ -297,6 +301,8 @@ def make_kit(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callabl
     for kit in kits:
         for owner in kit.owners:
             kit.launcher.stop(owner, grace=0)
+            if kit.kind != "null" and owner.pid is not None:  # whatever the launcher did, leave nothing behind
+                stop_process_group(owner.pid, owner.create_time, 0)
         kit.launcher.reap()
 
 
