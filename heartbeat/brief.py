@@ -292,8 +292,10 @@ def _state_lines(baton: Baton, max_attempts: int | None, now: datetime, epoch: i
         lines.append(f"- Previous attempt ended: {ended}")
     if meta.progress_at:
         lines.append(f"- Last progress: {format_duration(max(0.0, (now - meta.progress_at).total_seconds()))} ago")
-    lines.append(f"- Epoch: {meta.epoch} (write with HEARTBEAT_EPOCH={meta.epoch}), revision {meta.revision}, "
-                 f"{meta.dispatches} dispatch(es) so far")
+    line = f"- Epoch: {meta.epoch} (write with HEARTBEAT_EPOCH={meta.epoch}), revision {meta.revision}"
+    if meta.dispatches:
+        line += f"; the daemon has dispatched this task {meta.dispatches} time(s)"
+    lines.append(line)
     return lines
 
 

@@ -523,10 +523,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     command("status", cmd_status, "one row per task", task=False, json_=True)
     command("log", cmd_log, "the ledger's events for one task", json_=True)
     p = command("brief", cmd_brief, "what the next agent reads first: intent, constraints, state, context, pointers",
-                write=True, json_=True)
+                json_=True)
     p.add_argument("--budget", type=int, help="tokens (UTF-8 bytes / 4) the brief may use (default 4000)")
-    command("verify", cmd_verify, "does the baton still hold? 0 fresh, 3 stale, 4 not active, 5 superseded",
-            write=True, json_=True)
+    p.add_argument("--epoch", type=int, help="your epoch (else $HEARTBEAT_EPOCH): warned about when superseded")
+    p = command("verify", cmd_verify, "does the baton still hold? 0 fresh, 3 stale, 4 not active, 5 superseded",
+                json_=True)
+    p.add_argument("--epoch", type=int, help="your epoch (else $HEARTBEAT_EPOCH): exit 5 when superseded")
     p = command("report", cmd_report, "handoff quality from the ledger, per task and in total", task=False,
                 json_=True)
     p.add_argument("--since", help="count only what happened at or after this ISO 8601 time")
