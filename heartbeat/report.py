@@ -25,8 +25,10 @@
     no ``unblocked`` event in between: an agent started, the task was marked done,
     snoozed or woken while blocked, or the current baton is no longer blocked.
 ``stale_resumes``
-    resumes where the world (key file fingerprints) changed between the last write
-    before the gap and the successor's first write, or whose first ``verify`` said stale.
+    resumes whose first ``verify`` said stale, or, when the successor did not verify
+    before its first write, where the world (key file fingerprints) changed between the
+    last write before the gap and that first write. A first ``verify`` that said fresh
+    settles it: what the agent changes after checking is its own work.
 ``idle_resumes``
     resumes whose agent ended (``exited``, ``released``, the next start, or the task
     finishing) without moving the step or growing ``done``.
@@ -289,10 +291,14 @@ class _Replay:
         if agent is None or agent.ended or not agent.resume or agent.verified or e.epoch != agent.epoch:
             return
         agent.verified = True
-        if data.get("result") == "stale" and not agent.judged:
+        if agent.judged:
+            return
+        if data.get("result") == "stale":
             agent.judged = True
             changed = ", ".join(str(k) for k in data.get("changed") or [])
             self._count_for(agent, "stale_resumes", f"verify said stale ({changed})")
+        elif data.get("result") == "fresh":
+            agent.judged = True  # it checked before acting: what it changes afterwards is its own work
 
     def _judge_stale(self, agent: _Agent, e: Event) -> None:
         if agent.judged or not agent.resume:

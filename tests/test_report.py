@@ -237,6 +237,22 @@ class TestEachFailure:
         a2("verify", "t1", code=3)
         assert metrics_of(hb) == expect(dispatches=2, resumes=1, stale_resumes=1)
 
+    def test_verified_then_own_edits_is_not_stale(
+        self, hb: Callable[..., Result], agents: Callable[[str], Agent], tmp_path: Path
+    ) -> None:
+        """A successor that verifies fresh and then edits a key file itself is not a stale resume."""
+        (tmp_path / "work").mkdir()
+        (tmp_path / "work" / "config.yaml").write_text("retries: 1\n")
+        new(hb, tmp_path, "--key-file", "config.yaml")
+        a1 = agents("t1")
+        a1("set", "t1", "step=b")
+        a1.die()
+        a2 = agents("t1")
+        a2("verify", "t1")
+        (tmp_path / "work" / "config.yaml").write_text("retries: 3\n")  # its own work
+        a2("set", "t1", "step=c")
+        assert metrics_of(hb) == expect(dispatches=2, resumes=1, clean_resumes=1)
+
     def test_idle_resume(self, hb: Callable[..., Result], agents: Callable[[str], Agent], tmp_path: Path) -> None:
         """A successor that only touches and hands back, never moving the step, counts one idle resume."""
         new(hb, tmp_path)
