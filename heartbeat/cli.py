@@ -282,7 +282,9 @@ def cmd_log(args: argparse.Namespace) -> int:
         _print_json({"task": args.id, "events": [e.to_json() for e in events]})
         return 0
     for e in events:
-        data = " ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in e.data.items() if v not in ("", None, []))
+        shown = {k: (f"<{len(v)} fingerprints>" if k == "world" and isinstance(v, dict) else v)
+                 for k, v in e.data.items()}  # the hashes are in --json; one line stays readable
+        data = " ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in shown.items() if v not in ("", None, []))
         print(f"{e.ts.isoformat(timespec='seconds')}  {e.kind:<11} epoch={e.epoch} rev={e.revision} "
               f"by={e.actor or '-'}  {data}".rstrip())
     return 0
