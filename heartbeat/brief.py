@@ -6,7 +6,7 @@ Sections, in this order (DESIGN.md, "The brief"):
 2. the constraints, loudly;
 3. where things stand: task, status, step, next step, block and gate, attempt N of M
    and how the previous attempt ended (so a retry knows it is a retry);
-4. the minimum context: done, plan, decisions, rejected alternatives, unknowns;
+4. the minimum context: done (the last ten), plan, decisions, rejected alternatives, unknowns;
 5. pointers: each key file, marked when it changed since the baton was written, and
    the longer handoff document;
 6. how to keep the baton (the commands), for an agent that has never seen heartbeat.
@@ -30,9 +30,15 @@ from heartbeat.baton import Baton, Status
 from heartbeat.timeparse import format_duration, utcnow
 from heartbeat.world import world_changes
 
-__all__ = ["Brief", "render_brief", "estimate_tokens"]
+__all__ = ["RECENT_DONE", "Brief", "render_brief", "estimate_tokens"]
 
 _OMITTED_PREFIX = "_Left out to fit"
+
+RECENT_DONE = 10
+"""Done items the brief lists, the most recent; earlier ones are one line (the plan marks them too).
+
+A task three days in has hundreds; listing them all would push the decisions, the
+rejected alternatives and the pointers out of the budget, and those matter more."""
 
 
 def estimate_tokens(text: str) -> int:
@@ -144,8 +150,9 @@ def render_brief(
     for line in _state_lines(baton, max_attempts, now, epoch):
         add(line + "\n", "state", "where things stand")
 
+    earlier = max(0, len(baton.done) - RECENT_DONE)
     context = (
-        ("done", "Done", baton.done),
+        ("done", "Done" + (f" (the last {RECENT_DONE})" if earlier else ""), baton.done[earlier:]),
         ("plan", "Plan", _plan_items(baton)),
         ("decisions", "Decisions", baton.decisions),
         ("rejected", "Rejected alternatives (do not retry these)", baton.rejected),
@@ -157,6 +164,8 @@ def render_brief(
             if not items:
                 continue
             add(f"\n{title}:\n", "context")
+            if label == "done" and earlier:
+                add(f"- _({earlier} earlier step(s) done: `heartbeat show {task_id}`)_\n", "context", label)
             for item in items:
                 add(f"- {_one_line(item)}\n", "context", label)
 
@@ -185,7 +194,10 @@ def render_brief(
     for line in _howto_lines(task_id):
         add(line + "\n", "howto", "how to keep the baton")
 
-    return _fit(task_id, units, budget, warnings, changed)
+    brief = _fit(task_id, units, budget, warnings, changed)
+    if earlier:
+        brief.omitted.insert(0, f"done ({earlier} earlier items, summarized)")
+    return brief
 
 
 def _fit(task_id: str, units: list[_Unit], budget: int, warnings: list[str], changed: list[dict[str, str]]) -> Brief:

@@ -117,16 +117,27 @@ class TestBudget:
 
     def test_cut_comes_from_the_end(self) -> None:
         """What is kept is a prefix of the full brief: the end goes first, item by item."""
-        baton = full_baton(done=[f"step {i:03d} " + "x" * 80 for i in range(100)])
+        baton = full_baton(decisions=[f"decision {i:03d} " + "x" * 80 for i in range(100)])
         full = render_brief(baton, budget=100_000)
         brief = render_brief(baton, budget=1500)
         assert brief.tokens <= 1500
         kept = brief.text[:brief.text.index("\n_Left out")]
         assert full.text.startswith(kept)
         assert "## Pointers" not in brief.text and "## Keeping the baton" not in brief.text
-        done_cut = [o for o in brief.omitted if o.startswith("done (")]
-        assert done_cut and done_cut[0].endswith("of 100)")
-        assert "step 000" in brief.text and "step 099" not in brief.text
+        cut = [o for o in brief.omitted if o.startswith("decisions (")]
+        assert cut and cut[0].endswith("of 100)")
+        assert "decision 000" in brief.text and "decision 099" not in brief.text
+        assert brief.omitted[-2:] == ["handoff document", "how to keep the baton"]
+
+    def test_long_done_list_is_summarized_not_crowding_out_the_rest(self) -> None:
+        """Only the last ten done items are listed (one line says how many came before), so the decisions,
+        rejected alternatives and pointers of a long task still fit."""
+        baton = full_baton(done=[f"finished {i:03d} " + "x" * 100 for i in range(500)])
+        brief = render_brief(baton)
+        assert "finished 489" not in brief.text and "finished 490" in brief.text and "finished 499" in brief.text
+        assert "490 earlier step(s) done" in brief.text
+        assert brief.omitted == ["done (490 earlier items, summarized)"]
+        assert "tried a longer timeout" in brief.text and "## Pointers" in brief.text
 
     def test_budget_is_met_whenever_intent_and_constraints_fit(self) -> None:
         """For every budget from the required minimum upwards, the brief's estimate stays within it."""
