@@ -61,6 +61,11 @@ class _TaskMemory:
     stop_why: str = ""
     escalate_after_stop: bool = False
     last_reason: str = ""
+    quiet_entry: Entry | None = None
+    """The scanned entry whose decision was "nothing"; while the scan returns this very entry
+    (the file is unchanged) and ``quiet_until`` has not come, the task is not looked at again."""
+    quiet_until: datetime | None = None
+    quiet_status: str = ""
 
 
 class Daemon:
@@ -95,6 +100,7 @@ class Daemon:
         self._observer: Any = None
         self._watched_dirs: dict[str, Any] = {}
         self._scheduler: Any = None
+        self._block_seed: dict[str, Event] | None = None
         self.counts: dict[str, int] = {}
         self.ticks = 0
 
@@ -153,8 +159,15 @@ class Daemon:
             counts: dict[str, int] = {}
             gate_paths: dict[str, set[str]] = {}
             seen: set[str] = set()
+            if self.ticks == 0:
+                self._block_seed = self._load_block_seed()
             for entry in entries:
                 seen.add(entry.id)
+                mem = self._memory.get(entry.id)
+                if mem is not None and mem.quiet_entry is entry and mem.quiet_until is not None \
+                        and now < mem.quiet_until:
+                    counts[mem.quiet_status] = counts.get(mem.quiet_status, 0) + 1
+                    continue
                 try:
                     status, want = self._look(entry, now, statuses)
                 except Exception as exc:  # one task's trouble must not stop the others being served
@@ -174,6 +187,7 @@ class Daemon:
             counts["running"] = len(self._running)
             self.counts = counts
             self._gate_paths = gate_paths
+            self._block_seed = None
             self.ticks += 1
         self._update_gate_watches()
         systemd.notify("WATCHDOG=1", f"STATUS={systemd.status_line(counts)}")
@@ -221,6 +235,10 @@ class Daemon:
         for _ in range(4):  # settle / wake / unblock change the baton; then look again
             decision = self._decide(baton, mem, now, statuses)
             if decision.action in (pol.Action.NOTHING, pol.Action.WAIT_LAUNCH):
+                if baton is entry.baton and not mem.stopping:
+                    mem.quiet_entry = entry
+                    mem.quiet_until = pol.stands_until(baton, decision)
+                    mem.quiet_status = baton.meta.status.value
                 if decision.reason != mem.last_reason:
                     self.log.debug("decision", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
                                    action=decision.action.value, reason=decision.reason)
@@ -307,20 +325,32 @@ class Daemon:
             # Keyed on more than the revision: a hand edit can change the file and keep the revision.
             key = (meta.revision, meta.status.value, baton.blocked_on)
             if mem.block_checked != key:
+                if mem.block_checked is None and self._block_seed is not None:
+                    latest = self._block_seed.get(baton.id)
+                else:
+                    found = self.store.ledger.events(baton.id, kinds=_BLOCK_KINDS)
+                    latest = found[-1] if found else None
                 mem.block_checked = key
-                last = self.store.ledger.events(baton.id, kinds=_BLOCK_KINDS)
-                held = bool(last) and (last[-1].kind in ("blocked", "bypass") or (
-                    last[-1].kind == "created" and last[-1].data.get("status") == Status.BLOCKED.value))
+                held = latest is not None and (latest.kind in ("blocked", "bypass") or (
+                    latest.kind == "created" and latest.data.get("status") == Status.BLOCKED.value))
                 mem.block_dropped = held
-                mem.last_blocked = dict(last[-1].data) if held else {}
-                if held and last[-1].kind == "created":
-                    mem.last_blocked = {"on": last[-1].data.get("blocked_on", ""), "gate": last[-1].data.get("gate")}
+                mem.last_blocked = dict(latest.data) if held and latest is not None else {}
+                if held and latest is not None and latest.kind == "created":
+                    mem.last_blocked = {"on": latest.data.get("blocked_on", ""), "gate": latest.data.get("gate")}
             block_dropped = mem.block_dropped
         else:
             mem.block_checked = None
         spinning_reported = mem.spinning_reported_for is not None and mem.spinning_reported_for == meta.progress_at
         return pol.Observation(alive=alive, exit_code=exit_code, exit_signal=exit_signal, gate_open=gate_open,
                                block_dropped=block_dropped, spinning_reported=spinning_reported)
+
+    def _load_block_seed(self) -> dict[str, Event]:
+        """The latest block-related event of every task, in one query: the first pass over
+        thousands of batons must not ask the ledger once per task."""
+        latest: dict[str, Event] = {}
+        for event in self.store.ledger.events(kinds=_BLOCK_KINDS):
+            latest[event.task] = event
+        return latest
 
     def _launcher_for(self, owner: Owner) -> Any:
         return self.launchers.get(owner.launcher) if owner.launcher else None
@@ -768,6 +798,8 @@ class Daemon:
             old_tick = self.config.daemon.tick
             self.config = new
             self._build_launchers()
+            for mem in self._memory.values():
+                mem.quiet_entry = None  # decisions may differ under the new config
             self.gates.checks = dict(new.checks)
         if self._scheduler is not None and new.daemon.tick != old_tick:
             self._scheduler.reschedule_job("tick", trigger="interval", seconds=new.daemon.tick)

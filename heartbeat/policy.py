@@ -21,11 +21,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from enum import StrEnum
 
 from heartbeat.baton import Baton, GateKind, Status
-from heartbeat.timeparse import format_duration
+from heartbeat.errors import BadInput
+from heartbeat.timeparse import format_duration, parse_instant
 
 __all__ = [
     "Action",
@@ -38,6 +39,7 @@ __all__ = [
     "classify_exit",
     "backoff_delay",
     "admit",
+    "stands_until",
 ]
 
 
@@ -265,6 +267,31 @@ def _due(baton: Baton, now: datetime, policy: Policy) -> Decision:
     if meta.last_exit == 0:
         return Decision(Action.DISPATCH, "the previous agent ended without progress (idle resume)")
     return Decision(Action.DISPATCH, "no live agent holds the task")
+
+
+_FOREVER = datetime.max.replace(tzinfo=timezone.utc)
+
+
+def stands_until(baton: Baton, decision: Decision) -> datetime | None:
+    """Until when a "nothing" decision holds if the baton does not change: the daemon need not
+    look at the task again before then. None means "look every time" (it depends on a live
+    process, a file, another task or a check)."""
+    meta = baton.meta
+    if decision.action is not Action.NOTHING or meta.owner is not None:
+        return None
+    if meta.status in (Status.DONE, Status.FAILED, Status.ESCALATED, Status.PAUSED):
+        return _FOREVER
+    if meta.status is Status.BLOCKED:
+        gate = meta.gate
+        if gate is None or gate.kind is GateKind.HUMAN:
+            return _FOREVER
+        if gate.kind is GateKind.TIME:
+            try:
+                return parse_instant(gate.target)
+            except BadInput:
+                return None
+        return None
+    return decision.not_before
 
 
 @dataclass(frozen=True)

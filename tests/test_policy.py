@@ -18,6 +18,7 @@ from heartbeat.policy import (
     backoff_delay,
     classify_exit,
     decide,
+    stands_until,
 )
 from heartbeat.store.memory import MemoryStore
 
@@ -243,3 +244,31 @@ class TestLongTask:
             assert after.action is Action.DISPATCH, after.reason
         assert store.load("long").meta.dispatches == 50
         assert store.load("long").meta.attempt == 0
+
+
+class TestStandsUntil:
+    """A quiet task is not looked at again until its decision could change."""
+
+    def test_finished_and_human_blocked_stand_forever(self) -> None:
+        """Done, escalated and human-blocked tasks change only when their baton does."""
+        for b in (baton(Status.DONE), baton(Status.ESCALATED), baton(Status.BLOCKED, gate=Gate(GateKind.HUMAN))):
+            d = decide(b, DEAD, at(10), POLICY)
+            assert stands_until(b, d) is not None and stands_until(b, d) > at(10**9)
+
+    def test_snooze_and_backoff_stand_until_their_time(self) -> None:
+        """A snoozed task is due at its wake time; a backing-off task at the end of its backoff."""
+        snoozed = baton(Status.SNOOZED, snooze=1000)
+        assert stands_until(snoozed, decide(snoozed, DEAD, at(10), POLICY)) == at(1000)
+        backing = baton(attempt=2, last_exit=1, ended=100)
+        d = decide(backing, DEAD, at(110), POLICY)
+        assert stands_until(backing, d) == d.not_before and d.not_before > at(110)
+
+    def test_anything_with_a_process_or_a_gate_to_poll_is_looked_at_every_time(self) -> None:
+        """Live owners, file/check/task gates: the world can change without the baton changing."""
+        running = baton(owner=True, touched=500)
+        assert stands_until(running, decide(running, ALIVE, at(600), POLICY)) is None
+        for gate in (Gate(GateKind.FILE, "/x"), Gate(GateKind.CHECK, "ci"), Gate(GateKind.TASK, "o")):
+            b = baton(Status.BLOCKED, gate=gate)
+            assert stands_until(b, decide(b, DEAD, at(10), POLICY)) is None
+        timed = baton(Status.BLOCKED, gate=Gate(GateKind.TIME, at(500).isoformat()))
+        assert stands_until(timed, decide(timed, DEAD, at(10), POLICY)) == at(500)
