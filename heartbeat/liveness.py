@@ -13,7 +13,7 @@ from collections.abc import Callable
 from heartbeat.baton import Owner
 from heartbeat.launchers.shim import group_members
 
-__all__ = ["identify", "is_alive", "this_host", "group_members", "stop_process_group"]
+__all__ = ["identify", "is_alive", "this_host", "group_members", "group_leftovers", "stop_process_group"]
 
 _CREATE_TIME_SLACK = 0.05  # psutil's create_time is derived from jiffies: allow rounding
 
@@ -86,6 +86,19 @@ def _orphans(pgid: int, create_time: float | None) -> list[int]:
         except (psutil.Error, ValueError):
             continue
     return found
+
+
+def group_leftovers(pgid: int, create_time: float | None) -> list[int]:
+    """Pids still in the group of a leader (started at ``create_time``) that is gone.
+
+    An agent whose shim was killed on its own lives on in the shim's group: it still holds
+    its task, and a successor must not start until it is gone. Empty when the leader runs,
+    or when its pid belongs to another process now (then its group is gone: the kernel
+    does not reuse a pid that still names a process group).
+    """
+    if identify(pgid) is not None:
+        return []
+    return _orphans(pgid, create_time)
 
 
 def _signal(targets: Callable[[], list[int]], pgid: int | None, signum: int) -> None:

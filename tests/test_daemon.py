@@ -296,3 +296,61 @@ timeout = "5s"
             h.wait(lambda: len(h.events("doomed", "dispatched")) == 3, "dispatch after retry")
         finally:
             h.close()
+
+
+def agent_children(pid: int) -> list[int]:
+    """The shim's children (the agent it runs), from the process table."""
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children()]
+    except psutil.Error:
+        return []
+
+
+class TestOrphanedAgents:
+    """Found by the soak: an agent whose shim alone was killed still holds its task."""
+
+    def test_shim_killed_alone_gets_no_twin_while_its_agent_lives(self, tmp_path: Path) -> None:
+        """SIGKILL only the shim: the orphaned agent finishes the task as the only agent; no epoch 2."""
+        tmp_path.chmod(0o700)
+        h = DaemonHarness(tmp_path, agent=[*TOY, "--step-time", "0.25"])
+        try:
+            h.start()
+            h.new("orphan", plan=8)
+            shim = h.wait(lambda: owner_pid(h, "orphan"), "the dispatch")
+            h.wait(lambda: agent_children(shim), "the agent under its shim")
+            h.wait(lambda: len(h.baton("orphan").done) >= 1, "the agent at work")
+            os.kill(shim, signal.SIGKILL)
+
+            def finished() -> bool:
+                at_most_one_agent_each(h)
+                return h.baton("orphan").meta.status.value == "done"
+
+            h.wait(finished, "the orphaned agent to finish the task", timeout=30, interval=0.01)
+            assert [e.epoch for e in h.events("orphan", "dispatched")] == [1]
+            h.wait(lambda: h.baton("orphan").meta.owner is None, "the orphan's exit to be settled")
+        finally:
+            h.close()
+
+    def test_hung_orphan_is_stopped_before_its_successor(self, tmp_path: Path) -> None:
+        """A hung agent whose shim was killed is stopped through its group, then replaced, never overlapping."""
+        tmp_path.chmod(0o700)
+        h = DaemonHarness(tmp_path, stall_after="1s", extra=LAUNCHERS)
+        try:
+            h.start()
+            h.new("stuck", "--launcher", "hang")
+            shim = h.wait(lambda: owner_pid(h, "stuck"), "the dispatch")
+            orphan = h.wait(lambda: agent_children(shim), "the agent under its shim")[0]
+            os.kill(shim, signal.SIGKILL)
+
+            def replaced() -> bool:
+                at_most_one_agent_each(h)
+                b = h.baton("stuck")
+                return b.meta.epoch >= 2 and b.meta.owner is not None and b.meta.owner.pid not in (None, shim)
+
+            h.wait(replaced, "a successor", timeout=20, interval=0.01)
+            assert not any(orphan in groups or shim in groups for groups in h.live_agents("stuck").values())
+            assert h.events("stuck", "stopped")[0].data["why"] == "hung"
+        finally:
+            h.close()

@@ -31,7 +31,7 @@ from heartbeat.launchers.base import (
     read_exit_file,
     resolve_cwd,
 )
-from heartbeat.liveness import identify, is_alive, stop_process_group, this_host
+from heartbeat.liveness import group_leftovers, identify, is_alive, stop_process_group, this_host
 from heartbeat.timeparse import utcnow
 
 __all__ = ["ExecLauncher", "shim_command"]
@@ -123,7 +123,13 @@ class ExecLauncher:
 
     def alive(self, owner: Owner) -> bool:
         self.reap()
-        return is_alive(owner)
+        if is_alive(owner):
+            return True
+        # The shim may have been killed on its own (kill -9 of one pid, the OOM killer): the
+        # agent it ran lives on, orphaned, in its group and still holds the task.
+        if owner.pid is None or (owner.host and owner.host != this_host()):
+            return False
+        return bool(group_leftovers(owner.pid, owner.create_time))
 
     def exit_status(self, owner: Owner, exit_file: str) -> ExitStatus | None:
         recorded = read_exit_file(exit_file)
