@@ -329,5 +329,7 @@ def _howto_lines(task_id: str) -> list[str]:
         f"decisions/rejected/unknowns/constraints the same way",
         f"- Still working, same step: `heartbeat touch {task_id}`",
         f"- Stuck on something outside your control: `heartbeat block {task_id} --on \"...\"`",
+        f"- Ending your shift (context full, turn over): record the step and next_step, then exit 0; "
+        f"to resume later instead: `heartbeat snooze {task_id} --for 30m`",
         f"- All finished: `heartbeat done {task_id} --note \"...\"`",
     ]
