@@ -35,7 +35,7 @@ from heartbeat import policy as pol
 from heartbeat import systemd, tasks
 from heartbeat.baton import Baton, Gate, GateKind, Owner, Status
 from heartbeat.config import Config, LauncherConfig, expand_argv, load_config
-from heartbeat.errors import Conflict, HeartbeatError, NotActive, NotFound
+from heartbeat.errors import Conflict, HeartbeatError, InvalidBaton, NotActive, NotFound, UnsafePath
 from heartbeat.gates import GateEvaluator
 from heartbeat.ledger import Event
 from heartbeat.liveness import this_host
@@ -253,8 +253,9 @@ class Daemon:
                 return baton.meta.status.value, (baton.id, launcher, since, decision)
             try:
                 new = self._act(baton, decision, mem, now)
-            except (Conflict, NotFound, NotActive) as exc:
-                # Someone wrote the baton between our look and our act: look again next time.
+            except (Conflict, NotFound, NotActive, InvalidBaton, UnsafePath) as exc:
+                # Someone wrote the baton (or broke it: the next look reports it invalid)
+                # between our look and our act: look again next time.
                 self.log.info("raced", task=baton.id, action=decision.action.value, reason=str(exc))
                 break
             if new is None:
@@ -451,6 +452,8 @@ class Daemon:
         mem.stop_reason = ""
         mem.stop_why = ""
         mem.escalate_after_stop = False
+        # The stop's intent (why, escalate after) is forgotten only once the exit is recorded: a
+        # settle refused by a racing write must not turn a spinning agent's escalation into a retry.
         with self.store.edit(baton.id, expect_revision=meta.revision, actor="daemon", now=now) as ed:
             m = ed.baton.meta
             m.owner = None
@@ -474,6 +477,9 @@ class Daemon:
                 ed.event("blocked", on=ed.baton.blocked_on, gate="human")
             if kind is not pol.ExitKind.FINISHED and m.status is Status.ACTIVE:
                 ed.event("stalled", why=stop_why or d.stalled_why or "exited")
+        mem.stop_reason = ""
+        mem.stop_why = ""
+        mem.escalate_after_stop = False
         self._running.pop(baton.id, None)
         self.log.info("exited", task=baton.id, epoch=meta.epoch, attempt=meta.attempt, kind=kind.value,
                       code=obs_code, signal=obs_signal, reason=reason)
@@ -639,6 +645,8 @@ class Daemon:
         log_dir = self._log_dir(task_id)
         os.makedirs(log_dir, mode=0o700, exist_ok=True)
         brief = render_brief(pending, max_attempts=self.config.daemon.max_attempts, now=now)
+        for warning in brief.warnings:
+            self.log.warning("brief_warning", task=task_id, epoch=epoch, warning=warning)
         brief_file = os.path.join(log_dir, f"{epoch}.brief.md")
         _write_private(brief_file, brief.text)
         request = LaunchRequest(
@@ -666,11 +674,10 @@ class Daemon:
                 ed.baton.meta.owner = owner
                 if ed.baton.meta.touched_at is not None and ed.old.meta.touched_at == ed.old.meta.dispatched_at:
                     ed.baton.meta.dispatched_at = ed.now  # "never wrote since dispatch" counts from here
+                ed.event("launched", pid=owner.pid, unit=owner.unit)
         except HeartbeatError as exc:
             self.log.error("dispatch_unrecorded", task=task_id, epoch=epoch, error=str(exc))
         self._running[task_id] = launcher_name
-        self._record(Event(task=task_id, kind="launched", ts=utcnow(), epoch=epoch, actor="daemon",
-                           data={"pid": owner.pid, "unit": owner.unit}))
         self.log.info("dispatched", task=task_id, epoch=epoch, attempt=pending.meta.attempt,
                       reason=decision.reason, launcher=launcher_name, pid=owner.pid, unit=owner.unit)
 
