@@ -449,9 +449,6 @@ class Daemon:
         stop_why = mem.stop_why
         stop_reason = mem.stop_reason
         mem.stopping = False
-        mem.stop_reason = ""
-        mem.stop_why = ""
-        mem.escalate_after_stop = False
         # The stop's intent (why, escalate after) is forgotten only once the exit is recorded: a
         # settle refused by a racing write must not turn a spinning agent's escalation into a retry.
         with self.store.edit(baton.id, expect_revision=meta.revision, actor="daemon", now=now) as ed:

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from daemon_harness import TOY, DaemonHarness, toml_list
@@ -354,3 +355,108 @@ class TestOrphanedAgents:
             assert h.events("stuck", "stopped")[0].data["why"] == "hung"
         finally:
             h.close()
+
+
+class _RacingStore:
+    """A file store in which someone else writes the baton just before the daemon's next guarded edit.
+
+    ``race`` is "garbage" (a human writes junk over the baton) or "touch" (an agent touches
+    it, moving the revision on); it fires once, on the next daemon edit that names an
+    expected revision (settle, wake, escalate, dispatch phase 1).
+    """
+
+    def __new__(cls, state_dir: str) -> Any:
+        from heartbeat.store.files import FileStore
+
+        class Racing(FileStore):
+            race = ""
+            garbage = b"\x00\xff not a baton ["
+
+            def edit(self, task_id: str, **kwargs: Any) -> Any:
+                if self.race and kwargs.get("actor") == "daemon" and kwargs.get("expect_revision") is not None:
+                    race, self.race = self.race, ""
+                    if race == "garbage":
+                        Path(self.path_of(task_id)).write_bytes(self.garbage)
+                    else:
+                        with FileStore.edit(self, task_id, actor="agent", touch=True):
+                            pass
+                return FileStore.edit(self, task_id, **kwargs)
+
+        return Racing(state_dir)
+
+
+def in_process_daemon(tmp_path: Path, launcher: str, **daemon: str) -> Any:
+    from heartbeat.config import parse_config
+    from heartbeat.daemon import Daemon
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700, exist_ok=True)
+    settings = "\n".join(f'{k} = "{v}"' for k, v in daemon.items())
+    config = parse_config(f"""
+[daemon]
+state_dir = {json.dumps(str(state))}
+default_launcher = "agent"
+{settings}
+[launchers.agent]
+type = "null"
+{launcher}
+""", path=str(tmp_path / "heartbeat.toml"))
+    return Daemon(config, store=_RacingStore(str(state)))
+
+
+class TestRacesBetweenLookAndAct:
+    """Found by the soak: a baton written or broken between the daemon's look and its act."""
+
+    def test_baton_turned_to_garbage_before_settle_is_a_race_not_a_task_failure(self, tmp_path: Path) -> None:
+        """Garbage written after the scan and before the settle: logged as a race, left byte-identical, reported."""
+        from heartbeat import tasks
+        from heartbeat.logging import capture
+
+        tmp_path.chmod(0o700)
+        d = in_process_daemon(tmp_path, 'runtime = "0s"')
+        try:
+            tasks.new_task(d.store, "g", task="t", step="s")
+            d.tick()
+            assert d.store.load("g").meta.owner is not None
+            original = Path(d.store.path_of("g")).read_bytes()
+            d.store.race = "garbage"
+            with capture() as logged:
+                d.tick()
+            assert [e["event"] for e in logged if e["event"] in ("task_failed", "raced")] == ["raced"]
+            assert Path(d.store.path_of("g")).read_bytes() == d.store.garbage
+            d.tick()
+            assert [e.kind for e in d.store.ledger.events("g", kinds=["invalid"])] == ["invalid"]
+            assert Path(d.store.path_of("g")).read_bytes() == d.store.garbage
+            Path(d.store.path_of("g")).write_bytes(original)
+            d.tick()
+            assert d.store.ledger.events("g", kinds=["exited"])
+        finally:
+            d.shutdown()
+
+    def test_spinning_agent_still_escalates_when_a_write_races_its_settle(self, tmp_path: Path) -> None:
+        """A spinning agent is stopped to be escalated; a write racing the settle must not turn that into a retry."""
+        from datetime import timedelta
+
+        from conftest import wait_for
+
+        from heartbeat import tasks
+        from heartbeat.timeparse import utcnow
+
+        tmp_path.chmod(0o700)
+        d = in_process_daemon(tmp_path, "", stall_after="1h", progress_after="1s")
+        try:
+            tasks.new_task(d.store, "spin", task="t", step="s")
+            now = utcnow()
+            d.tick(now)
+            assert d.store.load("spin").meta.epoch == 1
+            later = now + timedelta(seconds=30)
+            d.tick(later)  # spinning: the stop starts in the background
+            wait_for(lambda: d.launchers["agent"].stops and not d._memory["spin"].stopping, message="the stop")
+            d.store.race = "touch"
+            d.tick(later)  # the settle is refused: someone wrote the baton meanwhile
+            d.tick(later)
+            b = d.store.load("spin")
+            assert b.meta.status.value == "escalated", b.meta
+            assert [e.epoch for e in d.store.ledger.events("spin", kinds=["dispatched"])] == [1]
+        finally:
+            d.shutdown()
