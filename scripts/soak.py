@@ -1,0 +1,899 @@
+#!/usr/bin/env python3
+"""The chaos soak: a real daemon, hundreds of misbehaving agents, faults at random, and an
+independent checker asserting the invariants all along.
+
+    .venv/bin/python scripts/soak.py --short                  # CI: ~60 tasks, ~45 s of chaos
+    .venv/bin/python scripts/soak.py --long                   # 300 tasks, 30 min of chaos
+    .venv/bin/python scripts/soak.py --tasks 100 --duration 120 --seed 7 --tick 200ms \\
+        [--state DIR] [--keep] [--json FILE]
+
+A real ``heartbeat run`` (short tick) serves tasks whose agents (``scripts/chaos_agent.py``)
+work, touch, block, finish, crash, hang, spin, snooze, leave processes behind, escape
+into a new session and keep writing, and exit with the launcher's non-retryable code, at
+random. Meanwhile the soak:
+
+- SIGKILLs agents (the whole process group; sometimes only the shim, or only the agent);
+- SIGKILLs the daemon and restarts it, and sometimes stops it cleanly (SIGTERM);
+- sends SIGHUP with a good config (a changed tick) and with a broken one (then repairs it
+  and sends SIGHUP again);
+- hand-edits batons: drops blocks, adds keys heartbeat does not know, writes garbage over
+  them (binary junk, a torn half, a wrong type) and later puts the original back;
+- opens file gates, unblocks human gates through the CLI, re-arms escalated tasks;
+- writes with a superseded epoch through the CLI (must be refused, exit 5).
+
+Then it stops the chaos (agents turn calm, every file gate opens), lets the daemon drain,
+and checks the end state. The checker (``tests/soak_checker.py``) samples the process
+table every 50 ms and the batons every 200 ms, and reads the ledger with sqlite3 at the
+end; see its docstring for the invariants. Prints a summary; exit 0 when no invariant was
+violated, 1 otherwise (the state dir is then kept for inspection).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tomllib
+import traceback
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from soak_checker import (  # noqa: E402  (tests/ is not a package)
+    Checker,
+    check_blocks,
+    check_dispatch_epochs,
+    check_fencing,
+    check_group_starts,
+    check_notify,
+    read_ledger,
+)
+
+__all__ = ["main", "PRESETS"]
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "short": {"tasks": 60, "duration": 45.0, "drain": 25.0, "max_concurrent": 10},
+    "long": {"tasks": 300, "duration": 1800.0, "drain": 120.0, "max_concurrent": 16},
+}
+"""``--short`` is sized for CI (about 80 s in all); ``--long`` is the one the README reports."""
+
+NON_RETRYABLE = 75
+NOTIFIER = "file"
+DAEMON_ERRORS = {"tick_failed", "task_failed", "evaluate_failed", "stop_failed", "dispatch_unrecorded",
+                 "ledger_write_failed", "launch_failed"}
+"""Daemon log events that mean something went wrong inside it (each one is a violation)."""
+
+# Seconds between faults of each kind: uniform in (low, high).
+FAULTS: dict[str, tuple[float, float]] = {
+    "daemon_kill": (2.5, 7.0),
+    "daemon_term": (12.0, 25.0),
+    "hup_good": (4.0, 9.0),
+    "hup_broken": (7.0, 14.0),
+    "agent_kill": (0.3, 1.2),
+    "shim_kill": (3.0, 7.0),
+    "agent_only_kill": (2.0, 5.0),
+    "drop_block": (1.0, 2.5),
+    "benign_edit": (1.0, 2.5),
+    "garbage": (2.0, 5.0),
+    "stale_write": (1.5, 3.5),
+    "new_task": (3.0, 6.0),
+}
+
+
+def parse_seconds(text: str) -> float:
+    from heartbeat.timeparse import parse_duration
+
+    return float(parse_duration(text))
+
+
+def clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HEARTBEAT_", "SOAK_"))}
+    env.pop("NOTIFY_SOCKET", None)
+    return env
+
+
+class Soak:
+    """One soak run: its directory, config, daemon, chaos, checker and figures."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        if args.state:
+            self.root = Path(args.state).resolve()
+            self.root.mkdir(parents=True, exist_ok=True)
+        else:
+            self.root = Path(tempfile.mkdtemp(prefix="heartbeat-soak-"))
+        os.chmod(self.root, 0o700)
+        self.state = self.root / "state"
+        self.state.mkdir(mode=0o700, exist_ok=True)
+        for sub in ("gates", "writes", "work"):
+            (self.root / sub).mkdir(exist_ok=True)
+        self.config_path = self.root / "heartbeat.toml"
+        self.log_path = self.root / "daemon.log"
+        self.notify_path = self.root / "notified.tsv"
+        self.notify_path.touch()
+        self.env = clean_env()
+        self.tick = args.tick
+        self.counts: Counter[str] = Counter()
+        self.daemon: subprocess.Popen[bytes] | None = None
+        self.daemon_intervals: list[list[float]] = []
+        self.restart_at: float | None = None
+        self.config_broken = False
+        self.hup_expect: list[tuple[int, str, float]] = []
+        self._log_offset = 0
+        self._log_partial = b""
+        self.log_events: list[dict[str, Any]] = []
+        self.checker = Checker(str(self.state))
+        self.tasks: list[str] = []
+        self.gate_plans: dict[str, float | None] = {}
+        self.unblock_plans: dict[tuple[str, str], float | None] = {}
+        self.retry_plans: dict[tuple[str, int], float | None] = {}
+        self.garbage_restore: dict[str, float] = {}
+        self.stale_markers: list[tuple[str, str, int]] = []
+        self.next_fault = {name: time.monotonic() + self.rng.uniform(*span) for name, span in FAULTS.items()}
+        self.stop_sampling = threading.Event()
+        self.sampler_errors: list[str] = []
+        self.calm = False
+        self._task_seq = 0
+        self._edit_seq = 0
+
+    # -- config and daemon -------------------------------------------------------------
+
+    def config_text(self, *, broken: bool = False) -> str:
+        if broken:
+            return self.rng.choice([
+                "[daemon\nthis is not toml",
+                f'[daemon]\nstate_dir = "{self.state}"\ntick = "soon"\n',
+                f'[daemon]\nstate_dir = "{self.state}"\n[launchers.chaos]\ntype = "exec"\ncommand = []\n',
+            ])
+        agent = [sys.executable, str(ROOT / "scripts" / "chaos_agent.py"), "--root", str(self.root),
+                 "--seed", str(self.args.seed), "--step-time", "0.08"]
+        # A notifier takes a while (a pager, a mail): the daemon may be killed while it runs.
+        notify = ["/bin/sh", "-c", 'sleep 0.3; printf "%s\\t%s\\n" "$1" "$2" >> "$3"', "notify", "{id}", "{reason}",
+                  str(self.notify_path)]
+        return f"""\
+[daemon]
+state_dir = {json.dumps(str(self.state))}
+tick = "{self.tick}"
+stall_after = "2s"
+progress_after = "3s"
+max_attempts = 3
+max_idle_resumes = 3
+backoff_initial = "200ms"
+backoff_max = "2s"
+max_concurrent = {self.args.max_concurrent}
+dispatches_per_minute = 5000
+default_launcher = "chaos"
+log_format = "json"
+log_level = "info"
+
+[launchers.chaos]
+type = "exec"
+command = {json.dumps(agent)}
+stop_grace = "300ms"
+max_runtime = "5s"
+non_retryable_exit_codes = [{NON_RETRYABLE}]
+
+[notify.{NOTIFIER}]
+command = {json.dumps(notify)}
+timeout = "5s"
+"""
+
+    def write_config(self, *, broken: bool = False) -> None:
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text(self.config_text(broken=broken))
+        os.replace(tmp, self.config_path)
+        self.config_broken = broken
+
+    def daemon_alive(self) -> bool:
+        return self.daemon is not None and self.daemon.poll() is None
+
+    def start_daemon(self) -> None:
+        if self.config_broken:
+            self.write_config()
+        with open(self.log_path, "ab") as log:
+            self.daemon = subprocess.Popen([sys.executable, "-m", "heartbeat", "--config", str(self.config_path), "run"],
+                                           stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(self.root))
+        pid = self.daemon.pid
+        deadline = time.monotonic() + 30
+        while not any(e.get("event") == "started" and e.get("pid") == pid for e in self.read_log()[-50:]):
+            if self.daemon.poll() is not None:
+                raise RuntimeError(f"the daemon exited {self.daemon.returncode} at start; see {self.log_path}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the daemon did not start within 30 s; see {self.log_path}")
+            time.sleep(0.02)
+        self.daemon_intervals.append([time.time(), float("inf")])
+        self.counts["daemon_starts"] += 1
+        self.restart_at = None
+
+    def stop_daemon(self, sig: int) -> None:
+        if not self.daemon_alive():
+            return
+        assert self.daemon is not None
+        self.daemon.send_signal(sig)
+        try:
+            self.daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.checker.violate("daemon", "", "the daemon did not stop within 30 s of SIGTERM")
+            self.daemon.kill()
+            self.daemon.wait()
+        self.daemon_intervals[-1][1] = time.time()
+        self.read_log()
+        self.hup_expect = []
+
+    def read_log(self) -> list[dict[str, Any]]:
+        """New daemon log lines, parsed; daemon errors and SIGHUP answers are checked here."""
+        try:
+            with open(self.log_path, "rb") as handle:
+                handle.seek(self._log_offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return self.log_events
+        self._log_offset += len(data)
+        data = self._log_partial + data
+        lines = data.split(b"\n")
+        self._log_partial = lines.pop()
+        for raw in lines:
+            if not raw.strip():
+                continue
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                text = raw.decode(errors="replace")
+                if "Traceback" in text or "Error" in text:
+                    self.checker.violate("daemon", "", f"non-JSON output from the daemon: {text[:300]}")
+                continue
+            name = event.get("event")
+            if name in DAEMON_ERRORS:
+                self.checker.violate("daemon", str(event.get("task", "")),
+                                     f"the daemon logged {name}: {json.dumps(event)[:600]}")
+            if name in ("started", "reloaded", "reload_failed", "stopped"):
+                self.log_events.append(event)
+            if name == "invalid_baton":
+                self.counts["invalid_logged"] += 1
+        return self.log_events
+
+    def check_hups(self, final: bool = False) -> None:
+        """Every SIGHUP is answered: ``reloaded`` for a good config, ``reload_failed`` for a broken one."""
+        remaining = []
+        for index, expected, sent in self.hup_expect:
+            answers = [e.get("event") for e in self.log_events[index:] if e.get("event") in ("reloaded", "reload_failed")]
+            if answers:
+                self.counts["sighups_answered"] += 1
+                if answers[0] != expected:
+                    self.checker.violate("daemon", "", f"a SIGHUP expecting {expected} was answered {answers[0]}")
+            elif final or time.time() - sent > 10:
+                self.checker.violate("daemon", "", f"a SIGHUP sent {time.time() - sent:.1f}s ago was never answered "
+                                                   f"(expected {expected})")
+            else:
+                remaining.append((index, expected, sent))
+        self.hup_expect = remaining
+
+    def hup(self, *, broken: bool) -> bool:
+        """Write the config and send SIGHUP; one at a time (two close together would merge into one reload)."""
+        self.read_log()
+        self.check_hups()
+        if not self.daemon_alive() or self.hup_expect:
+            return False
+        assert self.daemon is not None
+        self.write_config(broken=broken)
+        self.hup_expect.append((len(self.log_events), "reload_failed" if broken else "reloaded", time.time()))
+        self.daemon.send_signal(signal.SIGHUP)
+        self.counts["sighup_broken" if broken else "sighup_good"] += 1
+        return True
+
+    # -- tasks -------------------------------------------------------------------------
+
+    def create_task(self, store: Any) -> str:
+        from heartbeat import tasks
+        from heartbeat.baton import Gate
+
+        self._task_seq += 1
+        task_id = f"t{self._task_seq:04d}"
+        steps = [f"step {i + 1}" for i in range(self.rng.randint(3, 8))]
+        blocked_on, gate = "", None
+        roll = self.rng.random()
+        if roll < 0.08:
+            blocked_on = "the soak's file gate at creation"
+            gate = Gate.parse(f"file:{self.root / 'gates' / f'{task_id}.created'}")
+        elif roll < 0.12:
+            blocked_on = "a human, at creation"
+            gate = Gate.parse("human")
+        tasks.new_task(store, task_id, task=f"soak task {task_id}", step="start", intent="survive the soak",
+                       workdir=str(self.root / "work"), plan=steps, blocked_on=blocked_on, gate=gate, actor="soak")
+        self.tasks.append(task_id)
+        self.checker.known_tasks.add(task_id)
+        return task_id
+
+    # -- the samplers --------------------------------------------------------------------
+
+    def _sampler(self, what: str, interval: float) -> None:
+        fn = self.checker.sample_processes if what == "processes" else self.checker.sample_batons
+        while not self.stop_sampling.is_set():
+            try:
+                fn()
+            except Exception:
+                self.sampler_errors.append(traceback.format_exc())
+                print(f"soak: the {what} sampler failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            self.stop_sampling.wait(interval)
+
+    # -- faults ----------------------------------------------------------------------------
+
+    def live_groups(self) -> list[Any]:
+        return [g for groups in list(self.checker.live.values()) for g in groups]
+
+    def fault(self, name: str) -> None:
+        rng = self.rng
+        if name == "daemon_kill" and self.daemon_alive():
+            self.stop_daemon(signal.SIGKILL)
+            self.counts["daemon_sigkills"] += 1
+            self.restart_at = time.monotonic() + rng.uniform(0.0, 1.5)
+        elif name == "daemon_term" and self.daemon_alive():
+            self.stop_daemon(signal.SIGTERM)
+            self.counts["daemon_sigterms"] += 1
+            self.restart_at = time.monotonic() + rng.uniform(0.0, 1.0)
+        elif name == "hup_good":
+            self.tick = rng.choice(["150ms", "200ms", "300ms"])
+            self.hup(broken=False)
+        elif name == "hup_broken" and not self.config_broken:
+            if self.hup(broken=True):
+                self.next_fault["hup_repair"] = time.monotonic() + rng.uniform(0.3, 1.5)
+        elif name == "hup_repair":
+            if not self.config_broken:
+                del self.next_fault["hup_repair"]
+            elif not self.daemon_alive():
+                self.write_config()  # it will start with the good one
+                del self.next_fault["hup_repair"]
+            elif self.hup(broken=False):
+                del self.next_fault["hup_repair"]
+            else:
+                self.next_fault["hup_repair"] = time.monotonic() + 0.2  # the broken one is not answered yet
+        elif name in ("agent_kill", "shim_kill", "agent_only_kill"):
+            self.kill_agent(name)
+        elif name == "drop_block":
+            self.drop_block()
+        elif name == "benign_edit":
+            self.benign_edit()
+        elif name == "garbage":
+            self.write_garbage()
+        elif name == "stale_write":
+            self.stale_write()
+        elif name == "new_task":
+            from heartbeat.store.files import FileStore
+
+            store = FileStore(str(self.state))
+            try:
+                self.create_task(store)
+                self.counts["tasks_added_midway"] += 1
+            finally:
+                store.close()
+
+    def kill_agent(self, how: str) -> None:
+        groups = self.live_groups()
+        if not groups:
+            return
+        g = self.rng.choice(groups)
+        try:
+            if how == "agent_kill":
+                os.killpg(g.pgid, signal.SIGKILL)
+            elif how == "shim_kill":
+                os.kill(g.pgid, signal.SIGKILL)  # the shim leads the group: the agent is orphaned
+            else:
+                others = sorted(p for p in g.pids if p != g.pgid)
+                if not others:
+                    return
+                os.kill(others[-1], signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return
+        self.counts[how + "s"] += 1
+
+    def pick_task(self, predicate: Any) -> str | None:
+        candidates = [t for t, doc in list(self.checker.latest.items())
+                      if t not in self.checker.garbage and predicate(doc)]
+        return self.rng.choice(candidates) if candidates else None
+
+    def drop_block(self) -> None:
+        task = self.pick_task(lambda d: d.get("meta", {}).get("status") == "blocked")
+        if task is None:
+            return
+
+        def change(data: bytes) -> bytes | None:
+            doc = tomllib.loads(data.decode())
+            meta = doc["meta"]
+            if meta.get("status") != "blocked":
+                return None
+            meta["status"] = "active"
+            meta.pop("gate", None)
+            meta.pop("blocked_at", None)
+            doc["blocked_on"] = ""
+            return tomli_w.dumps(doc).encode()
+
+        if self.checker.hand_edit(task, change) is not None:
+            self.counts["hand_edits"] += 1
+            self.counts["blocks_dropped_by_hand"] += 1
+
+    def benign_edit(self) -> None:
+        task = self.pick_task(lambda d: True)
+        if task is None:
+            return
+        self._edit_seq += 1
+        key, value = f"soak_note_{self._edit_seq}", f"kept across rewrites {self._edit_seq}"
+
+        def change(data: bytes) -> bytes | None:
+            doc = tomllib.loads(data.decode())
+            doc[key] = value
+            return tomli_w.dumps(doc).encode()
+
+        if self.checker.hand_edit(task, change) is not None:
+            self.checker.expected_keys.setdefault(task, {})[key] = value
+            self.counts["hand_edits"] += 1
+            self.counts["unknown_keys_added"] += 1
+
+    def write_garbage(self) -> None:
+        task = self.pick_task(lambda d: True)
+        if task is None:
+            return
+        kind = self.rng.choice(["binary", "torn", "wrong-type"])
+
+        def change(data: bytes) -> bytes | None:
+            if kind == "torn":
+                return data[: max(1, len(data) // 2)] + b"\n[meta\n"
+            if kind == "wrong-type":
+                lines = data.split(b"\n")
+                out = [b"step = 3" if line.startswith(b"step = ") else line for line in lines]
+                if out != lines:
+                    return b"\n".join(out)
+            return b"\x00\xff garbage \xfe" + bytes(self.rng.randrange(256) for _ in range(64))
+
+        if self.checker.hand_edit(task, change, garbage=True) is not None:
+            self.counts["hand_edits"] += 1
+            self.counts["garbage_batons"] += 1
+            self.garbage_restore[task] = time.monotonic() + self.rng.uniform(1.5, 4.0)
+
+    def restore_garbage(self, task: str, *, force: bool = False) -> bool:
+        record = self.checker.garbage.get(task)
+        if record is None:
+            self.garbage_restore.pop(task, None)
+            return True
+        if not force:
+            waited = time.time() - record.written_at
+            if waited < 10 and not (self.daemon_alive() and self.ledger_has(task, "invalid", record.written_at - 0.1)):
+                return False  # let the daemon see it first
+        self.checker.hand_edit(task, lambda _data: record.original, restore=True)
+        self.garbage_restore.pop(task, None)
+        self.counts["garbage_repaired"] += 1
+        return True
+
+    def ledger_has(self, task: str, kind: str, since: float) -> bool:
+        import sqlite3
+
+        conn = sqlite3.connect(str(self.state / "ledger.sqlite3"), timeout=30)
+        try:
+            row = conn.execute("SELECT 1 FROM events WHERE task = ? AND kind = ? AND ts >= ? LIMIT 1",
+                               (task, kind, since)).fetchone()
+        finally:
+            conn.close()
+        return row is not None
+
+    def cli(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "heartbeat", "--state-dir", str(self.state), *argv],
+                              capture_output=True, text=True, env=self.env, timeout=60, cwd=str(self.root))
+
+    def stale_write(self) -> None:
+        task = self.pick_task(lambda d: d.get("meta", {}).get("epoch", 0) >= 2)
+        if task is None:
+            return
+        epoch = int(self.checker.latest[task]["meta"]["epoch"]) - 1
+        marker = f"stale write {len(self.stale_markers) + 1}"
+        if task in self.checker.garbage:
+            return
+        r = self.cli("set", task, f"step={marker}", "--epoch", str(epoch))
+        self.counts["stale_writes"] += 1
+        self.stale_markers.append((task, marker, r.returncode))
+        if r.returncode != 5:
+            self.checker.violate("fencing", task, f"a write with superseded epoch {epoch} exited {r.returncode}, "
+                                                  f"not 5: {r.stderr.strip()[:300]}")
+        else:
+            self.counts["stale_writes_refused"] += 1
+
+    # -- the humans: gates, unblocks, retries ------------------------------------------------
+
+    def play_humans(self, now: float) -> None:
+        for task, doc in list(self.checker.latest.items()):
+            if task in self.checker.garbage:
+                continue
+            meta = doc.get("meta", {})
+            status = meta.get("status")
+            gate = meta.get("gate") or {}
+            if status == "blocked" and gate.get("kind") == "file":
+                target = str(gate.get("target", ""))
+                if target not in self.gate_plans:
+                    self.gate_plans[target] = now + self.rng.uniform(0.3, 3.0) if (
+                        self.calm or self.rng.random() < 0.85) else None
+                if self.calm and self.gate_plans[target] is None:
+                    self.gate_plans[target] = now
+            elif status == "blocked" and gate.get("kind", "human") == "human" and not self.calm:
+                key = (task, str(meta.get("blocked_at", "")))
+                if key not in self.unblock_plans:
+                    self.unblock_plans[key] = now + self.rng.uniform(0.5, 3.0) if self.rng.random() < 0.7 else None
+                due = self.unblock_plans[key]
+                if due is not None and now >= due:
+                    self.unblock_plans[key] = None
+                    r = self.cli("unblock", task, "--by", "soak", "--note", "the soak's human said go")
+                    self.counts["human_unblocks" if r.returncode == 0 else "human_unblocks_raced"] += 1
+                    if r.returncode not in (0, 4):
+                        self.checker.violate("daemon", task, f"unblock exited {r.returncode}: {r.stderr.strip()[:300]}")
+            elif status == "escalated" and not self.calm:
+                key2 = (task, int(meta.get("revision", 0)))
+                if key2 not in self.retry_plans:
+                    self.retry_plans[key2] = now + self.rng.uniform(0.5, 2.0) if self.rng.random() < 0.35 else None
+                due = self.retry_plans[key2]
+                if due is not None and now >= due:
+                    self.retry_plans[key2] = None
+                    r = self.cli("retry", task, "--by", "soak")
+                    self.counts["retries" if r.returncode == 0 else "retries_raced"] += 1
+        for target, due in list(self.gate_plans.items()):
+            if due is not None and now >= due:
+                Path(target).parent.mkdir(parents=True, exist_ok=True)
+                Path(target).write_text("open\n")
+                self.gate_plans[target] = None
+                self.counts["file_gates_opened"] += 1
+
+    # -- the run -----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        from heartbeat.store.files import FileStore
+
+        started = time.monotonic()
+        self.write_config()
+        store = FileStore(str(self.state))
+        try:
+            for _ in range(self.args.tasks):
+                self.create_task(store)
+        finally:
+            store.close()
+        threads = [threading.Thread(target=self._sampler, args=("processes", 0.05), daemon=True),
+                   threading.Thread(target=self._sampler, args=("batons", 0.2), daemon=True)]
+        for t in threads:
+            t.start()
+        self.start_daemon()
+        print(f"soak: {len(self.tasks)} tasks, {self.args.duration:g}s of chaos, seed {self.args.seed}, "
+              f"state {self.state}", flush=True)
+        try:
+            self.chaos(started + self.args.duration)
+            self.drain()
+            self.final_sample()
+            self.end_states()
+        finally:
+            self.stop_daemon(signal.SIGTERM)
+            self.cleanup_processes()
+            self.stop_sampling.set()
+            for t in threads:
+                t.join(timeout=5)
+        self.final_checks()
+        self.counts["elapsed_s"] = round(time.monotonic() - started)
+        return self.summary()
+
+    def chaos(self, until: float) -> None:
+        last_report = time.monotonic()
+        while time.monotonic() < until:
+            now = time.monotonic()
+            self.read_log()
+            self.check_hups()
+            if self.daemon is not None and self.daemon.poll() is not None and self.restart_at is None:
+                self.daemon_intervals[-1][1] = time.time()
+                self.checker.violate("daemon", "", f"the daemon exited {self.daemon.returncode} on its own; "
+                                                   f"log tail: {self.tail()}")
+                self.restart_at = now
+            if not self.daemon_alive() and self.restart_at is not None and now >= self.restart_at:
+                self.start_daemon()
+            for name, due in list(self.next_fault.items()):
+                if now >= due:
+                    if name != "hup_repair":
+                        self.next_fault[name] = now + self.rng.uniform(*FAULTS[name])
+                    self.fault(name)
+            for task, due in list(self.garbage_restore.items()):
+                if now >= due:
+                    self.restore_garbage(task)
+            self.play_humans(now)
+            if now - last_report > 15:
+                last_report = now
+                print(f"soak: {until - now:.0f}s of chaos left; {dict(self.counts)}; "
+                      f"violations so far {len(self.checker.violations)}", flush=True)
+            time.sleep(0.05)
+
+    def drain(self) -> None:
+        """Stop the chaos: repair everything, turn agents calm, open every file gate, let it settle."""
+        self.calm = True
+        (self.root / "calm").write_text("calm\n")
+        for task in list(self.checker.garbage):
+            self.restore_garbage(task, force=True)
+        if self.config_broken:
+            self.write_config()
+            if self.daemon_alive():
+                self.hup(broken=False)
+        if not self.daemon_alive():
+            self.start_daemon()
+        deadline = time.monotonic() + self.args.drain
+        quiet_since: float | None = None
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            self.read_log()
+            self.check_hups()
+            self.play_humans(now)
+            settled = self.settled()
+            if settled and not self.checker.live:
+                quiet_since = quiet_since or now
+                if now - quiet_since > 1.5:
+                    break
+            else:
+                quiet_since = None
+            time.sleep(0.1)
+        self.counts["drain_s"] = round(self.args.drain - max(0.0, deadline - time.monotonic()), 1)
+
+    def settled(self) -> bool:
+        for task in self.tasks:
+            doc = self.checker.latest.get(task)
+            if doc is None:
+                return False
+            meta = doc.get("meta", {})
+            status = meta.get("status")
+            gate = meta.get("gate") or {}
+            if status in ("done", "failed", "escalated"):
+                continue
+            if status == "blocked" and gate.get("kind", "human") == "human":
+                continue
+            return False
+        return True
+
+    def final_sample(self) -> None:
+        time.sleep(0.6)  # a few more ticks with nothing injected: the fault injector has stopped
+        self.checker.sample_batons()
+        self.checker.sample_processes()
+
+    def end_states(self) -> None:
+        """Every task ends somewhere allowed; count where."""
+        now = time.time()
+        tick = parse_seconds(self.tick)
+        for task in self.tasks:
+            doc = self.checker.final_baton(task)
+            if doc is None:
+                self.checker.violate("not-dropped", task, "no readable baton at the end")
+                continue
+            meta = doc.get("meta", {})
+            status = meta.get("status")
+            owner = meta.get("owner") or {}
+            gate = meta.get("gate") or {}
+            live = {g.pgid for g in self.checker.live.get(task, [])}
+            state = str(status)
+            if status in ("done", "failed", "escalated"):
+                pass
+            elif status == "blocked":
+                kind = gate.get("kind", "human")
+                target = str(gate.get("target", ""))
+                if kind == "file" and os.path.exists(target) and os.path.getmtime(target) < now - (2 * tick + 1.0):
+                    self.checker.violate("not-dropped", task, f"blocked on {gate} whose file exists, still blocked "
+                                                              f"at the end (revision {meta.get('revision')})")
+                state = f"blocked ({kind} gate closed)"
+            elif status == "snoozed":
+                until = _ts(meta.get("snooze_until"))
+                if until is None or until < now - (2 * tick + 2.0):
+                    self.checker.violate("not-dropped", task, f"snoozed until {meta.get('snooze_until')}, never woken")
+            elif status == "active":
+                pid = owner.get("pid")
+                if pid is not None and pid in live:
+                    state = "active (agent alive)"
+                elif owner and pid is None and (_ts(meta.get("dispatched_at")) or 0) > now - 12:
+                    state = "active (launching)"
+                elif not owner:
+                    last = max(t for t in (_ts(meta.get("ended_at")), _ts(meta.get("dispatched_at")),
+                                           _ts(meta.get("updated_at")), 0.0) if t is not None)
+                    if now - last < 2.0 + 2 * tick + 2.0:  # backoff_max + two ticks + slack
+                        state = "active (due, backing off)"
+                    else:
+                        meta_text = json.dumps(meta, default=str)[:400]
+                        self.checker.violate("not-dropped", task, f"active with no agent and not due: idle for "
+                                                                  f"{now - last:.1f}s (meta {meta_text})")
+                else:
+                    groups = [g for g in self.checker.groups_of(task) if g.pgid == pid]
+                    dead_for = now - (groups[-1].last_seen + self.checker.wall_offset) if groups else None
+                    if dead_for is None or dead_for > 3.0:
+                        self.checker.violate("not-dropped", task, f"owner pid {pid} is not alive (dead for "
+                                                                  f"{dead_for}s) and was never settled")
+                    state = "active (settling)"
+            else:
+                self.checker.violate("not-dropped", task, f"ends with status {status!r}")
+            self.counts[f"end: {state}"] += 1
+            for key, value in self.checker.expected_keys.get(task, {}).items():
+                if doc.get(key) != value:
+                    self.checker.violate("nothing-lost", task, f"the unknown key {key} = {value!r} a hand edit added "
+                                                               f"is gone or changed: {doc.get(key)!r}")
+
+    def cleanup_processes(self) -> None:
+        """Stop every agent and zombie left (the soak's own processes only: found by state dir)."""
+        for _ in range(3):
+            self.checker.sample_processes()
+            pgids = {g.pgid for groups in self.checker.live.values() for g in groups}
+            for pgid in pgids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+            for pid in list(self.checker.zombie_pids):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+            time.sleep(0.2)
+
+    def final_checks(self) -> None:
+        events = read_ledger(str(self.state / "ledger.sqlite3"))
+        by_task: dict[str, list[Any]] = {}
+        for e in events:
+            by_task.setdefault(e.task, []).append(e)
+        kinds = Counter(e.kind for e in events)
+        for name in ("dispatched", "exited", "stalled", "stopped", "bypass", "invalid", "escalated", "notified",
+                     "blocked", "unblocked", "woke", "snoozed", "done", "failed", "retried", "spinning", "adopted"):
+            self.counts[f"ledger: {name}"] = kinds.get(name, 0)
+        stops = Counter(e.data.get("why") for e in events if e.kind == "stopped")
+        for why, n in stops.items():
+            self.counts[f"ledger: stopped {why}"] = n
+        notify_lines = self.notify_path.read_text(errors="replace").splitlines()
+        c = self.checker
+        for task in self.tasks:
+            evs = by_task.get(task, [])
+            c.extend(check_blocks(evs))
+            c.extend(check_dispatch_epochs(evs, c.final_baton(task), c.seen_epochs.get(task, ())))
+            c.extend(check_fencing(evs, self.agent_writes(task)))
+            c.extend(check_group_starts(c.groups_of(task), evs))
+            c.extend(check_notify(evs, notify_lines, NOTIFIER))
+        c.check_sampled_blocks()
+        self.check_invalid_events(by_task)
+        for task, marker, _code in self.stale_markers:
+            if any(e.data.get("step") == marker for e in by_task.get(task, [])):
+                c.violate("fencing", task, f"the stale write {marker!r} reached the ledger")
+        unknown = sorted(set(by_task) - set(self.tasks))
+        if unknown:
+            c.violate("ledger-agrees", "", f"ledger events for tasks the soak never created: {unknown[:5]}")
+        self.read_log()
+        self.check_hups(final=True)
+        for text in self.sampler_errors:
+            c.violate("checker", "", f"a sampler failed: {text[-400:]}")
+
+    def agent_writes(self, task: str) -> list[dict[str, Any]]:
+        path = self.root / "writes" / f"{task}.jsonl"
+        out = []
+        try:
+            lines = path.read_text().splitlines()
+        except FileNotFoundError:
+            return out
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            out.append(record)
+            if record.get("refused"):
+                self.counts["agent_writes_refused" if not record.get("z") else "zombie_writes_refused"] += 1
+            else:
+                self.counts["agent_writes_landed" if not record.get("z") else "zombie_writes_landed"] += 1
+        return out
+
+    def daemon_up_between(self, lo: float, hi: float) -> float:
+        return sum(max(0.0, min(hi, end) - max(lo, start)) for start, end in self.daemon_intervals)
+
+    def check_invalid_events(self, by_task: dict[str, list[Any]]) -> None:
+        c = self.checker
+        windows: dict[str, list[tuple[float, float]]] = {}
+        for task, record in c.garbage_history:
+            end = record.restored_at or time.time()
+            windows.setdefault(task, []).append((record.written_at, end))
+            reported = [e for e in by_task.get(task, []) if e.kind == "invalid"
+                        and record.written_at - 0.1 <= e.ts <= end + 2.0]
+            if not reported and self.daemon_up_between(record.written_at, end) >= 2.0:
+                c.violate("invalid-baton", task, f"garbage stood {end - record.written_at:.1f}s (daemon up "
+                                                 f"{self.daemon_up_between(record.written_at, end):.1f}s of it) "
+                                                 "and no invalid event was recorded")
+        for task, evs in by_task.items():
+            for e in evs:
+                if e.kind != "invalid":
+                    continue
+                if not any(lo - 0.1 <= e.ts <= hi + 2.0 for lo, hi in windows.get(task, [])):
+                    c.violate("invalid-baton", task, f"the daemon recorded invalid at {e.ts:.3f} for a baton the "
+                                                     f"soak had not broken: {e.data.get('error')}")
+
+    def tail(self) -> str:
+        try:
+            return " | ".join(self.log_path.read_text(errors="replace").splitlines()[-5:])[-1200:]
+        except OSError:
+            return ""
+
+    def summary(self) -> int:
+        c = self.checker
+        agent_kills = self.counts["agent_kills"] + self.counts["shim_kills"] + self.counts["agent_only_kills"]
+        figures = {
+            "tasks": len(self.tasks),
+            "seed": self.args.seed,
+            "chaos_s": self.args.duration,
+            "elapsed_s": self.counts["elapsed_s"],
+            "dispatches": self.counts["ledger: dispatched"],
+            "agent_kills": agent_kills,
+            "daemon_restarts": self.counts["daemon_starts"] - 1,
+            "daemon_sigkills": self.counts["daemon_sigkills"],
+            "sighups": self.counts["sighup_good"] + self.counts["sighup_broken"],
+            "sighups_broken": self.counts["sighup_broken"],
+            "hand_edits": self.counts["hand_edits"],
+            "garbage_batons": self.counts["garbage_batons"],
+            "invalid_events": self.counts["ledger: invalid"],
+            "bypasses": self.counts["ledger: bypass"],
+            "stale_writes_refused": self.counts["stale_writes_refused"],
+            "zombie_writes_refused": self.counts["zombie_writes_refused"],
+            "process_samples": c.proc_samples,
+            "baton_samples": c.baton_samples,
+            "violations": len(c.violations),
+            "counts": dict(sorted(self.counts.items())),
+            "violation_list": [v.__dict__ for v in c.violations],
+            "state": str(self.root),
+        }
+        print("\n== soak summary ==")
+        for key in ("tasks", "dispatches", "agent_kills", "daemon_restarts", "daemon_sigkills", "sighups",
+                    "sighups_broken", "hand_edits", "garbage_batons", "invalid_events", "bypasses",
+                    "stale_writes_refused", "zombie_writes_refused", "process_samples", "baton_samples",
+                    "elapsed_s"):
+            print(f"{key:>24}: {figures[key]}")
+        print("  details:")
+        for key, value in sorted(self.counts.items()):
+            print(f"    {key}: {value}")
+        print(f"{'violations':>24}: {len(c.violations)}")
+        for v in c.violations:
+            print("  " + v.line())
+        if self.args.json:
+            Path(self.args.json).write_text(json.dumps(figures, indent=2, default=str))
+        if c.violations or self.args.keep or self.args.state:
+            print(f"state kept in {self.root}")
+        else:
+            shutil.rmtree(self.root, ignore_errors=True)
+        return 1 if c.violations else 0
+
+
+def _ts(value: Any) -> float | None:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="soak.py", description=__doc__.split("\n\n")[0])
+    preset = parser.add_mutually_exclusive_group()
+    preset.add_argument("--short", action="store_true", help="the CI preset: 60 tasks, 45 s of chaos")
+    preset.add_argument("--long", action="store_true", help="300 tasks, 30 min of chaos")
+    parser.add_argument("--tasks", type=int, help="tasks created at the start")
+    parser.add_argument("--duration", type=float, help="seconds of chaos")
+    parser.add_argument("--drain", type=float, help="seconds the daemon gets to settle afterwards (at most)")
+    parser.add_argument("--max-concurrent", type=int, help="the daemon's max_concurrent")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--tick", default="200ms", help="the daemon's tick")
+    parser.add_argument("--state", help="root directory for the run (kept); default: a temp dir")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir even when all is well")
+    parser.add_argument("--json", help="write the figures and violations to this file")
+    args = parser.parse_args(argv)
+    base = PRESETS["long" if args.long else "short"]
+    for key in ("tasks", "duration", "drain", "max_concurrent"):
+        if getattr(args, key) is None:
+            setattr(args, key, base[key])
+    return Soak(args).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,674 @@
+"""The soak's independent invariant checker.
+
+It never asks the daemon what happened. It samples what anyone could see from outside:
+
+- the **process table** (``/proc``): every process whose environment carries
+  ``HEARTBEAT_TASK`` and this state dir, grouped by process group (an agent and its shim
+  share one), with start times from ``/proc/<pid>/stat``;
+- the **baton files**, read and parsed with ``tomllib`` (not heartbeat's parser);
+- the **ledger**, read with ``sqlite3`` directly, and the agents' own records of the
+  writes they believed landed (``writes/<task>.jsonl``), and the notify command's file.
+
+The invariants (each violation is kept with its evidence):
+
+``two-agents``
+    Never two live agent process groups for one task. Group lifetimes are intervals
+    [start, last seen alive]; two of one task that overlap by more than the clock's
+    granularity are a violation, whether or not one sample saw both.
+``invalid-baton``
+    Every baton parses, or it is garbage the soak wrote, byte-identical, until the soak
+    itself repairs it. The daemon records ``invalid`` for it (and for nothing else).
+``monotonic``
+    A baton's revision and epoch never go backwards between samples, except across the
+    soak's own hand edits (which it tells the checker about under the same lock).
+``fencing``
+    No write from a superseded epoch lands: every write an agent (or an escaped zombie)
+    recorded as landed at revision R carried the epoch the baton had at R, per the ledger;
+    every stale write the soak made with an old epoch was refused with exit 5.
+``blocks-hold``
+    No ``dispatched`` event between a block (``blocked``, ``bypass``, a task created
+    blocked) and the next ``unblocked``; no agent process group started while the task
+    was blocked (by the ledger's intervals and by the sampled batons).
+``escalation-loud``
+    Every ``escalated`` event is followed by a ``notified`` event, and the notify
+    command's file has a line for it.
+``not-dropped``
+    At the end every task is done, failed, escalated, blocked on a gate still closed,
+    snoozed until a time not yet passed (or just passed), or active with a live agent or
+    due within the backoff; nothing else.
+``ledger-agrees``
+    Each baton's epoch, dispatch count and revision match the ledger; every epoch a
+    sample saw has its ``dispatched`` event; dispatched epochs strictly increase.
+``nothing-lost``
+    Unknown keys a hand edit added are still in the baton at the end.
+``daemon``
+    The daemon never dies on its own, never logs an exception, and answers every SIGHUP
+    (``reloaded`` / ``reload_failed``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import fcntl
+import itertools
+import json
+import os
+import sqlite3
+import threading
+import time
+import tomllib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "Violation",
+    "LedgerEvent",
+    "Group",
+    "GarbageRecord",
+    "Checker",
+    "boottime",
+    "read_ledger",
+    "check_blocks",
+    "check_dispatch_epochs",
+    "check_fencing",
+    "check_overlaps",
+    "check_notify",
+    "check_group_starts",
+    "epoch_at",
+]
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+GRANULARITY = 2.0 / CLK_TCK + 0.005
+"""Process start times are in clock ticks: intervals closer than this are not an overlap."""
+STATUSES = {"active", "blocked", "snoozed", "done", "failed", "escalated", "paused"}
+
+
+def boottime() -> float:
+    """Seconds since boot, the clock ``/proc/<pid>/stat`` start times are in."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+@dataclass
+class Violation:
+    """One broken invariant, with what shows it."""
+
+    invariant: str
+    task: str
+    evidence: str
+    at: float = field(default_factory=time.time)
+
+    def line(self) -> str:
+        return f"VIOLATION [{self.invariant}] task={self.task or '-'}: {self.evidence}"
+
+
+@dataclass
+class LedgerEvent:
+    """A ledger row as the checker reads it (straight from SQLite)."""
+
+    id: int
+    ts: float
+    task: str
+    kind: str
+    epoch: int
+    revision: int
+    actor: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Group:
+    """One agent process group of one task, as the process table showed it."""
+
+    task: str
+    pgid: int
+    start: float
+    """Boot-clock start of the group's leader (or of its oldest member seen)."""
+    first_seen: float
+    last_seen: float
+    """Boot-clock time a member was last read alive."""
+    pids: set[int] = field(default_factory=set)
+    cmd: str = ""
+    start_wall: float = 0.0
+    """The start on the wall clock (the ledger's), converted when first seen."""
+
+
+@dataclass
+class GarbageRecord:
+    """Bytes the soak wrote over a baton, and what it will put back."""
+
+    data: bytes
+    original: bytes
+    written_at: float
+    restored_at: float | None = None
+
+
+@dataclass
+class _Segment:
+    """A stretch of samples in which a baton kept one (revision, epoch, status)."""
+
+    revision: int
+    epoch: int
+    status: str
+    first: float
+    last: float
+
+
+def read_ledger(path: str) -> list[LedgerEvent]:
+    """All events in append order, read with sqlite3 (not heartbeat's ledger class)."""
+    if not os.path.exists(path):
+        return []
+    conn = sqlite3.connect(path, timeout=30)
+    try:
+        rows = conn.execute("SELECT id, ts, task, kind, epoch, revision, actor, data FROM events ORDER BY id").fetchall()
+    finally:
+        conn.close()
+    return [LedgerEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7] or "{}")) for r in rows]
+
+
+def _by_task(events: Iterable[LedgerEvent]) -> dict[str, list[LedgerEvent]]:
+    out: dict[str, list[LedgerEvent]] = {}
+    for event in events:
+        out.setdefault(event.task, []).append(event)
+    return out
+
+
+def _is_block_start(event: LedgerEvent) -> bool:
+    return event.kind in ("blocked", "bypass") or (event.kind == "created" and event.data.get("status") == "blocked")
+
+
+def block_intervals(events: Sequence[LedgerEvent]) -> list[tuple[float, float]]:
+    """[block start, unblock) wall-clock intervals of one task's events (open ones end at +inf)."""
+    out: list[tuple[float, float]] = []
+    start: float | None = None
+    for event in events:
+        if _is_block_start(event):
+            if start is None:
+                start = event.ts
+        elif event.kind == "unblocked" and start is not None:
+            out.append((start, event.ts))
+            start = None
+    if start is not None:
+        out.append((start, float("inf")))
+    return out
+
+
+def check_blocks(events: Sequence[LedgerEvent]) -> list[Violation]:
+    """No ``dispatched`` between a block and the next ``unblocked`` (one task's events, in order)."""
+    out = []
+    held: LedgerEvent | None = None
+    for event in events:
+        if _is_block_start(event):
+            held = held or event
+        elif event.kind == "unblocked":
+            held = None
+        elif event.kind == "dispatched" and held is not None:
+            out.append(Violation("blocks-hold", event.task,
+                                 f"dispatched epoch {event.epoch} (ledger id {event.id}) while blocked since "
+                                 f"{held.kind} id {held.id} ({held.data.get('on') or held.data.get('was_on') or ''!r}, "
+                                 f"gate {held.data.get('gate')}) with no unblocked in between"))
+    return out
+
+
+def check_dispatch_epochs(events: Sequence[LedgerEvent], baton: dict[str, Any] | None,
+                          seen_epochs: Iterable[int] = ()) -> list[Violation]:
+    """Dispatched epochs strictly increase and agree with the final baton and the sampled epochs."""
+    out = []
+    task = events[0].task if events else ""
+    dispatched = [e for e in events if e.kind == "dispatched"]
+    epochs = [e.epoch for e in dispatched]
+    for before, after in itertools.pairwise(dispatched):
+        if after.epoch <= before.epoch:
+            out.append(Violation("ledger-agrees", task, f"dispatched epoch {after.epoch} (id {after.id}) after "
+                                                        f"epoch {before.epoch} (id {before.id})"))
+    missing = sorted({e for e in seen_epochs if e > 0} - set(epochs))
+    if missing:
+        out.append(Violation("ledger-agrees", task, f"batons were sampled at epochs {missing} with no dispatched "
+                                                    f"event (dispatched: {epochs})"))
+    if baton is not None:
+        meta = baton.get("meta", {})
+        epoch, dispatches, revision = meta.get("epoch", 0), meta.get("dispatches", 0), meta.get("revision", 0)
+        if epoch != (max(epochs) if epochs else 0):
+            out.append(Violation("ledger-agrees", task, f"baton epoch {epoch} but dispatched epochs {epochs}"))
+        if dispatches != len(dispatched):
+            out.append(Violation("ledger-agrees", task, f"baton meta.dispatches = {dispatches} but the ledger has "
+                                                        f"{len(dispatched)} dispatched events"))
+        revisions = [e.revision for e in events if e.revision > 0]
+        if revisions and revision != max(revisions):
+            out.append(Violation("ledger-agrees", task, f"baton revision {revision} but the ledger's last "
+                                                        f"revision is {max(revisions)}"))
+    written = [e for e in events if e.revision > 0]
+    for before, after in itertools.pairwise(written):
+        if after.revision < before.revision or after.epoch < before.epoch:
+            out.append(Violation("monotonic", task, f"ledger went back: id {before.id} rev {before.revision} "
+                                                    f"epoch {before.epoch} -> id {after.id} rev {after.revision} "
+                                                    f"epoch {after.epoch}"))
+            break
+    return out
+
+
+def epoch_at(written: Sequence[LedgerEvent], revisions: Sequence[int], revision: int) -> int | None:
+    """The baton's epoch at ``revision``: the epoch of the last write event at or before it.
+
+    ``written`` are one task's events with a revision, in order; ``revisions`` their
+    revisions (a sorted list for bisect). Coalesced touches lose rows but never an epoch
+    change: a dispatch is always a row of its own.
+    """
+    i = bisect.bisect_right(revisions, revision)
+    if i == 0:
+        return None
+    return written[i - 1].epoch
+
+
+def check_fencing(events: Sequence[LedgerEvent], writes: Sequence[dict[str, Any]]) -> list[Violation]:
+    """Every write an agent recorded as landed at revision R carried the baton's epoch at R."""
+    out = []
+    task = events[0].task if events else ""
+    written = [e for e in events if e.revision > 0]
+    revisions = [e.revision for e in written]
+    if any(b < a for a, b in itertools.pairwise(revisions)):
+        return out  # reported by check_dispatch_epochs; bisect needs them sorted
+    non_touch = {(e.revision, e.epoch) for e in written if e.kind != "touched"}
+    for w in writes:
+        rev, epoch = w.get("r"), w.get("e")
+        if rev is None or epoch is None:
+            continue
+        at = epoch_at(written, revisions, rev)
+        who = "escaped zombie" if w.get("z") else "agent"
+        if at is None:
+            out.append(Violation("fencing", task, f"{who} pid {w.get('pid')} recorded a {w.get('k')} write at "
+                                                  f"revision {rev} (epoch {epoch}) that the ledger never saw"))
+        elif at != epoch:
+            out.append(Violation("fencing", task, f"{who} pid {w.get('pid')} of epoch {epoch} landed a "
+                                                  f"{w.get('k')} write at revision {rev}, when the baton was at "
+                                                  f"epoch {at}: a superseded write"))
+        elif w.get("k") != "touch" and (rev, epoch) not in non_touch:
+            out.append(Violation("ledger-agrees", task, f"{who} pid {w.get('pid')} recorded a {w.get('k')} write "
+                                                        f"at revision {rev} epoch {epoch} with no ledger event"))
+    return out
+
+
+def check_overlaps(groups: Sequence[Group]) -> list[Violation]:
+    """Two agent groups of one task alive at one instant (beyond the clock's granularity)."""
+    out = []
+    ordered = sorted(groups, key=lambda g: g.start)
+    for i, a in enumerate(ordered):
+        for b in ordered[i + 1:]:
+            if b.start >= a.last_seen:
+                break
+            both_from = max(a.start, b.start)
+            both_until = min(a.last_seen, b.last_seen)
+            if both_until - both_from > GRANULARITY:
+                off = a.start_wall - a.start if a.start_wall else 0.0
+                out.append(Violation(
+                    "two-agents", a.task,
+                    f"process groups {a.pgid} ({a.cmd}; started {a.start + off:.3f}, last seen alive "
+                    f"{a.last_seen + off:.3f}, pids {sorted(a.pids)}) and {b.pgid} ({b.cmd}; started "
+                    f"{b.start + off:.3f}, last seen alive {b.last_seen + off:.3f}, pids "
+                    f"{sorted(b.pids)}) were alive together for {both_until - both_from:.3f}s"))
+    return out
+
+
+def check_group_starts(groups: Sequence[Group], events: Sequence[LedgerEvent],
+                       margin: float = 0.05) -> list[Violation]:
+    """No agent group of a task started inside one of its ledger block intervals."""
+    out = []
+    intervals = block_intervals(events)
+    for g in groups:
+        start = g.start_wall
+        for lo, hi in intervals:
+            if lo + margin < start < hi - margin:
+                out.append(Violation("blocks-hold", g.task,
+                                     f"agent process group {g.pgid} ({g.cmd}) started at {start:.3f}, inside a "
+                                     f"block from {lo:.3f} to {hi:.3f} (ledger)"))
+    return out
+
+
+def check_notify(events: Sequence[LedgerEvent], lines: Sequence[str], notifier: str) -> list[Violation]:
+    """Every ``escalated`` event has a later ``notified`` event (code 0) and a line in the notify file."""
+    out = []
+    task = events[0].task if events else ""
+    escalations = [e for e in events if e.kind == "escalated"]
+    notified = [e for e in events if e.kind == "notified" and e.data.get("name") == notifier]
+    for esc in escalations:
+        after = [n for n in notified if n.id > esc.id]
+        if not after:
+            out.append(Violation("escalation-loud", task, f"escalated (id {esc.id}, {esc.data.get('reason')!r}) "
+                                                          "but no notified event followed"))
+        elif all(n.data.get("code") != 0 for n in after):
+            out.append(Violation("escalation-loud", task, f"escalated (id {esc.id}) but the notifier failed: "
+                                                          f"{[n.data for n in after]}"))
+    count = sum(1 for line in lines if line.split("\t", 1)[0] == task)
+    if escalations and count < len(escalations):
+        out.append(Violation("escalation-loud", task, f"{len(escalations)} escalations but {count} lines for it in "
+                                                      "the notify command's file"))
+    return out
+
+
+def _parse_proc_stat(raw: bytes) -> tuple[bytes, int, int] | None:
+    fields = raw[raw.rfind(b")") + 2:].split()
+    if len(fields) < 20:
+        return None
+    return fields[0], int(fields[2]), int(fields[19])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            parts = handle.read().split(b"\0")
+    except OSError:
+        return "?"
+    text = " ".join(os.path.basename(p.decode(errors="replace")) if i == 0 else p.decode(errors="replace")
+                    for i, p in enumerate(parts[:6]) if p)
+    return text[:120]
+
+
+class Checker:
+    """Samples processes and batons, checks as it goes, and checks the ledger at the end.
+
+    The soak's hand edits go through :meth:`hand_edit`, which holds the baton's flock (so
+    no heartbeat write interleaves) and the checker's lock (so no sample reads half of
+    the story) while it replaces the file and resets the baseline.
+    """
+
+    def __init__(self, state_dir: str) -> None:
+        self.state_dir = os.path.abspath(state_dir)
+        self.batons_dir = os.path.join(self.state_dir, "batons")
+        self.locks_dir = os.path.join(self.state_dir, "locks")
+        self.wall_offset = time.time() - boottime()
+        self.lock = threading.Lock()
+        self.violations: list[Violation] = []
+        self._reported: set[str] = set()
+        self.groups: dict[tuple[str, int], Group] = {}
+        self.groups_by_task: dict[str, list[Group]] = {}
+        self.live: dict[str, list[Group]] = {}
+        """The last process sample: live agent groups per task."""
+        self.zombie_pids: set[int] = set()
+        self._class_cache: dict[tuple[int, int], tuple[str, str] | None] = {}
+        self.proc_samples = 0
+        self.baton_samples = 0
+        self.garbage: dict[str, GarbageRecord] = {}
+        self.garbage_history: list[tuple[str, GarbageRecord]] = []
+        self.garbage_seen_intact = 0
+        self.expected_keys: dict[str, dict[str, Any]] = {}
+        self.latest: dict[str, dict[str, Any]] = {}
+        """The last parsed baton per task."""
+        self._stat: dict[str, tuple[int, ...]] = {}
+        self._base: dict[str, tuple[int, int]] = {}
+        self.segments: dict[str, list[_Segment]] = {}
+        self.seen_epochs: dict[str, set[int]] = {}
+        self.known_tasks: set[str] = set()
+
+    # -- reporting ---------------------------------------------------------------------
+
+    def violate(self, invariant: str, task: str, evidence: str, *, key: str | None = None) -> None:
+        """Record a violation (once per ``key``) and print it at once with its evidence."""
+        k = key or f"{invariant}:{task}:{evidence}"
+        if k in self._reported:
+            return
+        self._reported.add(k)
+        v = Violation(invariant, task, evidence)
+        self.violations.append(v)
+        print(v.line(), flush=True)
+
+    def extend(self, violations: Iterable[Violation]) -> None:
+        for v in violations:
+            self.violate(v.invariant, v.task, v.evidence)
+
+    # -- the process table -------------------------------------------------------------
+
+    def _classify(self, pid: int) -> tuple[str, str] | None:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                raw = handle.read()
+        except OSError:
+            return None
+        task = state = ""
+        zombie = False
+        for item in raw.split(b"\0"):
+            if item.startswith(b"HEARTBEAT_TASK="):
+                task = item[15:].decode(errors="replace")
+            elif item.startswith(b"HEARTBEAT_STATE_DIR="):
+                state = item[20:].decode(errors="replace")
+            elif item == b"SOAK_ZOMBIE=1":
+                zombie = True
+        if not task or not state or os.path.abspath(state) != self.state_dir:
+            return None
+        return ("zombie" if zombie else "agent", task)
+
+    def sample_processes(self) -> dict[str, list[Group]]:
+        """One pass over ``/proc``: live agent groups per task; checks overlaps as it goes."""
+        found: dict[tuple[str, int], list[tuple[int, float, float]]] = {}
+        try:
+            names = os.listdir("/proc")
+        except OSError:
+            return {}
+        cache, self._class_cache = self._class_cache, {}  # keep only what is still running
+        for name in names:
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            seen_at = boottime()  # before the read: alive then, if it had started by then
+            try:
+                with open(f"/proc/{name}/stat", "rb") as handle:
+                    raw = handle.read()
+            except OSError:
+                continue
+            parsed = _parse_proc_stat(raw)
+            if parsed is None:
+                continue
+            state, pgid, start_ticks = parsed
+            if state in (b"Z", b"X", b"x"):
+                continue
+            key = (pid, start_ticks)
+            if key in cache:
+                cls = self._class_cache[key] = cache[key]
+            else:
+                cls = self._classify(pid)
+                # A child between fork and exec still has its parent's environment: decide later.
+                if cls is not None or seen_at - start_ticks / CLK_TCK > 1.0:
+                    self._class_cache[key] = cls
+            if cls is None:
+                continue
+            kind, task = cls
+            if kind == "zombie":
+                self.zombie_pids.add(pid)
+                continue
+            found.setdefault((task, pgid), []).append((pid, start_ticks / CLK_TCK, seen_at))
+        self.proc_samples += 1
+        live: dict[str, list[Group]] = {}
+        touched: set[str] = set()
+        for (task, pgid), members in found.items():
+            leader = next((m for m in members if m[0] == pgid), None)
+            start = leader[1] if leader else min(m[1] for m in members)
+            last = max(m[2] for m in members)
+            group = self.groups.get((task, pgid))
+            if group is None or (leader is not None and abs(group.start - start) > 0.5):
+                group = Group(task=task, pgid=pgid, start=start, first_seen=last, last_seen=last,
+                              cmd=_cmdline(members[-1][0]), start_wall=start + time.time() - boottime())
+                self.groups[(task, pgid)] = group
+                self.groups_by_task.setdefault(task, []).append(group)
+            group.last_seen = max(group.last_seen, last)
+            group.start = min(group.start, start)
+            group.pids.update(m[0] for m in members)
+            live.setdefault(task, []).append(group)
+            touched.add(task)
+        self.live = live
+        for task in touched:
+            mine = self.groups_by_task.get(task, [])
+            if len(mine) > 1:
+                for v in check_overlaps(mine):
+                    self.violate(v.invariant, v.task, v.evidence,
+                                 key=f"two-agents:{task}:{v.evidence.split(' were')[0][:60]}")
+        return live
+
+    def groups_of(self, task: str) -> list[Group]:
+        return list(self.groups_by_task.get(task, ()))
+
+    # -- the batons --------------------------------------------------------------------
+
+    def _lock_fd(self, task: str) -> int:
+        fd = os.open(os.path.join(self.locks_dir, f"{task}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
+
+    def hand_edit(self, task: str, change: Callable[[bytes], bytes | None], *, garbage: bool = False,
+                  restore: bool = False) -> bytes | None:
+        """Replace a baton by hand (as a careful human would: under its lock). Returns the new bytes.
+
+        ``change`` gets the current bytes and returns the new ones, or None to leave it.
+        """
+        path = os.path.join(self.batons_dir, f"{task}.toml")
+        with self.lock:
+            fd = self._lock_fd(task)
+            try:
+                try:
+                    with open(path, "rb") as handle:
+                        old = handle.read()
+                except FileNotFoundError:
+                    return None
+                if task in self.garbage and not restore:
+                    return None
+                new = change(old)
+                if new is None:
+                    return None
+                tmp = os.path.join(self.batons_dir, f".soak-{task}.{os.getpid()}.tmp")
+                with open(tmp, "wb") as handle:
+                    handle.write(new)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.chmod(tmp, 0o600)
+                os.replace(tmp, path)
+            finally:
+                os.close(fd)
+            now = time.time()
+            if garbage:
+                record = GarbageRecord(data=new, original=old, written_at=now)
+                self.garbage[task] = record
+                self.garbage_history.append((task, record))
+            elif restore:
+                record = self.garbage.pop(task)
+                record.restored_at = now
+            doc = _loads(new)
+            if doc is not None:
+                meta = doc.get("meta", {})
+                self._base[task] = (int(meta.get("revision", 0)), int(meta.get("epoch", 0)))
+                self.latest[task] = doc
+            self._stat.pop(task, None)
+            return new
+
+    def sample_batons(self) -> None:
+        """Read every baton that changed since the last sample; check parse, garbage and monotonicity."""
+        try:
+            listing = list(os.scandir(self.batons_dir))
+        except OSError:
+            return
+        present = set()
+        for de in listing:
+            name = de.name
+            if name.startswith(".") or not name.endswith(".toml"):
+                continue
+            task = name[:-5]
+            present.add(task)
+            before_stat = time.time()  # the content seen at the stat was there at this time already
+            try:
+                st = de.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            key = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+            if self._stat.get(task) == key:
+                segs = self.segments.get(task)
+                if segs:
+                    segs[-1].last = before_stat
+                continue
+            with self.lock:
+                self._sample_one(task, de.path)
+                self._stat[task] = key
+        self.baton_samples += 1
+        for task in self.known_tasks - present:
+            self.violate("invalid-baton", task, "the baton file disappeared", key=f"gone:{task}")
+
+    def _sample_one(self, task: str, path: str) -> None:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            return
+        now = time.time()  # after the read: the content was certainly there by now
+        self.known_tasks.add(task)
+        record = self.garbage.get(task)
+        if record is not None:
+            if data == record.data:
+                self.garbage_seen_intact += 1
+                self._segment(task, -1, -1, "invalid", now)
+            else:
+                self.violate("invalid-baton", task,
+                             f"the soak's garbage ({len(record.data)} bytes) was replaced by {len(data)} other bytes "
+                             f"before the soak repaired it: {data[:120]!r}")
+            return
+        doc = _loads(data)
+        problem = _baton_problem(doc)
+        if problem:
+            self.violate("invalid-baton", task, f"unreadable baton the soak did not write ({problem}): {data[:160]!r}")
+            return
+        assert doc is not None
+        meta = doc["meta"]
+        rev, epoch, status = int(meta["revision"]), int(meta["epoch"]), str(meta["status"])
+        base = self._base.get(task)
+        if base is not None and (rev < base[0] or epoch < base[1]):
+            self.violate("monotonic", task, f"(revision, epoch) went from {base} to {(rev, epoch)}")
+        self._base[task] = (rev, epoch)
+        self.latest[task] = doc
+        self.seen_epochs.setdefault(task, set()).add(epoch)
+        self._segment(task, rev, epoch, status, now)
+
+    def _segment(self, task: str, rev: int, epoch: int, status: str, now: float) -> None:
+        segs = self.segments.setdefault(task, [])
+        if segs and (segs[-1].revision, segs[-1].epoch, segs[-1].status) == (rev, epoch, status):
+            segs[-1].last = now
+        else:
+            segs.append(_Segment(rev, epoch, status, now, now))
+
+    def check_sampled_blocks(self, margin: float = 0.05) -> None:
+        """No group started while the sampled baton sat blocked at one revision around its start."""
+        for g in list(self.groups.values()):
+            start = g.start_wall
+            for seg in self.segments.get(g.task, ()):
+                if seg.status == "blocked" and seg.first + margin < start < seg.last - margin:
+                    self.violate("blocks-hold", g.task,
+                                 f"agent process group {g.pgid} ({g.cmd}) started at {start:.3f} while the baton sat "
+                                 f"blocked at revision {seg.revision} from {seg.first:.3f} to {seg.last:.3f} (samples)")
+
+    # -- the end -----------------------------------------------------------------------
+
+    def final_baton(self, task: str) -> dict[str, Any] | None:
+        try:
+            with open(os.path.join(self.batons_dir, f"{task}.toml"), "rb") as handle:
+                return _loads(handle.read())
+        except OSError:
+            return None
+
+
+def _loads(data: bytes) -> dict[str, Any] | None:
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+
+
+def _baton_problem(doc: dict[str, Any] | None) -> str:
+    """Why ``doc`` is not a baton (a minimal, independent check), or ``""``."""
+    if doc is None:
+        return "not TOML"
+    for name in ("task", "step"):
+        if not isinstance(doc.get(name), str):
+            return f"{name} is not a string"
+    meta = doc.get("meta")
+    if not isinstance(meta, dict):
+        return "no [meta]"
+    for name in ("revision", "epoch"):
+        if not isinstance(meta.get(name), int) or meta[name] < 0:
+            return f"meta.{name} is not a non-negative integer"
+    if meta.get("status") not in STATUSES:
+        return f"meta.status {meta.get('status')!r}"
+    return ""
