@@ -458,7 +458,30 @@ def parse_baton(text: str | bytes, *, path: str, expected_id: str | None = None)
 
 
 def dump_baton(baton: Baton) -> str:
-    """The TOML text of a baton: known fields first, in DESIGN.md's order, then unknown keys."""
+    """The TOML text of a baton: known fields first, in DESIGN.md's order, then unknown keys.
+
+    Strings with line breaks are written as multi-line strings, readable by a human,
+    unless some string holds a carriage return: tomli_w turns ``\\r\\n`` into ``\\n`` in
+    multi-line strings, and a rewrite must not change what it does not own.
+    """
     import tomli_w
 
-    return tomli_w.dumps(baton.to_dict(), multiline_strings=True)
+    doc = baton.to_dict()
+    text = tomli_w.dumps(doc, multiline_strings=not _has_carriage_return(doc))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # Python keeps undecodable bytes of argv as lone surrogates, which no UTF-8 file can hold.
+        where = next((name for name, value in doc.items() if not _encodable(value)), None)
+        raise BadInput("holds text that is not valid UTF-8 (an undecodable byte in an argument?)",
+                       task=baton.meta.id or None, field=where) from None
+    return text
+
+
+def _encodable(value: Any) -> bool:
+    import json
+
+    try:
+        json.dumps(value, ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
