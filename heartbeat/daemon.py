@@ -60,6 +60,8 @@ class _TaskMemory:
     stop_reason: str = ""
     stop_why: str = ""
     escalate_after_stop: bool = False
+    escalation_notified: bool = False
+    """This daemon ran (or checked the ledger for) the notifiers of the task's current escalation."""
     last_reason: str = ""
     quiet_entry: Entry | None = None
     """The scanned entry whose decision was "nothing"; while the scan returns this very entry
@@ -232,6 +234,11 @@ class Daemon:
             return "invalid", None
         mem.invalid_reported = ""
         baton = entry.baton
+        if baton.meta.status is not Status.ESCALATED:
+            mem.escalation_notified = False
+        elif not mem.escalation_notified:
+            mem.escalation_notified = True
+            self._notify_if_lost(baton)
         for _ in range(4):  # settle / wake / unblock change the baton; then look again
             decision = self._decide(baton, mem, now, statuses)
             if decision.action in (pol.Action.NOTHING, pol.Action.WAIT_LAUNCH):
@@ -491,15 +498,35 @@ class Daemon:
             ed.event("escalated", reason=reason)
         self.log.warning("escalated", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
                          reason=reason)
+        self._memory.setdefault(baton.id, _TaskMemory()).escalation_notified = True
         self._notify(ed.baton, reason)
         return ed.baton
 
-    def _notify(self, baton: Baton, reason: str) -> None:
+    def _notify_if_lost(self, baton: Baton) -> None:
+        """Run the notifiers an escalation never recorded: the daemon that escalated was stopped
+        (SIGKILL, or SIGTERM with the notifier still queued) before they ran. At least once."""
+        if not self.config.notify:
+            return
+        events = self.store.ledger.events(baton.id, kinds=["escalated", "notified"])
+        last = max((i for i, e in enumerate(events) if e.kind == "escalated"), default=None)
+        if last is None:
+            return
+        done = {e.data.get("name") for e in events[last + 1:]}
+        missing = [name for name in self.config.notify if name not in done]
+        if missing:
+            reason = str(events[last].data.get("reason", ""))
+            self.log.warning("notify_resent", task=baton.id, epoch=baton.meta.epoch, notifiers=missing,
+                             reason="the escalation's notifiers never reported (the daemon stopped first)")
+            self._notify(baton, reason, names=missing)
+
+    def _notify(self, baton: Baton, reason: str, names: list[str] | None = None) -> None:
         from heartbeat.commands import run_command
 
         values = {"id": baton.id, "reason": reason, "status": baton.meta.status.value,
                   "epoch": baton.meta.epoch, "attempt": baton.meta.attempt}
         for name, nc in self.config.notify.items():
+            if names is not None and name not in names:
+                continue
             argv = expand_argv(nc.command, values)
 
             def run(name: str = name, argv: list[str] = argv, timeout: float = nc.timeout) -> None:

@@ -460,3 +460,42 @@ class TestRacesBetweenLookAndAct:
             assert [e.epoch for e in d.store.ledger.events("spin", kinds=["dispatched"])] == [1]
         finally:
             d.shutdown()
+
+
+class TestEscalationNotifySurvivesRestarts:
+    """Found by the soak: a daemon killed between an escalation and its notifier left the escalation silent."""
+
+    def test_restarted_daemon_runs_the_notifier_an_escalation_never_recorded(self, tmp_path: Path) -> None:
+        """Escalated with no notified event after it: the next daemon runs the notifier, once; a notified one is left."""
+        from conftest import wait_for
+
+        from heartbeat import tasks
+        from heartbeat.baton import Status
+        from heartbeat.ledger import Event
+        from heartbeat.timeparse import utcnow
+
+        tmp_path.chmod(0o700)
+        out = tmp_path / "notified.txt"
+        script = f"import sys; open({str(out)!r}, 'a').write(sys.argv[1] + '\\n')"
+        notify = f"""
+[notify.file]
+command = {toml_list([sys.executable, "-c", script, "{id}"])}
+"""
+        d = in_process_daemon(tmp_path, notify)
+        try:
+            for task_id in ("lost", "told"):
+                tasks.new_task(d.store, task_id, task="t", step="s")
+                with d.store.edit(task_id, actor="daemon") as ed:  # what a daemon killed right after escalating left
+                    ed.baton.meta.status = Status.ESCALATED
+                    ed.event("escalated", reason="3 attempts without progress")
+            d.store.record([Event(task="told", kind="notified", ts=utcnow(), actor="daemon",
+                                  data={"name": "file", "code": 0})])
+            d.tick()
+            wait_for(lambda: d.store.ledger.events("lost", kinds=["notified"]), message="the notifier for 'lost'")
+            d.tick()
+            d.tick()
+            d._pool.shutdown(wait=True)
+            assert out.read_text().splitlines() == ["lost"]
+            assert len(d.store.ledger.events("lost", kinds=["notified"])) == 1
+        finally:
+            d.shutdown()

@@ -1,0 +1,245 @@
+"""The chaos soak: its checker catches what it claims to, and the short soak finds nothing.
+
+The first classes feed the checker (``tests/soak_checker.py``) broken histories, real
+processes and real files, so a soak that reports zero violations means something: each
+invariant is shown to fire. The last class runs ``scripts/soak.py --short`` for real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, clean_env, wait_for
+from soak_checker import (
+    Checker,
+    Group,
+    LedgerEvent,
+    check_blocks,
+    check_dispatch_epochs,
+    check_fencing,
+    check_group_starts,
+    check_notify,
+    check_overlaps,
+)
+
+
+def ev(i: int, kind: str, *, epoch: int = 0, rev: int = 0, ts: float | None = None, task: str = "t",
+       **data: object) -> LedgerEvent:
+    return LedgerEvent(id=i, ts=float(i) if ts is None else ts, task=task, kind=kind, epoch=epoch, revision=rev,
+                       data=dict(data))
+
+
+class TestLedgerChecks:
+    """Each ledger invariant fires on a history that breaks it, and stays quiet on one that keeps it."""
+
+    def test_dispatch_while_blocked_is_caught(self) -> None:
+        """A dispatched event after a block with no unblocked in between is a violation."""
+        events = [ev(1, "created", rev=1, status="active"), ev(2, "blocked", rev=2, on="x", gate="human"),
+                  ev(3, "dispatched", epoch=1, rev=3)]
+        assert [v.invariant for v in check_blocks(events)] == ["blocks-hold"]
+
+    def test_dispatch_after_unblock_is_fine(self) -> None:
+        """Block, unblock, dispatch: no violation."""
+        events = [ev(1, "created", rev=1, status="blocked"), ev(2, "unblocked", rev=2),
+                  ev(3, "dispatched", epoch=1, rev=3)]
+        assert check_blocks(events) == []
+
+    def test_task_created_blocked_or_bypassed_counts_as_blocked(self) -> None:
+        """A task created blocked, or held by a bypass, must not be dispatched before an unblock."""
+        created = [ev(1, "created", rev=1, status="blocked"), ev(2, "dispatched", epoch=1, rev=2)]
+        bypassed = [ev(1, "created", rev=1, status="active"), ev(2, "bypass", rev=2), ev(3, "dispatched", rev=3)]
+        assert len(check_blocks(created)) == 1 and len(check_blocks(bypassed)) == 1
+
+    def test_epochs_must_increase_and_match_the_baton(self) -> None:
+        """A repeated dispatched epoch, a baton epoch without its dispatch, a wrong count: all caught."""
+        events = [ev(1, "dispatched", epoch=1, rev=2), ev(2, "dispatched", epoch=1, rev=3)]
+        baton = {"meta": {"epoch": 2, "dispatches": 2, "revision": 3}}
+        found = check_dispatch_epochs(events, baton, seen_epochs={1, 2})
+        text = " | ".join(v.evidence for v in found)
+        assert "after epoch 1" in text and "sampled at epochs [2]" in text and "baton epoch 2" in text
+
+    def test_agreeing_ledger_and_baton_pass(self) -> None:
+        """Epochs 1, 2 dispatched, the baton at epoch 2 with two dispatches and the last revision: clean."""
+        events = [ev(1, "created", rev=1), ev(2, "dispatched", epoch=1, rev=2), ev(3, "updated", epoch=1, rev=3),
+                  ev(4, "dispatched", epoch=2, rev=4)]
+        assert check_dispatch_epochs(events, {"meta": {"epoch": 2, "dispatches": 2, "revision": 4}}, {0, 1, 2}) == []
+
+    def test_superseded_write_is_caught(self) -> None:
+        """An epoch-1 write that landed at a revision after epoch 2's dispatch is a fencing violation."""
+        events = [ev(1, "created", rev=1), ev(2, "dispatched", epoch=1, rev=2), ev(3, "dispatched", epoch=2, rev=3),
+                  ev(4, "updated", epoch=2, rev=4)]
+        late = {"e": 1, "r": 4, "k": "step", "pid": 9}
+        on_time = {"e": 2, "r": 4, "k": "step", "pid": 10}
+        assert [v.invariant for v in check_fencing(events, [late])] == ["fencing"]
+        assert check_fencing(events, [on_time]) == []
+
+    def test_coalesced_touch_takes_the_epoch_of_the_last_row(self) -> None:
+        """A touch at a revision the ledger coalesced away is judged by the last row at or before it."""
+        events = [ev(1, "dispatched", epoch=1, rev=2), ev(2, "touched", epoch=1, rev=9)]
+        assert check_fencing(events, [{"e": 1, "r": 5, "k": "touch"}]) == []
+
+    def test_escalation_without_notify_is_caught(self) -> None:
+        """An escalated event with no notified event after it, or no line in the notifier's file, is caught."""
+        events = [ev(1, "escalated", rev=5, reason="spinning")]
+        assert {v.invariant for v in check_notify(events, [], "file")} == {"escalation-loud"}
+        notified = [*events, ev(2, "notified", name="file", code=0)]
+        assert check_notify(notified, ["t\tspinning"], "file") == []
+        assert len(check_notify(notified, [], "file")) == 1
+
+
+class TestProcessChecks:
+    """Overlapping agent groups are caught, from intervals and from the real process table."""
+
+    def test_overlapping_intervals_are_two_agents(self) -> None:
+        """Groups alive together for longer than the clock's granularity are caught; a clean handover is not."""
+        a = Group(task="t", pgid=10, start=100.0, first_seen=100.1, last_seen=105.0)
+        b = Group(task="t", pgid=20, start=104.0, first_seen=104.1, last_seen=110.0)
+        c = Group(task="t", pgid=30, start=110.5, first_seen=110.6, last_seen=111.0)
+        assert [v.invariant for v in check_overlaps([a, b])] == ["two-agents"]
+        assert check_overlaps([b, c]) == []
+
+    def test_group_started_inside_a_block_is_caught(self) -> None:
+        """An agent group that started between a block and its unblock is a violation."""
+        events = [ev(1, "blocked", ts=100.0), ev(2, "unblocked", ts=200.0)]
+        inside = Group(task="t", pgid=1, start=0, first_seen=0, last_seen=0, start_wall=150.0)
+        after = Group(task="t", pgid=2, start=0, first_seen=0, last_seen=0, start_wall=201.0)
+        assert len(check_group_starts([inside, after], events)) == 1
+
+    @pytest.fixture
+    def spawn(self, tmp_path: Path) -> Iterator[object]:
+        procs: list[subprocess.Popen[bytes]] = []
+
+        def run(task: str, *, zombie: bool = False, same_group_as: int | None = None) -> subprocess.Popen[bytes]:
+            env = clean_env(HEARTBEAT_TASK=task, HEARTBEAT_STATE_DIR=str(tmp_path / "state"))
+            if zombie:
+                env["SOAK_ZOMBIE"] = "1"
+            kwargs: dict[str, object] = {"process_group": same_group_as or 0}
+            if zombie:
+                kwargs = {"start_new_session": True}
+            proc = subprocess.Popen(["sleep", "30"], env=env, **kwargs)  # type: ignore[call-overload]
+            procs.append(proc)
+            return proc
+
+        (tmp_path / "state").mkdir(mode=0o700)
+        yield run
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+    def test_two_live_groups_of_one_task_are_caught(self, tmp_path: Path, spawn: object) -> None:
+        """Two real process groups carrying one task's environment are two agents."""
+        checker = Checker(str(tmp_path / "state"))
+        first = spawn("t")  # type: ignore[operator]
+        spawn("t", same_group_as=first.pid)  # type: ignore[operator]
+        spawn("t", zombie=True)  # type: ignore[operator]
+        spawn("other")  # type: ignore[operator]
+        wait_for(lambda: len(checker.sample_processes().get("t", [])) == 1, message="one group for t")
+        assert checker.violations == []
+        spawn("t")  # type: ignore[operator]
+        wait_for(lambda: checker.sample_processes() and checker.violations, message="the two-agents violation")
+        assert checker.violations[0].invariant == "two-agents"
+        assert len(checker.zombie_pids) == 1
+
+
+class TestBatonChecks:
+    """Sampled batons: garbage must stay byte-identical, revisions never go back, except by the soak's hand."""
+
+    @pytest.fixture
+    def checker(self, tmp_path: Path) -> Checker:
+        from heartbeat import tasks
+        from heartbeat.store.files import FileStore
+
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700)
+        store = FileStore(str(state))
+        tasks.new_task(store, "a", task="t", step="s")
+        tasks.set_fields(store, "a", {"step": "s2"})
+        store.close()
+        c = Checker(str(state))
+        c.sample_batons()
+        return c
+
+    def test_revision_going_back_is_caught(self, checker: Checker) -> None:
+        """A baton rewritten with a lower revision behind the checker's back is a monotonic violation."""
+        path = Path(checker.batons_dir, "a.toml")
+        path.write_text(path.read_text().replace("revision = 2", "revision = 1"))
+        checker.sample_batons()
+        assert [v.invariant for v in checker.violations] == ["monotonic"]
+
+    def test_the_soaks_own_edits_reset_the_baseline(self, checker: Checker) -> None:
+        """A hand edit through the checker may lower the revision without a violation."""
+        checker.hand_edit("a", lambda data: data.replace(b"revision = 2", b"revision = 1"))
+        checker.sample_batons()
+        assert checker.violations == []
+
+    def test_garbage_must_stay_byte_identical(self, checker: Checker) -> None:
+        """The soak's garbage is fine while intact; replaced by anything else before the repair, it is caught."""
+        checker.hand_edit("a", lambda _data: b"\x00 junk", garbage=True)
+        checker.sample_batons()
+        assert checker.violations == [] and checker.garbage_seen_intact == 1
+        Path(checker.batons_dir, "a.toml").write_bytes(b"\x00 other junk")
+        checker.sample_batons()
+        assert [v.invariant for v in checker.violations] == ["invalid-baton"]
+
+    def test_unreadable_baton_not_written_by_the_soak_is_caught(self, checker: Checker) -> None:
+        """A torn or junk baton the soak did not write is a violation (an atomic write never leaves one)."""
+        path = Path(checker.batons_dir, "a.toml")
+        path.write_bytes(path.read_bytes()[:40])
+        checker.sample_batons()
+        assert [v.invariant for v in checker.violations] == ["invalid-baton"]
+
+
+@pytest.mark.slow
+class TestShortSoak:
+    """``scripts/soak.py --short`` against the real daemon: chaos happened, and no invariant broke."""
+
+    def test_short_soak_finds_no_violation(self, tmp_path: Path) -> None:
+        """60 tasks, ~45 s of faults, then the drain: zero violations, and every kind of fault was injected."""
+        tmp_path.chmod(0o700)
+        out = tmp_path / "soak.json"
+        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "soak.py"), "--short", "--seed", "5",
+                               "--state", str(tmp_path / "soak"), "--json", str(out)],
+                              capture_output=True, text=True, env=clean_env(), timeout=240, cwd=str(ROOT))
+        report = proc.stdout[-6000:] + proc.stderr[-3000:]
+        assert out.exists(), report
+        figures = json.loads(out.read_text())
+        assert figures["violations"] == 0, report
+        assert proc.returncode == 0, report
+        assert figures["agent_kills"] > 0 and figures["daemon_restarts"] > 0, report
+        assert figures["dispatches"] > figures["tasks"], report
+        assert figures["invalid_events"] > 0 and figures["garbage_batons"] > 0, report
+        assert figures["bypasses"] > 0, report
+        assert figures["sighups_broken"] > 0 and figures["stale_writes_refused"] > 0, report
+        leftover = _processes_with(str(tmp_path / "soak" / "state"))
+        assert leftover == [], f"processes left running: {leftover}"
+
+
+def _processes_with(state_dir: str) -> list[int]:
+    """Pids whose environment names this state dir (none may outlive the soak)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                if f"HEARTBEAT_STATE_DIR={state_dir}".encode() in handle.read():
+                    found.append(int(name))
+        except OSError:
+            continue
+    return [p for p in found if _alive(p)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return False
+    return raw[raw.rfind(b")") + 2:][:1] not in (b"Z", b"X")
+
