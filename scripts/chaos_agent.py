@@ -202,10 +202,20 @@ def run_behaviour(agent: Agent, behaviour: str, calm: bool) -> int:
         agent.work_steps(1, step)
         return 0
     if behaviour == "escape":
+        # Started in our group (so until it execs it is one of ours), it leaves the group by
+        # itself once its environment says what it is (SOAK_ZOMBIE=1): see run_zombie.
         env = {**os.environ, "SOAK_ZOMBIE": "1"}
-        subprocess.Popen([sys.executable, os.path.abspath(__file__), "--root", agent.root, "--zombie",
-                          "--step-time", str(step)], env=env, start_new_session=True,
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        zombie = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--root", agent.root, "--zombie",
+                                   "--step-time", str(step)], env=env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and zombie.poll() is None:
+            try:
+                if os.getpgid(zombie.pid) != os.getpgrp():
+                    break  # it has left our group: our shim's clean-up will not reach it
+            except ProcessLookupError:
+                break
+            time.sleep(0.02)
         agent.work_steps(rng.randint(0, 1), step)
         return rng.choice([0, 1])
     # work: a shift of a few steps, done when the plan is through
@@ -217,6 +227,7 @@ def run_behaviour(agent: Agent, behaviour: str, calm: bool) -> int:
 def run_zombie(agent: Agent) -> int:
     """Keep writing with this dispatch's epoch until refused (a later dispatch exists), the task
     is finished, or 15 s have passed."""
+    os.setsid()  # escape the agent's process group: the shim's clean-up and the daemon's stop miss us
     deadline = time.monotonic() + 15.0
     count = 0
     while time.monotonic() < deadline:

@@ -465,8 +465,10 @@ class Checker:
                 cls = self._class_cache[key] = cache[key]
             else:
                 cls = self._classify(pid)
-                # A child between fork and exec still has its parent's environment: decide later.
-                if cls is not None or seen_at - start_ticks / CLK_TCK > 1.0:
+                # A child between fork and exec still has its parent's environment (an agent's
+                # child that will exec a zombie looks like the agent): decide for good only
+                # once the process is a second old.
+                if seen_at - start_ticks / CLK_TCK > 1.0:
                     self._class_cache[key] = cls
             if cls is None:
                 continue
