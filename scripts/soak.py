@@ -472,7 +472,7 @@ timeout = "5s"
             return True
         if not force:
             waited = time.time() - record.written_at
-            if waited < 10 and not (self.daemon_alive() and self.ledger_has(task, "invalid", record.written_at - 0.1)):
+            if waited < 10 and not (self.daemon_alive() and self.ledger_has(task, "invalid", record.written_at - 2.0)):
                 return False  # let the daemon see it first
         self.checker.hand_edit(task, lambda _data: record.original, restore=True)
         self.garbage_restore.pop(task, None)
@@ -800,7 +800,7 @@ timeout = "5s"
             end = record.restored_at or time.time()
             windows.setdefault(task, []).append((record.written_at, end))
             reported = [e for e in by_task.get(task, []) if e.kind == "invalid"
-                        and record.written_at - 0.1 <= e.ts <= end + 2.0]
+                        and record.written_at - 2.0 <= e.ts <= end + 2.0]
             if not reported and self.daemon_up_between(record.written_at, end) >= 2.0:
                 c.violate("invalid-baton", task, f"garbage stood {end - record.written_at:.1f}s (daemon up "
                                                  f"{self.daemon_up_between(record.written_at, end):.1f}s of it) "
@@ -809,7 +809,8 @@ timeout = "5s"
             for e in evs:
                 if e.kind != "invalid":
                     continue
-                if not any(lo - 0.1 <= e.ts <= hi + 2.0 for lo, hi in windows.get(task, [])):
+                # An event is stamped with its tick's start, which may precede the read that saw the garbage.
+                if not any(lo - 2.0 <= e.ts <= hi + 2.0 for lo, hi in windows.get(task, [])):
                     c.violate("invalid-baton", task, f"the daemon recorded invalid at {e.ts:.3f} for a baton the "
                                                      f"soak had not broken: {e.data.get('error')}")
 

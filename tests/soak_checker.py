@@ -625,17 +625,20 @@ class Checker:
         self._segment(task, rev, epoch, status, now)
 
     def _segment(self, task: str, rev: int, epoch: int, status: str, now: float) -> None:
+        # Only blocked stretches are kept (and the current one): they are all the checks need.
         segs = self.segments.setdefault(task, [])
         if segs and (segs[-1].revision, segs[-1].epoch, segs[-1].status) == (rev, epoch, status):
             segs[-1].last = now
-        else:
-            segs.append(_Segment(rev, epoch, status, now, now))
+            return
+        if segs and segs[-1].status != "blocked":
+            segs.pop()
+        segs.append(_Segment(rev, epoch, status, now, now))
 
     def check_sampled_blocks(self, margin: float = 0.05) -> None:
         """No group started while the sampled baton sat blocked at one revision around its start."""
         for g in list(self.groups.values()):
             start = g.start_wall
-            for seg in self.segments.get(g.task, ()):
+            for seg in self.segments.get(g.task, ()):  # blocked stretches (and each task's last)
                 if seg.status == "blocked" and seg.first + margin < start < seg.last - margin:
                     self.violate("blocks-hold", g.task,
                                  f"agent process group {g.pgid} ({g.cmd}) started at {start:.3f} while the baton sat "

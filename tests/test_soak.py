@@ -187,6 +187,28 @@ class TestBatonChecks:
         checker.sample_batons()
         assert [v.invariant for v in checker.violations] == ["invalid-baton"]
 
+    def test_agent_started_while_the_sampled_baton_sat_blocked_is_caught(self, tmp_path: Path) -> None:
+        """A group whose start falls inside a stretch of samples showing one blocked revision is a violation."""
+        from heartbeat import tasks
+        from heartbeat.store.files import FileStore
+
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700)
+        store = FileStore(str(state))
+        tasks.new_task(store, "b", task="t", step="s", blocked_on="a human")
+        store.close()
+        c = Checker(str(state))
+        c.sample_batons()
+        c.sample_batons()
+        stretch = c.segments["b"][-1]
+        assert stretch.status == "blocked"
+        stretch.first -= 10.0  # as if the samples had shown it blocked for ten seconds
+        before = Group(task="b", pgid=1, start=0, first_seen=0, last_seen=0, start_wall=stretch.first - 1)
+        inside = Group(task="b", pgid=2, start=0, first_seen=0, last_seen=0, start_wall=stretch.first + 5)
+        c.groups = {("b", 1): before, ("b", 2): inside}
+        c.check_sampled_blocks()
+        assert [v.invariant for v in c.violations] == ["blocks-hold"] and "group 2 " in c.violations[0].evidence
+
     def test_unreadable_baton_not_written_by_the_soak_is_caught(self, checker: Checker) -> None:
         """A torn or junk baton the soak did not write is a violation (an atomic write never leaves one)."""
         path = Path(checker.batons_dir, "a.toml")
