@@ -8,6 +8,7 @@ a human or another tool put there. Comments are not kept: TOML libraries drop th
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
@@ -30,6 +31,7 @@ __all__ = [
     "Meta",
     "Baton",
     "check_id",
+    "load_toml",
     "parse_baton",
     "dump_baton",
 ]
@@ -43,6 +45,9 @@ LIST_FIELDS = ("key_files", "constraints", "done", "plan", "decisions", "rejecte
 """Top-level list-of-string fields."""
 
 REQUIRED_FIELDS = ("task", "step")
+
+_MAX_INT = 2**53
+"""Integers and numbers in ``[meta]`` beyond this are refused (no counter, pid or time gets near it)."""
 
 
 class Status(StrEnum):
@@ -308,6 +313,8 @@ class _Reader:
         value = data.pop(key)
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(name, f"expected an integer, got {_describe(value)}")
+        if abs(value) > _MAX_INT:  # the ledger stores 64-bit integers; counters never get near this
+            raise self.fail(name, f"out of range, got {_describe(value)}")
         if value < 0 and key != "last_exit":
             raise self.fail(name, f"must not be negative, got {value}")
         return value
@@ -318,19 +325,22 @@ class _Reader:
         value = data.pop(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(name, f"expected a number, got {_describe(value)}")
+        if abs(value) > _MAX_INT or not math.isfinite(value):  # inf, nan: no process started then
+            raise self.fail(name, f"out of range, got {_describe(value)}")
         return float(value)
 
     def time(self, data: dict[str, Any], key: str, name: str) -> datetime | None:
         if key not in data:
             return None
         value = data.pop(key)
-        if isinstance(value, datetime):
-            return to_utc(value)
-        if isinstance(value, str):
-            try:
+        try:
+            if isinstance(value, datetime):
+                return to_utc(value)
+            if isinstance(value, str):
                 return parse_instant(value)
-            except BadInput:
-                pass
+        except BadInput as exc:
+            if isinstance(value, datetime):
+                raise self.fail(name, exc.message) from None
         raise self.fail(name, f"expected a date-time, got {_describe(value)}")
 
     def table(self, data: dict[str, Any], key: str, name: str) -> dict[str, Any] | None:
@@ -347,6 +357,8 @@ def _describe(value: Any) -> str:
         return f"a string {value[:40]!r}"
     if isinstance(value, bool):
         return f"a boolean {str(value).lower()}"
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, list):
@@ -441,6 +453,59 @@ def _meta_from_dict(r: _Reader, doc: dict[str, Any], expected_id: str | None) ->
     return meta
 
 
+# A key of more than MAX_NESTING dotted parts (``a.a.a...`` in a key or a table header):
+# tomllib's time grows with the square of the parts, so such a key is refused before parsing.
+_KEY_PART = r"""(?:[A-Za-z0-9_-]++|"(?:[^"\\\n]|\\.)*+"|'[^'\n]*+')"""
+_DOT_PART = rf"\.[ \t]*+{_KEY_PART}[ \t]*+"
+_LONG_DOTTED_KEY = re.compile(rf"{_DOT_PART}(?:{_DOT_PART}){{{defaults.MAX_NESTING - 1}}}")  # starts with a
+# literal dot, so the regex engine skips straight from dot to dot
+# Strings and comments, to tell a long dotted key from text that merely looks like one.
+_STRINGS_AND_COMMENTS = re.compile(
+    r'''"""(?:[^"\\]|\\[\s\S]|"(?!""))*+"""(?:"{1,2}(?!"))?'''
+    r"|'''[\s\S]*?'''(?:'{1,2}(?!'))?"
+    r'''|"(?:[^"\\\n]|\\.)*+"|'[^'\n]*+'|\#[^\n]*+'''
+)
+
+
+def load_toml(text: str) -> dict[str, Any]:
+    """``tomllib.loads`` with bounds: any input gives a document or :class:`BadInput`.
+
+    Refused: keys of more than :data:`~heartbeat.defaults.MAX_NESTING` dotted parts
+    (quadratic parse time), documents nested deeper than that (a rewrite would overflow
+    the stack), integers too long to convert, and whatever tomllib itself rejects.
+    """
+    if text.count(".") >= defaults.MAX_NESTING and _LONG_DOTTED_KEY.search(text):
+        stripped = _STRINGS_AND_COMMENTS.sub(lambda m: "" if m.group().startswith("#") else "s", text)
+        if _LONG_DOTTED_KEY.search(stripped):
+            raise BadInput(f"nested too deeply: a key has more than {defaults.MAX_NESTING} dotted parts")
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise BadInput(f"not valid TOML: {exc}") from None
+    except RecursionError:
+        raise BadInput("not valid TOML: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise BadInput(f"not valid TOML: {exc}") from None
+    _check_bounds(doc, defaults.MAX_NESTING)
+    return doc
+
+
+def _check_bounds(doc: dict[str, Any], limit: int) -> None:
+    """Refuse nesting deeper than ``limit`` (the document itself is 1) and integers outside
+    64 bits, which TOML does not allow and which could not be written back (tomllib reads
+    ``0xfff...`` of any length)."""
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            raise BadInput(f"nested more than {limit} tables or arrays deep")
+        for child in value.values() if isinstance(value, dict) else value:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+            elif isinstance(child, int) and not -(2**63) <= child < 2**63:
+                raise BadInput(f"not valid TOML: an integer of {child.bit_length()} bits (TOML integers are 64-bit)")
+
+
 def parse_baton(text: str | bytes, *, path: str, expected_id: str | None = None) -> Baton:
     """Parse and validate a baton's TOML text, raising :class:`InvalidBaton` with file and field."""
     if isinstance(text, bytes):
@@ -449,11 +514,9 @@ def parse_baton(text: str | bytes, *, path: str, expected_id: str | None = None)
         except UnicodeDecodeError as exc:
             raise InvalidBaton(f"not UTF-8 text (byte {exc.start})", path=path) from None
     try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidBaton(f"not valid TOML: {exc}", path=path) from None
-    except RecursionError:
-        raise InvalidBaton("not valid TOML: nested too deeply", path=path) from None
+        doc = load_toml(text)
+    except BadInput as exc:
+        raise InvalidBaton(exc.message, path=path) from None
     return baton_from_dict(doc, path=path, expected_id=expected_id)
 
 
@@ -485,3 +548,14 @@ def _encodable(value: Any) -> bool:
         json.dumps(value, ensure_ascii=False, default=str).encode("utf-8")
     except UnicodeEncodeError:
         return False
+    return True
+
+
+def _has_carriage_return(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\r" in value
+    if isinstance(value, dict):
+        return any(_has_carriage_return(k) or _has_carriage_return(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_carriage_return(v) for v in value)
+    return False

@@ -545,9 +545,20 @@ def _version() -> str:
     return f"heartbeat {__version__}"
 
 
+def _check_utf8(argv: Sequence[str]) -> None:
+    """Refuse arguments holding bytes that are not UTF-8: a baton is UTF-8 text, and Python
+    would carry such bytes as lone surrogates that no file or ledger row can hold."""
+    for number, arg in enumerate(argv, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise BadInput(f"argument {number} is not valid UTF-8 (byte {exc.start}): {arg[:40]!r}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         argv = sys.argv[1:] if argv is None else list(argv)
+        _check_utf8(argv)
         args = _hot_args(argv) or build_parser(_command_in(argv)).parse_args(argv)
         if not getattr(args, "func", None):
             build_parser().print_help(sys.stderr)

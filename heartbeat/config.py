@@ -11,13 +11,12 @@ from __future__ import annotations
 import os
 import re
 import stat
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from heartbeat import defaults
-from heartbeat.baton import ID_PATTERN
+from heartbeat.baton import ID_PATTERN, load_toml
 from heartbeat.errors import BadInput, ConfigError
 from heartbeat.timeparse import parse_duration
 
@@ -42,6 +41,7 @@ BUILTIN_LAUNCHER_KEYS = {
     "systemd-run": frozenset({"properties", "slice", "user"}),
     "null": frozenset({"exit_code", "runtime"}),
 }
+_MIN_LOG_BYTES = 4096
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 
 
@@ -80,6 +80,8 @@ class LauncherConfig:
     max_runtime: float | None = None
     max_concurrent: int | None = None
     non_retryable_exit_codes: tuple[int, ...] = ()
+    max_log_bytes: int = defaults.MAX_LOG_BYTES
+    """The agent's log is cut to its tail past this size (0: never)."""
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -152,15 +154,13 @@ def load_config(path: str) -> Config:
 def parse_config(text: str, *, path: str = "heartbeat.toml") -> Config:
     """Parse config text; every problem is a :class:`ConfigError` naming file, line and key."""
     try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        doc = load_toml(text)
+    except BadInput as exc:
         line = None
-        match = re.search(r"line (\d+)", str(exc))
+        match = re.search(r"\(at line (\d+)", exc.message)
         if match:
             line = int(match.group(1))
-        raise ConfigError(f"not valid TOML: {exc}", path=path, line=line) from None
-    except RecursionError:
-        raise ConfigError("not valid TOML: nested too deeply", path=path) from None
+        raise ConfigError(exc.message, path=path, line=line) from None
     return _Parser(text, path).parse(doc)
 
 
@@ -351,7 +351,7 @@ class _Parser:
             raise self.error(f"launchers.{name}", "bad launcher name: use a-z 0-9 . _ -")
         kind = self.string(doc, "type", p, "exec")
         common = {"type", "command", "brief", "cwd", "env", "inherit_env", "stop_grace", "max_runtime",
-                  "max_concurrent", "non_retryable_exit_codes"}
+                  "max_concurrent", "non_retryable_exit_codes", "max_log_bytes"}
         extra_keys = BUILTIN_LAUNCHER_KEYS.get(kind)
         if extra_keys is not None:
             self.unknown(doc, common | extra_keys, p)
@@ -380,6 +380,9 @@ class _Parser:
         ):
             raise self.error(f"{p}non_retryable_exit_codes", "expected a list of exit codes from 1 to 255")
         max_runtime = self.duration(doc, "max_runtime", p, 0.0) or None
+        max_log_bytes = self.integer(doc, "max_log_bytes", p, defaults.MAX_LOG_BYTES, minimum=0)
+        if 0 < max_log_bytes < _MIN_LOG_BYTES:
+            raise self.error(f"{p}max_log_bytes", f"must be 0 (no cap) or at least {_MIN_LOG_BYTES}")
         cwd = self.string(doc, "cwd", p, "{workdir}")
         unknown_ph = placeholders_in(cwd) - LAUNCHER_PLACEHOLDERS
         if unknown_ph:
@@ -396,6 +399,7 @@ class _Parser:
             max_runtime=max_runtime,
             max_concurrent=self.integer(doc, "max_concurrent", p, 0) or None,
             non_retryable_exit_codes=tuple(codes),
+            max_log_bytes=max_log_bytes,
             options=options,
         )
 

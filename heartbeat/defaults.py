@@ -71,3 +71,12 @@ TOUCH_COALESCE = 60.0
 
 WATCH_DEBOUNCE = 0.05
 """Seconds the watcher waits for a burst of file events on one baton to settle."""
+
+MAX_NESTING = 32
+"""Tables and arrays in a baton or config may nest this deep (dotted keys count a level per
+part); deeper documents are refused before they can cost quadratic parse time or overflow
+the stack when written back."""
+
+MAX_LOG_BYTES = 64 * 1024 * 1024
+"""Bytes an agent's log (``logs/<id>/<epoch>.log``) may reach before the daemon keeps only
+its tail (in ``<epoch>.log.1``) and starts the live file again; ``max_log_bytes`` per launcher."""

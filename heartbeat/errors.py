@@ -63,8 +63,9 @@ class HeartbeatError(Exception):
             where.append(self.field)
         prefix = ": ".join(where)
         text = f"{prefix}: {self.message}" if prefix else self.message
-        # One line, always: a message built from file contents must not smuggle newlines.
-        return " ".join(text.split("\n"))
+        # One line, always: a message built from file contents must not smuggle line breaks
+        # (splitlines knows them all: \r, \v, \f, \x1c-\x1e, \x85, \u2028, \u2029).
+        return " ".join(text.splitlines())
 
 
 class BadInput(HeartbeatError):
@@ -91,7 +92,7 @@ class ConfigError(BadInput):
         if self.line:
             loc = f"{loc}:{self.line}"
         text = f"{loc}: {self.field}: {self.message}" if self.field else f"{loc}: {self.message}"
-        return " ".join(text.split("\n"))
+        return " ".join(text.splitlines())
 
 
 class InvalidBaton(BadInput):

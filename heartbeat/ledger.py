@@ -126,7 +126,8 @@ class SqliteLedger:
                 for event in events:
                     self._append_one(conn, event)
                 conn.execute("COMMIT")
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, UnicodeEncodeError, OverflowError) as exc:
+                # Besides SQLite's own errors: text that is not UTF-8, an integer over 64 bits.
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise StoreError(f"cannot write the ledger: {exc}", path=self.path) from None

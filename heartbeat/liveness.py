@@ -24,6 +24,8 @@ def this_host() -> str:
 
 def identify(pid: int) -> tuple[int, float] | None:
     """``(pid, create_time)`` of a running process, or None when there is none."""
+    if pid < 1:  # 0 and negatives name groups to kill(2), never one process
+        return None
     import psutil
 
     try:
@@ -140,7 +142,10 @@ def stop_process_group(
     (an agent that claimed a task from a shell) is signalled alone, never the group it
     shares with others. If the leader is gone but left processes in its group, those
     are stopped. ``on_poll`` runs on every poll (the exec launcher reaps its children there).
+    A ``pid`` below 1 (a hand-edited baton) names no process: nothing is signalled.
     """
+    if pid < 1:
+        return True  # group 0 holds kernel threads and, in a container, pid 1: never ours
     if _matches(pid, create_time):
         try:
             leads = os.getpgid(pid) == pid

@@ -24,7 +24,10 @@ def parse_duration(value: object, *, field: str | None = None) -> float:
     if isinstance(value, bool):
         raise BadInput(f"expected a duration, got {value!r}", field=field)
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer too large for a float
+            raise BadInput(f"duration out of range: {str(value)[:64]}", field=field) from None
     elif isinstance(value, str):
         text = value.strip().lower()
         if not text or len(text) > 64:
@@ -69,10 +72,17 @@ def utcnow() -> datetime:
 
 
 def to_utc(value: datetime) -> datetime:
-    """Make a datetime aware and UTC; a naive one is taken to be UTC already."""
+    """Make a datetime aware and UTC; a naive one is taken to be UTC already.
+
+    Raises :class:`BadInput` for an instant whose UTC form is not representable
+    (``9999-12-31T23:59:59-01:00`` is in year 10000 in UTC).
+    """
     if value.tzinfo is None:
         return value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise BadInput(f"time out of range: {value.isoformat()}") from None
 
 
 def parse_instant(value: object, *, field: str | None = None, now: datetime | None = None) -> datetime:
@@ -87,7 +97,10 @@ def parse_instant(value: object, *, field: str | None = None, now: datetime | No
     text = value.strip()
     if text.startswith("+"):
         base = now or utcnow()
-        return base + timedelta(seconds=parse_duration(text[1:], field=field))
+        try:
+            return base + timedelta(seconds=parse_duration(text[1:], field=field))
+        except OverflowError:
+            raise BadInput(f"time out of range: {value[:64]!r}", field=field) from None
     if len(text) > 64:
         raise BadInput("expected an ISO 8601 time, got a long string", field=field)
     if text.endswith(("Z", "z")):
@@ -98,4 +111,7 @@ def parse_instant(value: object, *, field: str | None = None, now: datetime | No
         raise BadInput(
             f"bad time {value!r}: use ISO 8601, e.g. 2026-11-29T06:59:00Z", field=field
         ) from None
-    return to_utc(parsed)
+    try:
+        return to_utc(parsed)
+    except BadInput as exc:
+        raise BadInput(exc.message, field=field) from None
