@@ -370,7 +370,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         raise BadInput("no config found (tried --config, $HEARTBEAT_CONFIG, ./heartbeat.toml, "
                        "/etc/heartbeat/heartbeat.toml)")
     config = load_config(path)
+    from heartbeat.launchers import make_launcher
+
     for launcher in config.launchers.values():
+        make_launcher(launcher, path=path)  # an unknown type or bad options: exit 2 with the key
         program = launcher.command[0] if launcher.command else ""
         if program and not shutil.which(program) and not os.path.isfile(program):
             print(f"heartbeat: warning: {path}: launchers.{launcher.name}.command: "
