@@ -186,6 +186,11 @@ class Daemon:
                 del self._memory[gone]
                 self._running.pop(gone, None)
             self._dispatch(wants, now)
+            from heartbeat.launchers.base import cap_running_logs  # an agent printing without end
+
+            for task_id, epoch, size in cap_running_logs(self.config.state_dir, self.config.launchers,
+                                                         (e.baton for e in entries), self._running):
+                self.log.warning("log_capped", task=task_id, epoch=epoch, size=size)
             counts["running"] = len(self._running)
             self.counts = counts
             self._gate_paths = gate_paths
@@ -663,16 +668,23 @@ class Daemon:
         except (Conflict, NotFound, NotActive) as exc:
             self.log.info("raced", task=task_id, action="dispatch", reason=str(exc))
             return
+        except HeartbeatError as exc:  # the disk is full, the state dir unwritable: the next tick tries again
+            self.log.error("dispatch_failed", task=task_id, error=str(exc))
+            return
         pending = ed.baton
         epoch = pending.meta.epoch
         self._dispatch_times.append(now)
         log_dir = self._log_dir(task_id)
-        os.makedirs(log_dir, mode=0o700, exist_ok=True)
         brief = render_brief(pending, max_attempts=self.config.daemon.max_attempts, now=now)
         for warning in brief.warnings:
             self.log.warning("brief_warning", task=task_id, epoch=epoch, warning=warning)
         brief_file = os.path.join(log_dir, f"{epoch}.brief.md")
-        _write_private(brief_file, brief.text)
+        try:
+            os.makedirs(log_dir, mode=0o700, exist_ok=True)
+            _write_private(brief_file, brief.text)
+        except OSError as exc:
+            self._launch_failed(pending, f"cannot write the brief {brief_file}: {exc.strerror or exc}", now)
+            return
         request = LaunchRequest(
             task_id=task_id, epoch=epoch, attempt=pending.meta.attempt,
             workdir=pending.workdir or self.config.state_dir, brief_text=brief.text, brief_file=brief_file,

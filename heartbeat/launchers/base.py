@@ -12,7 +12,8 @@ Safety rules every launcher keeps (they are enforced here, not left to each type
 - The agent's environment never holds the daemon's systemd plumbing
   (``NOTIFY_SOCKET``, ``WATCHDOG_*``, ``LISTEN_*``): an agent must not speak to systemd
   for the daemon.
-- Logs are private: ``logs/<id>/`` is 0700 and each log file 0600.
+- Logs are private: ``logs/<id>/`` is 0700 and each log file 0600, and bounded: the
+  daemon cuts a running agent's log past ``max_log_bytes`` (:func:`cap_log`).
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from heartbeat.baton import Owner
+from heartbeat.baton import Baton, Owner
 from heartbeat.config import LauncherConfig, expand_argv
 from heartbeat.errors import HeartbeatError
 from heartbeat.systemd import PLUMBING_ENV
@@ -44,6 +45,8 @@ __all__ = [
     "prepare_log",
     "read_exit_file",
     "write_private_file",
+    "cap_log",
+    "cap_running_logs",
 ]
 
 PROTOCOL_METHODS = ("launch", "alive", "exit_status", "stop", "reap")
@@ -312,3 +315,100 @@ def read_exit_file(path: str) -> ExitStatus | None:
         except ValueError:
             ended_at = None
     return ExitStatus(code=as_int(code), signal=as_int(sig), ended_at=ended_at)
+
+
+_COPY_CHUNK = 1 << 20
+
+
+def cap_log(path: str, max_bytes: int) -> int | None:
+    """Cut the log at ``path`` once it is larger than ``max_bytes``; return the size it had, or None.
+
+    The last quarter of ``max_bytes`` is copied to ``<path>.1`` (replacing the previous
+    one), then the live file is truncated and starts with a line saying so. Agents write
+    their logs with ``O_APPEND``, so they go on writing at the new end; whatever they
+    write during the copy is lost. So an agent that prints without end uses at most
+    about 1.25 times ``max_bytes`` of disk, plus what it writes between two ticks. When the
+    copy fails (the disk is full) the live file is truncated all the same: the space is
+    the point. Never raises; ``max_bytes`` of 0 means no cap.
+    """
+    if max_bytes <= 0:
+        return None
+    flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | flags)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size <= max_bytes:
+            return None
+        keep = max(max_bytes // 4, 1)
+        kept_path = f"{path}.1"
+        kept = _copy_tail(fd, st.st_size, keep, kept_path)
+        os.ftruncate(fd, 0)
+        where = (f"its last {keep} bytes are in {os.path.basename(kept_path)}" if kept
+                 else f"its tail could not be kept in {os.path.basename(kept_path)}")
+        note = f"[heartbeat: this log passed max_log_bytes ({max_bytes}) at {st.st_size} bytes and was cut; {where}]\n"
+        try:
+            os.write(fd, note.encode())
+        except OSError:
+            pass
+        return st.st_size
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _copy_tail(fd: int, size: int, keep: int, dest: str) -> bool:
+    tmp = f"{dest}.{os.getpid()}.tmp"
+    try:
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False
+    try:
+        offset = max(size - keep, 0)
+        while offset < size:
+            chunk = os.pread(fd, min(_COPY_CHUNK, size - offset), offset)
+            if not chunk:
+                break
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(out, view):]
+            offset += len(chunk)
+        os.close(out)
+        out = -1
+        os.replace(tmp, dest)
+        return True
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return False
+    finally:
+        if out >= 0:
+            os.close(out)
+
+
+def cap_running_logs(
+    state_dir: str,
+    launchers: Mapping[str, LauncherConfig],
+    batons: Iterable[Baton | None],
+    running: Mapping[str, str],
+) -> list[tuple[str, int, int]]:
+    """Apply :func:`cap_log` to the current log of every running agent (``running``: task id ->
+    launcher name); returns ``(task id, epoch, size it had)`` for each log that was cut."""
+    from heartbeat import defaults
+
+    cut = []
+    for baton in batons:
+        if baton is None or baton.id not in running:
+            continue
+        config = launchers.get(running[baton.id])
+        limit = config.max_log_bytes if config is not None else defaults.MAX_LOG_BYTES
+        epoch = baton.meta.epoch
+        size = cap_log(os.path.join(state_dir, "logs", baton.id, f"{epoch}.log"), limit)
+        if size is not None:
+            cut.append((baton.id, epoch, size))
+    return cut
