@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""Measure what an agent pays to write its baton, against the floors it cannot go below.
+
+In one run, on this machine, in a throw-away state dir:
+
+* the CLI: ``heartbeat touch`` and ``heartbeat set`` as real subprocesses, through the
+  venv's console script and through ``python -m heartbeat``, against the interpreter's
+  own start-up (``python -c pass``) measured interleaved with them;
+* the Python API: ``open_task(...).update()`` in a loop, against a bare atomic write of
+  the same bytes (temp file, write, fsync, rename, fsync of the directory).
+
+Targets: a CLI write within 2.5x interpreter start, an API update within 2x a bare
+atomic write. Prints a markdown table; ``--json`` prints the figures instead.
+
+    .venv/bin/python scripts/bench_cli.py [--runs 40] [--api-iterations 300]
+
+Python's bytecode cache is allowed for the subprocesses (``PYTHONDONTWRITEBYTECODE`` is
+dropped from their environment), as on any installed system; ``--no-bytecode-cache``
+measures the compile-every-time case instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+ROOT = Path(__file__).resolve().parent.parent
+TASK = "bench"
+CLI_TARGET = 2.5
+API_TARGET = 2.0
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _summary(samples: Sequence[float]) -> dict[str, float]:
+    return {"median_ms": statistics.median(samples) * 1000, "p90_ms": _percentile(samples, 0.9) * 1000,
+            "n": float(len(samples))}
+
+
+def _console_script() -> str:
+    script = Path(sys.executable).parent / "heartbeat"
+    if script.exists():
+        return str(script)
+    found = shutil.which("heartbeat")
+    if not found:
+        raise SystemExit("bench_cli: no `heartbeat` console script next to this python or on PATH")
+    return found
+
+
+def bench_cli(state_dir: str, runs: int, *, bytecode_cache: bool) -> dict[str, dict[str, float]]:
+    """Interleaved wall times of the floor and of each CLI write, ``runs`` of each."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTBEAT_")}
+    env["HEARTBEAT_STATE_DIR"] = state_dir
+    if bytecode_cache:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    else:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    script = _console_script()
+    py = sys.executable
+    counter = iter(range(10**9))
+    commands: dict[str, Callable[[], list[str]]] = {
+        "python -c pass": lambda: [py, "-c", "pass"],
+        "heartbeat touch": lambda: [script, "touch", TASK],
+        "heartbeat set": lambda: [script, "set", TASK, f"step=step {next(counter)}"],
+        "python -m heartbeat touch": lambda: [py, "-m", "heartbeat", "touch", TASK],
+        "python -m heartbeat set": lambda: [py, "-m", "heartbeat", "set", TASK, f"step=step {next(counter)}"],
+    }
+    samples: dict[str, list[float]] = {name: [] for name in commands}
+    warmup = 3
+    for i in range(runs + warmup):
+        for name, argv in commands.items():
+            args = argv()
+            start = time.perf_counter()
+            proc = subprocess.run(args, env=env, stdin=subprocess.DEVNULL, capture_output=True, cwd=state_dir)
+            elapsed = time.perf_counter() - start
+            if proc.returncode != 0:
+                raise SystemExit(f"bench_cli: {' '.join(args)} exited {proc.returncode}: {proc.stderr.decode()}")
+            if i >= warmup:
+                samples[name].append(elapsed)
+    return {name: _summary(values) for name, values in samples.items()}
+
+
+def _bare_atomic_write(directory: str, path: str, data: bytes) -> None:
+    tmp = os.path.join(directory, f".bare.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def bench_api(state_dir: str, iterations: int) -> dict[str, dict[str, float]]:
+    """In-process: ``Task.update()`` changing the step, interleaved with a bare atomic write of its bytes."""
+    from heartbeat import open_task
+
+    task = open_task(TASK, state_dir=state_dir, epoch=None)
+    bare_dir = os.path.join(state_dir, "bare")
+    os.makedirs(bare_dir, mode=0o700, exist_ok=True)
+    bare_path = os.path.join(bare_dir, "bare.toml")
+    data = Path(state_dir, "batons", f"{TASK}.toml").read_bytes()
+    update: list[float] = []
+    bare: list[float] = []
+    for i in range(iterations + 5):
+        start = time.perf_counter()
+        with task.update() as baton:
+            baton.step = f"api step {i}"
+        mid = time.perf_counter()
+        _bare_atomic_write(bare_dir, bare_path, data)
+        end = time.perf_counter()
+        if i >= 5:
+            update.append(mid - start)
+            bare.append(end - mid)
+    task.store.close()
+    return {"api update()": _summary(update), "bare atomic write": _summary(bare)}
+
+
+def _setup(state_dir: str) -> None:
+    from heartbeat import tasks
+    from heartbeat.store.files import FileStore
+
+    workdir = os.path.join(state_dir, "work")
+    os.makedirs(workdir, exist_ok=True)
+    for name in ("src.py", "notes.md"):
+        Path(workdir, name).write_text(f"# {name}\n" * 200)
+    store = FileStore(state_dir)
+    try:
+        tasks.new_task(
+            store, TASK, task="Benchmark the baton write path", step="step 0",
+            intent="Know what an agent pays per write", workdir=workdir, key_files=["src.py", "notes.md"],
+            constraints=["Do not touch production"], plan=["measure", "optimize", "report"],
+        )
+    finally:
+        store.close()
+
+
+def _table(cli: dict[str, dict[str, float]], api: dict[str, dict[str, float]]) -> str:
+    floor = cli["python -c pass"]["median_ms"]
+    bare = api["bare atomic write"]["median_ms"]
+    lines = ["| measurement | median | p90 | ratio | target |", "|---|---:|---:|---:|---:|"]
+    for name, fig in cli.items():
+        if name == "python -c pass":
+            lines.append(f"| `{name}` (floor) | {fig['median_ms']:.1f} ms | {fig['p90_ms']:.1f} ms | 1.00x | |")
+            continue
+        ratio = fig["median_ms"] / floor
+        lines.append(f"| `{name}` | {fig['median_ms']:.1f} ms | {fig['p90_ms']:.1f} ms | {ratio:.2f}x "
+                     f"| {'ok' if ratio <= CLI_TARGET else 'MISSED'} <= {CLI_TARGET}x |")
+    fig = api["bare atomic write"]
+    lines.append(f"| bare write+fsync+rename+dir fsync (floor) | {fig['median_ms']:.2f} ms | {fig['p90_ms']:.2f} ms "
+                 "| 1.00x | |")
+    fig = api["api update()"]
+    ratio = fig["median_ms"] / bare
+    lines.append(f"| `Task.update()` | {fig['median_ms']:.2f} ms | {fig['p90_ms']:.2f} ms | {ratio:.2f}x "
+                 f"| {'ok' if ratio <= API_TARGET else 'MISSED'} <= {API_TARGET}x |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=40, help="subprocess runs per CLI command (default 40)")
+    parser.add_argument("--api-iterations", type=int, default=300, help="API updates (default 300)")
+    parser.add_argument("--no-bytecode-cache", action="store_true", help="compile heartbeat on every CLI run")
+    parser.add_argument("--dir", help="where to make the throw-away state dir (default: a temp dir)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    base = tempfile.mkdtemp(prefix="heartbeat-bench-", dir=args.dir)
+    try:
+        state_dir = os.path.join(base, "state")
+        os.mkdir(state_dir, 0o700)
+        _setup(state_dir)
+        cli = bench_cli(state_dir, args.runs, bytecode_cache=not args.no_bytecode_cache)
+        api = bench_api(state_dir, args.api_iterations)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    result: dict[str, Any] = {"cli": cli, "api": api, "python": sys.version.split()[0],
+                              "bytecode_cache": not args.no_bytecode_cache}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"heartbeat write path, {args.runs} runs per CLI command, {args.api_iterations} API updates "
+          f"(Python {result['python']}, bytecode cache {'on' if result['bytecode_cache'] else 'off'})\n")
+    print(_table(cli, api))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

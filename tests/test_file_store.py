@@ -1,0 +1,474 @@
+"""The file store under crashes, concurrency and hostile files: real processes, real SIGKILLs."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, clean_env
+
+from heartbeat import defaults
+from heartbeat.baton import Baton, Meta
+from heartbeat.errors import BadInput, InvalidBaton, NotFound, StoreError, UnsafePath
+from heartbeat.store.files import FileStore
+
+# A writer that rewrites its batons in a loop until it is killed. Every write bumps an
+# unknown counter key along with the revision, so "counter == revision - 1" holds for
+# any baton that is whole; the padding makes a torn write visible.
+WRITER = r"""
+import sys
+from heartbeat.store.files import FileStore
+
+store = FileStore(sys.argv[1])
+ids = sys.argv[2:]
+n = 0
+while True:
+    task_id = ids[n % len(ids)]
+    with store.edit(task_id, actor="writer") as ed:
+        counter = ed.old.extra.get("counter", 0) + 1
+        ed.baton.extra["counter"] = counter
+        ed.baton.step = f"step {counter}"
+        ed.baton.extra["pad"] = str(counter % 10) * (4096 + counter % 512)
+    n += 1
+"""
+
+# A process applying M increments through the Python API, after a start signal.
+API_INCREMENTER = r"""
+import os, sys, time
+from heartbeat import open_task
+
+state_dir, task_id, count, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+task = open_task(task_id, state_dir=state_dir)
+deadline = time.monotonic() + 60
+while not os.path.exists(go):
+    if time.monotonic() > deadline:
+        sys.exit("no start signal")
+    time.sleep(0.005)
+for _ in range(count):
+    with task.update() as baton:
+        baton.extra["counter"] = baton.extra.get("counter", 0) + 1
+"""
+
+
+def _python(code: str, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=clean_env(), cwd=str(ROOT),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _new(store: FileStore, task_id: str, **extra: object) -> Baton:
+    return store.create(Baton(task="Crash test", step="start", meta=Meta(id=task_id), extra=dict(extra)))
+
+
+def _snapshot(path: Path) -> tuple[bytes, int]:
+    st = os.lstat(path)
+    return path.read_bytes() if stat.S_ISREG(st.st_mode) else b"", st.st_mtime_ns
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+class TestCrashConsistency:
+    @pytest.mark.slow
+    def test_sigkilled_writers_never_leave_a_torn_or_older_baton(self, state_dir: Path) -> None:
+        """Writers SIGKILLed at random moments while rewriting the same batons thousands of times:
+        every read parses, revisions never go backwards, no temp file is read, every landed
+        write has its ledger event, and scan reaps the dead writers' temp files."""
+        ids = ["c0", "c1", "c2"]
+        setup = FileStore(str(state_dir))
+        for task_id in ids:
+            _new(setup, task_id, counter=0)
+        setup.close()
+
+        target_writes, budget = 2000, 18.0
+        failures: list[str] = []
+        seen: dict[str, int] = dict.fromkeys(ids, 1)
+        reads = 0
+        stop = threading.Event()
+
+        def sample() -> None:
+            nonlocal reads
+            reader = FileStore(str(state_dir))
+            try:
+                while not stop.is_set():
+                    for task_id in ids:
+                        try:
+                            baton = reader.load(task_id)
+                        except Exception as exc:  # any failure to read a whole baton is the bug
+                            failures.append(f"load {task_id}: {exc!r}")
+                            continue
+                        rev, counter = baton.meta.revision, baton.extra.get("counter")
+                        if rev < seen[task_id]:
+                            failures.append(f"{task_id}: revision went back from {seen[task_id]} to {rev}")
+                        if counter != rev - 1:
+                            failures.append(f"{task_id}: counter {counter} at revision {rev}")
+                        seen[task_id] = max(seen[task_id], rev)
+                        reads += 1
+                    for entry in reader.scan():
+                        if entry.id not in ids or entry.error is not None:
+                            failures.append(f"scan saw {entry.id!r}: {entry.error}")
+            finally:
+                reader.close()
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        writers = [_python(WRITER, str(state_dir), *random.sample(ids, len(ids))) for _ in range(3)]
+        kills = 0
+        rng = random.Random(20261129)
+        started = time.monotonic()
+        try:
+            while sum(seen.values()) - len(ids) < target_writes and time.monotonic() - started < budget:
+                time.sleep(rng.uniform(0.05, 0.4))  # a random moment, not a wait for a condition
+                victim = writers.pop(rng.randrange(len(writers)))
+                victim.send_signal(signal.SIGKILL)
+                victim.wait()
+                assert victim.returncode == -signal.SIGKILL, victim.stderr.read() if victim.stderr else ""
+                kills += 1
+                writers.append(_python(WRITER, str(state_dir), *rng.sample(ids, len(ids))))
+        finally:
+            for proc in writers:
+                proc.send_signal(signal.SIGKILL)
+            for proc in writers:
+                proc.wait()
+            stop.set()
+            sampler.join(10)
+        assert not failures, failures[:5]
+        total = sum(seen.values()) - len(ids)
+        assert total >= 300, f"only {total} writes in {budget}s: the test proves too little on this machine"
+        assert kills >= 5 and reads > 50
+        print(f"{total} writes, {kills} SIGKILLs, {reads} reads in {time.monotonic() - started:.1f}s")
+
+        store = FileStore(str(state_dir))
+        batons_dir = state_dir / "batons"
+        # A temp file of a writer still running is left alone; one of a dead writer is reaped.
+        live = batons_dir / f".c0.toml.{os.getpid()}.live0001.tmp"
+        dead = batons_dir / f".c0.toml.{_dead_pid()}.dead0001.tmp"
+        for planted in (live, dead):
+            planted.write_text("task = \n garbage [[[")
+        entries = store.scan()
+        assert [e.id for e in entries] == ids and all(e.error is None for e in entries)
+        leftovers = [p.name for p in batons_dir.iterdir() if p.name.endswith(".tmp")]
+        assert leftovers == [live.name], leftovers
+        live.unlink()
+
+        for task_id in ids:
+            baton = store.load(task_id)
+            rev = baton.meta.revision
+            assert baton.extra["counter"] == rev - 1
+            assert rev >= seen[task_id]
+            # The event goes in before the rename: every revision on disk has its ledger row.
+            logged = {e.revision for e in store.ledger.events(task_id, kinds=["updated"])}
+            assert set(range(2, rev + 1)) <= logged
+        store.close()
+        with sqlite3.connect(state_dir / "ledger.sqlite3") as db:
+            assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+    def test_scan_ignores_temp_files_and_reaps_only_dead_writers(self, file_store: FileStore, state_dir: Path) -> None:
+        """Temp files are never listed; those whose writer pid is gone are removed, a live one's are kept."""
+        _new(file_store, "a")
+        batons_dir = state_dir / "batons"
+        dead = batons_dir / f".a.toml.{_dead_pid()}.0123abcd.tmp"
+        live = batons_dir / f".a.toml.{os.getpid()}.0123abcd.tmp"
+        odd = batons_dir / ".a.toml.notapid.tmp"
+        for path in (dead, live, odd):
+            path.write_text('task = "torn')
+        assert [e.id for e in file_store.scan()] == ["a"]
+        assert not dead.exists() and live.exists() and odd.exists()
+
+    def test_write_failure_keeps_the_old_baton(self, file_store: FileStore, state_dir: Path) -> None:
+        """A write that cannot complete leaves the previous baton and no temp file behind."""
+        _new(file_store, "a")
+        before = _snapshot(state_dir / "batons" / "a.toml")
+        with pytest.raises(BadInput, match="at most"):
+            with file_store.edit("a") as ed:
+                ed.baton.extra["huge"] = "x" * defaults.MAX_BATON_BYTES
+        assert _snapshot(state_dir / "batons" / "a.toml") == before
+        assert [p.name for p in (state_dir / "batons").iterdir()] == ["a.toml"]
+
+
+class TestNoLostUpdates:
+    @pytest.mark.slow
+    def test_api_increments_from_many_processes(self, state_dir: Path, tmp_path: Path) -> None:
+        """6 processes x 50 read-modify-write increments through open_task().update(): the counter
+        ends at 300 and the revision at 301 (one per write after create)."""
+        workers, count = 6, 50
+        store = FileStore(str(state_dir))
+        _new(store, "n", counter=0)
+        store.close()
+        go = tmp_path / "go"
+        procs = [_python(API_INCREMENTER, str(state_dir), "n", str(count), str(go)) for _ in range(workers)]
+        go.touch()
+        for proc in procs:
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err.decode()
+        store = FileStore(str(state_dir))
+        baton = store.load("n")
+        assert baton.extra["counter"] == workers * count
+        assert baton.meta.revision == 1 + workers * count
+        assert len(store.ledger.events("n", kinds=["updated"])) == workers * count
+        store.close()
+
+    @pytest.mark.slow
+    def test_cli_adds_from_many_processes(self, state_dir: Path) -> None:
+        """4 shell loops x 15 `heartbeat add n done x` at once: done holds all 60 items, revision 61."""
+        workers, count = 4, 15
+        store = FileStore(str(state_dir))
+        _new(store, "n")
+        store.close()
+        script = Path(sys.executable).parent / "heartbeat"
+        loop = f'for i in $(seq {count}); do "{script}" add n done "w$W-$i" || exit 1; done'
+        procs = [subprocess.Popen(["bash", "-c", loop], env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir), W=str(w)),
+                                  stderr=subprocess.PIPE) for w in range(workers)]
+        for proc in procs:
+            _, err = proc.communicate(timeout=240)
+            assert proc.returncode == 0, err.decode()
+        store = FileStore(str(state_dir))
+        baton = store.load("n")
+        assert len(baton.done) == workers * count
+        assert sorted(baton.done) == sorted(f"w{w}-{i}" for w in range(workers) for i in range(1, count + 1))
+        assert baton.meta.revision == 1 + workers * count
+        store.close()
+
+    def test_threads_of_one_process_serialize(self, file_store: FileStore) -> None:
+        """Threads sharing one FileStore do not lose each other's increments either."""
+        _new(file_store, "n", counter=0)
+
+        def bump() -> None:
+            for _ in range(25):
+                with file_store.edit("n") as ed:
+                    ed.baton.extra["counter"] = ed.old.extra["counter"] + 1
+
+        threads = [threading.Thread(target=bump) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert file_store.load("n").extra["counter"] == 100
+        assert file_store.load("n").meta.revision == 101
+
+    def test_a_held_lock_times_out_with_an_error(self, file_store: FileStore, state_dir: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+        """A writer that cannot get the lock within LOCK_TIMEOUT fails with StoreError; nothing is written."""
+        _new(file_store, "n")
+        holder = subprocess.Popen(
+            [sys.executable, "-c",
+             "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+             "print('held', flush=True); time.sleep(60)", str(state_dir / "locks" / "n.lock")],
+            stdout=subprocess.PIPE)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+            monkeypatch.setattr(defaults, "LOCK_TIMEOUT", 0.2)
+            with pytest.raises(StoreError, match="held this baton's lock"):
+                with file_store.edit("n") as ed:
+                    ed.baton.step = "never"
+        finally:
+            holder.kill()
+            holder.wait()
+        assert file_store.load("n").step == "start"
+
+
+class TestUnsafeFiles:
+    def _refused_everywhere(self, store: FileStore, task_id: str, path: Path, error: type[Exception], message: str,
+                            ) -> None:
+        before = _snapshot(path)
+        with pytest.raises(error, match=message):
+            store.load(task_id)
+        with pytest.raises(error, match=message):
+            with store.edit(task_id) as ed:
+                ed.baton.step = "overwrite"
+        (entry,) = [e for e in store.scan() if e.id == task_id]
+        assert entry.baton is None and entry.error is not None and message in str(entry.error)
+        assert "\n" not in str(entry.error)
+        assert _snapshot(path) == before, "a refused baton must be left exactly as it was"
+
+    def test_symlinked_baton_is_refused(self, file_store: FileStore, state_dir: Path, tmp_path: Path) -> None:
+        """A baton that is a symlink (even to a valid baton) is refused; neither link nor target changes."""
+        _new(file_store, "real")
+        target = tmp_path / "elsewhere.toml"
+        target.write_bytes((state_dir / "batons" / "real.toml").read_bytes().replace(b'"real"', b'"link"'))
+        link = state_dir / "batons" / "link.toml"
+        link.symlink_to(target)
+        target_before = _snapshot(target)
+        self._refused_everywhere(file_store, "link", link, UnsafePath, "symbolic link")
+        assert link.is_symlink() and _snapshot(target) == target_before
+
+    def test_fifo_is_refused_without_blocking(self, file_store: FileStore, state_dir: Path) -> None:
+        """A FIFO in place of a baton is refused at once: reading it must not wait for a writer."""
+        fifo = state_dir / "batons" / "pipe.toml"
+        os.mkfifo(fifo)
+        done = threading.Event()
+
+        def check() -> None:
+            self._refused_everywhere(file_store, "pipe", fifo, UnsafePath, "not a regular file")
+            done.set()
+
+        thread = threading.Thread(target=check, daemon=True)
+        thread.start()
+        thread.join(10)
+        assert done.is_set(), "reading a FIFO baton blocked (or failed)"
+
+    def test_oversized_baton_is_refused(self, file_store: FileStore, state_dir: Path) -> None:
+        """A baton over 1 MiB is refused naming its size, and left alone."""
+        path = state_dir / "batons" / "big.toml"
+        path.write_text('task = "t"\nstep = "s"\npad = "' + "x" * defaults.MAX_BATON_BYTES + '"\n')
+        self._refused_everywhere(file_store, "big", path, InvalidBaton, "a baton may be at most 1048576 bytes")
+
+    def test_unreadable_baton_is_refused(self, file_store: FileStore, state_dir: Path) -> None:
+        """A baton this user cannot read (mode 000) is reported as unreadable, not skipped."""
+        if os.geteuid() == 0:
+            pytest.skip("running as root: chmod 000 does not stop root from reading the file")
+        _new(file_store, "locked")
+        path = state_dir / "batons" / "locked.toml"
+        path.chmod(0)
+        self._refused_everywhere(file_store, "locked", path, InvalidBaton, "unreadable: Permission denied")
+
+    def test_directory_in_place_of_a_baton(self, file_store: FileStore, state_dir: Path) -> None:
+        """A directory named like a baton is refused as not a regular file."""
+        path = state_dir / "batons" / "dir.toml"
+        path.mkdir()
+        self._refused_everywhere(file_store, "dir", path, UnsafePath, "not a regular file")
+
+    @pytest.mark.parametrize(("content", "message"), [
+        ("task = \n", "not valid TOML"),
+        ('task = "t"\nstep = 3\n', "step: expected a string, got 3"),
+        ('task = "t"\nstep = "s"\n[meta]\nschema = 9\n', "meta.schema: written by a newer heartbeat"),
+        ('task = "t"\nstep = "s"\n[meta]\nid = "other"\n', "meta.id: is 'other' but the file is named for 'bad'"),
+    ])
+    def test_invalid_baton_is_reported_and_kept(self, file_store: FileStore, state_dir: Path, content: str,
+                                                message: str) -> None:
+        """An invalid baton is listed with its error and never rewritten; the other tasks are still served."""
+        _new(file_store, "good")
+        path = state_dir / "batons" / "bad.toml"
+        path.write_text(content)
+        self._refused_everywhere(file_store, "bad", path, InvalidBaton, message)
+        entries = {e.id: e for e in file_store.scan()}
+        assert entries["good"].baton is not None
+        with file_store.edit("good") as ed:
+            ed.baton.step = "still served"
+        assert file_store.load("good").step == "still served"
+
+    def test_badly_named_file_is_listed_invalid(self, file_store: FileStore, state_dir: Path) -> None:
+        """A *.toml whose name is not a task id shows up as invalid instead of being ignored or loaded."""
+        (state_dir / "batons" / "Not An Id.toml").write_text('task = "t"\nstep = "s"\n')
+        (entry,) = file_store.scan()
+        assert entry.baton is None and "not a valid task id" in str(entry.error)
+
+    def test_symlinked_lock_is_refused(self, file_store: FileStore, state_dir: Path, tmp_path: Path) -> None:
+        """A lock file swapped for a symlink is refused, and what it points to is not touched."""
+        _new(file_store, "a")
+        victim = tmp_path / "victim"
+        victim.write_text("precious")
+        lock = state_dir / "locks" / "a.lock"
+        if lock.exists():
+            lock.unlink()
+        lock.symlink_to(victim)
+        with pytest.raises(StoreError, match="cannot open lock"):
+            with file_store.edit("a") as ed:
+                ed.baton.step = "x"
+        assert victim.read_text() == "precious"
+
+    def test_missing_task_is_not_found(self, file_store: FileStore) -> None:
+        """An id with no file is NotFound naming where it looked."""
+        with pytest.raises(NotFound, match=r"looked for .*/batons/ghost\.toml"):
+            file_store.load("ghost")
+
+
+class TestStateDir:
+    @pytest.mark.parametrize(("mode", "who"), [(0o777, "group- and world-writable"), (0o770, "group-writable"),
+                                               (0o703, "world-writable")])
+    def test_writable_by_others_is_refused_with_the_fix(self, tmp_path: Path, mode: int, who: str) -> None:
+        """A state dir others can write to is refused, and the message says how to fix it."""
+        path = tmp_path / "state"
+        path.mkdir()
+        path.chmod(mode)
+        with pytest.raises(UnsafePath) as info:
+            FileStore(str(path))
+        assert f"state dir is {who}" in str(info.value)
+        assert f"fix it with: chmod go-w {path}" in str(info.value)
+        assert info.value.exit_code == 2
+
+    def test_readable_by_group_is_fine(self, tmp_path: Path) -> None:
+        """Only write access for others is refused: a 0750 state dir is used."""
+        path = tmp_path / "state"
+        path.mkdir()
+        path.chmod(0o750)
+        FileStore(str(path)).close()
+
+    def test_created_private(self, tmp_path: Path) -> None:
+        """A missing state dir is created 0700, with its batons and locks dirs, and batons are 0600."""
+        path = tmp_path / "new" / "state"
+        store = FileStore(str(path))
+        _new(store, "a")
+        store.close()
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700
+        assert stat.S_IMODE((path / "batons").stat().st_mode) == 0o700
+        assert stat.S_IMODE((path / "batons" / "a.toml").stat().st_mode) == 0o600
+        assert stat.S_IMODE((path / "ledger.sqlite3").stat().st_mode) == 0o600
+
+    def test_owned_by_another_user_is_refused(self, tmp_path: Path) -> None:
+        """A state dir that belongs to another (non-root) user is refused with the chown fix."""
+        if os.geteuid() != 0:
+            pytest.skip("only root can give a directory to another user")
+        path = tmp_path / "state"
+        path.mkdir(mode=0o700)
+        os.chown(path, 54321, -1)
+        with pytest.raises(UnsafePath, match=r"belongs to 54321, not to this user.*chown 0 "):
+            FileStore(str(path))
+
+    def test_writable_batons_dir_is_refused(self, state_dir: Path) -> None:
+        """The check covers the batons dir too, not just the top."""
+        (state_dir / "batons").mkdir(mode=0o777)
+        (state_dir / "batons").chmod(0o777)
+        with pytest.raises(UnsafePath, match="batons dir is group- and world-writable"):
+            FileStore(str(state_dir))
+
+
+class TestScanCache:
+    def test_unchanged_files_are_not_reparsed(self, file_store: FileStore, state_dir: Path) -> None:
+        """A second scan reuses the entries of files whose stat did not change, and re-reads changed ones."""
+        for task_id in ("a", "b"):
+            _new(file_store, task_id)
+        first = {e.id: e for e in file_store.scan()}
+        with file_store.edit("b") as ed:
+            ed.baton.step = "moved"
+        second = {e.id: e for e in file_store.scan()}
+        assert second["a"] is first["a"]
+        assert second["b"] is not first["b"]
+        assert second["b"].baton is not None and second["b"].baton.step == "moved"
+
+    def test_deleted_baton_leaves_the_listing(self, file_store: FileStore, state_dir: Path) -> None:
+        """A baton removed by hand disappears from the next scan."""
+        _new(file_store, "a")
+        _new(file_store, "b")
+        file_store.scan()
+        (state_dir / "batons" / "a.toml").unlink()
+        assert [e.id for e in file_store.scan()] == ["b"]
+
+    def test_hand_edit_is_seen(self, file_store: FileStore, state_dir: Path) -> None:
+        """A human's in-place edit (same inode) is picked up by the next scan."""
+        _new(file_store, "a")
+        file_store.scan()
+        path = state_dir / "batons" / "a.toml"
+        text = path.read_text().replace('step = "start"', 'step = "edited by hand, longer"')
+        with open(path, "r+") as handle:
+            handle.write(text)
+            handle.truncate()
+        assert _step_in_scan(file_store, "a") == "edited by hand, longer"
+
+
+def _step_in_scan(store: FileStore, task_id: str) -> str | None:
+    for entry in store.scan():
+        if entry.id == task_id and entry.baton is not None:
+            return entry.baton.step
+    return None
