@@ -317,7 +317,6 @@ timeout = "5s"
         tasks.new_task(store, task_id, task=f"soak task {task_id}", step="start", intent="survive the soak",
                        workdir=str(self.root / "work"), plan=steps, blocked_on=blocked_on, gate=gate, actor="soak")
         self.tasks.append(task_id)
-        self.checker.known_tasks.add(task_id)
         return task_id
 
     # -- the samplers --------------------------------------------------------------------
@@ -889,11 +888,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temp dir even when all is well")
     parser.add_argument("--json", help="write the figures and violations to this file")
     args = parser.parse_args(argv)
+
+    def interrupted(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    # SIGINT is ignored in background jobs of a shell: take both, so the clean-up always runs.
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
     base = PRESETS["long" if args.long else "short"]
     for key in ("tasks", "duration", "drain", "max_concurrent"):
         if getattr(args, key) is None:
             setattr(args, key, base[key])
-    return Soak(args).run()
+    try:
+        return Soak(args).run()
+    except KeyboardInterrupt as exc:
+        print(f"soak: interrupted ({exc}); agents and daemon stopped", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -561,6 +561,7 @@ class Checker:
 
     def sample_batons(self) -> None:
         """Read every baton that changed since the last sample; check parse, garbage and monotonicity."""
+        known = set(self.known_tasks)  # tasks this checker has read a baton of: none may go missing
         try:
             listing = list(os.scandir(self.batons_dir))
         except OSError:
@@ -587,7 +588,7 @@ class Checker:
                 self._sample_one(task, de.path)
                 self._stat[task] = key
         self.baton_samples += 1
-        for task in self.known_tasks - present:
+        for task in known - present:
             self.violate("invalid-baton", task, "the baton file disappeared", key=f"gone:{task}")
 
     def _sample_one(self, task: str, path: str) -> None:

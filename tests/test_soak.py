@@ -209,6 +209,14 @@ class TestBatonChecks:
         c.check_sampled_blocks()
         assert [v.invariant for v in c.violations] == ["blocks-hold"] and "group 2 " in c.violations[0].evidence
 
+    def test_a_baton_seen_once_must_never_disappear(self, checker: Checker) -> None:
+        """A baton the checker has read is never removed (an invalid one neither): its loss is caught."""
+        checker.sample_batons()
+        assert checker.violations == []
+        Path(checker.batons_dir, "a.toml").unlink()
+        checker.sample_batons()
+        assert [v.evidence for v in checker.violations] == ["the baton file disappeared"]
+
     def test_unreadable_baton_not_written_by_the_soak_is_caught(self, checker: Checker) -> None:
         """A torn or junk baton the soak did not write is a violation (an atomic write never leaves one)."""
         path = Path(checker.batons_dir, "a.toml")
