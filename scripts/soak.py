@@ -115,6 +115,8 @@ class Soak:
         self.rng = random.Random(args.seed)
         if args.state:
             self.root = Path(args.state).resolve()
+            if (self.root / "state").exists():
+                raise SystemExit(f"soak: {self.root} holds an earlier run: give --state a new directory")
             self.root.mkdir(parents=True, exist_ok=True)
         else:
             self.root = Path(tempfile.mkdtemp(prefix="heartbeat-soak-"))
