@@ -526,10 +526,19 @@ def dump_baton(baton: Baton) -> str:
     Strings with line breaks are written as multi-line strings, readable by a human,
     unless some string holds a carriage return: tomli_w turns ``\\r\\n`` into ``\\n`` in
     multi-line strings, and a rewrite must not change what it does not own.
+
+    A baton the parser would refuse is not written: :class:`BadInput` names the field
+    (a launcher name that is not a name, a relative workdir, nesting past the limit), so
+    no writer can turn a task invalid.
     """
     import tomli_w
 
     doc = baton.to_dict()
+    try:
+        baton_from_dict(doc, path="")  # the parser's own rules, on the data about to be written
+        _check_bounds(doc, defaults.MAX_NESTING)
+    except BadInput as exc:
+        raise BadInput(exc.message, task=baton.meta.id or None, field=exc.field) from None
     text = tomli_w.dumps(doc, multiline_strings=not _has_carriage_return(doc))
     try:
         text.encode("utf-8")

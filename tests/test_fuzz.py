@@ -33,6 +33,7 @@ from heartbeat import defaults
 from heartbeat.baton import Baton, Gate, check_id, dump_baton, load_toml, parse_baton
 from heartbeat.config import Config, expand_argv, parse_config
 from heartbeat.errors import BadInput, ConfigError, HeartbeatError, InvalidBaton
+from heartbeat.store.files import FileStore
 from heartbeat.timeparse import parse_duration, parse_instant
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -529,7 +530,8 @@ WORDS = st.one_of(
     st.sampled_from(["t1", "t2", "--task", "--step", "--epoch", "--for", "--until", "--gate", "--on", "--by",
                      "--reason", "--note", "--json", "--budget", "--key-file", "--workdir", "--plan", "--pid",
                      "--expect-revision", "--launcher", "step=x", "task=", "blocked_on=x", "meta=1", "workdir=rel",
-                     "workdir=/", "constraints", "done", "key_files", "../../etc/passwd", "1", "-1", "0",
+                     "workdir=/", "launcher=; touch PWNED", "launcher=ok", "constraints", "done", "key_files",
+                     "../../etc/passwd", "1", "-1", "0",
                      "file:/tmp/x", "time:+1s", "check:c", "task:t2", "human", "10m", "$(touch PWNED)", "a\nb",
                      "9" * 30, "2026-11-29T06:59:00Z", "\x00"]),
     st.text(max_size=10),
@@ -580,3 +582,9 @@ class TestCli:
         if code not in (0, 3, 4, 5):
             assert len(lines) == 1 and lines[0].startswith("heartbeat: "), err.getvalue()
         assert not (cli_state.parent / "PWNED").exists() and not Path("PWNED").exists()
+        store = FileStore(str(cli_state))
+        try:
+            invalid = [str(e.error) for e in store.scan() if e.error is not None]
+        finally:
+            store.close()
+        assert not invalid, f"the CLI wrote a baton it cannot read back: {invalid}"
