@@ -141,6 +141,19 @@ def load_config(path: str) -> Config:
                 f"fix it with: chmod go-w {path}",
                 path=path,
             )
+        if st.st_uid not in (0, os.geteuid()):
+            # Its owner can chmod it and rewrite it whatever its mode says now.
+            import pwd
+
+            try:
+                owner = pwd.getpwuid(st.st_uid).pw_name
+            except KeyError:
+                owner = f"uid {st.st_uid}"
+            raise ConfigError(
+                f"belongs to {owner}, who could rewrite it and so choose the programs heartbeat runs; "
+                f"it must belong to root or to this user: fix it with: chown {os.geteuid()} {path}",
+                path=path,
+            )
         if st.st_size > defaults.MAX_BATON_BYTES:
             raise ConfigError("is larger than 1 MiB", path=path)
         raw = handle.read()
