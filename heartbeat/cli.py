@@ -3,16 +3,43 @@ they use: no scheduler, no watcher, no structlog, no psutil (except ``claim``)."
 
 from __future__ import annotations
 
-import argparse
+import functools
+import importlib.util
 import json
 import os
 import sys
+import types
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from heartbeat.errors import EXIT_BAD_INPUT, EXIT_ERROR, BadInput, HeartbeatError
 
 __all__ = ["main", "build_parser"]
+
+
+def _lazy_module(name: str) -> types.ModuleType:
+    """``name``, loaded on first attribute access (importlib's LazyLoader).
+
+    argparse (with gettext and locale) costs an agent's ``touch`` a few milliseconds it
+    never uses: the hot writes below are parsed without it.
+    """
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        raise ImportError(name)
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    return module
+
+
+if TYPE_CHECKING:
+    import argparse
+else:
+    argparse = _lazy_module("argparse")
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -398,9 +425,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- the parser --------------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # one line, exit 2, as every other bad input
-        raise BadInput(f"{self.prog}: {message}")
+@functools.cache
+def _parser_class() -> type[argparse.ArgumentParser]:
+    # Made on first use, not at import: subclassing would load argparse on every call.
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> Any:  # one line, exit 2, as every other bad input
+            raise BadInput(f"{self.prog}: {message}")
+
+    return Parser
 
 
 class _Skipped:
@@ -425,7 +457,7 @@ def _command_in(argv: Sequence[str]) -> str | None:
     return None
 
 
-def _hot_args(argv: Sequence[str]) -> argparse.Namespace | None:
+def _hot_args(argv: Sequence[str]) -> Any:
     """What the parser would return for the agent's hot calls, ``touch ID``, ``set ID F=V...``
     and ``add ID FIELD V...`` written without any option, or None for anything else.
 
@@ -438,22 +470,23 @@ def _hot_args(argv: Sequence[str]) -> argparse.Namespace | None:
     command, rest = argv[0], list(argv[1:])
     common = {"config": None, "state_dir": None, "command": command, "epoch": None, "id": rest[0]}
     if command == "touch" and len(rest) == 1:
-        return argparse.Namespace(func=cmd_touch, **common)
+        return types.SimpleNamespace(func=cmd_touch, **common)
     if command == "set" and len(rest) >= 2:
-        return argparse.Namespace(func=cmd_set, pairs=rest[1:], expect_revision=None, **common)
+        return types.SimpleNamespace(func=cmd_set, pairs=rest[1:], expect_revision=None, **common)
     if command == "add" and len(rest) >= 3:
-        return argparse.Namespace(func=cmd_add, field=rest[1], values=rest[2:], expect_revision=None, **common)
+        return types.SimpleNamespace(func=cmd_add, field=rest[1], values=rest[2:], expect_revision=None, **common)
     return None
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser; ``only`` builds just that command's subparser (argparse spends
     milliseconds per subparser, and an agent's ``touch`` should not pay for all of them)."""
-    parser = _Parser(prog="heartbeat", description="Keep long-running agent work alive across seams.")
+    parser_class = _parser_class()
+    parser = parser_class(prog="heartbeat", description="Keep long-running agent work alive across seams.")
     parser.add_argument("--config", help="config file (else $HEARTBEAT_CONFIG, ./heartbeat.toml, /etc/heartbeat/)")
     parser.add_argument("--state-dir", help="state dir (else $HEARTBEAT_STATE_DIR, else the config's)")
     parser.add_argument("--version", action="version", version=_version())
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=parser_class)
 
     def command(name: str, func: Callable[[argparse.Namespace], int], help_: str, *, task: bool = True,
                 write: bool = False, json_: bool = False) -> argparse.ArgumentParser:
