@@ -47,6 +47,9 @@ def resolve_key_file(workdir: str, key_file: str) -> str:
     ``..``, an absolute path outside the workdir and a symlink that points outside it
     are all refused with :class:`UnsafePath`.
     """
+    if "\0" in workdir or "\0" in key_file:  # the OS would cut the path at the NUL (Python refuses it)
+        raise UnsafePath(f"key file {key_file[:200]!r} or workdir {workdir[:200]!r} holds a NUL byte",
+                         field="key_files")
     root = os.path.realpath(workdir)
     joined = os.path.normpath(os.path.join(root, key_file))
     if not _within(joined, root):
@@ -135,6 +138,8 @@ def fingerprint_world(workdir: str, key_files: list[str]) -> dict[str, str]:
     """Fingerprint every key file (and git HEAD) of a baton; raises :class:`UnsafePath` on escapes."""
     if not workdir:
         return {}
+    if "\0" in workdir or not os.path.isabs(workdir):
+        raise UnsafePath(f"workdir {workdir[:200]!r} must be an absolute path", field="workdir")
     world = {key: fingerprint(resolve_key_file(workdir, key)) for key in key_files}
     head = git_head(workdir)
     if head:

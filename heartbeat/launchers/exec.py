@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from typing import IO, Any
 
 from heartbeat.baton import Owner
@@ -40,18 +41,22 @@ _KEEP_FINISHED = 1024
 """Exit statuses of reaped children kept in memory (the exit file is the lasting record)."""
 
 
-def shim_command(config: LauncherConfig, exit_file: str, argv: list[str]) -> list[str]:
+def shim_command(config: LauncherConfig, exit_file: str, argv: list[str],
+                 env: Mapping[str, str] | None = None) -> list[str]:
     """The argv that starts the shim around ``argv``.
 
     The shim runs as a script (``-I``: isolated from the agent's ``PYTHON*`` variables
     and user site), not as ``-m heartbeat.launchers.shim``: it then imports nothing from
     heartbeat, stays small for the agent's whole life, and works whatever the agent's
-    environment says.
+    environment says. With ``env`` (the agent's environment) given, a variable Python's
+    start-up adds to it (``LC_CTYPE``, when it coerces a C locale) is taken out again, so
+    the agent gets exactly the environment the launcher config says.
     """
     if not sys.executable:
         raise LaunchError("cannot find the Python interpreter to run the shim (sys.executable is empty)")
     grace = f"{max(0.0, config.stop_grace):g}"
-    return [sys.executable, "-I", os.path.abspath(shim.__file__), "--grace", grace, exit_file, "--", *argv]
+    unset = ["--unset", "LC_CTYPE"] if env is not None and "LC_CTYPE" not in env else []
+    return [sys.executable, "-I", os.path.abspath(shim.__file__), "--grace", grace, *unset, exit_file, "--", *argv]
 
 
 def _stdin_for(config: LauncherConfig, req: LaunchRequest) -> IO[bytes] | int:
@@ -86,7 +91,7 @@ class ExecLauncher:
         argv = build_argv(self.config, req)
         env = build_env(self.config, req)
         cwd = resolve_cwd(self.config, req)
-        command = shim_command(self.config, req.exit_file, argv)
+        command = shim_command(self.config, req.exit_file, argv, env)
         log_fd = prepare_log(req)
         stdin: IO[bytes] | int = subprocess.DEVNULL
         try:

@@ -1,7 +1,9 @@
 """The process a launcher actually starts: it runs the agent and records how it ended.
 
-Usage: ``python heartbeat/launchers/shim.py [--grace SECONDS] EXIT_FILE -- ARGV...``
-(``python -m heartbeat.launchers.shim ...`` works too).
+Usage: ``python heartbeat/launchers/shim.py [--grace SECONDS] [--unset NAME]... EXIT_FILE -- ARGV...``
+(``python -m heartbeat.launchers.shim ...`` works too). ``--unset`` removes a variable
+from the agent's environment that the shim's own start-up put there: Python coerces a C
+locale by setting ``LC_CTYPE``, which the launcher's environment did not have.
 
 The shim is started as the leader of a new session and process group. It runs the agent
 as its child in that same group, so a signal sent to the group (a stop) reaches the
@@ -36,7 +38,7 @@ DEFAULT_GRACE = 5.0
 """Seconds the agent's leftovers get between SIGTERM and SIGKILL after the agent ended."""
 
 _SWALLOWED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-_USAGE = "usage: shim.py [--grace SECONDS] EXIT_FILE -- ARGV..."
+_USAGE = "usage: shim.py [--grace SECONDS] [--unset NAME]... EXIT_FILE -- ARGV..."
 
 
 def group_members(pgid: int, *, exclude: int | None = None) -> list[int]:
@@ -203,23 +205,29 @@ def _stop_leftovers(grace: float) -> None:
         time.sleep(0.02)
 
 
-def _parse(args: list[str]) -> tuple[float, str, list[str]]:
+def _parse(args: list[str]) -> tuple[float, list[str], str, list[str]]:
     grace = DEFAULT_GRACE
-    if args[:1] == ["--grace"] and len(args) > 1:
-        grace = max(0.0, float(args[1]))
+    unset: list[str] = []
+    while args[:1] in (["--grace"], ["--unset"]) and len(args) > 1:
+        if args[0] == "--grace":
+            grace = max(0.0, float(args[1]))
+        else:
+            unset.append(args[1])
         args = args[2:]
     if len(args) < 3 or args[1] != "--":
         raise ValueError(_USAGE)
-    return grace, args[0], args[2:]
+    return grace, unset, args[0], args[2:]
 
 
 def main(args: list[str] | None = None) -> int:
     try:
-        grace, exit_file, argv = _parse(sys.argv[1:] if args is None else args)
+        grace, unset, exit_file, argv = _parse(sys.argv[1:] if args is None else args)
     except ValueError as exc:
         msg = str(exc) if str(exc) == _USAGE else f"bad --grace: {exc}"
         os.write(2, f"heartbeat shim: {msg}\n".encode())
         return 2
+    for name in unset:  # what our own start-up added, e.g. Python's C-locale coercion (LC_CTYPE)
+        os.environ.pop(name, None)
     for signum in _SWALLOWED:
         signal.signal(signum, _swallow)
     # A daemon thread may have had signals blocked: the mask is inherited, so clear it.
