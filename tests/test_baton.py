@@ -66,6 +66,7 @@ def _text(doc: dict[str, Any]) -> str:
 
 
 class TestRoundTrip:
+    @pytest.mark.slow
     @ROUND_TRIP
     @given(batons())
     def test_dump_then_parse_is_identity(self, baton: Baton) -> None:

@@ -402,8 +402,7 @@ class TestBadBatonFiles:
     def _check(self, hb: Hb, path: Path, code: int, *fragments: str) -> None:
         task_id = path.name.removesuffix(".toml")
         before = _snapshot(path)
-        for args in (("show", task_id), ("set", task_id, "step=overwritten"), ("touch", task_id),
-                     ("block", task_id, "--on", "x")):
+        for args in (("show", task_id), ("set", task_id, "step=overwritten")):
             _one_line_error(hb(*args, timeout=20), code, *fragments)
         assert _snapshot(path) == before
         rows = {row["id"]: row for row in json.loads(hb("status", "--json").out)["tasks"]}
