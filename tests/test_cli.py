@@ -140,6 +140,22 @@ class TestNewShowStatus:
         assert shown["meta"]["owner"]["pid"] == doc["meta"]["owner"]["pid"]
         assert datetime.fromisoformat(shown["meta"]["updated_at"]) == doc["meta"]["updated_at"]
 
+    def test_show_json_is_strict_json(self, hb: Hb, state_dir: Path) -> None:
+        """Unknown keys holding inf, nan, dates and times still give standard JSON (no bare Infinity/NaN)."""
+        assert hb("new", "n", "--task", "t", "--step", "s").code == 0
+        path = state_dir / "batons" / "n.toml"
+        path.write_text(path.read_text().replace(
+            "[meta]", "big = inf\nsmall = -inf\nodd = nan\nday = 2026-01-01\nat = 07:32:00\nxs = [inf, 1.5]\n\n[meta]"))
+        r = hb("show", "n", "--json")
+        assert r.code == 0, r.err
+
+        def refuse(constant: str) -> None:
+            raise AssertionError(f"not JSON: {constant}")
+
+        shown = json.loads(r.out, parse_constant=refuse)
+        assert (shown["big"], shown["small"], shown["odd"]) == ("inf", "-inf", "nan")
+        assert (shown["day"], shown["at"], shown["xs"]) == ("2026-01-01", "07:32:00", ["inf", 1.5])
+
     def test_status_json(self, hb: Hb, state_dir: Path) -> None:
         """`status --json` has one row per task, invalid batons included with their error."""
         assert hb("new", "a", "--task", "t", "--step", "first step").code == 0
