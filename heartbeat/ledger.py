@@ -52,9 +52,16 @@ class Event:
 class Ledger(Protocol):
     """Where events go. Implementations must keep events in append order (ids increase)."""
 
-    def append(self, events: Sequence[Event]) -> None:
+    def append(self, events: Sequence[Event], *, supersede: tuple[str, int] | None = None) -> None:
         """Record events durably, in order; a ``touched`` event may be merged into the
-        task's previous touch of the same minute instead of adding a row."""
+        task's previous touch of the same minute instead of adding a row.
+
+        ``supersede=(task, revision)`` first removes that task's events of ``revision`` and
+        later. The store appends a write's events *before* it renames the baton into place,
+        so a writer killed in between leaves events for a revision that never landed; the
+        next write of that revision (made under the baton's lock, so nothing else can have
+        written it) replaces them. Readers never see two histories of one revision.
+        """
 
     def events(
         self, task: str | None = None, *, since: datetime | None = None, kinds: Iterable[str] | None = None
@@ -81,6 +88,7 @@ CREATE TABLE IF NOT EXISTS events (
     data TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS events_task ON events (task, id);
+CREATE INDEX IF NOT EXISTS events_task_revision ON events (task, revision);
 CREATE INDEX IF NOT EXISTS events_ts ON events (ts);
 """
 
@@ -116,13 +124,15 @@ class SqliteLedger:
             self._conn = conn
         return self._conn
 
-    def append(self, events: Sequence[Event]) -> None:
+    def append(self, events: Sequence[Event], *, supersede: tuple[str, int] | None = None) -> None:
         if not events:
             return
         with self._lock:
             conn = self._connect()
             try:
                 conn.execute("BEGIN IMMEDIATE")
+                if supersede is not None:
+                    conn.execute("DELETE FROM events WHERE task = ? AND revision >= ?", supersede)
                 for event in events:
                     self._append_one(conn, event)
                 conn.execute("COMMIT")
@@ -207,8 +217,11 @@ class MemoryLedger:
         self._events: list[Event] = []
         self._lock = threading.Lock()
 
-    def append(self, events: Sequence[Event]) -> None:
+    def append(self, events: Sequence[Event], *, supersede: tuple[str, int] | None = None) -> None:
         with self._lock:
+            if supersede is not None:
+                task, revision = supersede
+                self._events = [e for e in self._events if not (e.task == task and e.revision >= revision)]
             for event in events:
                 last = next((e for e in reversed(self._events) if e.task == event.task), None)
                 if (

@@ -222,3 +222,33 @@ class TestLogCommand:
         r = hb("log", "ghost", "--json")
         assert r.code == 0 and json.loads(r.out) == {"task": "ghost", "events": []}
         assert hb("log", "Ghost").code == 2
+
+
+class TestSupersede:
+    """Events of a write that never landed are replaced by the write that does."""
+
+    def test_a_crash_between_ledger_and_rename_leaves_one_history(
+        self, file_store: FileStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A writer dying after appending its events but before the rename: the retry's events replace them."""
+        from heartbeat.baton import Baton, Meta
+
+        file_store.create(Baton(task="t", step="s", meta=Meta(id="crashy")))
+
+        class Died(Exception):
+            pass
+
+        def dying_replace(src: str, dst: str) -> None:
+            raise Died  # the fault: the process stops after the ledger append, before the rename
+
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "replace", dying_replace)
+            with pytest.raises(Died), file_store.edit("crashy") as ed:
+                ed.event("dispatched", reason="first try")
+        assert [e.data.get("reason") for e in file_store.ledger.events("crashy", kinds=["dispatched"])] == [
+            "first try"]
+        assert file_store.load("crashy").meta.revision == 1
+        with file_store.edit("crashy") as ed:
+            ed.event("dispatched", reason="second try")
+        events = file_store.ledger.events("crashy", kinds=["dispatched"])
+        assert [(e.data.get("reason"), e.revision) for e in events] == [("second try", 2)]

@@ -296,7 +296,7 @@ class FileStore:
             finally:
                 os.close(fd)
             # The event goes in before the rename: a baton on disk always has its event.
-            self.ledger.append(events)
+            self.ledger.append(events, supersede=(task_id, baton.meta.revision))
             os.replace(tmp, path)
         except OSError as exc:
             _unlink_quietly(tmp)
