@@ -822,6 +822,13 @@ class Daemon:
                 self._watched_dirs[directory] = self._observer.schedule(self._handler, directory, recursive=False)
             except OSError as exc:
                 self.log.warning("gate_watch_failed", directory=directory, error=str(exc))
+                continue
+            self.log.debug("watching", directory=directory)
+            # A gate file created before the watch existed raised no event: look once more now.
+            for path, task_ids in list(self._gate_paths.items()):
+                if os.path.dirname(path) == directory:
+                    for task_id in task_ids:
+                        self.poke(task_id)
 
     def reload(self) -> bool:
         """Re-read the config (SIGHUP). An invalid new config is logged and the old one kept."""

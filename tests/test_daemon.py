@@ -171,8 +171,8 @@ class TestBlocks:
             gate_dir.mkdir()
             h.start()
             h.new("gated", "--blocked-on", "the data export", "--gate", f"file:{gate_dir / 'export.done'}")
-            h.wait(lambda: any(e.get("event") == "decision" and e.get("task") == "gated" for e in h.log()),
-                   "the daemon to see the blocked task")
+            h.wait_log(lambda e: e.get("event") == "watching" and e.get("directory") == str(gate_dir),
+                       "the daemon to watch the gate's directory")
             assert not h.events("gated", "dispatched")
             written = time.time()
             (gate_dir / "export.done").write_text("ok")
