@@ -124,6 +124,21 @@ class TestNewShowStatus:
         _one_line_error(hb("new", "g", "--task", "t", "--step", "s", "--gate", "human"), 2, "--gate goes with --blocked-on")
         assert sorted(p.name for p in (state_dir / "batons").iterdir()) == ["a.toml"]
 
+    def test_key_files_must_stay_inside_the_workdir(self, hb: Hb, state_dir: Path, tmp_path: Path) -> None:
+        """A key file escaping the workdir (by .. or by a symlink) is exit 2; nothing is created or changed."""
+        work = tmp_path / "work"
+        work.mkdir()
+        (work / "etc").symlink_to("/etc")
+        _one_line_error(hb("new", "k", "--task", "t", "--step", "s", "--workdir", str(work), "--key-file", "../x"),
+                        2, "k: key_files: key file '../x' is outside the workdir")
+        _one_line_error(hb("new", "k", "--task", "t", "--step", "s", "--workdir", str(work), "--key-file",
+                           "etc/passwd"), 2, "is a link to /etc/passwd, outside the workdir")
+        assert not (state_dir / "batons" / "k.toml").exists()
+        assert hb("new", "k", "--task", "t", "--step", "s", "--workdir", str(work)).code == 0
+        before = _snapshot(state_dir / "batons" / "k.toml")
+        _one_line_error(hb("add", "k", "key_files", "../../etc/shadow"), 2, "outside the workdir")
+        assert _snapshot(state_dir / "batons" / "k.toml") == before
+
     def test_show_json_mirrors_the_toml(self, hb: Hb, state_dir: Path) -> None:
         """`show --json` has the TOML's keys, `meta` nested, unknown keys included, times as ISO text."""
         assert hb("new", "j", "--task", "t", "--step", "s", "--claim", "--key-file", "a.txt").code == 0

@@ -240,6 +240,20 @@ class TestNoLostUpdates:
         assert baton.meta.revision == 1 + workers * count
         store.close()
 
+    def test_racing_creates_have_one_winner(self, state_dir: Path) -> None:
+        """Six processes run `heartbeat new` for the same id at once: one creates it, five get exit 5."""
+        script = Path(sys.executable).parent / "heartbeat"
+        env = clean_env(HEARTBEAT_STATE_DIR=str(state_dir))
+        procs = [subprocess.Popen([str(script), "new", "race", "--task", f"by {i}", "--step", "s"], env=env,
+                                  stderr=subprocess.PIPE, text=True) for i in range(6)]
+        results = [(proc.wait(timeout=120), proc.stderr.read() if proc.stderr else "") for proc in procs]
+        assert sorted(code for code, _ in results) == [0, 5, 5, 5, 5, 5], results
+        assert all("exists already" in err for code, err in results if code == 5)
+        store = FileStore(str(state_dir))
+        assert store.load("race").meta.revision == 1
+        assert [e.kind for e in store.ledger.events("race")] == ["created"]
+        store.close()
+
     def test_threads_of_one_process_serialize(self, file_store: FileStore) -> None:
         """Threads sharing one FileStore do not lose each other's increments either."""
         _new(file_store, "n", counter=0)
