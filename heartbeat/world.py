@@ -92,8 +92,11 @@ def fingerprint(path: str, *, hash_limit: int = defaults.FINGERPRINT_HASH_LIMIT)
     except OSError as exc:
         return f"error:{exc.errno}"
     with os.fdopen(fd, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
+        try:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+        except OSError as exc:  # EIO from a failing disk, a /proc or FUSE file: a fingerprint, not a crash
+            return f"error:{exc.errno}"
     return f"sha256:{digest.hexdigest()}"
 
 

@@ -392,6 +392,18 @@ class TestUnsafeFiles:
                 ed.baton.step = "x"
         assert victim.read_text() == "precious"
 
+    def test_key_file_that_fails_to_read_is_fingerprinted_not_fatal(self, file_store: FileStore) -> None:
+        """A key file whose read fails (EIO: /proc/self/mem, a failing disk) records `error:<errno>`;
+        the write goes through instead of crashing."""
+        if not os.path.exists("/proc/self/mem"):
+            pytest.skip("needs Linux /proc")
+        baton = file_store.create(Baton(task="t", step="s", workdir="/proc/self", key_files=["mem"],
+                                        meta=Meta(id="proc")))
+        assert baton.meta.world["mem"].startswith("error:")
+        with file_store.edit("proc") as ed:
+            ed.baton.step = "still writable"
+        assert file_store.load("proc").step == "still writable"
+
     def test_missing_task_is_not_found(self, file_store: FileStore) -> None:
         """An id with no file is NotFound naming where it looked."""
         with pytest.raises(NotFound, match=r"looked for .*/batons/ghost\.toml"):
