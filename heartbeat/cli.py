@@ -113,7 +113,10 @@ def cmd_new(args: argparse.Namespace) -> int:
         raise BadInput("--gate goes with --blocked-on")
     owner = _claiming_owner(args) if args.claim else None
     store = _store(args)
-    workdir = args.workdir or os.getcwd()
+    try:
+        workdir = args.workdir or os.getcwd()
+    except FileNotFoundError:
+        raise BadInput("the current directory no longer exists: pass --workdir DIR") from None
     baton = tasks.new_task(
         store,
         args.id,
@@ -414,7 +417,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for launcher in config.launchers.values():
         make_launcher(launcher, path=path)  # an unknown type or bad options: exit 2 with the key
         program = launcher.command[0] if launcher.command else ""
-        if program and not shutil.which(program) and not os.path.isfile(program):
+        if "/" in program and not os.path.isabs(program) and "{workdir}" in launcher.cwd:
+            print(f"heartbeat: warning: {path}: launchers.{launcher.name}.command: {program!r} is a relative "
+                  "path, found in each task's working directory, which a baton chooses: use an absolute path",
+                  file=sys.stderr)
+        elif program and not shutil.which(program) and not os.path.isfile(program):
             print(f"heartbeat: warning: {path}: launchers.{launcher.name}.command: "
                   f"{program!r} is not on PATH", file=sys.stderr)
     print(f"ok: {path}: state_dir {config.state_dir}, {len(config.launchers)} launcher(s), "
@@ -618,4 +625,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
+        return EXIT_ERROR
+    except OSError as exc:  # e.g. stdout on a full disk: one line, as every other error
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"heartbeat: {where}{exc.strerror or exc}", file=sys.stderr)
         return EXIT_ERROR

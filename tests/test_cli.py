@@ -78,6 +78,27 @@ class TestSetup:
         r = hb()
         assert r.code == 2 and "usage: heartbeat" in r.err
 
+    def test_output_errors_are_one_line(self, hb: Hb, state_dir: Path) -> None:
+        """Output that cannot be written (stdout on a full disk) is a one-line error, exit 1, not a traceback."""
+        if not Path("/dev/full").exists():
+            pytest.skip("needs /dev/full")
+        assert hb("new", "a", "--task", "t", "--step", "s").code == 0
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run([sys.executable, "-m", "heartbeat", "status"], stdout=full, stderr=subprocess.PIPE,
+                                  text=True, env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir)), timeout=60)
+        assert proc.returncode == 1
+        assert proc.stderr == "heartbeat: No space left on device\n"
+
+    def test_new_from_a_deleted_directory(self, state_dir: Path, tmp_path: Path) -> None:
+        """`new` without --workdir, run from a directory that was deleted, says so (exit 2)."""
+        gone = tmp_path / "gone"
+        gone.mkdir()
+        script = f'cd "{gone}" && rmdir "{gone}" && exec "{sys.executable}" -m heartbeat new g --task t --step s'
+        proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                              env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir), PYTHONPATH=str(ROOT)))
+        assert proc.returncode == 2
+        assert proc.stderr == "heartbeat: the current directory no longer exists: pass --workdir DIR\n"
+
     def test_unknown_command(self, hb: Hb) -> None:
         """An unknown command is one line naming the valid ones, exit 2."""
         _one_line_error(hb("frobnicate", "x"), 2, "invalid choice: 'frobnicate'", "'touch'")
