@@ -420,6 +420,23 @@ class TestPermissions:
             r.stderr
 
 
+class TestConfigAdvice:
+    """check-config points out a launcher program that a baton could choose."""
+
+    def test_relative_program_run_in_the_workdir_is_warned(self, tmp_path: Path) -> None:
+        """command = ["./agent.sh"] with cwd = "{workdir}": a warning naming the launcher (the workdir is the baton's)."""
+        config = tmp_path / "heartbeat.toml"
+        config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\ndefault_launcher = "rel"\n'
+                          '[launchers.rel]\ncommand = ["./agent.sh", "{id}"]\n'
+                          '[launchers.fixed]\ncommand = ["./agent.sh"]\ncwd = "/opt/agents"\n')
+        os.chmod(config, 0o644)
+        r = subprocess.run([sys.executable, "-m", "heartbeat", "--config", str(config), "check-config"],
+                           capture_output=True, text=True, env=clean_env(), timeout=30)
+        assert r.returncode == 0, r.stderr
+        warnings = [line for line in r.stderr.splitlines() if "is a relative path" in line]
+        assert len(warnings) == 1 and "launchers.rel.command" in warnings[0] and "absolute path" in warnings[0]
+
+
 # -- the ledger is data --------------------------------------------------------------------------
 
 INJECTIONS = ["'); DROP TABLE events; --", "\" OR 1=1 --", "x'||(SELECT sql FROM sqlite_master)||'",
