@@ -97,9 +97,10 @@ def parse_instant(value: object, *, field: str | None = None, now: datetime | No
     text = value.strip()
     if text.startswith("+"):
         base = now or utcnow()
+        seconds = parse_duration(text[1:], field=field)
         try:
-            return base + timedelta(seconds=parse_duration(text[1:], field=field))
-        except OverflowError:
+            return to_utc(base + timedelta(seconds=seconds))
+        except (OverflowError, BadInput):
             raise BadInput(f"time out of range: {value[:64]!r}", field=field) from None
     if len(text) > 64:
         raise BadInput("expected an ISO 8601 time, got a long string", field=field)
