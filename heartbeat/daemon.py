@@ -101,6 +101,7 @@ class Daemon:
         self._gate_paths: dict[str, set[str]] = {}
         self._observer: Any = None
         self._watched_dirs: dict[str, Any] = {}
+        self._watch_lock = threading.Lock()  # the tick's thread and the watcher's both update the watches
         self._scheduler: Any = None
         self._block_seed: dict[str, Event] | None = None
         self.counts: dict[str, int] = {}
@@ -804,13 +805,19 @@ class Daemon:
                 return
             self.poke(name[:-5])
             return
-        for task_id in self._gate_paths.get(path, ()):
+        for task_id in list(self._gate_paths.get(path, ())):  # a look may add to it meanwhile
             self.poke(task_id)
 
     def _update_gate_watches(self) -> None:
         if self._observer is None:
             return
-        wanted = {os.path.dirname(p) for p in self._gate_paths}
+        with self._watch_lock:
+            self._update_gate_watches_locked()
+
+    def _update_gate_watches_locked(self) -> None:
+        with self._lock:  # the watcher's look adds gate paths while the tick's thread gets here
+            gate_paths = {path: set(ids) for path, ids in self._gate_paths.items()}
+        wanted = {os.path.dirname(p) for p in gate_paths}
         wanted = {d for d in wanted if os.path.isdir(d) and d != self.store_batons_dir()}
         for directory in set(self._watched_dirs) - wanted:
             try:
@@ -825,7 +832,7 @@ class Daemon:
                 continue
             self.log.debug("watching", directory=directory)
             # A gate file created before the watch existed raised no event: look once more now.
-            for path, task_ids in list(self._gate_paths.items()):
+            for path, task_ids in gate_paths.items():
                 if os.path.dirname(path) == directory:
                     for task_id in task_ids:
                         self.poke(task_id)

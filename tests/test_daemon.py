@@ -499,3 +499,49 @@ command = {toml_list([sys.executable, "-c", script, "{id}"])}
             assert len(d.store.ledger.events("lost", kinds=["notified"])) == 1
         finally:
             d.shutdown()
+
+
+class TestGateWatchRace:
+    """Found by the long soak: the tick's gate-watch update iterated gate paths the watcher was adding to."""
+
+    def test_gate_watch_update_survives_the_watcher_adding_gates(self, tmp_path: Path) -> None:
+        """While the watcher's look adds blocked tasks' gate paths, updating the watches never raises."""
+        import threading
+
+        from heartbeat import tasks
+        from heartbeat.baton import Gate
+
+        tmp_path.chmod(0o700)
+        gates = tmp_path / "gates"
+        gates.mkdir()
+        d = in_process_daemon(tmp_path, "")
+        ids = [f"g{i:03d}" for i in range(150)]
+        for task_id in ids:
+            tasks.new_task(d.store, task_id, task="t", step="s", blocked_on="a file",
+                           gate=Gate.parse(f"file:{gates / task_id}"))
+        d._start_watcher()
+        errors: list[BaseException] = []
+        stop = threading.Event()
+
+        def update() -> None:
+            while not stop.is_set():
+                try:
+                    d._update_gate_watches()
+                except BaseException as exc:
+                    errors.append(exc)
+                    return
+
+        updater = threading.Thread(target=update)
+        updater.start()
+        try:
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline and not errors:
+                with d._lock:
+                    d._gate_paths = {}  # what a tick does: a fresh map, filled again by the watcher's looks
+                for task_id in ids:
+                    d.evaluate(task_id)
+        finally:
+            stop.set()
+            updater.join()
+            d.shutdown()
+        assert errors == []
