@@ -240,9 +240,10 @@ class TestTenThousandBatons:
                   f"{rss / 2**20:.0f} MiB after; {len(dispatched)} dispatches; peak concurrency "
                   f"{concurrent_peak(dispatched, exited)}; longest gap between ticks "
                   f"{max(b - a for a, b in itertools.pairwise(times)):.1f}s")
-            assert 1 <= len(dispatched) <= 12, len(dispatched)  # the budget: the test runs for well under a minute
-            span = (dispatched[-1].ts - dispatched[0].ts).total_seconds()
-            assert span < 60
+            assert dispatched, "the active tasks are dispatched"
+            for first in dispatched:  # the budget, over every minute-long window (a slow CI may run past one)
+                window = [e for e in dispatched if 0 <= (e.ts - first.ts).total_seconds() < 60]
+                assert len(window) <= 12, [e.ts.isoformat() for e in window]
             assert concurrent_peak(dispatched, exited) <= 5
             assert rss < 600 * 2**20, f"daemon RSS {rss / 2**20:.0f} MiB"
             assert h.proc.poll() is None
