@@ -143,18 +143,18 @@ class TestCheckThatNeverReturns:
     """A gate check that hangs is killed, with its whole process group, at its timeout; the clock keeps its cadence."""
 
     def test_hung_check_is_killed_and_ticks_keep_their_cadence(self, tmp_path: Path) -> None:
-        """`sleep 1000` (and a shell leaving a background sleep) as 1 s checks: ticks keep coming every ~200 ms."""
+        """`sleep 1000` (and a shell leaving a background sleep) as 2 s checks: ticks keep coming every ~200 ms."""
         tmp_path.chmod(0o700)
         work = tmp_path / "work"
         work.mkdir()
         checks = f"""
 [checks.slow]
 command = ["sleep", "1000"]
-timeout = "1s"
+timeout = "2s"
 
 [checks.forks]
 command = {toml_list(["sh", "-c", "sleep 1000 & sleep 1000"])}
-timeout = "1s"
+timeout = "2s"
 """
         h = DaemonHarness(tmp_path, tick="200ms", extra=checks)
         try:
@@ -165,16 +165,16 @@ timeout = "1s"
                 assert r.returncode == 0, r.stderr
             h.wait(lambda: our_processes(work, "sleep"), "a check to start")
             first = tick_times(h)[-1]
-            h.wait(lambda: tick_times(h)[-1] > first + 4.5, "five seconds of ticks", timeout=30)
+            h.wait(lambda: tick_times(h)[-1] > first + 6.5, "6.5 seconds of ticks", timeout=30)
             times = [t for t in tick_times(h) if t >= first]
             gaps = [b - a for a, b in itertools.pairwise(times)]
-            assert len(times) >= 10 and max(gaps) < 1.5, gaps  # a 200 ms tick, never held by a 1 s check
+            assert len(times) >= 10 and max(gaps) < 1.5, gaps  # a 200 ms tick, never held by a 2 s check
             # Every sleep we see is younger than the timeout (+ slack): each one was killed on time,
             # the background one with its group.
             for _ in range(20):
                 for proc in our_processes(work, "sleep"):
                     with contextlib.suppress(psutil.Error):
-                        assert time.time() - proc.create_time() < 3.0, proc
+                        assert time.time() - proc.create_time() < 4.0, proc
                 time.sleep(0.1)
             for task in ("slow", "forks"):
                 assert h.baton(task).meta.status.value == "blocked"
