@@ -104,6 +104,7 @@ class Daemon:
         self._watch_lock = threading.Lock()  # the tick's thread and the watcher's both update the watches
         self._scheduler: Any = None
         self._block_seed: dict[str, Event] | None = None
+        self._policies: dict[str, pol.Policy] = {}
         self.counts: dict[str, int] = {}
         self.ticks = 0
 
@@ -157,7 +158,8 @@ class Daemon:
             for launcher in self.launchers.values():
                 launcher.reap()
             entries = self.store.scan()
-            statuses: dict[str, Status] = {e.id: e.baton.meta.status for e in entries if e.baton is not None}
+            statuses = _EntryStatuses(entries)
+            running_batons: list[Baton] = []
             wants: list[tuple[str, str, datetime, pol.Decision]] = []
             counts: dict[str, int] = {}
             gate_paths: dict[str, set[str]] = {}
@@ -180,6 +182,8 @@ class Daemon:
                 if want is not None:
                     wants.append(want)
                 baton = entry.baton
+                if baton is not None and entry.id in self._running:
+                    running_batons.append(baton)  # (a quiet task never has a live agent)
                 if baton is not None and baton.meta.status is Status.BLOCKED and baton.meta.gate is not None \
                         and baton.meta.gate.kind is GateKind.FILE and baton.meta.gate.target:
                     gate_paths.setdefault(baton.meta.gate.target, set()).add(entry.id)
@@ -190,7 +194,7 @@ class Daemon:
             from heartbeat.launchers.base import cap_running_logs  # an agent printing without end
 
             for task_id, epoch, size in cap_running_logs(self.config.state_dir, self.config.launchers,
-                                                         (e.baton for e in entries), self._running):
+                                                         running_batons, self._running):
                 self.log.warning("log_capped", task=task_id, epoch=epoch, size=size)
             counts["running"] = len(self._running)
             self.counts = counts
@@ -281,8 +285,15 @@ class Daemon:
         return pol.decide(baton, obs, now, self._policy(baton))
 
     def _policy(self, baton: Baton) -> pol.Policy:
+        name = baton.launcher or self.config.daemon.default_launcher
+        policy = self._policies.get(name)
+        if policy is None:
+            policy = self._policies[name] = self._make_policy(name)
+        return policy
+
+    def _make_policy(self, launcher: str) -> pol.Policy:
         d = self.config.daemon
-        lc = self.config.launchers.get(baton.launcher or d.default_launcher)
+        lc = self.config.launchers.get(launcher)
         return pol.Policy(
             stall_after=d.stall_after,
             progress_after=d.progress_after,
@@ -759,7 +770,7 @@ class Daemon:
         while not self._stop.is_set():
             with self._wake:
                 if not self._pending:
-                    self._wake.wait(timeout=1.0)
+                    self._wake.wait(timeout=5.0)
                     continue
                 now_m = time.monotonic()
                 ready = [t for t, at in self._pending.items() if now_m - at >= debounce]
@@ -854,6 +865,7 @@ class Daemon:
         with self._lock:
             old_tick = self.config.daemon.tick
             self.config = new
+            self._policies = {}
             self._build_launchers()
             for mem in self._memory.values():
                 mem.quiet_entry = None  # decisions may differ under the new config
@@ -868,13 +880,16 @@ class Daemon:
         """Run until SIGTERM/SIGINT: the scheduler ticks, the watcher reacts, SIGHUP reloads."""
         from apscheduler.schedulers.background import BackgroundScheduler
 
+        # Handlers only set flags; the main thread, waiting on ``signalled``, does the work.
+        signalled = threading.Event()
+
         def on_term(signum: int, _frame: Any) -> None:
             self._stop.set()
-            with self._wake:
-                self._wake.notify_all()
+            signalled.set()
 
         def on_hup(_signum: int, _frame: Any) -> None:
             self._reload.set()
+            signalled.set()
 
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_term)
@@ -894,13 +909,28 @@ class Daemon:
             self.log.warning("watchdog_shorter_than_tick", watchdog_s=interval, tick=self.config.daemon.tick,
                              hint="set WatchdogSec= to more than twice the tick")
         while not self._stop.is_set():
-            self._stop.wait(timeout=0.2)
-            if self._reload.is_set():
+            signalled.wait(timeout=5.0)
+            signalled.clear()
+            if self._reload.is_set() and not self._stop.is_set():
                 self._reload.clear()
                 self.reload()
         systemd.notify("STOPPING=1")
         self.shutdown()
         return 0
+
+
+class _EntryStatuses:
+    """``task:ID`` gates during a pass: the statuses of this pass's entries, indexed on first use
+    (most passes have no task gate to open, and indexing thousands of entries is not free)."""
+
+    def __init__(self, entries: list[Entry]) -> None:
+        self._entries = entries
+        self._index: dict[str, Status] | None = None
+
+    def get(self, task_id: str) -> Status | None:
+        if self._index is None:
+            self._index = {e.id: e.baton.meta.status for e in self._entries if e.baton is not None}
+        return self._index.get(task_id)
 
 
 class _StatusLookup:

@@ -107,6 +107,7 @@ class FileStore:
             ensure_private_dir(sub, what=what)
         self.ledger: Ledger = SqliteLedger(os.path.join(self.state_dir, "ledger.sqlite3"))
         self._cache: dict[str, tuple[tuple[int, ...], Entry]] = {}
+        self._sorted: list[Entry] = []
         self._written: dict[str, tuple[bytes, Baton]] = {}
         """The last bytes this process wrote per baton, and the baton they came from: an
         agent's next update under the lock skips the parse when the file is still exactly that."""
@@ -162,48 +163,59 @@ class FileStore:
         return parse_baton(data, path=path, expected_id=task_id), st
 
     def scan(self) -> list[Entry]:
-        """Every baton in the directory; re-parses only files whose stat changed since the last scan."""
+        """Every baton in the directory; re-parses only files whose stat changed since the last scan.
+
+        A quiet directory (every file unchanged, none added or removed) costs one ``stat`` per
+        baton and gives back the previous pass's sorted list.
+        """
         entries: list[Entry] = []
-        seen: set[str] = set()
+        changed = False
+        cache = self._cache
         try:
-            listing = list(os.scandir(self.batons_dir))
+            listing = os.scandir(self.batons_dir)
         except OSError as exc:
             raise StoreError(f"cannot list batons: {exc.strerror}", path=self.batons_dir) from None
-        for de in listing:
-            name = de.name
-            if name.startswith("."):
-                if name.endswith(".tmp"):
-                    self._reap_temp(de.path, name)
-                continue
-            if not name.endswith(".toml"):
-                continue
-            task_id = name[:-5]
-            seen.add(task_id)
-            try:
-                st = de.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            key = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_mode)
-            cached = self._cache.get(task_id)
-            if cached is not None and cached[0] == key:
-                entries.append(cached[1])
-                continue
-            entry = Entry(id=task_id, path=de.path, mtime=st.st_mtime)
-            try:
-                check_id(task_id)
-                entry.baton, _ = self._read(task_id)
-            except NotFound:
-                continue
-            except HeartbeatError as exc:
-                if isinstance(exc, BadInput) and not exc.path:
-                    exc = InvalidBaton("file name is not a valid task id", path=de.path)
-                entry.error = exc
-            self._cache[task_id] = (key, entry)
-            entries.append(entry)
-        for gone in set(self._cache) - seen:
-            del self._cache[gone]
+        with listing:
+            for de in listing:
+                name = de.name
+                if name[0] == ".":
+                    if name.endswith(".tmp"):
+                        self._reap_temp(de.path, name)
+                    continue
+                if not name.endswith(".toml"):
+                    continue
+                task_id = name[:-5]
+                try:
+                    st = de.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                key = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_mode)
+                cached = cache.get(task_id)
+                if cached is not None and cached[0] == key:
+                    entries.append(cached[1])
+                    continue
+                changed = True
+                entry = Entry(id=task_id, path=de.path, mtime=st.st_mtime)
+                try:
+                    check_id(task_id)
+                    entry.baton, _ = self._read(task_id)
+                except NotFound:
+                    continue
+                except HeartbeatError as exc:
+                    if isinstance(exc, BadInput) and not exc.path:
+                        exc = InvalidBaton("file name is not a valid task id", path=de.path)
+                    entry.error = exc
+                cache[task_id] = (key, entry)
+                entries.append(entry)
+        if not changed and len(entries) == len(self._sorted):
+            return list(self._sorted)  # the same entries as last time, hence the same order
+        if len(cache) != len(entries):
+            present = {e.id for e in entries}
+            for gone in [task_id for task_id in cache if task_id not in present]:
+                del cache[gone]
         entries.sort(key=lambda e: e.id)
-        return entries
+        self._sorted = entries
+        return list(entries)
 
     def _reap_temp(self, path: str, name: str) -> None:
         # ".<id>.toml.<pid>.<rand>.tmp": the writer's pid tells whether it may still rename it.
