@@ -85,12 +85,17 @@ class TestLedgerChecks:
         assert check_fencing(events, [{"e": 1, "r": 5, "k": "touch"}]) == []
 
     def test_escalation_without_notify_is_caught(self) -> None:
-        """An escalated event with no notified event after it, or no line in the notifier's file, is caught."""
+        """An escalated event with no notified event after it, or a run with no line in the file, is caught."""
         events = [ev(1, "escalated", rev=5, reason="spinning")]
         assert {v.invariant for v in check_notify(events, [], "file")} == {"escalation-loud"}
         notified = [*events, ev(2, "notified", name="file", code=0)]
         assert check_notify(notified, ["t\tspinning"], "file") == []
         assert len(check_notify(notified, [], "file")) == 1
+
+    def test_escalation_rearmed_before_its_notifier_reported_is_fine(self) -> None:
+        """A human who retried the task first has seen the escalation: no notified event is required then."""
+        events = [ev(1, "escalated", rev=5, reason="spinning"), ev(2, "retried", rev=6, by="soak")]
+        assert check_notify(events, [], "file") == []
 
 
 class TestProcessChecks:
