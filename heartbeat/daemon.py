@@ -105,6 +105,7 @@ class Daemon:
         self._scheduler: Any = None
         self._block_seed: dict[str, Event] | None = None
         self._policies: dict[str, pol.Policy] = {}
+        self._partition: _Partition | None = None
         self.counts: dict[str, int] = {}
         self.ticks = 0
 
@@ -161,18 +162,35 @@ class Daemon:
             statuses = _EntryStatuses(entries)
             running_batons: list[Baton] = []
             wants: list[tuple[str, str, datetime, pol.Decision]] = []
-            counts: dict[str, int] = {}
             gate_paths: dict[str, set[str]] = {}
             seen: set[str] = set()
             if self.ticks == 0:
                 self._block_seed = self._load_block_seed()
-            for entry in entries:
-                seen.add(entry.id)
+            # Fast path: no file changed since the last full pass and no quiet task's time has
+            # come, so only the tasks that were not quiet need a look.
+            part = self._partition
+            fast = part is not None and bool(getattr(self.store, "scan_unchanged", False)) and now < part.quiet_end
+            if fast:
+                assert part is not None
+                loop_entries, counts = part.active, dict(part.quiet_counts)
+            else:
+                loop_entries, counts = entries, {}
+            quiet_counts: dict[str, int] = {}
+            active: list[Entry] = []
+            quiet_end = pol.FOREVER
+            for entry in loop_entries:
                 mem = self._memory.get(entry.id)
                 if mem is not None and mem.quiet_entry is entry and mem.quiet_until is not None \
                         and now < mem.quiet_until:
                     counts[mem.quiet_status] = counts.get(mem.quiet_status, 0) + 1
+                    if not fast:
+                        seen.add(entry.id)
+                        quiet_counts[mem.quiet_status] = quiet_counts.get(mem.quiet_status, 0) + 1
+                        quiet_end = min(quiet_end, mem.quiet_until)
                     continue
+                if not fast:
+                    seen.add(entry.id)
+                    active.append(entry)
                 try:
                     status, want = self._look(entry, now, statuses)
                 except Exception as exc:  # one task's trouble must not stop the others being served
@@ -187,9 +205,11 @@ class Daemon:
                 if baton is not None and baton.meta.status is Status.BLOCKED and baton.meta.gate is not None \
                         and baton.meta.gate.kind is GateKind.FILE and baton.meta.gate.target:
                     gate_paths.setdefault(baton.meta.gate.target, set()).add(entry.id)
-            for gone in set(self._memory) - seen:
-                del self._memory[gone]
-                self._running.pop(gone, None)
+            if not fast:
+                for gone in set(self._memory) - seen:
+                    del self._memory[gone]
+                    self._running.pop(gone, None)
+                self._partition = _Partition(active, quiet_counts, quiet_end)
             self._dispatch(wants, now)
             from heartbeat.launchers.base import cap_running_logs  # an agent printing without end
 
@@ -866,6 +886,7 @@ class Daemon:
             old_tick = self.config.daemon.tick
             self.config = new
             self._policies = {}
+            self._partition = None
             self._build_launchers()
             for mem in self._memory.values():
                 mem.quiet_entry = None  # decisions may differ under the new config
@@ -917,6 +938,16 @@ class Daemon:
         systemd.notify("STOPPING=1")
         self.shutdown()
         return 0
+
+
+@dataclass
+class _Partition:
+    """The last full pass split in two: tasks to look at every time, and quiet ones (counted by status)."""
+
+    active: list[Entry]
+    quiet_counts: dict[str, int]
+    quiet_end: datetime
+    """The earliest time a quiet task's decision may change: a full pass is due then."""
 
 
 class _EntryStatuses:

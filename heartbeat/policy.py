@@ -269,7 +269,8 @@ def _due(baton: Baton, now: datetime, policy: Policy) -> Decision:
     return Decision(Action.DISPATCH, "no live agent holds the task")
 
 
-_FOREVER = datetime.max.replace(tzinfo=timezone.utc)
+FOREVER = datetime.max.replace(tzinfo=timezone.utc)
+"""A time no decision waits for: "until the baton changes"."""
 
 
 def stands_until(baton: Baton, decision: Decision) -> datetime | None:
@@ -280,11 +281,11 @@ def stands_until(baton: Baton, decision: Decision) -> datetime | None:
     if decision.action is not Action.NOTHING or meta.owner is not None:
         return None
     if meta.status in (Status.DONE, Status.FAILED, Status.ESCALATED, Status.PAUSED):
-        return _FOREVER
+        return FOREVER
     if meta.status is Status.BLOCKED:
         gate = meta.gate
         if gate is None or gate.kind is GateKind.HUMAN:
-            return _FOREVER
+            return FOREVER
         if gate.kind is GateKind.TIME:
             try:
                 return parse_instant(gate.target)

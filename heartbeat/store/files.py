@@ -108,6 +108,8 @@ class FileStore:
         self.ledger: Ledger = SqliteLedger(os.path.join(self.state_dir, "ledger.sqlite3"))
         self._cache: dict[str, tuple[tuple[int, ...], Entry]] = {}
         self._sorted: list[Entry] = []
+        self.scan_unchanged = False
+        """Whether the last :meth:`scan` found exactly the entries of the one before it."""
         self._written: dict[str, tuple[bytes, Baton]] = {}
         """The last bytes this process wrote per baton, and the baton they came from: an
         agent's next update under the lock skips the parse when the file is still exactly that."""
@@ -207,7 +209,8 @@ class FileStore:
                     entry.error = exc
                 cache[task_id] = (key, entry)
                 entries.append(entry)
-        if not changed and len(entries) == len(self._sorted):
+        self.scan_unchanged = not changed and len(entries) == len(self._sorted)
+        if self.scan_unchanged:
             return list(self._sorted)  # the same entries as last time, hence the same order
         if len(cache) != len(entries):
             present = {e.id for e in entries}
