@@ -61,6 +61,9 @@ class _TaskMemory:
     stop_why: str = ""
     escalate_after_stop: bool = False
     escalation_notified: bool = False
+    skip_block_seed: bool = False
+    """The first pass's block seed no longer speaks for this task: it was consulted once, or the
+    daemon wrote the baton since it was loaded (its own unblock or restore is newer than the seed)."""
     """This daemon ran (or checked the ledger for) the notifiers of the task's current escalation."""
     last_reason: str = ""
     quiet_entry: Entry | None = None
@@ -297,6 +300,7 @@ class Daemon:
                 break
             if new is None:
                 break
+            mem.skip_block_seed = True  # our own write (an unblock, a restore) is newer than the seed
             baton = new
         return baton.meta.status.value, None
 
@@ -370,7 +374,8 @@ class Daemon:
             # Keyed on more than the revision: a hand edit can change the file and keep the revision.
             key = (meta.revision, meta.status.value, baton.blocked_on)
             if mem.block_checked != key:
-                if mem.block_checked is None and self._block_seed is not None:
+                if mem.block_checked is None and self._block_seed is not None and not mem.skip_block_seed:
+                    mem.skip_block_seed = True
                     latest = self._block_seed.get(baton.id)
                 else:
                     found = self.store.ledger.events(baton.id, kinds=_BLOCK_KINDS)

@@ -545,3 +545,25 @@ class TestGateWatchRace:
             updater.join()
             d.shutdown()
         assert errors == []
+
+
+class TestBlockSeed:
+    """Found by the long soak: the first pass's block seed went stale once the daemon itself unblocked a task."""
+
+    def test_gate_opened_before_start_unblocks_without_a_bypass(self, tmp_path: Path) -> None:
+        """A task whose file gate opened while no daemon ran is unblocked on the first pass, with no bypass."""
+        from heartbeat import tasks
+        from heartbeat.baton import Gate
+
+        tmp_path.chmod(0o700)
+        gate = tmp_path / "gate.done"
+        d = in_process_daemon(tmp_path, "")
+        try:
+            tasks.new_task(d.store, "held", task="t", step="s")
+            tasks.block(d.store, "held", "the export", Gate.parse(f"file:{gate}"))
+            gate.write_text("ok")
+            d.tick()
+            kinds = [e.kind for e in d.store.ledger.events("held", kinds=["unblocked", "bypass", "dispatched"])]
+            assert kinds == ["unblocked", "dispatched"]
+        finally:
+            d.shutdown()
