@@ -177,7 +177,8 @@ def check_baton_outcome(result: Any, path: str = "x.toml") -> None:
     assert isinstance(result, Baton)
     text = dump_baton(result)
     again = parse_baton(text, path=path)
-    assert again == result
+    # Compared as text: a NaN in an unknown key never equals itself, but it must survive the trip.
+    assert dump_baton(again) == text
 
 
 class TestBatonParser:
