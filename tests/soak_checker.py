@@ -29,9 +29,10 @@ The invariants (each violation is kept with its evidence):
     No ``dispatched`` event between a block (``blocked``, ``bypass``, a task created
     blocked) and the next ``unblocked``; no agent process group started while the task
     was blocked (by the ledger's intervals and by the sampled batons).
+    A ``bypass`` only ever follows a block that a hand edit really dropped.
 ``escalation-loud``
-    Every ``escalated`` event is followed by a ``notified`` event, and the notify
-    command's file has a line for it.
+    Every ``escalated`` event is followed by a ``notified`` event (unless a human re-armed
+    the task first), and every successful notifier run left its line in the notify file.
 ``not-dropped``
     At the end every task is done, failed, escalated, blocked on a gate still closed,
     snoozed until a time not yet passed (or just passed), or active with a live agent or
@@ -75,6 +76,7 @@ __all__ = [
     "check_overlaps",
     "check_notify",
     "check_group_starts",
+    "check_bypasses",
     "epoch_at",
 ]
 
@@ -247,6 +249,32 @@ def check_dispatch_epochs(events: Sequence[LedgerEvent], baton: dict[str, Any] |
     return out
 
 
+def check_bypasses(events: Sequence[LedgerEvent], drops: Iterable[int]) -> list[Violation]:
+    """A ``bypass`` only follows a block that a hand edit dropped.
+
+    ``drops`` are the revisions at which the soak dropped a block by hand (its edits keep the
+    revision). A bypass must come after a block start (not after an ``unblocked``), and the soak
+    must have dropped that block: a drop at a revision from the block's to the bypass's.
+    """
+    out = []
+    task = events[0].task if events else ""
+    drop_revisions = sorted(drops)
+    last: LedgerEvent | None = None
+    for event in events:
+        if event.kind == "bypass":
+            if last is None or last.kind == "unblocked":
+                word = f"{last.kind} (id {last.id})" if last else "none"
+                out.append(Violation("blocks-hold", task, f"bypass (id {event.id}, revision {event.revision}) with no "
+                                                          f"block to bypass: the last word was {word}"))
+            elif not any(last.revision <= r < event.revision for r in drop_revisions):
+                out.append(Violation("blocks-hold", task, f"bypass (id {event.id}, revision {event.revision}) of the "
+                                                          f"block at revision {last.revision}, which no hand edit "
+                                                          f"dropped (drops at {drop_revisions})"))
+        if _is_block_start(event) or event.kind == "unblocked":
+            last = event
+    return out
+
+
 def epoch_at(written: Sequence[LedgerEvent], revisions: Sequence[int], revision: int) -> int | None:
     """The baton's epoch at ``revision``: the epoch of the last write event at or before it.
 
@@ -393,6 +421,8 @@ class Checker:
         self.garbage_history: list[tuple[str, GarbageRecord]] = []
         self.garbage_seen_intact = 0
         self.expected_keys: dict[str, dict[str, Any]] = {}
+        self.drops: dict[str, list[int]] = {}
+        """Revisions at which the soak dropped a task's block by hand."""
         self.latest: dict[str, dict[str, Any]] = {}
         """The last parsed baton per task."""
         self._stat: dict[str, tuple[int, ...]] = {}

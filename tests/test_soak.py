@@ -21,6 +21,7 @@ from soak_checker import (
     Group,
     LedgerEvent,
     check_blocks,
+    check_bypasses,
     check_dispatch_epochs,
     check_fencing,
     check_group_starts,
@@ -83,6 +84,14 @@ class TestLedgerChecks:
         """A touch at a revision the ledger coalesced away is judged by the last row at or before it."""
         events = [ev(1, "dispatched", epoch=1, rev=2), ev(2, "touched", epoch=1, rev=9)]
         assert check_fencing(events, [{"e": 1, "r": 5, "k": "touch"}]) == []
+
+    def test_bypass_needs_a_block_a_hand_edit_dropped(self) -> None:
+        """A bypass right after an unblock, or of a block no hand edit dropped, is caught; a real one is not."""
+        events = [ev(1, "blocked", rev=5), ev(2, "unblocked", rev=6), ev(3, "bypass", rev=7)]
+        assert "no block to bypass" in check_bypasses(events, [5])[0].evidence
+        held = [ev(1, "blocked", rev=5), ev(2, "bypass", rev=7)]
+        assert "which no hand edit dropped" in check_bypasses(held, [])[0].evidence
+        assert check_bypasses(held, [5]) == []
 
     def test_escalation_without_notify_is_caught(self) -> None:
         """An escalated event with no notified event after it, or a run with no line in the file, is caught."""
