@@ -682,7 +682,7 @@ class Daemon:
             self._escalate(baton, f"launcher {launcher_name!r} is not in the config", now)
             return
         from heartbeat.brief import render_brief
-        from heartbeat.launchers.base import LaunchRequest
+        from heartbeat.launchers.base import LaunchRequest, write_private_file
 
         stalled = self.store.ledger.events(task_id, kinds=["stalled", "dispatched"])
         stalled_at = stalled[-1].ts.isoformat() if stalled and stalled[-1].kind == "stalled" else None
@@ -718,7 +718,7 @@ class Daemon:
         brief_file = os.path.join(log_dir, f"{epoch}.brief.md")
         try:
             os.makedirs(log_dir, mode=0o700, exist_ok=True)
-            _write_private(brief_file, brief.text)
+            write_private_file(brief_file, brief.text)
         except OSError as exc:
             self._launch_failed(pending, f"cannot write the brief {brief_file}: {exc.strerror or exc}", now)
             return
@@ -980,22 +980,6 @@ class _StatusLookup:
             return self.store.load(task_id).meta.status
         except HeartbeatError:
             return None
-
-
-def _write_private(path: str, text: str) -> None:
-    """Write a file 0600 through a fresh temp file (never following a planted link); no temp is left behind."""
-    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _open_store(state_dir: str) -> Store:

@@ -276,21 +276,22 @@ def prepare_log(req: LaunchRequest) -> int:
 
 
 def write_private_file(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` (0600) atomically: temp file, fsync, rename."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    """Write ``text`` to ``path`` (0600) atomically: a fresh temp file (exclusive, never following a
+    planted link), fsync, rename. No temp file outlives a failed write."""
+    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
-    os.replace(tmp, path)
 
 
 def read_exit_file(path: str) -> ExitStatus | None:
