@@ -61,10 +61,10 @@ class _TaskMemory:
     stop_why: str = ""
     escalate_after_stop: bool = False
     escalation_notified: bool = False
+    """This daemon ran (or checked the ledger for) the notifiers of the task's current escalation."""
     skip_block_seed: bool = False
     """The first pass's block seed no longer speaks for this task: it was consulted once, or the
     daemon wrote the baton since it was loaded (its own unblock or restore is newer than the seed)."""
-    """This daemon ran (or checked the ledger for) the notifiers of the task's current escalation."""
     last_reason: str = ""
     quiet_entry: Entry | None = None
     """The scanned entry whose decision was "nothing"; while the scan returns this very entry
