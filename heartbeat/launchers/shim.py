@@ -80,14 +80,12 @@ def group_members(pgid: int, *, exclude: int | None = None) -> list[int]:
     return members
 
 
-def write_exit_file(path: str, code: int | None, sig: int | None, ended_at: float) -> None:
-    """Write the exit record atomically: temp file, fsync, rename, directory fsync."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ended_at)) + f".{int(ended_at % 1 * 1e6):06d}Z"
-    data = json.dumps({"code": code, "signal": sig, "ended_at": stamp}) + "\n"
+def _write_record(path: str, record: dict[str, object]) -> None:
+    """Write one JSON line atomically: temp file, fsync, rename, directory fsync."""
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, data.encode())
+        os.write(fd, (json.dumps(record) + "\n").encode())
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -102,6 +100,12 @@ def write_exit_file(path: str, code: int | None, sig: int | None, ended_at: floa
         pass
     finally:
         os.close(dir_fd)
+
+
+def write_exit_file(path: str, code: int | None, sig: int | None, ended_at: float) -> None:
+    """Write the exit record atomically."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ended_at)) + f".{int(ended_at % 1 * 1e6):06d}Z"
+    _write_record(path, {"code": code, "signal": sig, "ended_at": stamp})
 
 
 def pid_file_for(exit_file: str) -> str:
@@ -127,16 +131,8 @@ def _write_pid_file(exit_file: str) -> None:
     """Record who we are before the agent starts, so a daemon that died mid-dispatch (before it
     could write our pid into the baton) can adopt us on restart instead of launching a twin."""
     path = pid_file_for(exit_file)
-    data = json.dumps({"pid": os.getpid(), "create_time": _own_create_time()}) + "\n"
-    tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, data.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        _write_record(path, {"pid": os.getpid(), "create_time": _own_create_time()})
     except OSError as exc:
         os.write(2, f"heartbeat shim: cannot write {path}: {exc.strerror}\n".encode(errors="replace"))
 
