@@ -93,18 +93,14 @@ def seam_metrics(events: Iterable[Event], *, since: datetime | None = None,
     m = empty()
     m = {k: m[k] for k in SEAM_KEYS}
     starts = 0
-    resume_epochs: set[int] = set()
-    first_epoch: int | None = None
+    resume_of: dict[int, bool] = {}  # epoch -> the agent holding it is a resume (a start after the first)
     for e in events:
         data = e.data if isinstance(e.data, dict) else {}
         if e.kind in ("dispatched", "claimed") or (e.kind == "created" and e.epoch > 0):
             same = e.kind == "claimed" and data.get("pid") is not None and data.get("pid") == data.get("previous_pid")
             if not same:
                 starts += 1
-                if starts == 1:
-                    first_epoch = e.epoch
-                else:
-                    resume_epochs.add(e.epoch)
+            resume_of[e.epoch] = starts > 1  # the same process claiming again keeps its standing
         if since is not None and e.ts < since:
             continue
         if e.kind == "session_started":
@@ -127,7 +123,7 @@ def seam_metrics(events: Iterable[Event], *, since: datetime | None = None,
             turns = data.get("num_turns")
             if cost is None and not tokens and not isinstance(turns, int):
                 continue
-            resume = e.epoch in resume_epochs or (first_epoch is not None and e.epoch > first_epoch)
+            resume = resume_of.get(e.epoch, False)
             m["runs"] += 1
             m["cost_usd"] = _add_cost(m["cost_usd"], cost)
             _add_tokens(m["tokens"], tokens)
