@@ -435,3 +435,48 @@ class TestRealClaude:
         names = {line.get("hook_name") for line in lines if line.get("subtype") == "hook_started"}
         assert "SessionStart:startup" in names
         assert os.path.isfile(settings)
+
+
+class TestHooksConfig:
+    """`[hooks]` in the config: documented in the example, checked like every other section."""
+
+    def test_the_example_documents_every_key(self) -> None:
+        """Every HooksConfig field is a key of config/heartbeat.example.toml's [hooks]."""
+        import dataclasses
+        import tomllib
+
+        doc = tomllib.loads((ROOT / "config" / "heartbeat.example.toml").read_text())
+        assert {f.name for f in dataclasses.fields(HooksConfig)} == set(doc["hooks"])
+
+    @pytest.mark.parametrize(("body", "message"), [
+        ('fresh_within = "soon"', "hooks.fresh_within"),
+        ("max_stop_blocks = -1", "hooks.max_stop_blocks: must be at least 0"),
+        ("max_stop_block = 2", "hooks.max_stop_block: unknown key"),
+    ])
+    def test_bad_values_are_refused(self, body: str, message: str) -> None:
+        """A bad [hooks] value is a ConfigError naming the key."""
+        from heartbeat.config import parse_config
+        from heartbeat.errors import ConfigError
+
+        with pytest.raises(ConfigError, match=message):
+            parse_config(f"[hooks]\n{body}\n")
+
+    def test_values_reach_the_hook(self, tmp_path: Path, work: Path) -> None:
+        """The hook reads max_stop_blocks from the config it finds: 0 never blocks."""
+        state = tmp_path / "st"
+        config = tmp_path / "heartbeat.toml"
+        config.write_text(f'[daemon]\nstate_dir = "{state}"\n[hooks]\nmax_stop_blocks = 0\n')
+        env = clean_env()
+        run = [sys.executable, "-m", "heartbeat", "--config", str(config)]
+        assert subprocess.run([*run, "new", "t1", "--task", "T", "--step", "s", "--workdir", str(work)],
+                              env=env, capture_output=True, timeout=60).returncode == 0
+        for ev in (event("SessionStart", work, source="startup"), event("Stop", work, stop_hook_active=False)):
+            proc = subprocess.run([*run, "hook", "claude"], input=json.dumps(ev), text=True, capture_output=True,
+                                  env=env, timeout=60)
+            assert proc.returncode == 0 and proc.stderr == ""
+        assert proc.stdout == ""
+
+    def test_help(self, hb: Callable[..., Result]) -> None:
+        """`hook claude --help` prints the usage (and, like every hook call, exits 0)."""
+        r = hb("hook", "claude", "--help")
+        assert r.code == 0 and "usage: heartbeat hook" in r.out
