@@ -187,3 +187,17 @@ class TestFencingAndErrors:
             return "no error"
 
         assert "no such task" in run_client(state_dir, body)
+
+
+class TestWithoutTheSdk:
+    """Without the extra installed, `heartbeat mcp` says what to install, in one line."""
+
+    def test_one_line_error(self, state_dir: Path) -> None:
+        """The SDK missing (its import made to fail) is exit 2 naming heartbeat[mcp]."""
+        import subprocess
+
+        code = "import sys; sys.modules['mcp'] = None; from heartbeat.cli import main; raise SystemExit(main(['mcp']))"
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                              env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir)), stdin=subprocess.DEVNULL)
+        assert proc.returncode == 2
+        assert proc.stderr == "heartbeat: heartbeat mcp needs the MCP SDK 2.x: pip install 'heartbeat[mcp]'\n"
