@@ -409,6 +409,15 @@ class TestRealClaude:
         assert "Make the fallback path survive a restart" in context and response["exit_code"] == 0
         result = lines[-1]
         assert result["type"] == "result" and result["is_error"] is True  # not logged in
+        # The CLI took it as context: its transcript holds the brief as a hook_additional_context
+        # attachment, and in the API request it built (never sent: not logged in).
+        [transcript] = (home / ".claude" / "projects").glob(f"*/{session}.jsonl")
+        records = [json.loads(line) for line in transcript.read_text().splitlines() if line.strip()]
+        attached = [r["attachment"] for r in records if isinstance(r.get("attachment"), dict)
+                    and r["attachment"].get("type") == "hook_additional_context"]
+        assert attached and "Make the fallback path survive a restart" in json.dumps(attached)
+        assert any(r.get("type") == "api-request-blob" and "Make the fallback path survive a restart" in json.dumps(r)
+                   for r in records)
         seams = seam_events(state_dir)
         assert seams[0] == ("session_started", {"session_id": session, "source": "startup"})
         assert seams[-1][0] == "session_ended" and seams[-1][1]["session_id"] == session
