@@ -441,6 +441,38 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def cmd_hook(args: argparse.Namespace) -> int:
+    from heartbeat.hooks import run_hook
+
+    return run_hook(args.agent, task=args.task, state_dir=args.state_dir, config=args.config)
+
+
+def cmd_hooks(args: argparse.Namespace) -> int:
+    from heartbeat import hooks
+
+    if args.agent == "codex":
+        if args.user or args.mcp:
+            raise BadInput("--user and --mcp are for claude; codex reads AGENTS.md in --dir")
+        written = (hooks.install_codex(args.dir, task=args.task) if args.action == "install"
+                   else hooks.uninstall_codex(args.dir))
+    elif args.action == "install":
+        written = hooks.install_claude(args.dir, user=args.user, mcp=args.mcp, state_dir=args.state_dir,
+                                       config=args.config, task=args.task)
+    else:
+        written = hooks.uninstall_claude(args.dir, user=args.user)
+    for path in written:
+        print(f"{'wrote' if args.action == 'install' else 'updated'} {path}")
+    if not written:
+        print("nothing to change: " + ("already installed" if args.action == "install" else "not installed"))
+    return 0
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from heartbeat.mcp_server import serve
+
+    return serve(state_dir=args.state_dir, config=args.config)
+
+
 # -- the parser --------------------------------------------------------------------------
 
 
@@ -589,6 +621,19 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = command("report", cmd_report, "handoff quality from the ledger, per task and in total", task=False,
                 json_=True)
     p.add_argument("--since", help="count only what happened at or after this ISO 8601 time")
+    p = command("hook", cmd_hook, "run by Claude Code at a hook event (JSON on stdin); always exits 0",
+                task=False)
+    p.add_argument("agent", choices=["claude"])
+    p.add_argument("--task", help="the task (else $HEARTBEAT_TASK, else the one whose workdir is the event's cwd)")
+    p = command("hooks", cmd_hooks, "install or uninstall heartbeat's Claude Code hooks / Codex AGENTS.md section",
+                task=False)
+    p.add_argument("action", choices=["install", "uninstall"])
+    p.add_argument("agent", choices=["claude", "codex"])
+    p.add_argument("--dir", help="the project directory (default: here)")
+    p.add_argument("--user", action="store_true", help="claude: ~/.claude/settings.json instead of the project's")
+    p.add_argument("--mcp", action="store_true", help="claude: also register `heartbeat mcp` in the project's .mcp.json")
+    p.add_argument("--task", help="pin the task id (else $HEARTBEAT_TASK or the workdir decides)")
+    command("mcp", cmd_mcp, "serve the batons over MCP on stdio (needs heartbeat[mcp])", task=False)
     if only is not None and only not in sub.choices:
         return build_parser()  # not a command: the full parser says so, and lists the commands
     return parser
@@ -613,6 +658,12 @@ def _check_utf8(argv: Sequence[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         argv = sys.argv[1:] if argv is None else list(argv)
+        if _command_in(argv) == "hook":  # run by Claude Code at every turn: no argparse, never exit 2
+            from heartbeat.hooks import hook_main
+
+            rest = list(argv)
+            rest.remove("hook")
+            return hook_main(rest)
         _check_utf8(argv)
         args = _hot_args(argv) or build_parser(_command_in(argv)).parse_args(argv)
         if not getattr(args, "func", None):

@@ -25,6 +25,7 @@ __all__ = [
     "DaemonConfig",
     "LauncherConfig",
     "CommandConfig",
+    "HooksConfig",
     "find_config",
     "load_config",
     "parse_config",
@@ -95,6 +96,14 @@ class CommandConfig:
 
 
 @dataclass(frozen=True)
+class HooksConfig:
+    """``[hooks]``: what ``heartbeat hook claude`` does at the seams inside a live session."""
+
+    fresh_within: float = defaults.HOOK_FRESH_WITHIN
+    max_stop_blocks: int = defaults.HOOK_MAX_STOP_BLOCKS
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole config. ``path`` is the file it came from, or ``""`` for the built-in default."""
 
@@ -103,6 +112,7 @@ class Config:
     launchers: Mapping[str, LauncherConfig] = field(default_factory=dict)
     notify: Mapping[str, CommandConfig] = field(default_factory=dict)
     checks: Mapping[str, CommandConfig] = field(default_factory=dict)
+    hooks: HooksConfig = field(default_factory=HooksConfig)
 
     @property
     def state_dir(self) -> str:
@@ -300,7 +310,7 @@ class _Parser:
         return tuple(value)
 
     def parse(self, doc: dict[str, Any]) -> Config:
-        self.unknown(doc, {"daemon", "launchers", "notify", "checks"}, "")
+        self.unknown(doc, {"daemon", "launchers", "notify", "checks", "hooks"}, "")
         daemon = self.parse_daemon(self.table(doc.get("daemon", {}), "daemon"))
         launchers = {
             name: self.parse_launcher(name, self.table(body, f"launchers.{name}"))
@@ -323,7 +333,15 @@ class _Parser:
                 f"(configured: {', '.join(sorted(launchers))})",
             )
         return Config(path=os.path.abspath(self.path), daemon=daemon, launchers=launchers, notify=notify,
-                      checks=checks)
+                      checks=checks, hooks=self.parse_hooks(self.table(doc.get("hooks", {}), "hooks")))
+
+    def parse_hooks(self, doc: dict[str, Any]) -> HooksConfig:
+        p = "hooks."
+        self.unknown(doc, set(HooksConfig.__dataclass_fields__), p)
+        return HooksConfig(
+            fresh_within=self.duration(doc, "fresh_within", p, defaults.HOOK_FRESH_WITHIN),
+            max_stop_blocks=self.integer(doc, "max_stop_blocks", p, defaults.HOOK_MAX_STOP_BLOCKS, minimum=0),
+        )
 
     def parse_daemon(self, doc: dict[str, Any]) -> DaemonConfig:
         p = "daemon."

@@ -80,3 +80,17 @@ the stack when written back."""
 MAX_LOG_BYTES = 64 * 1024 * 1024
 """Bytes an agent's log (``logs/<id>/<epoch>.log``) may reach before the daemon keeps only
 its tail (in ``<epoch>.log.1``) and starts the live file again; ``max_log_bytes`` per launcher."""
+
+HOOK_FRESH_WITHIN = 300.0
+"""Seconds: a note written at most this long before a context compaction counts as fresh
+(``hooks.fresh_within``); the report counts compactions that found the note fresh or stale."""
+
+HOOK_MAX_STOP_BLOCKS = 1
+"""Stop-hook blocks in a row (one session, no allowed stop in between) before heartbeat
+lets the agent stop anyway (``hooks.max_stop_blocks``): a reminder, never a loop."""
+
+HOOK_TIMEOUT = 30
+"""Seconds Claude Code gives ``heartbeat hook claude`` (the ``timeout`` written into settings)."""
+
+MAX_HOOK_INPUT_BYTES = 1024 * 1024
+"""Bytes of hook event JSON read from stdin; a larger event is refused (the hook does nothing)."""

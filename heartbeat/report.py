@@ -59,6 +59,7 @@ from typing import Any
 
 from heartbeat.baton import Baton, Status
 from heartbeat.ledger import Event
+from heartbeat.seams import render_seams, seam_metrics, seam_totals
 from heartbeat.store.base import Store
 from heartbeat.timeparse import format_duration, utcnow
 
@@ -397,10 +398,12 @@ class TaskReport:
     metrics: dict[str, Any]
     score: int
     incidents: list[dict[str, Any]] = field(default_factory=list)
+    seams: dict[str, Any] = field(default_factory=dict)
+    """Seams inside sessions and run cost (:mod:`heartbeat.seams`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "status": self.status, "step": self.step, "score": self.score,
-                "metrics": dict(self.metrics), "incidents": list(self.incidents)}
+                "metrics": dict(self.metrics), "incidents": list(self.incidents), "seams": dict(self.seams)}
 
 
 @dataclass
@@ -411,6 +414,8 @@ class Report:
     totals: dict[str, Any]
     since: datetime | None = None
     generated_at: datetime | None = None
+    seams: dict[str, Any] = field(default_factory=dict)
+    """The tasks' seams summed (:func:`heartbeat.seams.seam_totals`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -418,6 +423,7 @@ class Report:
             "since": self.since.isoformat() if self.since else None,
             "tasks": [t.to_json() for t in self.tasks],
             "totals": dict(self.totals),
+            "seams": dict(self.seams),
             "score_weights": dict(SCORE_WEIGHTS),
         }
 
@@ -462,6 +468,7 @@ class Report:
         lines.append("")
         lines.append("SCORE = 5 x (bypass + esc) + 3 x (stale + redone + skipped) + 2 x (idle + spin) "
                      "+ 1 x unclean resumes; TTR = mean time to resume")
+        lines += render_seams([(t.id, t.seams) for t in self.tasks if t.seams], self.seams)
         return "\n".join(lines)
 
 
@@ -487,10 +494,10 @@ def build_report(store: Store, *, since: datetime | None = None, now: datetime |
         metrics = _metrics(replay, baton)
         status = statuses.get(task_id, "gone")
         tasks.append(TaskReport(task_id, status, baton.step if baton else "", metrics, failure_score(metrics),
-                                replay.incidents))
+                                replay.incidents, seam_metrics(by_task.get(task_id, []), since=since)))
     tasks.sort(key=lambda t: (-t.score, t.id))
     totals: dict[str, Any] = {k: sum(int(t.metrics[k]) for t in tasks) for k in _COUNT_KEYS}
     totals["mean_time_to_resume_s"] = round(sum(ttr_all) / len(ttr_all), 3) if ttr_all else None
     durations = [t.metrics["duration_s"] for t in tasks if t.metrics["duration_s"] is not None]
     totals["duration_s"] = round(sum(durations), 3) if durations else None
-    return Report(tasks, totals, since=since, generated_at=now)
+    return Report(tasks, totals, since=since, generated_at=now, seams=seam_totals(t.seams for t in tasks))

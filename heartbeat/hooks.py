@@ -1,0 +1,632 @@
+"""The compaction seam: Claude Code hooks, and the install that wires them in.
+
+A live Claude Code session crosses seams no process exit shows: its context is compacted,
+cleared or resumed, and the agent goes on from a summary. ``heartbeat hook claude`` is the
+command Claude Code runs at those moments (one hook event as JSON on stdin); it acts on
+``hook_event_name``:
+
+``SessionStart``
+    prints the task's brief as ``additionalContext`` (whatever the ``source``), and records
+    ``session_started`` (``source``, ``session_id``) in the ledger.
+``PreCompact``
+    records ``compacting`` (``trigger``, ``note_age_s``: seconds since the note was last
+    written, ``fresh``: within ``hooks.fresh_within``).
+``Stop``
+    when the task is still active and its note was not written since the session's last
+    start or previous stop, blocks the stop once (``{"decision": "block", "reason": ...}``,
+    the reason naming the ``heartbeat set``/``add`` to run) and records ``stop_blocked``;
+    never when ``stop_hook_active`` is true, never more than ``hooks.max_stop_blocks`` in a
+    row. An allowed stop is recorded as ``stop_allowed`` (the next stop's reference point).
+``SessionEnd``
+    records ``session_ended`` (``reason``).
+
+The task is ``$HEARTBEAT_TASK``, else ``--task``, else the one task whose ``workdir`` is the
+event's ``cwd``; with none (or several) the hook does nothing. A hook never breaks the
+agent: every failure is one line on stderr and exit 0. It never creates a state dir.
+
+``heartbeat hooks install claude`` merges the four hooks into ``.claude/settings.json``
+(``--user``: ``~/.claude/settings.json``) keeping everything already there, and with
+``--mcp`` registers ``heartbeat mcp`` in ``.mcp.json``; ``heartbeat hooks install codex``
+adds a marked section to ``AGENTS.md``. ``uninstall`` removes exactly those entries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import IO, TYPE_CHECKING, Any
+
+from heartbeat import defaults
+from heartbeat.errors import BadInput, HeartbeatError
+
+if TYPE_CHECKING:
+    from heartbeat.baton import Baton
+    from heartbeat.config import HooksConfig
+    from heartbeat.ledger import Event
+    from heartbeat.store.base import Store
+
+__all__ = [
+    "HOOK_EVENTS",
+    "SEAM_KINDS",
+    "HookResult",
+    "handle_event",
+    "run_hook",
+    "hook_main",
+    "install_claude",
+    "uninstall_claude",
+    "install_codex",
+    "uninstall_codex",
+]
+
+HOOK_EVENTS = ("SessionStart", "PreCompact", "Stop", "SessionEnd")
+"""The Claude Code hook events heartbeat installs and acts on."""
+
+SEAM_KINDS = ("session_started", "compacting", "stop_blocked", "stop_allowed", "session_ended")
+"""The ledger event kinds the hook records."""
+
+_MARK_KINDS = ("session_started", "stop_blocked", "stop_allowed", "session_ended")
+_NOTE_KINDS = ("updated", "done", "failed", "blocked", "snoozed", "created")
+_ACTOR = "hook"
+_AGENTS_BEGIN = "<!-- heartbeat:begin (written by `heartbeat hooks install codex`; remove with uninstall) -->"
+_AGENTS_END = "<!-- heartbeat:end -->"
+_MAX_SETTINGS_BYTES = 4 * 1024 * 1024
+
+
+# -- the hook ----------------------------------------------------------------------------
+
+
+@dataclass
+class HookResult:
+    """What the hook prints on stdout (may be empty) and its exit code (always 0)."""
+
+    stdout: str = ""
+    code: int = 0
+
+
+def _str(event: Mapping[str, Any], key: str) -> str:
+    value = event.get(key)
+    return value if isinstance(value, str) else ""
+
+
+def _find_task(store: Store, task: str | None, cwd: str, env: Mapping[str, str]) -> Baton | None:
+    """The task this session works on, or None when it cannot be told."""
+    from heartbeat.baton import FINISHED_STATUSES
+
+    task_id = env.get("HEARTBEAT_TASK") or task
+    if task_id:
+        return store.load(task_id)
+    if not cwd:
+        return None
+    here = os.path.realpath(cwd)
+    found = [e.baton for e in store.scan()
+             if e.baton is not None and e.baton.workdir and os.path.realpath(e.baton.workdir) == here]
+    if len(found) > 1:
+        found = [b for b in found if b.meta.status not in FINISHED_STATUSES]
+    return found[0] if len(found) == 1 else None
+
+
+def _epoch(baton: Baton, env: Mapping[str, str]) -> int:
+    from heartbeat.api import epoch_from_env
+
+    try:
+        mine = epoch_from_env(baton.id, env)
+    except BadInput:
+        mine = None
+    return baton.meta.epoch if mine is None else mine
+
+
+def _last_note_write(events: Sequence[Event]) -> datetime | None:
+    """When the note was last written by anyone but the daemon (a content write or a status verb)."""
+    for e in reversed(events):
+        if e.kind in _NOTE_KINDS and e.actor != "daemon" and (e.kind != "updated" or e.data.get("changed")):
+            return e.ts
+    return None
+
+
+def _session_marks(events: Sequence[Event], session_id: str) -> list[Event]:
+    """The session's starts, stops and end: the reference points of the Stop hook."""
+    return [e for e in events if e.kind in _MARK_KINDS and e.data.get("session_id") == session_id]
+
+
+def _command_hint(state_dir_arg: str) -> str:
+    import shlex
+
+    where = f" --state-dir {shlex.quote(os.path.abspath(state_dir_arg))}" if state_dir_arg else ""
+    return f"heartbeat{where}"
+
+
+def handle_event(
+    event: Mapping[str, Any],
+    store: Store,
+    *,
+    task: str | None = None,
+    hooks: HooksConfig | None = None,
+    env: Mapping[str, str] | None = None,
+    state_dir_arg: str = "",
+    max_attempts: int | None = None,
+    now: datetime | None = None,
+) -> HookResult:
+    """Act on one Claude Code hook event for the task it belongs to; record the seam."""
+    from heartbeat.baton import Status
+    from heartbeat.config import HooksConfig
+    from heartbeat.ledger import Event
+    from heartbeat.timeparse import utcnow
+
+    env = os.environ if env is None else env
+    hooks = hooks or HooksConfig()
+    now = now or utcnow()
+    name = _str(event, "hook_event_name")
+    if name not in HOOK_EVENTS:
+        return HookResult()
+    baton = _find_task(store, task, _str(event, "cwd"), env)
+    if baton is None:
+        return HookResult()
+    session_id = _str(event, "session_id")
+    epoch = _epoch(baton, env)
+
+    def record(kind: str, **data: Any) -> None:
+        store.record([Event(task=baton.id, kind=kind, ts=now, epoch=epoch, revision=baton.meta.revision,
+                            actor=_ACTOR, data={"session_id": session_id, **data})])
+
+    if name == "SessionStart":
+        from heartbeat.brief import render_brief
+
+        source = _str(event, "source") or "startup"
+        record("session_started", source=source)
+        brief = render_brief(baton, max_attempts=max_attempts, epoch=epoch, now=now)
+        head = (f"heartbeat: this session works on task {baton.id!r} (session {source}). Its baton is the "
+                "state note that survives compaction and restarts: read the brief below first, and keep the "
+                "note current with `heartbeat set`/`heartbeat add` as you go.\n\n")
+        out = {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": head + brief.text}}
+        return HookResult(json.dumps(out, ensure_ascii=False) + "\n")
+    events = store.ledger.events(baton.id)
+    last_write = _last_note_write(events)
+    if name == "PreCompact":
+        written = last_write or baton.meta.updated_at or baton.meta.created_at
+        age = round(max(0.0, (now - written).total_seconds()), 3) if written else None
+        record("compacting", trigger=_str(event, "trigger") or "auto", note_age_s=age,
+               fresh=age is not None and age <= hooks.fresh_within, fresh_within_s=hooks.fresh_within)
+        return HookResult()
+    if name == "SessionEnd":
+        record("session_ended", reason=_str(event, "reason") or "other")
+        return HookResult()
+    # Stop
+    if event.get("stop_hook_active") is True:
+        record("stop_allowed", why="stop_hook_active")
+        return HookResult()
+    if baton.meta.status is not Status.ACTIVE:
+        return HookResult()
+    mine = _session_marks(events, session_id)
+    since = mine[-1].ts if mine and mine[-1].kind != "session_ended" else None
+    in_a_row = 0
+    for e in reversed(mine):
+        if e.kind != "stop_blocked":
+            break
+        in_a_row += 1
+    stale = since is not None and (last_write is None or last_write < since)
+    if not stale or in_a_row >= hooks.max_stop_blocks:
+        record("stop_allowed", why="note written" if not stale else f"{in_a_row} block(s) in a row")
+        return HookResult()
+    hb = _command_hint(state_dir_arg)
+    reason = (f"heartbeat: the state note of task {baton.id!r} has not been written since this session "
+              f"{'started' if mine[-1].kind == 'session_started' else 'last stopped'}. Before you stop, write it so "
+              f"the next session (after a compaction, a crash or a handoff) can continue: run "
+              f"`{hb} set {baton.id} step=\"<where you are now>\" next_step=\"<what comes next>\"` and "
+              f"`{hb} add {baton.id} done \"<what you finished>\"` (or `{hb} done {baton.id}` if the task is "
+              "finished), then stop.")
+    record("stop_blocked", note_age_s=round((now - last_write).total_seconds(), 3) if last_write else None)
+    return HookResult(json.dumps({"decision": "block", "reason": reason}, ensure_ascii=False) + "\n")
+
+
+def _read_event(stdin: IO[bytes]) -> dict[str, Any]:
+    raw = stdin.read(defaults.MAX_HOOK_INPUT_BYTES + 1)
+    if len(raw) > defaults.MAX_HOOK_INPUT_BYTES:
+        raise BadInput(f"the hook event is larger than {defaults.MAX_HOOK_INPUT_BYTES} bytes")
+    try:
+        event = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise BadInput("the hook event on stdin is not JSON") from None
+    if not isinstance(event, dict):
+        raise BadInput("the hook event on stdin is not a JSON object")
+    return event
+
+
+def run_hook(
+    agent: str,
+    *,
+    task: str | None = None,
+    state_dir: str | None = None,
+    config: str | None = None,
+    stdin: IO[bytes] | None = None,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """``heartbeat hook AGENT``: read the event, act, print; any failure is one stderr line and exit 0."""
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    env = os.environ if env is None else env
+    try:
+        if agent != "claude":
+            raise BadInput(f"no hooks for {agent!r} (known: claude)")
+        event = _read_event(stdin or sys.stdin.buffer)
+        store, hooks, max_attempts = _open(state_dir, config, env)
+        if store is None:
+            return 0
+        result = handle_event(event, store, task=task, hooks=hooks, env=env, state_dir_arg=state_dir or "",
+                              max_attempts=max_attempts)
+        if result.stdout:
+            stdout.write(result.stdout)
+            stdout.flush()
+        return result.code
+    except HeartbeatError as exc:
+        print(f"heartbeat hook: {exc}", file=stderr)
+    except Exception as exc:  # a hook must never break the agent it serves
+        text = " ".join(str(exc).split())[:300]
+        print(f"heartbeat hook: internal error: {type(exc).__name__}: {text}", file=stderr)
+    return 0
+
+
+def _open(state_dir: str | None, config: str | None, env: Mapping[str, str]) -> tuple[Any, Any, int | None]:
+    """The store, hooks config and max_attempts; no store when there is no state dir (never created here)."""
+    from heartbeat.config import HooksConfig, find_config, load_config
+
+    hooks, max_attempts, path = HooksConfig(), None, None
+    if state_dir:
+        path = os.path.abspath(state_dir)
+    elif not config and env.get("HEARTBEAT_STATE_DIR"):
+        path = os.path.abspath(env["HEARTBEAT_STATE_DIR"])
+    found = find_config(config, env=env)
+    if found is not None:
+        try:
+            loaded = load_config(found)
+            hooks, max_attempts = loaded.hooks, loaded.daemon.max_attempts
+            path = path or loaded.state_dir
+        except HeartbeatError:
+            if path is None:
+                raise
+    if path is None or not os.path.isdir(path):
+        return None, hooks, max_attempts
+    from heartbeat.store import open_store
+
+    return open_store(path), hooks, max_attempts
+
+
+def hook_main(argv: Sequence[str]) -> int:
+    """``heartbeat hook claude [--task ID] [--state-dir DIR] [--config FILE]``, parsed without argparse
+    (Claude Code runs the hook at every turn's end)."""
+    opts: dict[str, str] = {}
+    agent = ""
+    args = list(argv)
+    if "-h" in args or "--help" in args:
+        from heartbeat.cli import build_parser
+
+        build_parser("hook").parse_args(["hook", "--help"])  # prints the usage and exits 0
+    while args:
+        arg = args.pop(0)
+        key, sep, value = arg.partition("=")
+        if key in ("--task", "--state-dir", "--config"):
+            if not sep:
+                if not args:
+                    print(f"heartbeat hook: {key} needs a value", file=sys.stderr)
+                    return 0
+                value = args.pop(0)
+            opts[key] = value
+        elif not agent and not arg.startswith("-"):
+            agent = arg
+        else:
+            print(f"heartbeat hook: unexpected argument {arg[:80]!r}", file=sys.stderr)
+            return 0
+    return run_hook(agent or "claude", task=opts.get("--task"), state_dir=opts.get("--state-dir"),
+                    config=opts.get("--config"))
+
+
+# -- install / uninstall -----------------------------------------------------------------
+
+
+def heartbeat_argv() -> list[str]:
+    """How this heartbeat is run from a hook: its ``heartbeat`` script when that is on PATH and is
+    this install's, else this interpreter with ``-m heartbeat``."""
+    import shutil
+
+    script = shutil.which("heartbeat")
+    mine = os.path.join(os.path.dirname(sys.executable), "heartbeat")
+    if script and os.path.realpath(script) == os.path.realpath(mine):
+        return [os.path.abspath(script)]
+    if os.path.isfile(mine) and os.access(mine, os.X_OK):
+        return [mine]
+    return [sys.executable, "-m", "heartbeat"]
+
+
+def hook_command(*, state_dir: str | None = None, config: str | None = None, task: str | None = None) -> str:
+    """The shell command line written into settings.json for ``heartbeat hook claude``."""
+    import shlex
+
+    argv = [*heartbeat_argv(), "hook", "claude"]
+    if state_dir:
+        argv += ["--state-dir", os.path.abspath(state_dir)]
+    if config:
+        argv += ["--config", os.path.abspath(config)]
+    if task:
+        argv += ["--task", task]
+    return shlex.join(argv)
+
+
+def _is_ours(entry: Any) -> bool:
+    if not isinstance(entry, dict) or entry.get("type") != "command":
+        return False
+    command = entry.get("command")
+    return isinstance(command, str) and " hook claude" in command and "heartbeat" in command
+
+
+def settings_path(directory: str | None, *, user: bool) -> str:
+    if user:
+        return os.path.join(os.path.expanduser("~"), ".claude", "settings.json")
+    return os.path.join(os.path.abspath(directory or "."), ".claude", "settings.json")
+
+
+def _load_json(path: str, what: str) -> dict[str, Any]:
+    """A JSON object file, or {} when missing; anything else is refused with one line."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(_MAX_SETTINGS_BYTES + 1)
+    except FileNotFoundError:
+        return {}
+    except IsADirectoryError:
+        raise BadInput(f"{path}: is a directory, not {what}") from None
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
+    if len(raw) > _MAX_SETTINGS_BYTES:
+        raise BadInput(f"{path}: larger than {_MAX_SETTINGS_BYTES} bytes; left untouched")
+    if not raw.strip():
+        return {}
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadInput(f"{path}: not UTF-8; left untouched") from None
+    except RecursionError:
+        raise BadInput(f"{path}: nested too deeply; left untouched") from None
+    except ValueError as exc:
+        raise BadInput(f"{path}: not valid JSON ({' '.join(str(exc).split())}); left untouched") from None
+    if not isinstance(doc, dict):
+        raise BadInput(f"{path}: expected a JSON object, got {type(doc).__name__}; left untouched")
+    return doc
+
+
+def _write_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` (through a symlink, to its target) by rename, keeping its mode."""
+    import tempfile
+
+    target = os.path.realpath(path)
+    directory = os.path.dirname(target)
+    os.makedirs(directory, exist_ok=True)
+    try:
+        mode = os.stat(target).st_mode & 0o777
+    except FileNotFoundError:
+        mode = 0o644
+    fd, tmp = tempfile.mkstemp(prefix=".heartbeat-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _hooks_table(doc: dict[str, Any], path: str) -> dict[str, Any]:
+    hooks = doc.get("hooks", {})
+    if not isinstance(hooks, dict):
+        raise BadInput(f"{path}: hooks: expected a JSON object, got {type(hooks).__name__}; left untouched")
+    for name in HOOK_EVENTS:
+        groups = hooks.get(name, [])
+        if not isinstance(groups, list):
+            raise BadInput(f"{path}: hooks.{name}: expected a list, got {type(groups).__name__}; left untouched")
+        for group in groups:
+            if not isinstance(group, dict) or not isinstance(group.get("hooks", []), list):
+                raise BadInput(f"{path}: hooks.{name}: each entry must be an object with a list of hooks; "
+                               "left untouched")
+    return hooks
+
+
+def _without_ours(groups: list[Any]) -> list[Any]:
+    """``groups`` with heartbeat's hook entries taken out (and groups left empty by that removed)."""
+    kept = []
+    for group in groups:
+        inner = group.get("hooks", [])
+        remaining = [h for h in inner if not _is_ours(h)]
+        if len(remaining) == len(inner):
+            kept.append(group)
+        elif remaining:
+            kept.append({**group, "hooks": remaining})
+    return kept
+
+
+def _dump(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def install_claude(
+    directory: str | None = None,
+    *,
+    user: bool = False,
+    mcp: bool = False,
+    state_dir: str | None = None,
+    config: str | None = None,
+    task: str | None = None,
+) -> list[str]:
+    """Merge heartbeat's hooks into the settings file (idempotent); returns the files written."""
+    path = settings_path(directory, user=user)
+    if mcp and user:
+        raise BadInput("--mcp registers the server per project (.mcp.json in --dir), not with --user")
+    doc = _load_json(path, "a settings file")
+    hooks = _hooks_table(doc, path)
+    command = hook_command(state_dir=state_dir, config=config, task=task)
+    mcp_file = mcp_path(directory) if mcp else None
+    mcp_doc = _mcp_doc_with_server(mcp_file, state_dir=state_dir, config=config) if mcp_file else None
+    new_hooks = dict(hooks)
+    for name in HOOK_EVENTS:
+        groups = _without_ours(list(hooks.get(name, [])))
+        entry: dict[str, Any] = {"type": "command", "command": command, "timeout": defaults.HOOK_TIMEOUT}
+        groups.append({"hooks": [entry]})
+        new_hooks[name] = groups
+    written = []
+    if new_hooks != hooks or "hooks" not in doc:
+        _write_atomic(path, _dump({**doc, "hooks": new_hooks}))
+        written.append(path)
+    if mcp_file is not None and mcp_doc is not None and mcp_doc != _load_json(mcp_file, "an MCP config"):
+        _write_atomic(mcp_file, _dump(mcp_doc))
+        written.append(mcp_file)
+    return written
+
+
+def uninstall_claude(directory: str | None = None, *, user: bool = False) -> list[str]:
+    """Remove exactly the hooks (and the ``.mcp.json`` server) install added; returns the files written."""
+    path = settings_path(directory, user=user)
+    written = []
+    doc = _load_json(path, "a settings file")
+    if "hooks" in doc:
+        hooks = _hooks_table(doc, path)
+        new_hooks = dict(hooks)
+        for name in HOOK_EVENTS:
+            if name in hooks:
+                groups = _without_ours(hooks[name])
+                if groups:
+                    new_hooks[name] = groups
+                elif hooks[name]:  # we emptied it: the key was ours
+                    del new_hooks[name]
+        if new_hooks != hooks:
+            new_doc = dict(doc)
+            if new_hooks or not hooks:
+                new_doc["hooks"] = new_hooks
+            else:
+                del new_doc["hooks"]
+            _write_atomic(path, _dump(new_doc))
+            written.append(path)
+    if not user:
+        mcp_file = mcp_path(directory)
+        mcp_doc = _load_json(mcp_file, "an MCP config")
+        servers = mcp_doc.get("mcpServers")
+        if isinstance(servers, dict) and _is_our_server(servers.get("heartbeat")):
+            servers = {k: v for k, v in servers.items() if k != "heartbeat"}
+            new_doc = {**mcp_doc, "mcpServers": servers} if servers else {
+                k: v for k, v in mcp_doc.items() if k != "mcpServers"}
+            _write_atomic(mcp_file, _dump(new_doc))
+            written.append(mcp_file)
+    return written
+
+
+def mcp_path(directory: str | None) -> str:
+    return os.path.join(os.path.abspath(directory or "."), ".mcp.json")
+
+
+def _is_our_server(server: Any) -> bool:
+    if not isinstance(server, dict):
+        return False
+    args = server.get("args")
+    command = server.get("command")
+    return isinstance(command, str) and isinstance(args, list) and bool(args) and args[-1] == "mcp" and (
+        "heartbeat" in command or "heartbeat" in args)
+
+
+def _mcp_doc_with_server(path: str, *, state_dir: str | None, config: str | None) -> dict[str, Any]:
+    doc = _load_json(path, "an MCP config")
+    servers = doc.get("mcpServers", {})
+    if not isinstance(servers, dict):
+        raise BadInput(f"{path}: mcpServers: expected a JSON object; left untouched")
+    if "heartbeat" in servers and not _is_our_server(servers["heartbeat"]):
+        raise BadInput(f"{path}: mcpServers.heartbeat is another server; left untouched")
+    argv = heartbeat_argv()
+    if state_dir:
+        argv += ["--state-dir", os.path.abspath(state_dir)]
+    if config:
+        argv += ["--config", os.path.abspath(config)]
+    server = {"type": "stdio", "command": argv[0], "args": [*argv[1:], "mcp"]}
+    return {**doc, "mcpServers": {**servers, "heartbeat": server}}
+
+
+def agents_section(task: str | None = None) -> str:
+    """The marked AGENTS.md section for Codex (and any agent that reads AGENTS.md)."""
+    task_ref = task or "$HEARTBEAT_TASK"
+    return "\n".join([
+        _AGENTS_BEGIN,
+        "## heartbeat: keep the baton",
+        "",
+        "This work is kept alive by heartbeat across context loss, crashes and handoffs. Its state",
+        f"lives in the task's baton (task `{task_ref}`; `heartbeat status` lists the tasks), not in your memory.",
+        "",
+        f"- **First**, before anything else: `heartbeat brief {task_ref}` and read all of it.",
+        f"- Before anything irreversible: `heartbeat verify {task_ref}` (0 fresh, 3 stale: re-read, "
+        "5 superseded: stop).",
+        f"- After each step: `heartbeat set {task_ref} step=\"...\" next_step=\"...\"` and "
+        f"`heartbeat add {task_ref} done \"...\"`; while working, `heartbeat touch {task_ref}`.",
+        f"- Blocked on a person: `heartbeat block {task_ref} --on \"...\"`; finished: `heartbeat done {task_ref}`.",
+        _AGENTS_END,
+        "",
+    ])
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read(_MAX_SETTINGS_BYTES + 1)
+    except FileNotFoundError:
+        return ""
+    except UnicodeDecodeError:
+        raise BadInput(f"{path}: not UTF-8; left untouched") from None
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def _strip_section(text: str, path: str) -> str:
+    start = text.find(_AGENTS_BEGIN)
+    if start < 0:
+        return text
+    end = text.find(_AGENTS_END, start)
+    if end < 0:
+        raise BadInput(f"{path}: heartbeat's section has no end marker; left untouched")
+    end += len(_AGENTS_END)
+    if text[end:end + 1] == "\n":
+        end += 1
+    before = text[:start]
+    if before.endswith("\n\n"):
+        before = before[:-1]  # the blank line install put before the section
+    return before + text[end:]
+
+
+def install_codex(directory: str | None = None, *, task: str | None = None) -> list[str]:
+    """Add (or refresh) heartbeat's marked section at the end of ``AGENTS.md``."""
+    path = os.path.join(os.path.abspath(directory or "."), "AGENTS.md")
+    text = _read_text(path)
+    base = _strip_section(text, path)
+    if base and not base.endswith("\n"):
+        base += "\n"
+    new = base + ("\n" if base else "") + agents_section(task)
+    if new == text:
+        return []
+    _write_atomic(path, new)
+    return [path]
+
+
+def uninstall_codex(directory: str | None = None) -> list[str]:
+    """Remove heartbeat's section from ``AGENTS.md`` (the file too, when nothing else is left in it)."""
+    path = os.path.join(os.path.abspath(directory or "."), "AGENTS.md")
+    text = _read_text(path)
+    new = _strip_section(text, path)
+    if new == text:
+        return []
+    if new.strip():
+        _write_atomic(path, new)
+    else:
+        os.unlink(path)
+    return [path]

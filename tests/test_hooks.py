@@ -1,0 +1,491 @@
+"""The compaction seam: `heartbeat hook claude` at each hook event, `heartbeat hooks install/uninstall`,
+and the real Claude Code CLI firing the installed hooks.
+
+The hook is run for real (``python -m heartbeat hook claude`` with the event on stdin). The
+scripted session in ``tests/data/claude_session_events.json`` holds events recorded from the
+real CLI where it sends them without a login, and built from the documented schema where it
+does not (each event says which).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, Result, clean_env
+
+from heartbeat import tasks
+from heartbeat.config import HooksConfig
+from heartbeat.hooks import handle_event, install_claude, uninstall_claude
+from heartbeat.store.files import FileStore
+from heartbeat.timeparse import utcnow
+
+SESSION = json.loads((ROOT / "tests" / "data" / "claude_session_events.json").read_text())["events"]
+
+
+def event(name: str, cwd: Path | str, **fields: Any) -> dict[str, Any]:
+    return {"session_id": "sess-1", "transcript_path": "/nonexistent/t.jsonl", "cwd": str(cwd),
+            "hook_event_name": name, **fields}
+
+
+def hook(hb: Callable[..., Result], ev: dict[str, Any] | str, *args: str, env: dict[str, str] | None = None) -> Result:
+    text = ev if isinstance(ev, str) else json.dumps(ev)
+    return hb("hook", "claude", *args, input=text, env=env)
+
+
+def seam_events(state_dir: Path, task: str = "t1") -> list[tuple[str, dict[str, Any]]]:
+    store = FileStore(str(state_dir))
+    try:
+        return [(e.kind, e.data) for e in store.ledger.events(task)
+                if e.kind in ("session_started", "compacting", "stop_blocked", "stop_allowed", "session_ended")]
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    path = tmp_path / "work"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def task(hb: Callable[..., Result], work: Path) -> str:
+    r = hb("new", "t1", "--task", "Fix the fallback", "--step", "Read the code", "--intent",
+           "Make the fallback path survive a restart", "--workdir", str(work), "--constraint", "Do not touch prod")
+    assert r.code == 0, r.err
+    return "t1"
+
+
+class TestSessionStart:
+    """SessionStart hands the agent its brief and records the seam, whatever the source."""
+
+    @pytest.mark.parametrize("source", ["startup", "resume", "clear", "compact"])
+    def test_prints_the_brief_as_additional_context(self, hb: Callable[..., Result], state_dir: Path, work: Path,
+                                                    task: str, source: str) -> None:
+        """The output is the documented hookSpecificOutput JSON whose additionalContext carries the brief."""
+        r = hook(hb, event("SessionStart", work, source=source))
+        assert r.code == 0 and r.err == ""
+        out = json.loads(r.out)["hookSpecificOutput"]
+        assert out["hookEventName"] == "SessionStart"
+        assert "Make the fallback path survive a restart" in out["additionalContext"]
+        assert "Do not touch prod" in out["additionalContext"]
+        assert seam_events(state_dir) == [("session_started", {"session_id": "sess-1", "source": source})]
+
+    def test_task_from_the_environment_wins(self, hb: Callable[..., Result], state_dir: Path, work: Path,
+                                            task: str, tmp_path: Path) -> None:
+        """$HEARTBEAT_TASK names the task even when the event's cwd is elsewhere."""
+        r = hook(hb, event("SessionStart", tmp_path, source="startup"), env={"HEARTBEAT_TASK": "t1"})
+        assert r.code == 0 and "Fix the fallback" in r.out
+        r = hook(hb, event("SessionStart", tmp_path, source="startup"), "--task", "t1")
+        assert r.code == 0 and "Fix the fallback" in r.out
+
+    def test_no_task_or_two_tasks_for_the_cwd_does_nothing(self, hb: Callable[..., Result], state_dir: Path,
+                                                           work: Path, task: str, tmp_path: Path) -> None:
+        """A cwd no task works in, or two active tasks share, is not guessed: no output, nothing recorded."""
+        r = hook(hb, event("SessionStart", tmp_path, source="startup"))
+        assert (r.code, r.out, r.err) == (0, "", "")
+        assert hb("new", "t2", "--task", "Other", "--step", "s", "--workdir", str(work)).code == 0
+        r = hook(hb, event("SessionStart", work, source="startup"))
+        assert (r.code, r.out, r.err) == (0, "", "")
+        assert seam_events(state_dir) == []
+
+    def test_a_finished_task_in_the_same_workdir_does_not_make_it_ambiguous(
+            self, hb: Callable[..., Result], work: Path, task: str) -> None:
+        """Of two tasks in one workdir, the one still open is the session's."""
+        assert hb("new", "old", "--task", "Old", "--step", "s", "--workdir", str(work)).code == 0
+        assert hb("done", "old").code == 0
+        r = hook(hb, event("SessionStart", work, source="startup"))
+        assert "Fix the fallback" in r.out
+
+
+class TestNeverBreaksTheAgent:
+    """Whatever comes in, the hook exits 0 with at most one line on stderr."""
+
+    @pytest.mark.parametrize("stdin", ["not json", "[1, 2]", "", "[" * 100000])
+    def test_garbage_on_stdin(self, hb: Callable[..., Result], state_dir: Path, task: str, stdin: str) -> None:
+        """Not JSON, not an object, empty, nested too deep: one stderr line, exit 0, nothing recorded."""
+        r = hook(hb, stdin)
+        assert r.code == 0 and r.out == ""
+        assert len(r.err.strip().splitlines()) == 1 and r.err.startswith("heartbeat hook: ")
+        assert seam_events(state_dir) == []
+
+    def test_an_oversized_event(self, hb: Callable[..., Result], work: Path, task: str) -> None:
+        """An event over the input bound is refused, not read whole."""
+        r = hook(hb, json.dumps(event("SessionStart", work, source="x" * (2 * 1024 * 1024))))
+        assert r.code == 0 and r.out == "" and "larger than" in r.err
+
+    def test_an_unknown_task_in_the_environment(self, hb: Callable[..., Result], work: Path, task: str) -> None:
+        """$HEARTBEAT_TASK naming no baton: one line, exit 0 (never 2, which would block a Stop)."""
+        r = hook(hb, event("Stop", work, stop_hook_active=False), env={"HEARTBEAT_TASK": "nope"})
+        assert r.code == 0 and r.out == "" and "nope" in r.err and len(r.err.splitlines()) == 1
+
+    def test_no_state_dir_is_left_alone(self, tmp_path: Path, work: Path) -> None:
+        """Without a state dir the hook does nothing and creates none."""
+        missing = tmp_path / "no-state"
+        proc = subprocess.run([sys.executable, "-m", "heartbeat", "--state-dir", str(missing), "hook", "claude"],
+                              input=json.dumps(event("SessionStart", work, source="startup")), text=True,
+                              capture_output=True, env=clean_env(), timeout=60)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+        assert not missing.exists()
+
+    def test_a_bad_option_still_exits_0(self, hb: Callable[..., Result], work: Path, task: str) -> None:
+        """Even a malformed command line in settings.json cannot make the hook exit 2."""
+        r = hook(hb, event("Stop", work), "--bogus")
+        assert r.code == 0 and "unexpected argument" in r.err
+
+    def test_the_hook_loads_nothing_heavy(self, state_dir: Path, work: Path, task: str) -> None:
+        """`hook claude` imports no argparse, scheduler, watcher, structlog, psutil or MCP SDK."""
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "heartbeat", "hook", "claude"],
+                              input=json.dumps(event("Stop", work)), text=True, capture_output=True,
+                              env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir)), timeout=60)
+        assert proc.returncode == 0
+        modules = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+                   if line.startswith("import time:")}
+        assert "heartbeat.hooks" in modules  # the measurement works
+        roots = {name.split(".")[0] for name in modules}
+        heavy = {"argparse", "apscheduler", "watchdog", "structlog", "psutil", "mcp"}
+        assert not roots & heavy, sorted(roots & heavy)
+
+
+class TestPreCompactAndSessionEnd:
+    """PreCompact records the compaction and how old the note was; SessionEnd records the end."""
+
+    def test_compacting_with_a_fresh_note(self, hb: Callable[..., Result], state_dir: Path, work: Path,
+                                          task: str) -> None:
+        """A note written just now is fresh at the compaction."""
+        assert hb("set", "t1", "step=Patch the fallback").code == 0
+        r = hook(hb, event("PreCompact", work, trigger="auto", custom_instructions=""))
+        assert (r.code, r.out) == (0, "")
+        [(kind, data)] = seam_events(state_dir)
+        assert kind == "compacting" and data["trigger"] == "auto" and data["fresh"] is True
+        assert 0 <= data["note_age_s"] < 60
+
+    def test_compacting_with_a_stale_note(self, file_store: FileStore, work: Path) -> None:
+        """A note older than hooks.fresh_within is stale at the compaction; its age is recorded."""
+        tasks.new_task(file_store, "t1", task="T", step="s", workdir=str(work))
+        later = utcnow() + timedelta(minutes=30)
+        handle_event(event("PreCompact", work, trigger="manual"), file_store, env={},
+                     hooks=HooksConfig(fresh_within=300), now=later)
+        [e] = [e for e in file_store.ledger.events("t1") if e.kind == "compacting"]
+        assert e.data["fresh"] is False and e.data["trigger"] == "manual"
+        assert 1790 <= e.data["note_age_s"] <= 1810
+
+    def test_session_end_records_the_reason(self, hb: Callable[..., Result], state_dir: Path, work: Path,
+                                            task: str) -> None:
+        """SessionEnd is recorded with its reason and prints nothing."""
+        r = hook(hb, event("SessionEnd", work, reason="prompt_input_exit"))
+        assert (r.code, r.out) == (0, "")
+        assert seam_events(state_dir) == [("session_ended", {"session_id": "sess-1", "reason": "prompt_input_exit"})]
+
+
+class TestStop:
+    """Stop blocks once when the note was not written since the session started or last stopped."""
+
+    def start(self, hb: Callable[..., Result], work: Path) -> None:
+        assert hook(hb, event("SessionStart", work, source="startup")).code == 0
+
+    def test_blocks_once_naming_the_commands(self, hb: Callable[..., Result], state_dir: Path, work: Path,
+                                             task: str) -> None:
+        """No note since the start: a block whose reason names `heartbeat set`/`add` for this task."""
+        self.start(hb, work)
+        r = hook(hb, event("Stop", work, stop_hook_active=False, last_assistant_message="done"))
+        assert r.code == 0
+        out = json.loads(r.out)
+        assert out["decision"] == "block"
+        assert "heartbeat set t1 step=" in out["reason"] and "heartbeat add t1 done" in out["reason"]
+
+    def test_never_when_stop_hook_active(self, hb: Callable[..., Result], state_dir: Path, work: Path,
+                                         task: str) -> None:
+        """The stop that follows a block (stop_hook_active) is let through: no loop."""
+        self.start(hb, work)
+        assert json.loads(hook(hb, event("Stop", work, stop_hook_active=False)).out)["decision"] == "block"
+        r = hook(hb, event("Stop", work, stop_hook_active=True))
+        assert (r.code, r.out) == (0, "")
+
+    def test_never_more_than_max_stop_blocks_in_a_row(self, hb: Callable[..., Result], state_dir: Path, work: Path,
+                                                      task: str) -> None:
+        """A client that never sets stop_hook_active is still blocked only max_stop_blocks (1) times in a row."""
+        self.start(hb, work)
+        outs = [hook(hb, event("Stop", work, stop_hook_active=False)).out for _ in range(4)]
+        assert [bool(o) for o in outs] == [True, False, True, False]
+        kinds = [k for k, _ in seam_events(state_dir)]
+        assert kinds == ["session_started", "stop_blocked", "stop_allowed", "stop_blocked", "stop_allowed"]
+
+    def test_max_stop_blocks_from_the_config(self, file_store: FileStore, work: Path) -> None:
+        """hooks.max_stop_blocks = 2 allows two blocks in a row; 0 never blocks."""
+        tasks.new_task(file_store, "t1", task="T", step="s", workdir=str(work))
+        for limit, expected in ((2, [True, True, False]), (0, [False, False, False])):
+            handle_event(event("SessionStart", work, source="startup", session_id=f"s{limit}"), file_store, env={})
+            got = [bool(handle_event(event("Stop", work, stop_hook_active=False, session_id=f"s{limit}"), file_store,
+                                     env={}, hooks=HooksConfig(max_stop_blocks=limit)).stdout) for _ in range(3)]
+            assert got == expected
+
+    def test_a_written_note_lets_it_stop(self, hb: Callable[..., Result], state_dir: Path, work: Path,
+                                         task: str) -> None:
+        """After `heartbeat set` the stop goes through; a later turn without a write is blocked again."""
+        self.start(hb, work)
+        assert hb("set", "t1", "step=Patch the fallback").code == 0
+        assert hook(hb, event("Stop", work, stop_hook_active=False)).out == ""
+        assert "decision" in hook(hb, event("Stop", work, stop_hook_active=False)).out
+
+    def test_a_touch_is_not_a_note(self, hb: Callable[..., Result], work: Path, task: str) -> None:
+        """`touch` says alive, not where things stand: it does not satisfy the Stop hook."""
+        self.start(hb, work)
+        assert hb("touch", "t1").code == 0
+        assert "decision" in hook(hb, event("Stop", work, stop_hook_active=False)).out
+
+    @pytest.mark.parametrize("verb", [("done", "t1"), ("block", "t1", "--on", "a human")])
+    def test_not_when_the_task_is_no_longer_active(self, hb: Callable[..., Result], work: Path, task: str,
+                                                   verb: tuple[str, ...]) -> None:
+        """A done or blocked task is not held up at its stop."""
+        self.start(hb, work)
+        assert hb(*verb).code == 0
+        assert hook(hb, event("Stop", work, stop_hook_active=False)).out == ""
+
+
+class TestScriptedCompaction:
+    """A whole session with a compaction, its hook events fed in order, is what `report` counts."""
+
+    def test_report_counts_it(self, hb: Callable[..., Result], state_dir: Path, work: Path, task: str) -> None:
+        """Two session starts (startup, compact), one compaction with a fresh note, two Stop blocks, one end."""
+        outputs = []
+        for step in SESSION:
+            ev = dict(step["event"], cwd=str(work))
+            if ev["hook_event_name"] == "PreCompact":  # the agent obeyed the block before the compaction
+                assert hb("set", "t1", "step=Patch the fallback", "next_step=Run the tests").code == 0
+            r = hook(hb, ev)
+            assert r.code == 0 and r.err == "", r.err
+            outputs.append((ev["hook_event_name"], r.out))
+        assert [bool(out) for _, out in outputs] == [True, True, False, False, True, True, False]
+        r = hb("report", "--json")
+        assert r.code == 0, r.err
+        [t] = json.loads(r.out)["tasks"]
+        seams = t["seams"]
+        assert seams["session_starts"] == {"startup": 1, "compact": 1}
+        assert (seams["compactions"], seams["compactions_fresh"], seams["compactions_stale"]) == (1, 1, 0)
+        assert (seams["stop_blocks"], seams["sessions_ended"]) == (2, 1)
+        text = hb("report").out
+        assert "t1: sessions 2 (compact 1, startup 1); compactions 1 (note fresh 1, stale 0); stop blocks 2" in text
+
+
+def _settings(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+FOREIGN = {
+    "permissions": {"allow": ["Bash(npm test)"]},
+    "env": {"FOO": "1"},
+    "hooks": {
+        "SessionStart": [{"matcher": "startup", "hooks": [{"type": "command", "command": "echo mine"}]}],
+        "PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "/usr/local/bin/guard"}]}],
+    },
+}
+
+
+class TestInstall:
+    """`hooks install/uninstall claude|codex` merge idempotently and remove exactly what they added."""
+
+    def test_install_keeps_foreign_keys_and_is_idempotent(self, hb: Callable[..., Result], work: Path) -> None:
+        """Every key and hook already there stays; a second install changes nothing; uninstall restores it."""
+        settings = work / ".claude" / "settings.json"
+        settings.parent.mkdir()
+        settings.write_text(json.dumps(FOREIGN, indent=4))
+        r = hb("hooks", "install", "claude", "--dir", str(work))
+        assert r.code == 0 and str(settings) in r.out, r.err
+        doc = _settings(settings)
+        assert doc["permissions"] == FOREIGN["permissions"] and doc["env"] == FOREIGN["env"]
+        assert doc["hooks"]["PreToolUse"] == FOREIGN["hooks"]["PreToolUse"]
+        assert doc["hooks"]["SessionStart"][0] == FOREIGN["hooks"]["SessionStart"][0]
+        for name in ("SessionStart", "PreCompact", "Stop", "SessionEnd"):
+            ours = [h for g in doc["hooks"][name] for h in g["hooks"] if "hook claude" in h["command"]]
+            assert len(ours) == 1 and ours[0]["type"] == "command" and ours[0]["timeout"] == 30
+        before = settings.read_bytes()
+        r = hb("hooks", "install", "claude", "--dir", str(work))
+        assert r.code == 0 and "already installed" in r.out
+        assert settings.read_bytes() == before
+        assert hb("hooks", "uninstall", "claude", "--dir", str(work)).code == 0
+        assert _settings(settings) == FOREIGN
+        r = hb("hooks", "uninstall", "claude", "--dir", str(work))
+        assert r.code == 0 and "not installed" in r.out
+
+    def test_install_into_nothing_and_back(self, work: Path) -> None:
+        """No settings file: install creates one; uninstall leaves an empty object."""
+        [path] = install_claude(str(work), state_dir=str(work / "st"))
+        doc = json.loads(Path(path).read_text())
+        assert set(doc["hooks"]) == {"SessionStart", "PreCompact", "Stop", "SessionEnd"}
+        assert "--state-dir" in doc["hooks"]["Stop"][0]["hooks"][0]["command"]
+        assert uninstall_claude(str(work)) == [path]
+        assert json.loads(Path(path).read_text()) == {}
+
+    def test_user_settings(self, hb: Callable[..., Result], tmp_path: Path) -> None:
+        """--user writes ~/.claude/settings.json."""
+        home = tmp_path / "home"
+        home.mkdir()
+        r = hb("hooks", "install", "claude", "--user", env={"HOME": str(home)})
+        assert r.code == 0, r.err
+        assert "Stop" in _settings(home / ".claude" / "settings.json")["hooks"]
+
+    @pytest.mark.parametrize("content", ["{not json", "[]", '{"hooks": "yes"}', '{"hooks": {"Stop": {}}}',
+                                         '{"hooks": {"Stop": [1]}}', "\xff\xfe"])
+    def test_garbage_settings_are_left_untouched(self, hb: Callable[..., Result], work: Path, content: str) -> None:
+        """A settings file heartbeat cannot merge into: one line, exit 2, the bytes unchanged."""
+        settings = work / ".claude" / "settings.json"
+        settings.parent.mkdir()
+        settings.write_bytes(content.encode("latin-1"))
+        for action in ("install", "uninstall"):
+            r = hb("hooks", action, "claude", "--dir", str(work))
+            assert r.code == 2 and len(r.err.splitlines()) == 1 and "left untouched" in r.err, r.err
+            assert settings.read_bytes() == content.encode("latin-1")
+
+    def test_mcp_registration(self, hb: Callable[..., Result], work: Path) -> None:
+        """--mcp adds the heartbeat server to .mcp.json next to the others; uninstall removes only it."""
+        mcp = work / ".mcp.json"
+        other = {"mcpServers": {"db": {"command": "db-mcp", "args": []}}, "x": 1}
+        mcp.write_text(json.dumps(other))
+        assert hb("hooks", "install", "claude", "--dir", str(work), "--mcp").code == 0
+        servers = _settings(mcp)["mcpServers"]
+        assert servers["db"] == other["mcpServers"]["db"]
+        assert servers["heartbeat"]["args"][-1] == "mcp" and servers["heartbeat"]["type"] == "stdio"
+        assert hb("hooks", "uninstall", "claude", "--dir", str(work)).code == 0
+        assert _settings(mcp) == other
+
+    def test_codex_agents_md(self, hb: Callable[..., Result], work: Path) -> None:
+        """A marked section is appended to AGENTS.md once, and removed exactly."""
+        agents = work / "AGENTS.md"
+        agents.write_text("# Project rules\n\nRun the tests.\n")
+        original = agents.read_text()
+        assert hb("hooks", "install", "codex", "--dir", str(work)).code == 0
+        text = agents.read_text()
+        assert text.startswith(original) and "heartbeat brief" in text and "heartbeat:begin" in text
+        assert hb("hooks", "install", "codex", "--dir", str(work)).out.startswith("nothing to change")
+        assert agents.read_text() == text
+        assert hb("hooks", "uninstall", "codex", "--dir", str(work)).code == 0
+        assert agents.read_text() == original
+
+    def test_codex_file_created_and_removed(self, hb: Callable[..., Result], work: Path) -> None:
+        """An AGENTS.md that held only heartbeat's section goes away with it."""
+        assert hb("hooks", "install", "codex", "--dir", str(work), "--task", "t1").code == 0
+        assert "heartbeat brief t1" in (work / "AGENTS.md").read_text()
+        assert hb("hooks", "uninstall", "codex", "--dir", str(work)).code == 0
+        assert not (work / "AGENTS.md").exists()
+
+
+class TestRealClaude:
+    """The real `claude -p` (pinned, not logged in, temp HOME, no network) fires the installed hooks."""
+
+    def run_claude(self, claude: Path, work: Path, home: Path, *args: str, prompt: str) -> list[dict[str, Any]]:
+        env = {k: v for k, v in clean_env().items() if not k.startswith(("ANTHROPIC_", "CLAUDE"))}
+        env["HOME"] = str(home)
+        proc = subprocess.run([str(claude), "-p", "--output-format", "stream-json", "--verbose", *args],
+                              input=prompt, text=True, capture_output=True, cwd=str(work), env=env, timeout=180)
+        lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        assert lines, f"exit {proc.returncode}: {proc.stderr[-500:]}"
+        return lines
+
+    def test_session_start_carries_the_brief_and_compact_is_counted(
+            self, hb: Callable[..., Result], state_dir: Path, work: Path, task: str, tmp_path: Path) -> None:
+        """SessionStart: the stream shows the hook's output with the brief and the ledger has the seam;
+        `/compact` on the resumed session fires the real PreCompact, which `report` counts."""
+        from agent_clis import agent_cli
+
+        claude = agent_cli("claude")
+        home = tmp_path / "home"
+        home.mkdir()
+        r = hb("--state-dir", str(state_dir), "hooks", "install", "claude", "--dir", str(work))
+        assert r.code == 0, r.err
+        lines = self.run_claude(claude, work, home, prompt="hello")
+        session = next(line["session_id"] for line in lines if line.get("session_id"))
+        [response] = [line for line in lines if line.get("subtype") == "hook_response"
+                      and line.get("hook_event") == "SessionStart"]
+        context = json.loads(response["stdout"])["hookSpecificOutput"]["additionalContext"]
+        assert "Make the fallback path survive a restart" in context and response["exit_code"] == 0
+        result = lines[-1]
+        assert result["type"] == "result" and result["is_error"] is True  # not logged in
+        # The CLI took it as context: its transcript holds the brief as a hook_additional_context
+        # attachment, and in the API request it built (never sent: not logged in).
+        [transcript] = (home / ".claude" / "projects").glob(f"*/{session}.jsonl")
+        records = [json.loads(line) for line in transcript.read_text().splitlines() if line.strip()]
+        attached = [r["attachment"] for r in records if isinstance(r.get("attachment"), dict)
+                    and r["attachment"].get("type") == "hook_additional_context"]
+        assert attached and "Make the fallback path survive a restart" in json.dumps(attached)
+        assert any(r.get("type") == "api-request-blob" and "Make the fallback path survive a restart" in json.dumps(r)
+                   for r in records)
+        seams = seam_events(state_dir)
+        assert seams[0] == ("session_started", {"session_id": session, "source": "startup"})
+        assert seams[-1][0] == "session_ended" and seams[-1][1]["session_id"] == session
+
+        self.run_claude(claude, work, home, "--resume", session, prompt="/compact")
+        kinds = [(k, d.get("source") or d.get("trigger") or d.get("reason")) for k, d in seam_events(state_dir)]
+        assert ("session_started", "resume") in kinds and ("compacting", "manual") in kinds
+        [t] = json.loads(hb("report", "--json").out)["tasks"]
+        assert t["seams"]["compactions"] == 1
+        assert t["seams"]["session_starts"] == {"startup": 1, "resume": 1}
+
+    def test_settings_written_by_install_are_accepted(self, work: Path, tmp_path: Path, state_dir: Path) -> None:
+        """Claude Code reads the merged settings without a settings error (hooks listed under their events)."""
+        from agent_clis import agent_cli
+
+        claude = agent_cli("claude")
+        settings = work / ".claude" / "settings.json"
+        settings.parent.mkdir()
+        settings.write_text(json.dumps(FOREIGN))
+        install_claude(str(work), state_dir=str(state_dir))
+        home = tmp_path / "home"
+        home.mkdir()
+        lines = self.run_claude(claude, work, home, prompt="hello")
+        names = {line.get("hook_name") for line in lines if line.get("subtype") == "hook_started"}
+        assert "SessionStart:startup" in names
+        assert os.path.isfile(settings)
+
+
+class TestHooksConfig:
+    """`[hooks]` in the config: documented in the example, checked like every other section."""
+
+    def test_the_example_documents_every_key(self) -> None:
+        """Every HooksConfig field is a key of config/heartbeat.example.toml's [hooks]."""
+        import dataclasses
+        import tomllib
+
+        doc = tomllib.loads((ROOT / "config" / "heartbeat.example.toml").read_text())
+        assert {f.name for f in dataclasses.fields(HooksConfig)} == set(doc["hooks"])
+
+    @pytest.mark.parametrize(("body", "message"), [
+        ('fresh_within = "soon"', "hooks.fresh_within"),
+        ("max_stop_blocks = -1", "hooks.max_stop_blocks: must be at least 0"),
+        ("max_stop_block = 2", "hooks.max_stop_block: unknown key"),
+    ])
+    def test_bad_values_are_refused(self, body: str, message: str) -> None:
+        """A bad [hooks] value is a ConfigError naming the key."""
+        from heartbeat.config import parse_config
+        from heartbeat.errors import ConfigError
+
+        with pytest.raises(ConfigError, match=message):
+            parse_config(f"[hooks]\n{body}\n")
+
+    def test_values_reach_the_hook(self, tmp_path: Path, work: Path) -> None:
+        """The hook reads max_stop_blocks from the config it finds: 0 never blocks."""
+        state = tmp_path / "st"
+        config = tmp_path / "heartbeat.toml"
+        config.write_text(f'[daemon]\nstate_dir = "{state}"\n[hooks]\nmax_stop_blocks = 0\n')
+        env = clean_env()
+        run = [sys.executable, "-m", "heartbeat", "--config", str(config)]
+        assert subprocess.run([*run, "new", "t1", "--task", "T", "--step", "s", "--workdir", str(work)],
+                              env=env, capture_output=True, timeout=60).returncode == 0
+        for ev in (event("SessionStart", work, source="startup"), event("Stop", work, stop_hook_active=False)):
+            proc = subprocess.run([*run, "hook", "claude"], input=json.dumps(ev), text=True, capture_output=True,
+                                  env=env, timeout=60)
+            assert proc.returncode == 0 and proc.stderr == ""
+        assert proc.stdout == ""
+
+    def test_help(self, hb: Callable[..., Result]) -> None:
+        """`hook claude --help` prints the usage (and, like every hook call, exits 0)."""
+        r = hb("hook", "claude", "--help")
+        assert r.code == 0 and "usage: heartbeat hook" in r.out
