@@ -19,7 +19,25 @@ random. Meanwhile the soak:
 - hand-edits batons: drops blocks, adds keys heartbeat does not know, writes garbage over
   them (binary junk, a torn half, a wrong type) and later puts the original back;
 - opens file gates, unblocks human gates through the CLI, re-arms escalated tasks;
-- writes with a superseded epoch through the CLI (must be refused, exit 5).
+- writes with a superseded epoch through the CLI (must be refused, exit 5);
+- plants FIFOs and symlinks where the daemon, the shim or the CLI will open: the next
+  epoch's ``.exit``, ``.log``, ``.pid``, ``.brief.md`` under ``logs/<id>/`` (FIFOs, and links
+  to files outside the state dir), the whole ``logs/<id>`` directory swapped for a link to
+  an outside directory, and ``.git/HEAD``, a ref or a key file in a task's git workdir (then
+  runs ``heartbeat verify`` / ``set`` on that task); after a few seconds it cleans up as a
+  human would (opens the FIFO so whoever is stuck on it gets EOF, removes it, puts the file
+  or directory back);
+- races the daemon: ``block``, ``done`` or ``snooze`` written 0-200 ms after a task became
+  dispatchable (created, unblocked or re-armed);
+- copies batons aside and later copies one back (a backup restored: lower revision);
+- corrupts ledger rows (``data = '{oops'``, a timestamp out of range or of the wrong type),
+  runs ``heartbeat report``, and repairs the row a few seconds later;
+- starts a second ``heartbeat run`` (or ``run --once`` / ``--dry-run``) on the same state
+  dir: it must exit 1 at once naming the running daemon's pid;
+- holds a baton's lock (``locks/<id>.lock``, flock) from another process for 1-3 s.
+
+Agents may also leave a ``setsid`` grandchild behind (``chaos_agent.py``, behaviour
+``setsid-child``), which must not outlive its agent's shift.
 
 Then it stops the chaos (agents turn calm, every file gate opens), lets the daemon drain,
 and checks the end state. The checker (``tests/soak_checker.py``) samples the process
@@ -37,6 +55,7 @@ import os
 import random
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -45,9 +64,10 @@ import time
 import tomllib
 import traceback
 from collections import Counter
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import tomli_w
 
@@ -56,13 +76,17 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from soak_checker import (  # noqa: E402  (tests/ is not a package)
     Checker,
+    TickWatch,
     check_blocks,
     check_bypasses,
     check_dispatch_epochs,
+    check_dispatch_status,
     check_fencing,
     check_group_starts,
+    check_inactive_agents,
     check_notify,
     read_ledger,
+    tick_gaps,
 )
 
 __all__ = ["main", "PRESETS"]
@@ -78,6 +102,12 @@ NOTIFIER = "file"
 DAEMON_ERRORS = {"tick_failed", "task_failed", "evaluate_failed", "stop_failed", "dispatch_unrecorded",
                  "ledger_write_failed", "launch_failed"}
 """Daemon log events that mean something went wrong inside it (each one is a violation)."""
+PLANT_EXCUSES = {"launch_failed", "dispatch_unrecorded"}
+"""Daemon errors that are the right answer to a file the soak planted in the task's logs or workdir."""
+TICKS = ("150ms", "200ms", "300ms")
+"""The ticks a good SIGHUP picks from; a tick gap is judged against the longest (5 x 300 ms)."""
+GIT_SHARE = 0.3
+"""The share of tasks with a git workdir of their own and a key file (the workdir attacks' targets)."""
 
 # Seconds between faults of each kind: uniform in (low, high).
 FAULTS: dict[str, tuple[float, float]] = {
@@ -93,6 +123,14 @@ FAULTS: dict[str, tuple[float, float]] = {
     "garbage": (2.0, 5.0),
     "stale_write": (1.5, 3.5),
     "new_task": (3.0, 6.0),
+    "fifo_logs": (2.0, 5.0),
+    "symlink_logs": (3.0, 7.0),
+    "fifo_workdir": (3.0, 7.0),
+    "race": (1.0, 2.5),
+    "restore_baton": (2.5, 6.0),
+    "corrupt_ledger": (6.0, 12.0),
+    "second_daemon": (6.0, 12.0),
+    "hold_lock": (3.0, 7.0),
 }
 
 
@@ -106,6 +144,40 @@ def clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HEARTBEAT_", "SOAK_"))}
     env.pop("NOTIFY_SOCKET", None)
     return env
+
+
+@dataclass
+class Plant:
+    """A FIFO or link the soak planted, and how to put things back."""
+
+    path: str
+    kind: str
+    """``fifo``, ``link`` (under ``logs/<id>/``), ``logs-dir-link`` or ``workdir-fifo``."""
+    task: str
+    original: bytes | None = None
+    moved: str | None = None
+    planted_at: float = 0.0
+    until: float = 0.0
+
+
+@dataclass
+class Pending:
+    """A command the soak runs in the background (a CLI call, a second daemon), judged when it ends."""
+
+    what: str
+    task: str
+    proc: subprocess.Popen[bytes]
+    out: IO[bytes]
+    started: float
+    deadline: float
+    expect: set[int] | None
+
+
+def _loads(data: bytes) -> dict[str, Any] | None:
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
 
 
 class Soak:
@@ -124,7 +196,7 @@ class Soak:
         os.chmod(self.root, 0o700)
         self.state = self.root / "state"
         self.state.mkdir(mode=0o700, exist_ok=True)
-        for sub in ("gates", "writes", "work"):
+        for sub in ("gates", "writes", "work", "outside", "copies"):
             (self.root / sub).mkdir(exist_ok=True)
         self.config_path = self.root / "heartbeat.toml"
         self.log_path = self.root / "daemon.log"
@@ -154,6 +226,23 @@ class Soak:
         self.calm = False
         self._task_seq = 0
         self._edit_seq = 0
+        self.tick_watch = TickWatch(str(self.root / "notify.sock"))
+        self.env_daemon = {**self.env, "NOTIFY_SOCKET": str(self.root / "notify.sock")}
+        self.ticks_used = {self.tick}
+        self.plants: list[Plant] = []
+        self.plant_windows: list[tuple[str, float, float]] = []
+        self.outside: dict[str, bytes] = {}
+        self.git_tasks: set[str] = set()
+        self.copies: dict[str, list[bytes]] = {}
+        self.restored_tasks: set[str] = set()
+        self.held: dict[str, tuple[subprocess.Popen[bytes], float]] = {}
+        self.pending: list[Pending] = []
+        self.corrupt_repairs: list[tuple[float, int, str, Any, Any]] = []
+        self.count_lock = threading.Lock()
+        self.race_threads: list[threading.Thread] = []
+        self._plant_seq = 0
+        for i in range(3):
+            self.outside_file(f"victim-{i}.txt", f"outside the state dir {i}\n".encode())
 
     # -- config and daemon -------------------------------------------------------------
 
@@ -209,9 +298,12 @@ timeout = "5s"
     def start_daemon(self) -> None:
         if self.config_broken:
             self.write_config()
+        self.finish_pending(second_daemons_only=True)  # never two daemons because the soak restarted one
+        launched_at = time.time()
         with open(self.log_path, "ab") as log:
             self.daemon = subprocess.Popen([sys.executable, "-m", "heartbeat", "--config", str(self.config_path), "run"],
-                                           stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(self.root))
+                                           stdout=log, stderr=subprocess.STDOUT, env=self.env_daemon,
+                                           cwd=str(self.root))
         pid = self.daemon.pid
         deadline = time.monotonic() + 30
         while not any(e.get("event") == "started" and e.get("pid") == pid for e in self.read_log()[-50:]):
@@ -220,7 +312,7 @@ timeout = "5s"
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the daemon did not start within 30 s; see {self.log_path}")
             time.sleep(0.02)
-        self.daemon_intervals.append([time.time(), float("inf")])
+        self.daemon_intervals.append([launched_at, float("inf")])
         self.counts["daemon_starts"] += 1
         self.restart_at = None
 
@@ -266,6 +358,8 @@ timeout = "5s"
                 task = str(event.get("task", ""))
                 if self.garbage_at(task, event.get("timestamp")):
                     self.counts["daemon_errors_over_garbage"] += 1  # e.g. a dispatch whose owner could not be recorded
+                elif name in PLANT_EXCUSES and self.planted_at(task, event.get("timestamp")):
+                    self.counts["daemon_errors_over_planted_files"] += 1  # a launch refused over a planted FIFO
                 else:
                     self.checker.violate("daemon", task, f"the daemon logged {name}: {json.dumps(event)[:600]}")
             if name in ("started", "reloaded", "reload_failed", "stopped"):
@@ -282,6 +376,15 @@ timeout = "5s"
             return False
         return any(t == task and r.written_at - 2.0 <= ts <= (r.restored_at or time.time()) + 2.0
                    for t, r in self.checker.garbage_history)
+
+    def planted_at(self, task: str, stamp: object) -> bool:
+        """Did a file the soak planted stand in ``task``'s logs dir or workdir at log time ``stamp`` (± 2 s)?"""
+        try:
+            ts = datetime.fromisoformat(str(stamp)).timestamp()
+        except ValueError:
+            return False
+        return any(t == task and lo - 2.0 <= ts <= hi + 2.0 for t, lo, hi in self.plant_windows) or any(
+            p.task == task and p.planted_at - 2.0 <= ts for p in self.plants)
 
     def check_hups(self, final: bool = False) -> None:
         """Every SIGHUP is answered: ``reloaded`` for a good config, ``reload_failed`` for a broken one."""
@@ -329,15 +432,30 @@ timeout = "5s"
         elif roll < 0.12:
             blocked_on = "a human, at creation"
             gate = Gate.parse("human")
+        workdir, key_files = str(self.root / "work"), []
+        if self.rng.random() < GIT_SHARE:
+            workdir, key_files = self.git_workdir(task_id), ["notes.md"]
+            self.git_tasks.add(task_id)
         tasks.new_task(store, task_id, task=f"soak task {task_id}", step="start", intent="survive the soak",
-                       workdir=str(self.root / "work"), plan=steps, blocked_on=blocked_on, gate=gate, actor="soak")
+                       workdir=workdir, key_files=key_files, plan=steps, blocked_on=blocked_on, gate=gate,
+                       actor="soak")
         self.tasks.append(task_id)
         return task_id
+
+    def git_workdir(self, task_id: str) -> str:
+        """A workdir of its own that reads as a git checkout (HEAD, a branch ref) with a key file."""
+        work = self.root / "work" / task_id
+        (work / ".git" / "refs" / "heads").mkdir(parents=True, exist_ok=True)
+        (work / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+        (work / ".git" / "refs" / "heads" / "main").write_text(f"{self.rng.getrandbits(160):040x}\n")
+        (work / "notes.md").write_text(f"notes of {task_id}\n")
+        return str(work)
 
     # -- the samplers --------------------------------------------------------------------
 
     def _sampler(self, what: str, interval: float) -> None:
-        fn = self.checker.sample_processes if what == "processes" else self.checker.sample_batons
+        fn = {"processes": self.checker.sample_processes, "batons": self.checker.sample_batons,
+              "ledger": self.checker.sample_ledger}[what]
         while not self.stop_sampling.is_set():
             try:
                 fn()
@@ -362,7 +480,8 @@ timeout = "5s"
             self.counts["daemon_sigterms"] += 1
             self.restart_at = time.monotonic() + rng.uniform(0.0, 1.0)
         elif name == "hup_good":
-            self.tick = rng.choice(["150ms", "200ms", "300ms"])
+            self.tick = rng.choice(TICKS)
+            self.ticks_used.add(self.tick)
             self.hup(broken=False)
         elif name == "hup_broken" and not self.config_broken:
             if self.hup(broken=True):
@@ -396,6 +515,22 @@ timeout = "5s"
                 self.counts["tasks_added_midway"] += 1
             finally:
                 store.close()
+        elif name == "fifo_logs":
+            self.plant_in_logs(symlink=False)
+        elif name == "symlink_logs":
+            self.plant_in_logs(symlink=True)
+        elif name == "fifo_workdir":
+            self.plant_in_workdir()
+        elif name == "race":
+            self.race()
+        elif name == "restore_baton":
+            self.restore_baton()
+        elif name == "corrupt_ledger":
+            self.corrupt_ledger()
+        elif name == "second_daemon":
+            self.second_daemon()
+        elif name == "hold_lock":
+            self.hold_lock()
 
     def kill_agent(self, how: str) -> None:
         groups = self.live_groups()
@@ -404,8 +539,10 @@ timeout = "5s"
         g = self.rng.choice(groups)
         try:
             if how == "agent_kill":
+                self.checker.shim_killed.add(g.pgid)  # its setsid grandchildren can no longer be stopped
                 os.killpg(g.pgid, signal.SIGKILL)
             elif how == "shim_kill":
+                self.checker.shim_killed.add(g.pgid)
                 os.kill(g.pgid, signal.SIGKILL)  # the shim leads the group: the agent is orphaned
             else:
                 others = sorted(p for p in g.pids if p != g.pgid)
@@ -418,7 +555,7 @@ timeout = "5s"
 
     def pick_task(self, predicate: Any) -> str | None:
         candidates = [t for t, doc in list(self.checker.latest.items())
-                      if t not in self.checker.garbage and predicate(doc)]
+                      if t not in self.checker.garbage and t not in self.held and predicate(doc)]
         return self.rng.choice(candidates) if candidates else None
 
     def drop_block(self) -> None:
@@ -527,12 +664,419 @@ timeout = "5s"
         else:
             self.counts["stale_writes_refused"] += 1
 
+
+    # -- planted files, races, restores, corrupt rows, a second daemon, held locks ----------------
+
+    def outside_file(self, name: str, data: bytes) -> Path:
+        path = self.root / "outside" / name
+        path.write_bytes(data)
+        self.outside[str(path)] = data
+        return path
+
+    def check_outside(self) -> None:
+        """Nothing was written through a planted link: the outside dir holds exactly what the soak put there."""
+        found = {}
+        for dirpath, _dirs, files in os.walk(self.root / "outside"):
+            for name in files:
+                path = os.path.join(dirpath, name)
+                try:
+                    found[path] = Path(path).read_bytes()
+                except OSError:
+                    found[path] = b"<unreadable>"
+        for path, data in found.items():
+            if path not in self.outside:
+                self.checker.violate("outside-write", "", f"{path} appeared outside the state dir (through a planted "
+                                                          f"link): {data[:120]!r}", key=f"outside:{path}")
+            elif self.outside[path] != data:
+                self.checker.violate("outside-write", "", f"{path} outside the state dir was changed through a "
+                                                          f"planted link: {data[:120]!r}", key=f"outside:{path}:changed")
+        for path in set(self.outside) - set(found):
+            self.checker.violate("outside-write", "", f"{path} outside the state dir vanished", key=f"outside:{path}:gone")
+
+    def plant_in_logs(self, *, symlink: bool) -> None:
+        """A FIFO or a link where the next dispatch (or the current agent's end) will open a file;
+        or, for a link, the whole ``logs/<id>`` swapped for a link to a directory outside."""
+        idle = {t for t, d in self.checker.latest.items() if not self.checker.live.get(t)}
+        task = self.pick_task(lambda d: d.get("meta", {}).get("status") in ("active", "snoozed", "blocked"))
+        if task is None:
+            return
+        epoch = int(self.checker.latest[task]["meta"].get("epoch", 0))
+        logs = self.state / "logs" / task
+        self._plant_seq += 1
+        if symlink and task in idle and self.rng.random() < 0.35:
+            if any(p.task == task and p.kind == "logs-dir-link" for p in self.plants):
+                return
+            target = self.root / "outside" / f"logs-of-{task}-{self._plant_seq}"
+            target.mkdir()
+            moved = None
+            if logs.is_dir() and not logs.is_symlink():
+                moved = logs.with_name(f".{task}.soak-moved-{self._plant_seq}")
+                os.rename(logs, moved)
+            else:
+                logs.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.symlink(target, logs)
+            self.add_plant(Plant(str(logs), "logs-dir-link", task, moved=str(moved) if moved else None))
+            self.counts["planted_logs_dir_links"] += 1
+            return
+        live = self.checker.live.get(task)
+        if not symlink and live and self.rng.random() < 0.25:
+            name = f"{epoch}.exit"  # the running agent's own exit file: an agent could make it a FIFO
+        else:
+            name = f"{epoch + 1}.{self.rng.choice(['exit', 'log', 'pid', 'brief.md'])}"
+        if logs.is_symlink():
+            return
+        logs.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = logs / name
+        try:
+            if symlink:
+                victim = self.outside_file(f"victim-{task}-{self._plant_seq}.txt", b"must stay as it is\n")
+                os.symlink(victim, path)
+            else:
+                os.mkfifo(path, 0o600)
+        except FileExistsError:
+            return
+        self.add_plant(Plant(str(path), "link" if symlink else "fifo", task))
+        self.counts["planted_logs_links" if symlink else "planted_logs_fifos"] += 1
+
+    def plant_in_workdir(self) -> None:
+        """A FIFO at ``.git/HEAD``, the branch ref or the key file of a git workdir; then a human's
+        ``heartbeat verify`` or ``set`` on the task, which must answer (not hang)."""
+        candidates = [t for t in self.git_tasks if t in self.checker.latest and t not in self.checker.garbage
+                      and t not in self.held and not any(p.task == t and p.kind == "workdir-fifo" for p in self.plants)]
+        if not candidates:
+            return
+        task = self.rng.choice(candidates)
+        work = self.root / "work" / task
+        rel = self.rng.choice([".git/HEAD", ".git/HEAD", ".git/refs/heads/main", "notes.md"])
+        path = work / rel
+        try:
+            original = path.read_bytes()
+            path.unlink()
+            os.mkfifo(path, 0o600)
+        except OSError:
+            return
+        self.add_plant(Plant(str(path), "workdir-fifo", task, original=original))
+        self.counts["planted_workdir_fifos"] += 1
+        verb = self.rng.choice(["verify", "set"])
+        argv = ["verify", task] if verb == "verify" else ["set", task, f"handoff=the soak's human, {self._plant_seq}"]
+        self.start_cli(f"{verb} over a FIFO at {rel}", task, argv, expect=None)
+
+    def add_plant(self, plant: Plant) -> None:
+        plant.planted_at = time.time()
+        plant.until = time.monotonic() + self.rng.uniform(1.0, 4.0)
+        self.plants.append(plant)
+
+    def clean_plants(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        for plant in list(self.plants):
+            if not force and now < plant.until:
+                continue
+            self.remove_plant(plant)
+            self.plants.remove(plant)
+            self.plant_windows.append((plant.task, plant.planted_at, time.time()))
+            self.counts["plants_cleaned"] += 1
+
+    def remove_plant(self, plant: Plant) -> None:
+        """Undo a plant as a human would: whoever is stuck opening the FIFO gets it opened (then EOF)."""
+        path = plant.path
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if plant.kind in ("fifo", "workdir-fifo") and st is not None and stat.S_ISFIFO(st.st_mode):
+            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+            try:
+                os.unlink(path)
+            finally:
+                os.close(fd)
+        elif plant.kind in ("link", "logs-dir-link") and st is not None and stat.S_ISLNK(st.st_mode):
+            os.unlink(path)
+        if plant.kind == "workdir-fifo" and plant.original is not None:
+            tmp = f"{path}.soak-tmp"
+            Path(tmp).write_bytes(plant.original)
+            os.replace(tmp, path)
+        if plant.kind == "logs-dir-link" and plant.moved:
+            if not os.path.lexists(path):
+                os.rename(plant.moved, path)
+            else:
+                self.counts["logs_dirs_recreated_meanwhile"] += 1
+
+    def start_cli(self, what: str, task: str, argv: list[str], *, expect: set[int] | None,
+                  timeout: float = 20.0, env: dict[str, str] | None = None) -> None:
+        """Run a CLI command in the background; :meth:`poll_pending` judges how it ended."""
+        out = tempfile.TemporaryFile()  # noqa: SIM115  (closed by poll_pending)
+        proc = subprocess.Popen([sys.executable, "-m", "heartbeat", "--state-dir", str(self.state), *argv],
+                                stdout=out, stderr=subprocess.STDOUT, env=env or self.env, cwd=str(self.root))
+        self.pending.append(Pending(what, task, proc, out, time.monotonic(), time.monotonic() + timeout, expect))
+
+    def poll_pending(self, *, final: bool = False) -> None:
+        now = time.monotonic()
+        for job in list(self.pending):
+            code = job.proc.poll()
+            if code is None and not final and now < job.deadline:
+                continue
+            self.pending.remove(job)
+            if code is None:
+                job.proc.send_signal(signal.SIGTERM)  # a second daemon that ran: let it stop like one
+                try:
+                    job.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    job.proc.kill()
+                    job.proc.wait()
+            job.out.seek(0)
+            text = job.out.read().decode(errors="replace")
+            job.out.close()
+            took = now - job.started
+            self.judge(job, code, text, took)
+
+    def judge(self, job: Pending, code: int | None, text: str, took: float) -> None:
+        c = self.checker
+        if job.what.startswith("second daemon"):
+            if code == 1 and self.daemon is not None and str(self.daemon.pid) in text:
+                self.counts["second_daemons_refused"] += 1
+            elif code is None or took >= 3.0:
+                c.violate("daemon", "", f"{job.what} was not refused: still running after {took:.1f}s beside "
+                                        f"daemon pid {self.daemon.pid if self.daemon else '?'} (output {text[-300:]!r})")
+            else:
+                c.violate("daemon", "", f"{job.what} exited {code} (expected 1 naming the running daemon's pid "
+                                        f"{self.daemon.pid if self.daemon else '?'}): {text[-300:]!r}")
+            return
+        if "Traceback" in text:
+            c.violate("daemon", job.task, f"`{job.what}` printed a traceback: {text[-600:]!r}")
+        elif code is None:
+            c.violate("daemon", job.task, f"`{job.what}` did not answer within {took:.0f}s")
+        elif job.expect is not None and code not in job.expect:
+            c.violate("daemon", job.task, f"`{job.what}` exited {code}: {text[-300:]!r}")
+        elif job.what.startswith(("verify", "set")) and took > 5.0:
+            c.violate("daemon", job.task, f"`{job.what}` took {took:.1f}s: it waited on the FIFO until the soak "
+                                          f"removed it (exit {code})")
+        else:
+            self.counts[f"cli {job.what.split()[0]} answered"] += 1
+
+    def race(self) -> None:
+        """Make a task dispatchable (create, unblock, re-arm), then write block/done/snooze 0-200 ms later."""
+        from heartbeat import tasks
+        from heartbeat.errors import HeartbeatError
+        from heartbeat.store.files import FileStore
+
+        how = self.rng.choice(["new", "unblock", "retry"])
+        store = FileStore(str(self.state))
+        try:
+            if how == "new":
+                task = self.create_task(store)
+                self.counts["tasks_added_midway"] += 1
+            else:
+                want = "blocked" if how == "unblock" else "escalated"
+                task = self.pick_task(lambda d: d.get("meta", {}).get("status") == want and (
+                    want != "blocked" or (d["meta"].get("gate") or {}).get("kind", "human") == "human"))
+                if task is None:
+                    return
+                try:
+                    if how == "unblock":
+                        tasks.unblock(store, task, by="soak-race", note="made dispatchable to race it")
+                    else:
+                        tasks.retry(store, task, by="soak-race")
+                except HeartbeatError:
+                    return
+        finally:
+            store.close()
+        verb = self.rng.choice(["block", "done", "snooze"])
+        delay = self.rng.uniform(0.0, 0.2)
+        self.counts["races"] += 1
+        thread = threading.Timer(delay, self.race_write, args=(task, verb))
+        thread.daemon = True
+        thread.start()
+        self.race_threads.append(thread)
+
+    def race_write(self, task: str, verb: str) -> None:
+        from heartbeat import tasks
+        from heartbeat.baton import Gate
+        from heartbeat.errors import HeartbeatError
+        from heartbeat.store.files import FileStore
+        from heartbeat.timeparse import utcnow
+
+        try:
+            store = FileStore(str(self.state))
+        except HeartbeatError:
+            return
+        try:
+            if verb == "block":
+                tasks.block(store, task, "the soak's human, racing the dispatch", Gate.parse("human"), actor="soak")
+            elif verb == "done":
+                tasks.finish(store, task, note="the soak's human, racing the dispatch", actor="soak")
+            else:
+                tasks.snooze(store, task, utcnow() + timedelta(seconds=self.rng.uniform(1.0, 3.0)), actor="soak")
+            outcome = "landed"
+        except HeartbeatError:
+            outcome = "refused"
+        finally:
+            store.close()
+        with self.count_lock:
+            self.counts[f"race_{verb}s_{outcome}"] += 1
+
+    def restore_baton(self) -> None:
+        """Keep copies of batons; copy an older one back over a live baton, as a human restoring a backup.
+
+        Only over a task with no live agent, from a copy of the same epoch, and never to revive a
+        finished task: restoring those is a different act (see the README)."""
+        task = self.pick_task(lambda d: True)
+        if task is not None:
+            try:
+                data = (self.state / "batons" / f"{task}.toml").read_bytes()
+            except OSError:
+                data = b""
+            doc = self.checker.latest.get(task) if data else None
+            if doc is not None and _loads(data) is not None:
+                self.copies.setdefault(task, []).append(data)
+                (self.root / "copies" / f"{task}.{len(self.copies[task])}.toml").write_bytes(data)
+                self.counts["baton_copies_kept"] += 1
+        choices = [t for t in self.copies if t not in self.checker.garbage and t not in self.held
+                   and not self.checker.live.get(t)]
+        if not choices:
+            return
+        task = self.rng.choice(choices)
+        copy = self.rng.choice(self.copies[task])
+        old = _loads(copy)
+        assert old is not None
+        old_meta = old["meta"]
+        dropped: list[int] = []
+
+        def change(data: bytes) -> bytes | None:
+            live = _loads(data)
+            if live is None:
+                return None
+            meta = live["meta"]
+            status, old_status = meta.get("status"), old_meta.get("status")
+            if meta.get("epoch") != old_meta.get("epoch") or int(meta["revision"]) <= int(old_meta["revision"]):
+                return None
+            if status in ("done", "failed", "escalated") or old_status in ("done", "failed", "escalated"):
+                return None
+            if status != old_status and not (status == "blocked" or old_status == "blocked"):
+                return None  # active <-> snoozed by hand would be a wake or snooze with no event
+            if status == "blocked" and old_status != "blocked":
+                dropped.append(int(meta["revision"]))  # a restore that drops a block: a bypass is due
+            return copy
+
+        if self.checker.hand_edit(task, change) is None:
+            return
+        self.restored_tasks.add(task)
+        if dropped:
+            self.checker.drops.setdefault(task, []).extend(dropped)
+            self.counts["restores_dropping_a_block"] += 1
+        expected = self.checker.expected_keys.get(task, {})
+        for key in [k for k, v in expected.items() if old.get(k) != v]:
+            del expected[key]  # the human restored a copy from before this key was added
+        self.counts["batons_restored"] += 1
+        self.counts["hand_edits"] += 1
+
+    def corrupt_ledger(self) -> None:
+        """Corrupt one row (not of the kinds that hold blocks, nor a touch, which is rewritten in place),
+        run ``heartbeat report``, and repair the row a few seconds later."""
+        import sqlite3
+
+        conn = sqlite3.connect(str(self.state / "ledger.sqlite3"), timeout=30)
+        try:
+            rows = conn.execute("SELECT id, ts, data FROM events WHERE kind NOT IN "
+                                "('created', 'blocked', 'unblocked', 'bypass', 'touched') "
+                                "ORDER BY RANDOM() LIMIT 1").fetchall()
+            if not rows:
+                return
+            row_id, ts, data = rows[0]
+            column, value = self.rng.choice([("data", "{oops"), ("ts", 1e300), ("ts", -1.0e18),
+                                             ("ts", "yesterday"), ("data", "[1, 2]")])
+            self.checker.planted_rows[row_id] = {"ts": ts, "data": data}
+            with conn:
+                conn.execute(f"UPDATE events SET {column} = ? WHERE id = ?", (value, row_id))
+        finally:
+            conn.close()
+        self.counts["ledger_rows_corrupted"] += 1
+        self.corrupt_repairs.append((time.monotonic() + self.rng.uniform(2.0, 5.0), row_id, column,
+                                     ts if column == "ts" else data, value))
+        self.start_cli("report over a corrupt ledger row", "", ["report"], expect={0})
+
+    def repair_rows(self, *, force: bool = False) -> None:
+        import sqlite3
+
+        now = time.monotonic()
+        due = [r for r in self.corrupt_repairs if force or now >= r[0]]
+        if not due:
+            return
+        conn = sqlite3.connect(str(self.state / "ledger.sqlite3"), timeout=30)
+        try:
+            with conn:
+                for item in due:
+                    _at, row_id, column, original, value = item
+                    conn.execute(f"UPDATE events SET {column} = ? WHERE id = ? AND {column} IS ?",
+                                 (original, row_id, value))
+                    self.corrupt_repairs.remove(item)
+                    self.counts["ledger_rows_repaired"] += 1
+        finally:
+            conn.close()
+
+    def second_daemon(self) -> None:
+        """Start another daemon on the same state dir: it must exit 1 at once naming the running one."""
+        if not self.daemon_alive() or any(j.what.startswith("second daemon") for j in self.pending):
+            return
+        extra = self.rng.choice([[], ["--once"], ["--dry-run"]])
+        out = tempfile.TemporaryFile()  # noqa: SIM115  (closed by poll_pending)
+        proc = subprocess.Popen([sys.executable, "-m", "heartbeat", "--config", str(self.config_path), "run", *extra],
+                                stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=str(self.root))
+        what = "second daemon (run" + (" " + extra[0] if extra else "") + ")"
+        self.pending.append(Pending(what, "", proc, out, time.monotonic(), time.monotonic() + 3.0, {1}))
+        self.counts["second_daemons_started"] += 1
+
+    def finish_pending(self, *, second_daemons_only: bool = False) -> None:
+        """Judge the background commands now; one still running is judged as such, then stopped."""
+        keep = [j for j in self.pending if second_daemons_only and not j.what.startswith("second daemon")]
+        self.pending = [j for j in self.pending if j not in keep]
+        running = [j for j in self.pending if j.proc.poll() is None]
+        self.poll_pending(final=True)  # judges the running ones as "did not answer / not refused"
+        for job in running:
+            job.proc.wait()
+        self.pending = keep
+
+    def hold_lock(self) -> None:
+        """Hold one baton's lock from another process for 1-3 s (longer than a tick), as a slow API user."""
+        task = self.pick_task(lambda d: d.get("meta", {}).get("status") in ("active", "snoozed", "blocked"))
+        if task is None:
+            return
+        lock = self.state / "locks" / f"{task}.lock"
+        seconds = self.rng.uniform(1.0, 3.0)
+        code = ("import fcntl, os, sys, time\n"
+                "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)\n"
+                "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+                "time.sleep(float(sys.argv[2]))\n")
+        proc = subprocess.Popen([sys.executable, "-c", code, str(lock), f"{seconds:.2f}"], env=self.env)
+        self.held[task] = (proc, time.monotonic() + seconds + 30.0)
+        self.counts["baton_locks_held"] += 1
+
+    def release_locks(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        for task, (proc, deadline) in list(self.held.items()):
+            if proc.poll() is None and not force and now < deadline:
+                continue
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            del self.held[task]
+
+    def check_tick_gaps(self, *, final: bool = False) -> None:
+        limit = 5 * max(parse_seconds(t) for t in self.ticks_used)
+        up = [(a, b) for a, b in self.daemon_intervals]
+        for lo, hi in tick_gaps(list(self.tick_watch.beats), up, limit):
+            self.checker.violate("tick-gap", "", f"no tick for {hi - lo:.2f}s (limit 5 x tick = {limit:.2f}s) "
+                                                 f"from {lo:.3f} while the daemon was up", key=f"gap:{lo:.3f}")
+        if final:
+            self.counts["ticks_seen"] = sum(1 for _t, name in self.tick_watch.beats if name == "WATCHDOG")
+            gaps = tick_gaps(list(self.tick_watch.beats), up, 0.0)
+            self.counts["max_tick_gap_ms"] = round(1000 * max((hi - lo for lo, hi in gaps), default=0.0))
+
     # -- the humans: gates, unblocks, retries ------------------------------------------------
 
     def play_humans(self, now: float) -> None:
         for task, doc in list(self.checker.latest.items()):
-            if task in self.checker.garbage:
-                continue
+            if task in self.checker.garbage or task in self.held:
+                continue  # (a human waits for the lock someone holds; the soak's loop must not)
             meta = doc.get("meta", {})
             status = meta.get("status")
             gate = meta.get("gate") or {}
@@ -584,7 +1128,8 @@ timeout = "5s"
         finally:
             store.close()
         threads = [threading.Thread(target=self._sampler, args=("processes", 0.05), daemon=True),
-                   threading.Thread(target=self._sampler, args=("batons", 0.2), daemon=True)]
+                   threading.Thread(target=self._sampler, args=("batons", 0.2), daemon=True),
+                   threading.Thread(target=self._sampler, args=("ledger", 0.5), daemon=True)]
         for t in threads:
             t.start()
         self.start_daemon()
@@ -596,11 +1141,19 @@ timeout = "5s"
             self.final_sample()
             self.end_states()
         finally:
+            self.finish_pending()
+            self.release_locks(force=True)
+            self.clean_plants(force=True)
+            self.repair_rows(force=True)
+            self.checker.sample_ledger()
             self.stop_daemon(signal.SIGTERM)
             self.cleanup_processes()
             self.stop_sampling.set()
             for t in threads:
                 t.join(timeout=5)
+            for t in self.race_threads:
+                t.join(timeout=10)
+            self.tick_watch.close()
         self.final_checks()
         self.counts["elapsed_s"] = round(time.monotonic() - started)
         return self.summary()
@@ -626,6 +1179,12 @@ timeout = "5s"
             for task, due in list(self.garbage_restore.items()):
                 if now >= due:
                     self.restore_garbage(task)
+            self.clean_plants()
+            self.release_locks()
+            self.repair_rows()
+            self.poll_pending()
+            self.check_tick_gaps()
+            self.race_threads = [t for t in self.race_threads if t.is_alive()]
             self.play_humans(now)
             if now - last_report > 15:
                 last_report = now
@@ -637,6 +1196,9 @@ timeout = "5s"
         """Stop the chaos: repair everything, turn agents calm, open every file gate, let it settle."""
         self.calm = True
         (self.root / "calm").write_text("calm\n")
+        self.clean_plants(force=True)
+        self.release_locks(force=True)
+        self.repair_rows(force=True)
         for task in list(self.checker.garbage):
             self.restore_garbage(task, force=True)
         if self.config_broken:
@@ -651,6 +1213,8 @@ timeout = "5s"
             now = time.monotonic()
             self.read_log()
             self.check_hups()
+            self.poll_pending()
+            self.check_tick_gaps()
             self.play_humans(now)
             settled = self.settled()
             if settled and not self.checker.live:
@@ -751,10 +1315,20 @@ timeout = "5s"
             for pid in list(self.checker.zombie_pids):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
+            for pid in list(self.checker.grandchildren_alive):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
             time.sleep(0.2)
 
     def final_checks(self) -> None:
-        events = read_ledger(str(self.state / "ledger.sqlite3"))
+        problems: list[str] = []
+        events = read_ledger(str(self.state / "ledger.sqlite3"), self.checker.planted_rows, problems)
+        for text in problems:
+            self.checker.violate("ledger-kept", "", text)
+        self.check_tick_gaps(final=True)
+        self.check_outside()
+        tick = max(parse_seconds(t) for t in self.ticks_used)
+        outlive = 5.0 + 0.3 + 2 * tick + 1.0  # the launcher's max_runtime + stop_grace + two ticks + 1 s
         by_task: dict[str, list[Any]] = {}
         for e in events:
             by_task.setdefault(e.task, []).append(e)
@@ -770,7 +1344,13 @@ timeout = "5s"
         for task in self.tasks:
             evs = by_task.get(task, [])
             c.extend(check_blocks(evs))
-            c.extend(check_dispatch_epochs(evs, c.final_baton(task), c.seen_epochs.get(task, ())))
+            c.extend(check_dispatch_status(evs))
+            c.extend(check_inactive_agents(c.groups_of(task), evs, outlive_grace=outlive,
+                                           up_between=self.daemon_up_between))
+            # A restored copy rewinds meta.dispatches (and, until the next write, the revision): the
+            # final baton is then not held to the ledger's counts; the ordering checks stay.
+            final = None if task in self.restored_tasks else c.final_baton(task)
+            c.extend(check_dispatch_epochs(evs, final, c.seen_epochs.get(task, ())))
             c.extend(check_fencing(evs, self.agent_writes(task)))
             c.extend(check_group_starts(c.groups_of(task), evs))
             c.extend(check_notify(evs, notify_lines, NOTIFIER))
@@ -857,6 +1437,17 @@ timeout = "5s"
             "bypasses": self.counts["ledger: bypass"],
             "stale_writes_refused": self.counts["stale_writes_refused"],
             "zombie_writes_refused": self.counts["zombie_writes_refused"],
+            "fifos_planted": self.counts["planted_logs_fifos"] + self.counts["planted_workdir_fifos"],
+            "links_planted": self.counts["planted_logs_links"] + self.counts["planted_logs_dir_links"],
+            "races": self.counts["races"],
+            "batons_restored": self.counts["batons_restored"],
+            "ledger_rows_corrupted": self.counts["ledger_rows_corrupted"],
+            "second_daemons": self.counts["second_daemons_started"],
+            "second_daemons_refused": self.counts["second_daemons_refused"],
+            "baton_locks_held": self.counts["baton_locks_held"],
+            "setsid_grandchildren": len(c.grandchildren),
+            "max_tick_gap_ms": self.counts["max_tick_gap_ms"],
+            "ledger_samples": c.ledger_samples,
             "process_samples": c.proc_samples,
             "baton_samples": c.baton_samples,
             "violations": len(c.violations),
@@ -867,8 +1458,10 @@ timeout = "5s"
         print("\n== soak summary ==")
         for key in ("tasks", "dispatches", "agent_kills", "daemon_restarts", "daemon_sigkills", "sighups",
                     "sighups_broken", "hand_edits", "garbage_batons", "invalid_events", "bypasses",
-                    "stale_writes_refused", "zombie_writes_refused", "process_samples", "baton_samples",
-                    "elapsed_s"):
+                    "stale_writes_refused", "zombie_writes_refused", "fifos_planted", "links_planted", "races",
+                    "batons_restored", "ledger_rows_corrupted", "second_daemons", "second_daemons_refused",
+                    "baton_locks_held", "setsid_grandchildren", "max_tick_gap_ms", "process_samples",
+                    "baton_samples", "ledger_samples", "elapsed_s"):
             print(f"{key:>24}: {figures[key]}")
         print("  details:")
         for key, value in sorted(self.counts.items()):
