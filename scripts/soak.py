@@ -49,7 +49,9 @@ violated, 1 otherwise (the state dir is then kept for inspection).
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -106,6 +108,8 @@ PLANT_EXCUSES = {"launch_failed", "dispatch_unrecorded"}
 """Daemon errors that are the right answer to a file the soak planted in the task's logs or workdir."""
 TICKS = ("150ms", "200ms", "300ms")
 """The ticks a good SIGHUP picks from; a tick gap is judged against the longest (5 x 300 ms)."""
+STOP_WITHIN = 5.0
+"""Seconds a SIGTERMed daemon gets to exit (the issue asks for stop_grace + 1 s; the rest is load)."""
 GIT_SHARE = 0.3
 """The share of tasks with a git workdir of their own and a key file (the workdir attacks' targets)."""
 
@@ -171,6 +175,10 @@ class Pending:
     started: float
     deadline: float
     expect: set[int] | None
+    holder: int = 0
+    """For a second daemon: the pid of the daemon running when it was started."""
+    main_gone_at: float | None = None
+    """For a second daemon: when the soak stopped the first one (the second may then take over)."""
 
 
 def _loads(data: bytes) -> dict[str, Any] | None:
@@ -178,6 +186,20 @@ def _loads(data: bytes) -> dict[str, Any] | None:
         return tomllib.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError):
         return None
+
+
+def _restorable(live: dict[str, Any], old: dict[str, Any]) -> bool:
+    """May the soak's human copy ``old`` (a baton's [meta]) back over ``live``?"""
+    try:
+        if live.get("epoch") != old.get("epoch") or int(live["revision"]) <= int(old["revision"]):
+            return False
+    except (KeyError, TypeError, ValueError):
+        return False
+    status, old_status = live.get("status"), old.get("status")
+    finished = ("done", "failed", "escalated")
+    if status in finished or old_status in finished:
+        return False
+    return status == old_status or "blocked" in (status, old_status)
 
 
 class Soak:
@@ -241,6 +263,9 @@ class Soak:
         self.count_lock = threading.Lock()
         self.race_threads: list[threading.Thread] = []
         self._plant_seq = 0
+        self.activity: list[float] = []
+        """Times of the daemon's log lines: a long tick that logs work (settles, launches) is not stuck."""
+        self.gaps_seen: set[str] = set()
         for i in range(3):
             self.outside_file(f"victim-{i}.txt", f"outside the state dir {i}\n".encode())
 
@@ -322,11 +347,15 @@ timeout = "5s"
         assert self.daemon is not None
         self.daemon.send_signal(sig)
         try:
-            self.daemon.wait(timeout=30)
+            self.daemon.wait(timeout=STOP_WITHIN)
         except subprocess.TimeoutExpired:
-            self.checker.violate("daemon", "", "the daemon did not stop within 30 s of SIGTERM")
+            self.checker.violate("daemon", "", f"the daemon did not stop within {STOP_WITHIN:g} s of SIGTERM "
+                                               f"(stop_grace is 300 ms); SIGKILLed")
             self.daemon.kill()
             self.daemon.wait()
+        for job in self.pending:
+            if job.what.startswith("second daemon") and job.main_gone_at is None:
+                job.main_gone_at = time.monotonic()
         self.daemon_intervals[-1][1] = time.time()
         self.read_log()
         self.hup_expect = []
@@ -362,6 +391,9 @@ timeout = "5s"
                     self.counts["daemon_errors_over_planted_files"] += 1  # a launch refused over a planted FIFO
                 else:
                     self.checker.violate("daemon", task, f"the daemon logged {name}: {json.dumps(event)[:600]}")
+            if isinstance(name, str) and not name.startswith(("Execution of job", "Running job", "Job ")):
+                with contextlib.suppress(ValueError):  # the daemon's own work (not the scheduler's "skipped")
+                    self.activity.append(datetime.fromisoformat(str(event.get("timestamp"))).timestamp())
             if name in ("started", "reloaded", "reload_failed", "stopped"):
                 self.log_events.append(event)
             if name == "invalid_baton":
@@ -761,7 +793,13 @@ timeout = "5s"
         argv = ["verify", task] if verb == "verify" else ["set", task, f"handoff=the soak's human, {self._plant_seq}"]
         self.start_cli(f"{verb} over a FIFO at {rel}", task, argv, expect=None)
 
+    def note(self, text: str) -> None:
+        """One line in ``<root>/faults.log`` (wall time, what): to line violations up with what caused them."""
+        with open(self.root / "faults.log", "a") as handle:
+            handle.write(f"{time.time():.3f} {text}\n")
+
     def add_plant(self, plant: Plant) -> None:
+        self.note(f"  planted {plant.kind} {plant.path}")
         plant.planted_at = time.time()
         plant.until = time.monotonic() + self.rng.uniform(1.0, 4.0)
         self.plants.append(plant)
@@ -832,14 +870,17 @@ timeout = "5s"
     def judge(self, job: Pending, code: int | None, text: str, took: float) -> None:
         c = self.checker
         if job.what.startswith("second daemon"):
-            if code == 1 and self.daemon is not None and str(self.daemon.pid) in text:
+            self.counts[f"second daemon exit {code}"] += 1
+            if code == 1 and str(job.holder) in text:
                 self.counts["second_daemons_refused"] += 1
+            elif job.main_gone_at is not None and job.main_gone_at - job.started < 3.0:
+                self.counts["second_daemons_outlived_the_first"] += 1  # the first was stopped before it checked
             elif code is None or took >= 3.0:
                 c.violate("daemon", "", f"{job.what} was not refused: still running after {took:.1f}s beside "
-                                        f"daemon pid {self.daemon.pid if self.daemon else '?'} (output {text[-300:]!r})")
+                                        f"daemon pid {job.holder} (output {text[-300:]!r})")
             else:
                 c.violate("daemon", "", f"{job.what} exited {code} (expected 1 naming the running daemon's pid "
-                                        f"{self.daemon.pid if self.daemon else '?'}): {text[-300:]!r}")
+                                        f"{job.holder}): {text[-300:]!r}")
             return
         if "Traceback" in text:
             c.violate("daemon", job.task, f"`{job.what}` printed a traceback: {text[-600:]!r}")
@@ -870,9 +911,15 @@ timeout = "5s"
                 task = self.pick_task(lambda d: d.get("meta", {}).get("status") == want and (
                     want != "blocked" or (d["meta"].get("gate") or {}).get("kind", "human") == "human"))
                 if task is None:
-                    return
+                    if self.rng.random() < 0.5:
+                        return
+                    task = self.create_task(store)
+                    self.counts["tasks_added_midway"] += 1
+                    how = "new"
                 try:
-                    if how == "unblock":
+                    if how == "new":
+                        pass
+                    elif how == "unblock":
                         tasks.unblock(store, task, by="soak-race", note="made dispatchable to race it")
                     else:
                         tasks.retry(store, task, by="soak-race")
@@ -883,6 +930,7 @@ timeout = "5s"
         verb = self.rng.choice(["block", "done", "snooze"])
         delay = self.rng.uniform(0.0, 0.2)
         self.counts["races"] += 1
+        self.note(f"  race: {how} {task}, then {verb} after {delay * 1000:.0f} ms")
         thread = threading.Timer(delay, self.race_write, args=(task, verb))
         thread.daemon = True
         thread.start()
@@ -917,48 +965,50 @@ timeout = "5s"
     def restore_baton(self) -> None:
         """Keep copies of batons; copy an older one back over a live baton, as a human restoring a backup.
 
-        Only over a task with no live agent, from a copy of the same epoch, and never to revive a
-        finished task: restoring those is a different act (see the README)."""
-        task = self.pick_task(lambda d: True)
-        if task is not None:
+        Only over a task with no live agent, from a copy of the same epoch with a lower revision,
+        and never to revive or bury a finished task, nor to turn snoozed into active (or back) by
+        hand: those are other acts, with no event a checker could hold them to (see the README)."""
+        for task in self.rng.sample(sorted(self.checker.latest), min(3, len(self.checker.latest))):
+            if task in self.checker.garbage:
+                continue
             try:
                 data = (self.state / "batons" / f"{task}.toml").read_bytes()
             except OSError:
-                data = b""
-            doc = self.checker.latest.get(task) if data else None
-            if doc is not None and _loads(data) is not None:
-                self.copies.setdefault(task, []).append(data)
-                (self.root / "copies" / f"{task}.{len(self.copies[task])}.toml").write_bytes(data)
+                continue
+            doc = _loads(data)
+            if doc is not None and "meta" in doc:
+                kept = self.copies.setdefault(task, [])
+                kept.append(data)
+                del kept[:-4]
+                (self.root / "copies" / f"{task}.{doc['meta'].get('revision')}.toml").write_bytes(data)
                 self.counts["baton_copies_kept"] += 1
-        choices = [t for t in self.copies if t not in self.checker.garbage and t not in self.held
-                   and not self.checker.live.get(t)]
-        if not choices:
+        pairs = []
+        for task, kept in self.copies.items():
+            live = self.checker.latest.get(task)
+            if live is None or task in self.checker.garbage or task in self.held or self.checker.live.get(task):
+                continue
+            for copy in kept:
+                old = _loads(copy)
+                if old is not None and _restorable(live["meta"], old["meta"]):
+                    pairs.append((task, copy))
+        if not pairs:
             return
-        task = self.rng.choice(choices)
-        copy = self.rng.choice(self.copies[task])
+        task, copy = self.rng.choice(pairs)
         old = _loads(copy)
         assert old is not None
-        old_meta = old["meta"]
         dropped: list[int] = []
 
         def change(data: bytes) -> bytes | None:
             live = _loads(data)
-            if live is None:
+            if live is None or "meta" not in live or not _restorable(live["meta"], old["meta"]):
                 return None
-            meta = live["meta"]
-            status, old_status = meta.get("status"), old_meta.get("status")
-            if meta.get("epoch") != old_meta.get("epoch") or int(meta["revision"]) <= int(old_meta["revision"]):
-                return None
-            if status in ("done", "failed", "escalated") or old_status in ("done", "failed", "escalated"):
-                return None
-            if status != old_status and not (status == "blocked" or old_status == "blocked"):
-                return None  # active <-> snoozed by hand would be a wake or snooze with no event
-            if status == "blocked" and old_status != "blocked":
-                dropped.append(int(meta["revision"]))  # a restore that drops a block: a bypass is due
+            if live["meta"].get("status") == "blocked" and old["meta"].get("status") != "blocked":
+                dropped.append(int(live["meta"]["revision"]))  # a restore that drops a block: a bypass is due
             return copy
 
         if self.checker.hand_edit(task, change) is None:
             return
+        self.note(f"  restored {task} to revision {old['meta'].get('revision')}")
         self.restored_tasks.add(task)
         if dropped:
             self.checker.drops.setdefault(task, []).extend(dropped)
@@ -970,15 +1020,18 @@ timeout = "5s"
         self.counts["hand_edits"] += 1
 
     def corrupt_ledger(self) -> None:
-        """Corrupt one row (not of the kinds that hold blocks, nor a touch, which is rewritten in place),
-        run ``heartbeat report``, and repair the row a few seconds later."""
+        """Corrupt one row, run ``heartbeat report``, and repair the row a few seconds later.
+
+        Any row but a touch (rewritten in place when touches coalesce) and a task's latest
+        block-related row (the one the daemon holds a dropped block by: a daemon that skips it,
+        as it must, could not know the block a hand edit then drops)."""
         import sqlite3
 
         conn = sqlite3.connect(str(self.state / "ledger.sqlite3"), timeout=30)
         try:
-            rows = conn.execute("SELECT id, ts, data FROM events WHERE kind NOT IN "
-                                "('created', 'blocked', 'unblocked', 'bypass', 'touched') "
-                                "ORDER BY RANDOM() LIMIT 1").fetchall()
+            rows = conn.execute("SELECT id, ts, data FROM events WHERE kind != 'touched' AND id NOT IN "
+                                "(SELECT MAX(id) FROM events WHERE kind IN ('created', 'blocked', 'unblocked', "
+                                "'bypass') GROUP BY task) ORDER BY RANDOM() LIMIT 1").fetchall()
             if not rows:
                 return
             row_id, ts, data = rows[0]
@@ -1022,7 +1075,8 @@ timeout = "5s"
         proc = subprocess.Popen([sys.executable, "-m", "heartbeat", "--config", str(self.config_path), "run", *extra],
                                 stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=str(self.root))
         what = "second daemon (run" + (" " + extra[0] if extra else "") + ")"
-        self.pending.append(Pending(what, "", proc, out, time.monotonic(), time.monotonic() + 3.0, {1}))
+        holder = self.daemon.pid if self.daemon is not None else 0
+        self.pending.append(Pending(what, "", proc, out, time.monotonic(), time.monotonic() + 3.0, {1}, holder))
         self.counts["second_daemons_started"] += 1
 
     def finish_pending(self, *, second_daemons_only: bool = False) -> None:
@@ -1047,6 +1101,7 @@ timeout = "5s"
                 "fcntl.flock(fd, fcntl.LOCK_EX)\n"
                 "time.sleep(float(sys.argv[2]))\n")
         proc = subprocess.Popen([sys.executable, "-c", code, str(lock), f"{seconds:.2f}"], env=self.env)
+        self.note(f"  holding {lock} for {seconds:.2f}s")
         self.held[task] = (proc, time.monotonic() + seconds + 30.0)
         self.counts["baton_locks_held"] += 1
 
@@ -1061,11 +1116,27 @@ timeout = "5s"
             del self.held[task]
 
     def check_tick_gaps(self, *, final: bool = False) -> None:
+        """No ``WATCHDOG`` for more than 5 x tick while the daemon was up is a violation, unless the
+        daemon logged work all along (a tick settling and launching twenty agents on a loaded machine
+        takes seconds; one stuck on a FIFO or a lock logs nothing): the longest stretch inside the gap
+        without a log line of the daemon's must also exceed the limit."""
         limit = 5 * max(parse_seconds(t) for t in self.ticks_used)
         up = [(a, b) for a, b in self.daemon_intervals]
-        for lo, hi in tick_gaps(list(self.tick_watch.beats), up, limit):
-            self.checker.violate("tick-gap", "", f"no tick for {hi - lo:.2f}s (limit 5 x tick = {limit:.2f}s) "
-                                                 f"from {lo:.3f} while the daemon was up", key=f"gap:{lo:.3f}")
+        now = time.time()
+        for lo, hi in tick_gaps(list(self.tick_watch.beats), up, limit, now=now):
+            if hi >= now - 1e-6 and not final:
+                continue  # still open: judged once it ends (or at the end), with its full length
+            i, j = bisect.bisect_right(self.activity, lo), bisect.bisect_left(self.activity, hi)
+            points = [lo, *self.activity[i:j], hi]
+            silent = max(b - a for a, b in itertools.pairwise(points))
+            if silent <= limit:
+                if f"gap:{lo:.3f}" not in self.gaps_seen:
+                    self.gaps_seen.add(f"gap:{lo:.3f}")
+                    self.counts["tick_gaps_busy_not_stuck"] += 1
+                continue
+            self.checker.violate("tick-gap", "", f"no tick for {hi - lo:.2f}s (limit 5 x tick = {limit:.2f}s) from "
+                                                 f"{lo:.3f} while the daemon was up, {silent:.2f}s of it without a "
+                                                 f"log line", key=f"gap:{lo:.3f}")
         if final:
             self.counts["ticks_seen"] = sum(1 for _t, name in self.tick_watch.beats if name == "WATCHDOG")
             gaps = tick_gaps(list(self.tick_watch.beats), up, 0.0)
@@ -1175,7 +1246,13 @@ timeout = "5s"
                 if now >= due:
                     if name != "hup_repair":
                         self.next_fault[name] = now + self.rng.uniform(*FAULTS[name])
+                    if name in self.args.skip:
+                        continue
+                    began = time.monotonic()
+                    self.note(name)
                     self.fault(name)
+                    if time.monotonic() - began > 2.0:
+                        print(f"soak: the fault {name} took {time.monotonic() - began:.1f}s", flush=True)
             for task, due in list(self.garbage_restore.items()):
                 if now >= due:
                     self.restore_garbage(task)
@@ -1498,7 +1575,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state", help="root directory for the run (kept); default: a temp dir")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir even when all is well")
     parser.add_argument("--json", help="write the figures and violations to this file")
+    parser.add_argument("--skip", default="", help=f"faults not to inject, comma-separated (of: {', '.join(FAULTS)})")
     args = parser.parse_args(argv)
+    args.skip = {name.strip() for name in args.skip.split(",") if name.strip()}
+    unknown = args.skip - set(FAULTS)
+    if unknown:
+        parser.error(f"--skip: unknown faults {sorted(unknown)}")
 
     def interrupted(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
