@@ -276,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--zombie", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--behaviour", default="", help="force one behaviour (for tests)")
+    parser.add_argument("--without", action="append", default=[], choices=list(BEHAVIOURS),
+                        help="never pick this behaviour (repeatable)")
     args = parser.parse_args(argv)
 
     from heartbeat.errors import HeartbeatError, NotActive
@@ -285,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.zombie:
             return run_zombie(agent)
         calm = os.path.exists(os.path.join(args.root, "calm"))
-        names = list(BEHAVIOURS)
+        names = [n for n in BEHAVIOURS if n not in args.without]
         behaviour = args.behaviour or agent.rng.choices(names, weights=[BEHAVIOURS[n] for n in names])[0]
         print(f"chaos_agent[{os.getpid()}] epoch {agent.epoch}: {'calm' if calm else behaviour}", flush=True)
         return run_behaviour(agent, behaviour, calm)

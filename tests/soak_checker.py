@@ -622,6 +622,8 @@ class Checker:
         self._ledger_snapshot: dict[str, int] = {}
         self.ledger_samples = 0
         self.ledger_rows_superseded = 0
+        self.rewritten: set[str] = set()
+        """Tasks whose committed ledger rows vanished (their later rows may reuse revisions)."""
         self._class_cache: dict[tuple[int, int], tuple[str, str, int | None, int] | None] = {}
         self.proc_samples = 0
         self.baton_samples = 0
@@ -974,6 +976,7 @@ class Checker:
             # A coalesced touch row is updated in place (its revision rises after we read it): a
             # crashed touch can thus take one touch row with it; judge touches only beside others.
             if landed and any(kind != "touched" for _i, _r, kind in landed):
+                self.rewritten.add(task)
                 self.violate("ledger-kept", task,
                              f"{len(rows)} ledger rows vanished, {len(landed)} of them of revisions the baton had "
                              f"already reached (highest seen {seen}): ids/revisions/kinds {sorted(landed)[:8]}",
