@@ -108,8 +108,9 @@ PLANT_EXCUSES = {"launch_failed", "dispatch_unrecorded"}
 """Daemon errors that are the right answer to a file the soak planted in the task's logs or workdir."""
 TICKS = ("150ms", "200ms", "300ms")
 """The ticks a good SIGHUP picks from; a tick gap is judged against the longest (5 x 300 ms)."""
-STOP_WITHIN = 5.0
-"""Seconds a SIGTERMed daemon gets to exit (the issue asks for stop_grace + 1 s; the rest is load)."""
+STOP_WITHIN = 10.0
+"""Seconds a SIGTERMed daemon gets to exit (the issue asks for stop_grace + 1 s; a clean stop took
+2.3 s under this machine's load, hence the margin; the longest is reported as max_sigterm_stop_ms)."""
 GIT_SHARE = 0.3
 """The share of tasks with a git workdir of their own and a key file (the workdir attacks' targets)."""
 
@@ -350,8 +351,12 @@ timeout = "5s"
             return
         assert self.daemon is not None
         self.daemon.send_signal(sig)
+        sent = time.monotonic()
         try:
             self.daemon.wait(timeout=STOP_WITHIN)
+            if sig == signal.SIGTERM:
+                took = round(1000 * (time.monotonic() - sent))
+                self.counts["max_sigterm_stop_ms"] = max(self.counts["max_sigterm_stop_ms"], took)
         except subprocess.TimeoutExpired:
             self.checker.violate("daemon", "", f"the daemon did not stop within {STOP_WITHIN:g} s of SIGTERM "
                                                f"(stop_grace is 300 ms); SIGKILLed")
@@ -1537,6 +1542,7 @@ timeout = "5s"
             "baton_locks_held": self.counts["baton_locks_held"],
             "setsid_grandchildren": len(c.grandchildren),
             "max_tick_gap_ms": self.counts["max_tick_gap_ms"],
+            "max_sigterm_stop_ms": self.counts["max_sigterm_stop_ms"],
             "ledger_samples": c.ledger_samples,
             "process_samples": c.proc_samples,
             "baton_samples": c.baton_samples,
@@ -1550,7 +1556,7 @@ timeout = "5s"
                     "sighups_broken", "hand_edits", "garbage_batons", "invalid_events", "bypasses",
                     "stale_writes_refused", "zombie_writes_refused", "fifos_planted", "links_planted", "races",
                     "batons_restored", "ledger_rows_corrupted", "second_daemons", "second_daemons_refused",
-                    "baton_locks_held", "setsid_grandchildren", "max_tick_gap_ms", "process_samples",
+                    "baton_locks_held", "setsid_grandchildren", "max_tick_gap_ms", "max_sigterm_stop_ms", "process_samples",
                     "baton_samples", "ledger_samples", "elapsed_s"):
             print(f"{key:>24}: {figures[key]}")
         print("  details:")
