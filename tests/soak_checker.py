@@ -511,6 +511,8 @@ def check_overlaps(groups: Sequence[Group]) -> list[Violation]:
         for b in ordered[i + 1:]:
             if b.start >= a.last_seen:
                 break
+            if a.pids & b.pids:
+                continue  # one process seen in two groups (it changed its group): not two agents
             both_from = max(a.start, b.start)
             both_until = min(a.last_seen, b.last_seen)
             if both_until - both_from > GRANULARITY:

@@ -126,6 +126,14 @@ class TestProcessChecks:
         assert [v.invariant for v in check_overlaps([a, b])] == ["two-agents"]
         assert check_overlaps([b, c]) == []
 
+    def test_one_process_that_changed_its_group_is_not_two_agents(self) -> None:
+        """The same pid seen in two process groups (it moved between samples) is one process, not two agents."""
+        a = Group(task="t", pgid=10, start=100.0, first_seen=100.1, last_seen=105.0, pids={11})
+        b = Group(task="t", pgid=11, start=100.0, first_seen=104.1, last_seen=110.0, pids={11})
+        c = Group(task="t", pgid=12, start=104.0, first_seen=104.1, last_seen=110.0, pids={12})
+        assert check_overlaps([a, b]) == []
+        assert len(check_overlaps([a, c])) == 1
+
     def test_group_started_inside_a_block_is_caught(self) -> None:
         """An agent group that started between a block and its unblock is a violation."""
         events = [ev(1, "blocked", ts=100.0), ev(2, "unblocked", ts=200.0)]
