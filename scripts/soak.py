@@ -1380,8 +1380,12 @@ timeout = "5s"
                                                                   f"{now - last:.1f}s (meta {meta_text})")
                 else:
                     groups = [g for g in self.checker.groups_of(task) if g.pgid == pid]
+                    if not groups:  # launched after the last sample? look again
+                        self.checker.sample_processes()
+                        groups = [g for g in self.checker.groups_of(task) if g.pgid == pid]
                     dead_for = now - (groups[-1].last_seen + self.checker.wall_offset) if groups else None
-                    if dead_for is None or dead_for > 3.0:
+                    launched = (_ts(meta.get("dispatched_at")) or 0) > now - 5.0
+                    if (dead_for is None and not launched) or (dead_for is not None and dead_for > 3.0):
                         self.checker.violate("not-dropped", task, f"owner pid {pid} is not alive (dead for "
                                                                   f"{dead_for}s) and was never settled")
                     state = "active (settling)"
