@@ -917,9 +917,11 @@ timeout = "5s"
                 self.counts["tasks_added_midway"] += 1
             else:
                 want = "blocked" if how == "unblock" else "escalated"
-                task = self.pick_task(lambda d: d.get("meta", {}).get("status") == want and (
+                picked = self.pick_task(lambda d: d.get("meta", {}).get("status") == want and (
                     want != "blocked" or (d["meta"].get("gate") or {}).get("kind", "human") == "human"))
-                if task is None:
+                if picked is not None:
+                    task = picked
+                else:
                     if self.rng.random() < 0.5:
                         return
                     task = self.create_task(store)
