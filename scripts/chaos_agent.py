@@ -64,7 +64,7 @@ BEHAVIOURS: dict[str, float] = {
     "fail": 0.4,
     "leftover": 3,
     "escape": 3,
-    "setsid-child": 3,
+    "setsid-child": 5,
 }
 """Relative weights of the behaviours, per dispatch."""
 

@@ -108,6 +108,10 @@ PLANT_EXCUSES = {"launch_failed", "dispatch_unrecorded"}
 """Daemon errors that are the right answer to a file the soak planted in the task's logs or workdir."""
 TICKS = ("150ms", "200ms", "300ms")
 """The ticks a good SIGHUP picks from; a tick gap is judged against the longest (5 x 300 ms)."""
+RETRY_SOON = {"fifo_logs", "symlink_logs", "fifo_workdir", "race", "restore_baton", "corrupt_ledger",
+              "second_daemon", "hold_lock"}
+"""Faults that, finding nothing to act on (no daemon up, no candidate task), are tried again within
+a second instead of waiting their whole interval: the short soak must try each of them."""
 STOP_WITHIN = 10.0
 """Seconds a SIGTERMed daemon gets to exit (the issue asks for stop_grace + 1 s; a clean stop took
 2.3 s under this machine's load, hence the margin; the longest is reported as max_sigterm_stop_ms)."""
@@ -510,7 +514,8 @@ timeout = "5s"
     def live_groups(self) -> list[Any]:
         return [g for groups in list(self.checker.live.values()) for g in groups]
 
-    def fault(self, name: str) -> None:
+    def fault(self, name: str) -> bool:
+        """Inject one fault; False when it found nothing to act on (the soak tries again soon)."""
         rng = self.rng
         if name == "daemon_kill" and self.daemon_alive():
             self.stop_daemon(signal.SIGKILL)
@@ -557,21 +562,22 @@ timeout = "5s"
             finally:
                 store.close()
         elif name == "fifo_logs":
-            self.plant_in_logs(symlink=False)
+            return self.plant_in_logs(symlink=False)
         elif name == "symlink_logs":
-            self.plant_in_logs(symlink=True)
+            return self.plant_in_logs(symlink=True)
         elif name == "fifo_workdir":
-            self.plant_in_workdir()
+            return self.plant_in_workdir()
         elif name == "race":
-            self.race()
+            return self.race()
         elif name == "restore_baton":
-            self.restore_baton()
+            return self.restore_baton()
         elif name == "corrupt_ledger":
-            self.corrupt_ledger()
+            return self.corrupt_ledger()
         elif name == "second_daemon":
-            self.second_daemon()
+            return self.second_daemon()
         elif name == "hold_lock":
-            self.hold_lock()
+            return self.hold_lock()
+        return True
 
     def kill_agent(self, how: str) -> None:
         groups = self.live_groups()
@@ -734,19 +740,19 @@ timeout = "5s"
         for path in set(self.outside) - set(found):
             self.checker.violate("outside-write", "", f"{path} outside the state dir vanished", key=f"outside:{path}:gone")
 
-    def plant_in_logs(self, *, symlink: bool) -> None:
+    def plant_in_logs(self, *, symlink: bool) -> bool:
         """A FIFO or a link where the next dispatch (or the current agent's end) will open a file;
         or, for a link, the whole ``logs/<id>`` swapped for a link to a directory outside."""
         idle = {t for t, d in self.checker.latest.items() if not self.checker.live.get(t)}
         task = self.pick_task(lambda d: d.get("meta", {}).get("status") in ("active", "snoozed", "blocked"))
         if task is None:
-            return
+            return False
         epoch = int(self.checker.latest[task]["meta"].get("epoch", 0))
         logs = self.state / "logs" / task
         self._plant_seq += 1
         if symlink and task in idle and self.rng.random() < 0.35:
             if any(p.task == task and p.kind == "logs-dir-link" for p in self.plants):
-                return
+                return False
             target = self.root / "outside" / f"logs-of-{task}-{self._plant_seq}"
             target.mkdir()
             moved = None
@@ -758,14 +764,14 @@ timeout = "5s"
             os.symlink(target, logs)
             self.add_plant(Plant(str(logs), "logs-dir-link", task, moved=str(moved) if moved else None))
             self.counts["planted_logs_dir_links"] += 1
-            return
+            return False
         live = self.checker.live.get(task)
         if not symlink and live and self.rng.random() < 0.25:
             name = f"{epoch}.exit"  # the running agent's own exit file: an agent could make it a FIFO
         else:
             name = f"{epoch + 1}.{self.rng.choice(['exit', 'log', 'pid', 'brief.md'])}"
         if logs.is_symlink():
-            return
+            return False
         logs.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = logs / name
         try:
@@ -775,17 +781,18 @@ timeout = "5s"
             else:
                 os.mkfifo(path, 0o600)
         except FileExistsError:
-            return
+            return False
         self.add_plant(Plant(str(path), "link" if symlink else "fifo", task))
         self.counts["planted_logs_links" if symlink else "planted_logs_fifos"] += 1
+        return True
 
-    def plant_in_workdir(self) -> None:
+    def plant_in_workdir(self) -> bool:
         """A FIFO at ``.git/HEAD``, the branch ref or the key file of a git workdir; then a human's
         ``heartbeat verify`` or ``set`` on the task, which must answer (not hang)."""
         candidates = [t for t in self.git_tasks if t in self.checker.latest and t not in self.checker.garbage
                       and t not in self.held and not any(p.task == t and p.kind == "workdir-fifo" for p in self.plants)]
         if not candidates:
-            return
+            return False
         task = self.rng.choice(candidates)
         work = self.root / "work" / task
         rel = self.rng.choice([".git/HEAD", ".git/HEAD", ".git/refs/heads/main", "notes.md"])
@@ -795,12 +802,13 @@ timeout = "5s"
             path.unlink()
             os.mkfifo(path, 0o600)
         except OSError:
-            return
+            return False
         self.add_plant(Plant(str(path), "workdir-fifo", task, original=original))
         self.counts["planted_workdir_fifos"] += 1
         verb = self.rng.choice(["verify", "set"])
         argv = ["verify", task] if verb == "verify" else ["set", task, f"handoff=the soak's human, {self._plant_seq}"]
         self.start_cli(f"{verb} over a FIFO at {rel}", task, argv, expect=None)
+        return True
 
     def note(self, text: str) -> None:
         """One line in ``<root>/faults.log`` (wall time, what): to line violations up with what caused them."""
@@ -903,7 +911,7 @@ timeout = "5s"
         else:
             self.counts[f"cli {job.what.split()[0]} answered"] += 1
 
-    def race(self) -> None:
+    def race(self) -> bool:
         """Make a task dispatchable (create, unblock, re-arm), then write block/done/snooze 0-200 ms later."""
         from heartbeat import tasks
         from heartbeat.errors import HeartbeatError
@@ -923,7 +931,7 @@ timeout = "5s"
                     task = picked
                 else:
                     if self.rng.random() < 0.5:
-                        return
+                        return False
                     task = self.create_task(store)
                     self.counts["tasks_added_midway"] += 1
                     how = "new"
@@ -935,7 +943,7 @@ timeout = "5s"
                     else:
                         tasks.retry(store, task, by="soak-race")
                 except HeartbeatError:
-                    return
+                    return False
         finally:
             store.close()
         verb = self.rng.choice(["block", "done", "snooze"])
@@ -946,6 +954,7 @@ timeout = "5s"
         thread.daemon = True
         thread.start()
         self.race_threads.append(thread)
+        return True
 
     def race_write(self, task: str, verb: str) -> None:
         from heartbeat import tasks
@@ -973,7 +982,7 @@ timeout = "5s"
         with self.count_lock:
             self.counts[f"race_{verb}s_{outcome}"] += 1
 
-    def restore_baton(self) -> None:
+    def restore_baton(self) -> bool:
         """Keep copies of batons; copy an older one back over a live baton, as a human restoring a backup.
 
         Only over a task with no live agent, from a copy of the same epoch with a lower revision,
@@ -1003,7 +1012,7 @@ timeout = "5s"
                 if old is not None and _restorable(live["meta"], old["meta"]):
                     pairs.append((task, copy))
         if not pairs:
-            return
+            return False
         task, copy = self.rng.choice(pairs)
         old = _loads(copy)
         assert old is not None
@@ -1018,7 +1027,7 @@ timeout = "5s"
             return copy
 
         if self.checker.hand_edit(task, change) is None:
-            return
+            return False
         self.note(f"  restored {task} to revision {old['meta'].get('revision')}")
         self.restored_tasks.add(task)
         if dropped:
@@ -1029,8 +1038,9 @@ timeout = "5s"
             del expected[key]  # the human restored a copy from before this key was added
         self.counts["batons_restored"] += 1
         self.counts["hand_edits"] += 1
+        return True
 
-    def corrupt_ledger(self) -> None:
+    def corrupt_ledger(self) -> bool:
         """Corrupt one row, run ``heartbeat report``, and repair the row a few seconds later.
 
         Any row but a touch (rewritten in place when touches coalesce) and a task's latest
@@ -1044,7 +1054,7 @@ timeout = "5s"
                                 "(SELECT MAX(id) FROM events WHERE kind IN ('created', 'blocked', 'unblocked', "
                                 "'bypass') GROUP BY task) ORDER BY RANDOM() LIMIT 1").fetchall()
             if not rows:
-                return
+                return False
             row_id, ts, data = rows[0]
             column, value = self.rng.choice([("data", "{oops"), ("ts", 1e300), ("ts", -1.0e18),
                                              ("ts", "yesterday"), ("data", "[1, 2]")])
@@ -1057,6 +1067,7 @@ timeout = "5s"
         self.corrupt_repairs.append((time.monotonic() + self.rng.uniform(2.0, 5.0), row_id, column,
                                      ts if column == "ts" else data, value))
         self.start_cli("report over a corrupt ledger row", "", ["report"], expect={0})
+        return True
 
     def repair_rows(self, *, force: bool = False) -> None:
         import sqlite3
@@ -1077,10 +1088,10 @@ timeout = "5s"
         finally:
             conn.close()
 
-    def second_daemon(self) -> None:
+    def second_daemon(self) -> bool:
         """Start another daemon on the same state dir: it must exit 1 at once naming the running one."""
         if not self.daemon_alive() or any(j.what.startswith("second daemon") for j in self.pending):
-            return
+            return False
         extra = self.rng.choice([[], ["--once"], ["--dry-run"]])
         out = tempfile.TemporaryFile()  # noqa: SIM115  (closed by poll_pending)
         proc = subprocess.Popen([sys.executable, "-m", "heartbeat", "--config", str(self.config_path), "run", *extra],
@@ -1089,6 +1100,7 @@ timeout = "5s"
         holder = self.daemon.pid if self.daemon is not None else 0
         self.pending.append(Pending(what, "", proc, out, time.monotonic(), time.monotonic() + 3.0, {1}, holder))
         self.counts["second_daemons_started"] += 1
+        return True
 
     def finish_pending(self, *, second_daemons_only: bool = False) -> None:
         """Judge the background commands now; one still running is judged as such, then stopped."""
@@ -1100,14 +1112,14 @@ timeout = "5s"
             job.proc.wait()
         self.pending = keep
 
-    def hold_lock(self) -> None:
+    def hold_lock(self) -> bool:
         """Hold one baton's lock from another process for 1-3 s (longer than a tick), as a slow API user;
         mostly a task the daemon is about to write (active, no agent: due for a dispatch)."""
         task = self.pick_task(lambda d: d.get("meta", {}).get("status") == "active" and not d["meta"].get("owner"))
         if task is None or self.rng.random() < 0.3:
             task = self.pick_task(lambda d: d.get("meta", {}).get("status") in ("active", "snoozed", "blocked"))
         if task is None:
-            return
+            return False
         lock = self.state / "locks" / f"{task}.lock"
         seconds = self.rng.uniform(1.0, 3.0)
         code = ("import fcntl, os, sys, time\n"
@@ -1118,6 +1130,7 @@ timeout = "5s"
         self.note(f"  holding {lock} for {seconds:.2f}s")
         self.held[task] = (proc, time.monotonic() + seconds + 30.0)
         self.counts["baton_locks_held"] += 1
+        return True
 
     def release_locks(self, *, force: bool = False) -> None:
         now = time.monotonic()
@@ -1264,7 +1277,9 @@ timeout = "5s"
                         continue
                     began = time.monotonic()
                     self.note(name)
-                    self.fault(name)
+                    if self.fault(name) is False and name in RETRY_SOON:
+                        self.next_fault[name] = now + self.rng.uniform(0.3, 1.0)
+                        self.counts[f"retried soon: {name}"] += 1
                     if time.monotonic() - began > 2.0:
                         print(f"soak: the fault {name} took {time.monotonic() - began:.1f}s", flush=True)
             for task, due in list(self.garbage_restore.items()):
@@ -1424,6 +1439,7 @@ timeout = "5s"
         self.check_outside()
         tick = max(parse_seconds(t) for t in self.ticks_used)
         outlive = 5.0 + 0.3 + 2 * tick + 1.0  # the launcher's max_runtime + stop_grace + two ticks + 1 s
+        outlived: list[float] = []
         by_task: dict[str, list[Any]] = {}
         for e in events:
             by_task.setdefault(e.task, []).append(e)
@@ -1441,7 +1457,7 @@ timeout = "5s"
             c.extend(check_blocks(evs))
             c.extend(check_dispatch_status(evs))
             c.extend(check_inactive_agents(c.groups_of(task), evs, outlive_grace=outlive,
-                                           up_between=self.daemon_up_between))
+                                           up_between=self.daemon_up_between, outlived=outlived))
             # A restored copy rewinds meta.dispatches (and, until the next write, the revision): the
             # final baton is then not held to the ledger's counts; the ordering checks stay.
             final = None if task in self.restored_tasks else c.final_baton(task)
@@ -1456,6 +1472,8 @@ timeout = "5s"
             c.extend(check_group_starts(c.groups_of(task), evs))
             c.extend(check_notify(evs, notify_lines, NOTIFIER))
             c.extend(check_bypasses(evs, c.drops.get(task, ())))
+        self.counts["agents_alive_when_their_task_left_active"] = len(outlived)
+        self.counts["longest_such_agent_ms"] = round(1000 * max(outlived, default=0.0))
         c.check_sampled_blocks()
         self.check_invalid_events(by_task)
         for task, marker, _code in self.stale_markers:

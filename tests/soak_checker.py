@@ -324,7 +324,7 @@ def check_dispatch_status(events: Sequence[LedgerEvent]) -> list[Violation]:
 
 def check_inactive_agents(groups: Sequence[Group], events: Sequence[LedgerEvent], *, outlive_grace: float,
                           up_between: Callable[[float, float], float] = lambda lo, hi: hi - lo,
-                          margin: float = 0.05) -> list[Violation]:
+                          margin: float = 0.05, outlived: list[float] | None = None) -> list[Violation]:
     """Agent process groups on a task that is not active, judged from the process table and the ledger.
 
     The daemon's rule (``policy.decide``): it never dispatches a task that is not active, but an
@@ -339,6 +339,9 @@ def check_inactive_agents(groups: Sequence[Group], events: Sequence[LedgerEvent]
        ``active`` is a violation: the soak passes the launcher's ``max_runtime`` +
        ``stop_grace`` + two ticks + 1 s, the longest any agent of an *active* task may run.
        An agent that blocks or finishes its own task, then lingers a moment, stays far inside it.
+
+    ``outlived`` collects, for each group still alive when its task left ``active``, how many
+    seconds (of daemon up-time) it lived on: the soak reports how often that path was tried.
     """
     out = []
     timeline = status_timeline(events)
@@ -373,6 +376,8 @@ def check_inactive_agents(groups: Sequence[Group], events: Sequence[LedgerEvent]
         last_alive = g.last_seen + (g.start_wall - g.start if g.start_wall else 0.0)
         for lo, hi, what, _p in mine:  # each time its task left active after its dispatch
             alive_for = up_between(lo, min(hi, last_alive))
+            if outlived is not None and last_alive > lo:
+                outlived.append(alive_for)
             if alive_for > outlive_grace:
                 out.append(Violation("not-active", g.task,
                                      f"agent process group {g.pgid} ({g.cmd}, epoch {g.epoch}) was still alive "
