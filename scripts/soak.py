@@ -261,7 +261,7 @@ class Soak:
         self.plant_windows: list[tuple[str, float, float]] = []
         self.outside: dict[str, bytes] = {}
         self.git_tasks: set[str] = set()
-        self.copies: dict[str, list[bytes]] = {}
+        self.copies: dict[str, list[tuple[bytes, dict[str, Any]]]] = {}
         self.restored_tasks: set[str] = set()
         self.held: dict[str, tuple[subprocess.Popen[bytes], float]] = {}
         self.pending: list[Pending] = []
@@ -996,9 +996,9 @@ timeout = "5s"
             except OSError:
                 continue
             doc = _loads(data)
-            if doc is not None and "meta" in doc:
+            if doc is not None and isinstance(doc.get("meta"), dict):
                 kept = self.copies.setdefault(task, [])
-                kept.append(data)
+                kept.append((data, doc))
                 del kept[:-4]
                 (self.root / "copies" / f"{task}.{doc['meta'].get('revision')}.toml").write_bytes(data)
                 self.counts["baton_copies_kept"] += 1
@@ -1007,15 +1007,12 @@ timeout = "5s"
             live = self.checker.latest.get(task)
             if live is None or task in self.checker.garbage or task in self.held or self.checker.live.get(task):
                 continue
-            for copy in kept:
-                old = _loads(copy)
-                if old is not None and _restorable(live["meta"], old["meta"]):
-                    pairs.append((task, copy))
+            for copy, parsed in kept:
+                if _restorable(live["meta"], parsed["meta"]):
+                    pairs.append((task, copy, parsed))
         if not pairs:
             return False
-        task, copy = self.rng.choice(pairs)
-        old = _loads(copy)
-        assert old is not None
+        task, copy, old = self.rng.choice(pairs)
         dropped: list[int] = []
 
         def change(data: bytes) -> bytes | None:
@@ -1148,9 +1145,18 @@ timeout = "5s"
         takes seconds; one stuck on a FIFO or a lock logs nothing): the longest stretch inside the gap
         without a log line of the daemon's must also exceed the limit."""
         limit = 5 * max(parse_seconds(t) for t in self.ticks_used)
-        up = [(a, b) for a, b in self.daemon_spans]
         now = time.time()
-        for lo, hi in tick_gaps(list(self.tick_watch.beats), up, limit, now=now):
+        beats = self.tick_watch.beats
+        if final:
+            up, view = [(a, b) for a, b in self.daemon_spans], list(beats)
+        else:  # while it runs, only the last two spans: a long soak has thousands of beats
+            up = [(a, b) for a, b in self.daemon_spans[-2:]]
+            start = up[0][0] if up else now
+            k = len(beats)
+            while k > 0 and beats[k - 1][0] >= start:
+                k -= 1
+            view = beats[k:]
+        for lo, hi in tick_gaps(view, up, limit, now=now):
             if hi >= now - 1e-6 and not final:
                 continue  # still open: judged once it ends (or at the end), with its full length
             i, j = bisect.bisect_right(self.activity, lo), bisect.bisect_left(self.activity, hi)
