@@ -1047,9 +1047,13 @@ timeout = "5s"
 
         conn = sqlite3.connect(str(self.state / "ledger.sqlite3"), timeout=30)
         try:
+            # Half the time a row the daemon reads while it serves (a dispatch's stalled/dispatched
+            # lookup, the budget, the escalation's notifiers, the block seed at a restart).
+            hot = "AND kind IN ('dispatched', 'stalled', 'escalated', 'notified', 'created', 'blocked', " \
+                  "'unblocked', 'bypass')" if self.rng.random() < 0.5 else ""
             rows = conn.execute("SELECT id, ts, data FROM events WHERE kind != 'touched' AND id NOT IN "
                                 "(SELECT MAX(id) FROM events WHERE kind IN ('created', 'blocked', 'unblocked', "
-                                "'bypass') GROUP BY task) ORDER BY RANDOM() LIMIT 1").fetchall()
+                                f"'bypass') GROUP BY task) {hot} ORDER BY RANDOM() LIMIT 1").fetchall()
             if not rows:
                 return False
             row_id, ts, data = rows[0]
@@ -1061,7 +1065,7 @@ timeout = "5s"
         finally:
             conn.close()
         self.counts["ledger_rows_corrupted"] += 1
-        self.corrupt_repairs.append((time.monotonic() + self.rng.uniform(2.0, 5.0), row_id, column,
+        self.corrupt_repairs.append((time.monotonic() + self.rng.uniform(3.0, 8.0), row_id, column,
                                      ts if column == "ts" else data, value))
         self.start_cli("report over a corrupt ledger row", "", ["report"], expect={0})
         return True
