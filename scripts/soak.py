@@ -339,14 +339,18 @@ timeout = "5s"
                                            cwd=str(self.root))
         pid = self.daemon.pid
         deadline = time.monotonic() + 30
-        while not any(e.get("event") == "started" and e.get("pid") == pid for e in self.read_log()[-50:]):
+        while not (found := [e for e in self.read_log()[-50:] if e.get("event") == "started" and e.get("pid") == pid]):
             if self.daemon.poll() is not None:
                 raise RuntimeError(f"the daemon exited {self.daemon.returncode} at start; see {self.log_path}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the daemon did not start within 30 s; see {self.log_path}")
             time.sleep(0.02)
         self.daemon_intervals.append([time.time(), float("inf")])
-        self.daemon_spans.append([launched_at, float("inf")])  # for the tick gaps: its READY falls inside
+        try:  # for the tick gaps: the clock must tick from the moment the daemon says it started
+            said = datetime.fromisoformat(str(found[-1].get("timestamp"))).timestamp()
+        except ValueError:
+            said = launched_at
+        self.daemon_spans.append([max(launched_at, said), float("inf")])
         self.counts["daemon_starts"] += 1
         self.restart_at = None
 

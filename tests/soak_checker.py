@@ -1075,23 +1075,19 @@ def tick_gaps(beats: Sequence[tuple[float, str]], up: Sequence[tuple[float, floa
               now: float | None = None) -> list[tuple[float, float]]:
     """Stretches longer than ``limit`` without a beat while the daemon was up and serving.
 
-    ``up`` are the daemon's (start, end) intervals (end may be +inf). Within one, serving starts
-    at its first ``READY`` and stops at ``STOPPING`` (or the interval's end); every beat of any
-    kind ends a gap. Returns (from, to) of each gap.
+    ``up`` are the daemon's (start, end) intervals (end may be +inf): start is when it said it
+    started (its first log line), so a daemon stuck before its first tick, or before
+    ``READY``, is caught too. Serving stops at ``STOPPING`` (or the interval's end); every
+    beat of any kind ends a gap. Returns (from, to) of each gap.
     """
     now = time.time() if now is None else now
     out = []
     for start, end in up:
         end = min(end, now)
         inside = [(t, name) for t, name in beats if start <= t <= end]
-        ready = next((t for t, name in inside if name == "READY"), None)
-        if ready is None:
-            continue
         stop = next((t for t, name in inside if name == "STOPPING"), end)
-        last = ready
+        last = start
         for t, _name in inside:
-            if t <= ready:
-                continue
             if t > stop:
                 break
             if t - last > limit:

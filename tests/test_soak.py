@@ -359,6 +359,10 @@ class TestTickGaps:
         """No beat since 10.2 with the daemon still up at 13: a gap up to now."""
         assert tick_gaps([(10.0, "READY"), (10.2, "WATCHDOG")], [(9.9, float("inf"))], 1.0, now=13.0) == [(10.2, 13.0)]
 
+    def test_a_daemon_stuck_before_its_first_tick_is_caught(self) -> None:
+        """Started (its first log line) at 10 and never READY nor a tick until killed at 14: a gap."""
+        assert tick_gaps([], [(10.0, 14.0)], 1.0, now=20.0) == [(10.0, 14.0)]
+
     def test_the_daemons_own_notifications_are_heard(self, tmp_path: Path) -> None:
         """heartbeat's sd_notify reaches the soak's socket: READY and WATCHDOG are recorded."""
         from heartbeat import systemd
