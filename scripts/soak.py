@@ -353,6 +353,11 @@ timeout = "5s"
         self.daemon_spans.append([max(launched_at, said), float("inf")])
         self.counts["daemon_starts"] += 1
         self.restart_at = None
+        # A daemon killed before it ever ticked tests only its start-up (which takes seconds on a
+        # loaded machine): the next kill or stop comes a whole interval after this start.
+        for name in ("daemon_kill", "daemon_term"):
+            if name in self.next_fault:
+                self.next_fault[name] = max(self.next_fault[name], time.monotonic() + self.rng.uniform(*FAULTS[name]))
 
     def stop_daemon(self, sig: int) -> None:
         if not self.daemon_alive():
@@ -1409,8 +1414,11 @@ timeout = "5s"
                 elif not owner:
                     last = max(t for t in (_ts(meta.get("ended_at")), _ts(meta.get("dispatched_at")),
                                            _ts(meta.get("updated_at")), 0.0) if t is not None)
+                    running = sum(len(groups) for groups in self.checker.live.values())
                     if now - last < 2.0 + 2 * tick + 2.0:  # backoff_max + two ticks + slack
                         state = "active (due, backing off)"
+                    elif running >= self.args.max_concurrent:
+                        state = "active (due, every agent slot taken)"
                     else:
                         meta_text = json.dumps(meta, default=str)[:400]
                         self.checker.violate("not-dropped", task, f"active with no agent and not due: idle for "
