@@ -1165,7 +1165,8 @@ timeout = "5s"
         without a log line of the daemon's must also exceed the limit."""
         limit = 5 * max(parse_seconds(t) for t in self.ticks_used)
         now = time.time()
-        beats = self.tick_watch.beats
+        beats = list(self.tick_watch.beats)
+        self.read_log()  # after the beats were taken: every line written before a beat is read now
         if final:
             up, view = [(a, b) for a, b in self.daemon_spans], list(beats)
         else:  # while it runs, only the last two spans: a long soak has thousands of beats
