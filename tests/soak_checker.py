@@ -1072,13 +1072,14 @@ class TickWatch:
 
 
 def tick_gaps(beats: Sequence[tuple[float, str]], up: Sequence[tuple[float, float]], limit: float,
-              now: float | None = None) -> list[tuple[float, float]]:
+              now: float | None = None, startup: float = 0.0) -> list[tuple[float, float]]:
     """Stretches longer than ``limit`` without a beat while the daemon was up and serving.
 
-    ``up`` are the daemon's (start, end) intervals (end may be +inf): start is when it said it
-    started (its first log line), so a daemon stuck before its first tick, or before
-    ``READY``, is caught too. Serving stops at ``STOPPING`` (or the interval's end); every
-    beat of any kind ends a gap. Returns (from, to) of each gap.
+    ``up`` are the daemon's (start, end) intervals (end may be +inf), start being when it
+    said it started (its first log line). The clock is due from its first ``READY``; a
+    daemon that never gets there is judged from ``start + startup`` (so one stuck before
+    its first tick is caught too). Serving stops at ``STOPPING`` (or the interval's end);
+    every beat of any kind ends a gap. Returns (from, to) of each gap.
     """
     now = time.time() if now is None else now
     out = []
@@ -1086,8 +1087,10 @@ def tick_gaps(beats: Sequence[tuple[float, str]], up: Sequence[tuple[float, floa
         end = min(end, now)
         inside = [(t, name) for t, name in beats if start <= t <= end]
         stop = next((t for t, name in inside if name == "STOPPING"), end)
-        last = start
+        last = next((t for t, name in inside if name == "READY"), start + startup)
         for t, _name in inside:
+            if t <= last:
+                continue
             if t > stop:
                 break
             if t - last > limit:

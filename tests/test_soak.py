@@ -360,8 +360,9 @@ class TestTickGaps:
         assert tick_gaps([(10.0, "READY"), (10.2, "WATCHDOG")], [(9.9, float("inf"))], 1.0, now=13.0) == [(10.2, 13.0)]
 
     def test_a_daemon_stuck_before_its_first_tick_is_caught(self) -> None:
-        """Started (its first log line) at 10 and never READY nor a tick until killed at 14: a gap."""
-        assert tick_gaps([], [(10.0, 14.0)], 1.0, now=20.0) == [(10.0, 14.0)]
+        """Started (its first log line) at 10, never READY nor a tick until killed at 14: a gap from 10 + 2 s."""
+        assert tick_gaps([], [(10.0, 14.0)], 1.0, now=20.0, startup=2.0) == [(12.0, 14.0)]
+        assert tick_gaps([], [(10.0, 12.5)], 1.0, now=20.0, startup=2.0) == []
 
     def test_the_daemons_own_notifications_are_heard(self, tmp_path: Path) -> None:
         """heartbeat's sd_notify reaches the soak's socket: READY and WATCHDOG are recorded."""
