@@ -1487,6 +1487,14 @@ timeout = "5s"
         c = self.checker
         for task in self.tasks:
             evs = by_task.get(task, [])
+            writes = self.agent_writes(task)
+            c.extend(check_notify(evs, notify_lines, NOTIFIER))
+            if task in c.rewritten:
+                # Committed rows vanished (ledger-kept, already reported): what is left of the task's
+                # history cannot be judged (an erased unblock reads as a dispatch while blocked, a
+                # reused revision as a superseded write); one line instead of a cascade.
+                self.counts["tasks_with_rewritten_ledger_history"] += 1
+                continue
             c.extend(check_blocks(evs))
             c.extend(check_dispatch_status(evs))
             c.extend(check_inactive_agents(c.groups_of(task), evs, outlive_grace=outlive,
@@ -1494,16 +1502,9 @@ timeout = "5s"
             # A restored copy rewinds meta.dispatches (and, until the next write, the revision): the
             # final baton is then not held to the ledger's counts; the ordering checks stay.
             final = None if task in self.restored_tasks else c.final_baton(task)
-            writes = self.agent_writes(task)
-            if task in c.rewritten:
-                # Committed rows vanished (ledger-kept, already reported): revisions were used twice,
-                # so epochs and fencing cannot be judged by revision; one line instead of a cascade.
-                self.counts["tasks_with_rewritten_ledger_history"] += 1
-            else:
-                c.extend(check_dispatch_epochs(evs, final, c.seen_epochs.get(task, ())))
-                c.extend(check_fencing(evs, writes))
+            c.extend(check_dispatch_epochs(evs, final, c.seen_epochs.get(task, ())))
+            c.extend(check_fencing(evs, writes))
             c.extend(check_group_starts(c.groups_of(task), evs))
-            c.extend(check_notify(evs, notify_lines, NOTIFIER))
             c.extend(check_bypasses(evs, c.drops.get(task, ())))
         self.counts["agents_alive_when_their_task_left_active"] = len(outlived)
         self.counts["longest_such_agent_ms"] = round(1000 * max(outlived, default=0.0))

@@ -79,6 +79,14 @@ class TestLedgerChecks:
                   ev(4, "dispatched", epoch=2, rev=4)]
         assert check_dispatch_epochs(events, {"meta": {"epoch": 2, "dispatches": 2, "revision": 4}}, {0, 1, 2}) == []
 
+    def test_a_slow_verify_may_record_an_older_revision(self) -> None:
+        """A verified event carries the revision verify read; appended after a later write it is no step back."""
+        events = [ev(1, "dispatched", epoch=1, rev=2), ev(2, "updated", epoch=1, rev=3),
+                  ev(3, "verified", epoch=1, rev=2), ev(4, "updated", epoch=1, rev=4)]
+        assert check_dispatch_epochs(events, {"meta": {"epoch": 1, "dispatches": 1, "revision": 4}}) == []
+        back = [*events[:2], ev(3, "updated", epoch=1, rev=2)]
+        assert [v.invariant for v in check_dispatch_epochs(back, None)] == ["monotonic"]
+
     def test_superseded_write_is_caught(self) -> None:
         """An epoch-1 write that landed at a revision after epoch 2's dispatch is a fencing violation."""
         events = [ev(1, "created", rev=1), ev(2, "dispatched", epoch=1, rev=2), ev(3, "dispatched", epoch=2, rev=3),
