@@ -331,7 +331,9 @@ timeout = "5s"
     def daemon_alive(self) -> bool:
         return self.daemon is not None and self.daemon.poll() is None
 
-    def start_daemon(self) -> None:
+    def start_daemon(self) -> bool:
+        """Start the daemon and wait for its ``started`` line. One that exits at start (e.g. over a
+        corrupt ledger row) is a violation, and the soak tries again a second later, as a human would."""
         if self.config_broken:
             self.write_config()
         self.finish_pending(second_daemons_only=True)  # never two daemons because the soak restarted one
@@ -344,7 +346,12 @@ timeout = "5s"
         deadline = time.monotonic() + 30
         while not (found := [e for e in self.read_log()[-50:] if e.get("event") == "started" and e.get("pid") == pid]):
             if self.daemon.poll() is not None:
-                raise RuntimeError(f"the daemon exited {self.daemon.returncode} at start; see {self.log_path}")
+                self.read_log()
+                self.checker.violate("daemon", "", f"the daemon exited {self.daemon.returncode} at start; log tail: "
+                                                   f"{self.tail()[-600:]}", key=f"start-failed:{self.tail()[-200:]}")
+                self.counts["daemon_failed_starts"] += 1
+                self.restart_at = time.monotonic() + 1.0
+                return False
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the daemon did not start within 30 s; see {self.log_path}")
             time.sleep(0.02)
@@ -361,6 +368,7 @@ timeout = "5s"
         for name in ("daemon_kill", "daemon_term"):
             if name in self.next_fault:
                 self.next_fault[name] = max(self.next_fault[name], time.monotonic() + self.rng.uniform(*FAULTS[name]))
+        return True
 
     def stop_daemon(self, sig: int) -> None:
         if not self.daemon_alive():
@@ -1351,6 +1359,8 @@ timeout = "5s"
             self.check_hups()
             self.poll_pending()
             self.check_tick_gaps()
+            if not self.daemon_alive() and (self.restart_at or 0.0) <= now:
+                self.start_daemon()
             self.play_humans(now)
             settled = self.settled()
             if settled and not self.checker.live:
