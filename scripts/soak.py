@@ -94,7 +94,7 @@ from soak_checker import (  # noqa: E402  (tests/ is not a package)
 __all__ = ["main", "PRESETS"]
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "short": {"tasks": 60, "duration": 45.0, "drain": 25.0, "max_concurrent": 10},
+    "short": {"tasks": 60, "duration": 45.0, "drain": 35.0, "max_concurrent": 10},
     "long": {"tasks": 300, "duration": 1800.0, "drain": 120.0, "max_concurrent": 16},
 }
 """``--short`` is sized for CI (about 80 s in all); ``--long`` is the one the README reports."""
@@ -272,6 +272,8 @@ class Soak:
         self.count_lock = threading.Lock()
         self.race_threads: list[threading.Thread] = []
         self._plant_seq = 0
+        self.waiting_for_slot: set[str] = set()
+        """Tasks whose last word from the daemon is "waiting: capacity full" (due, held for a slot)."""
         self.activity: list[float] = []
         """Times of the daemon's log lines: a long tick that logs work (settles, launches) is not stuck."""
         self.gaps_seen: set[str] = set()
@@ -429,6 +431,10 @@ timeout = "5s"
                                                          f"`daemon logged {name}` in the counts): "
                                                          f"{json.dumps(event)[:600]}",
                                          key=f"daemonlog:{name}:{task}:{what}")
+            if name == "waiting" and "capacity full" in str(event.get("reason", "")):
+                self.waiting_for_slot.add(str(event.get("task", "")))
+            elif name in ("dispatched", "decision") and event.get("action") != "dispatch":
+                self.waiting_for_slot.discard(str(event.get("task", "")))
             if isinstance(name, str) and not name.startswith(("Execution of job", "Running job", "Job ")):
                 with contextlib.suppress(ValueError):  # the daemon's own work (not the scheduler's "skipped")
                     self.activity.append(datetime.fromisoformat(str(event.get("timestamp"))).timestamp())
@@ -1432,8 +1438,8 @@ timeout = "5s"
                     running = sum(len(groups) for groups in self.checker.live.values())
                     if now - last < 2.0 + 2 * tick + 2.0:  # backoff_max + two ticks + slack
                         state = "active (due, backing off)"
-                    elif running >= self.args.max_concurrent:
-                        state = "active (due, every agent slot taken)"
+                    elif running >= self.args.max_concurrent or task in self.waiting_for_slot:
+                        state = "active (due, every agent slot taken)"  # by the samples, or by the daemon's word
                     else:
                         meta_text = json.dumps(meta, default=str)[:400]
                         self.checker.violate("not-dropped", task, f"active with no agent and not due: idle for "
