@@ -17,6 +17,9 @@ per dispatch from a generator seeded by (``--seed``, task, epoch):
 - ``snooze``: one step, then snoozes for a second or two;
 - ``fail``: marks the task failed (rare);
 - ``leftover``: leaves a ``sleep`` behind in its process group (the shim must stop it);
+- ``setsid-child``: leaves a ``sleep`` behind in a *new session* (``setsid``; tagged
+  ``SOAK_GRANDCHILD=1`` and ``SOAK_AGENT_PGID``), out of reach of a stop sent to the
+  group: the shim (a child subreaper) must still stop it when the agent's shift ends;
 - ``escape``: leaves a *zombie* behind in a new session (``SOAK_ZOMBIE=1``, outside the
   process group, so nothing in heartbeat can stop it) that keeps writing with this
   dispatch's epoch (for up to 15 s). Its writes must land only while that epoch is
@@ -61,6 +64,7 @@ BEHAVIOURS: dict[str, float] = {
     "fail": 0.4,
     "leftover": 3,
     "escape": 3,
+    "setsid-child": 5,
 }
 """Relative weights of the behaviours, per dispatch."""
 
@@ -201,6 +205,10 @@ def run_behaviour(agent: Agent, behaviour: str, calm: bool) -> int:
                          stderr=subprocess.DEVNULL)
         agent.work_steps(1, step)
         return 0
+    if behaviour == "setsid-child":
+        spawn_setsid_child()
+        agent.work_steps(1, step)
+        return rng.choice([0, 0, 1])
     if behaviour == "escape":
         # Started in our group (so until it execs it is one of ours), it leaves the group by
         # itself once its environment says what it is (SOAK_ZOMBIE=1): see run_zombie.
@@ -222,6 +230,25 @@ def run_behaviour(agent: Agent, behaviour: str, calm: bool) -> int:
     if agent.work_steps(rng.randint(1, 3), step):
         agent.finish()
     return 0
+
+
+def spawn_setsid_child(seconds: float = 30.0) -> int:
+    """Start ``sleep`` in a new session, as a daemonizing helper would; return its pid.
+
+    It is tagged in its environment before exec (so the soak's checker never mistakes it
+    for a second agent of the task) and calls setsid only after exec (the ``setsid``
+    program, or Python where that is missing), so no sample sees an untagged process
+    outside the agent's group.
+    """
+    env = {**os.environ, "SOAK_GRANDCHILD": "1", "SOAK_AGENT_PGID": str(os.getpgrp())}
+    import shutil
+
+    setsid = shutil.which("setsid")
+    argv = [setsid, "sleep", str(seconds)] if setsid else [
+        sys.executable, "-c", "import os, sys, time; os.setsid(); time.sleep(float(sys.argv[1]))", str(seconds)]
+    child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    return child.pid
 
 
 def run_zombie(agent: Agent) -> int:
@@ -249,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--zombie", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--behaviour", default="", help="force one behaviour (for tests)")
+    parser.add_argument("--without", action="append", default=[], choices=list(BEHAVIOURS),
+                        help="never pick this behaviour (repeatable)")
     args = parser.parse_args(argv)
 
     from heartbeat.errors import HeartbeatError, NotActive
@@ -258,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.zombie:
             return run_zombie(agent)
         calm = os.path.exists(os.path.join(args.root, "calm"))
-        names = list(BEHAVIOURS)
+        names = [n for n in BEHAVIOURS if n not in args.without]
         behaviour = args.behaviour or agent.rng.choices(names, weights=[BEHAVIOURS[n] for n in names])[0]
         print(f"chaos_agent[{os.getpid()}] epoch {agent.epoch}: {'calm' if calm else behaviour}", flush=True)
         return run_behaviour(agent, behaviour, calm)

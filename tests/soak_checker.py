@@ -45,6 +45,32 @@ The invariants (each violation is kept with its evidence):
 ``daemon``
     The daemon never dies on its own, never logs an exception, and answers every SIGHUP
     (``reloaded`` / ``reload_failed``).
+``not-active``
+    From the ledger: no ``dispatched`` whose preceding status (replayed from the events:
+    ``created``, ``blocked``/``bypass``, ``unblocked``, ``done``, ``failed``, ``escalated``,
+    ``retried``, ``snoozed``, ``woke``, ``claimed``) was done, snoozed, failed or escalated
+    (blocked is ``blocks-hold``'s). From the process table: no agent group whose epoch
+    (``HEARTBEAT_EPOCH`` in its environment) was dispatched after its task left
+    ``active``; and no agent group alive longer than ``outlive_grace`` seconds *of daemon
+    up-time* after its task left ``active`` (see :func:`check_inactive_agents` for the
+    rule and why the grace is what it is).
+``ledger-kept``
+    The ledger's row count never goes down, except by the rows of a write that crashed
+    before its rename: a vanished row is a violation when its revision had already been
+    seen on the baton (the write had landed) before the row was last seen. Rows the soak
+    corrupted on purpose are read through the originals it recorded; any other unreadable
+    row is a violation.
+``tick-gap``
+    While the daemon is up (between its ``READY=1`` and its ``STOPPING=1`` or its end),
+    ``WATCHDOG=1`` notifications (one per tick, on a socket the soak owns) never stop for
+    more than 5 x tick.
+``setsid-outlived``
+    A ``setsid`` grandchild of an agent (``SOAK_GRANDCHILD=1``) is not alive more than
+    ``GRANDCHILD_GRACE`` after its agent's process group was last seen, unless the soak
+    SIGKILLed that group's shim (nothing could stop the grandchild then).
+``outside-write``
+    Nothing is written through a symlink the soak planted under ``logs/``: the outside
+    targets stay byte-identical (checked by the soak).
 """
 
 from __future__ import annotations
@@ -53,7 +79,9 @@ import bisect
 import fcntl
 import itertools
 import json
+import math
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -78,12 +106,27 @@ __all__ = [
     "check_group_starts",
     "check_bypasses",
     "epoch_at",
+    "NOT_ACTIVE",
+    "status_timeline",
+    "check_dispatch_status",
+    "check_inactive_agents",
+    "TickWatch",
+    "tick_gaps",
+    "GRANDCHILD_GRACE",
 ]
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 GRANULARITY = 2.0 / CLK_TCK + 0.005
 """Process start times are in clock ticks: intervals closer than this are not an overlap."""
 STATUSES = {"active", "blocked", "snoozed", "done", "failed", "escalated", "paused"}
+NOT_ACTIVE = frozenset({"blocked", "snoozed", "done", "failed", "escalated", "paused"})
+_STATUS_AFTER = {"blocked": "blocked", "bypass": "blocked", "unblocked": "active", "done": "done",
+                 "failed": "failed", "escalated": "escalated", "retried": "active", "snoozed": "snoozed",
+                 "woke": "active", "claimed": "active"}
+"""The status a task has after each kind of ledger event (kinds not listed keep it)."""
+GRANDCHILD_GRACE = 2.5
+"""Seconds a ``setsid`` grandchild may outlive its agent's group: the shim's stop (TERM, its
+``--grace`` = the launcher's ``stop_grace``, KILL) plus the sampler's granularity and load."""
 
 
 def boottime() -> float:
@@ -133,6 +176,19 @@ class Group:
     cmd: str = ""
     start_wall: float = 0.0
     """The start on the wall clock (the ledger's), converted when first seen."""
+    epoch: int | None = None
+    """The dispatch's epoch (``HEARTBEAT_EPOCH`` in the members' environment), when readable."""
+
+
+@dataclass
+class Grandchild:
+    """A ``setsid`` grandchild an agent left (``SOAK_GRANDCHILD=1``), and the agent group it came from."""
+
+    pid: int
+    task: str
+    agent_pgid: int
+    first_seen: float
+    last_seen: float
 
 
 @dataclass
@@ -156,8 +212,15 @@ class _Segment:
     last: float
 
 
-def read_ledger(path: str) -> list[LedgerEvent]:
-    """All events in append order, read with sqlite3 (not heartbeat's ledger class)."""
+def read_ledger(path: str, planted: dict[int, dict[str, Any]] | None = None,
+                problems: list[str] | None = None) -> list[LedgerEvent]:
+    """All events in append order, read with sqlite3 (not heartbeat's ledger class).
+
+    A row whose ``ts`` is not a plausible number or whose ``data`` is not a JSON object is
+    read through ``planted[id]`` (the original values the soak recorded when it corrupted
+    the row on purpose); any other such row is described in ``problems`` and read with
+    what can be read (``ts`` NaN, ``data`` empty).
+    """
     if not os.path.exists(path):
         return []
     conn = sqlite3.connect(path, timeout=30)
@@ -165,7 +228,42 @@ def read_ledger(path: str) -> list[LedgerEvent]:
         rows = conn.execute("SELECT id, ts, task, kind, epoch, revision, actor, data FROM events ORDER BY id").fetchall()
     finally:
         conn.close()
-    return [LedgerEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7] or "{}")) for r in rows]
+    out = []
+    for r in rows:
+        ts, data = _ts_of(r[1]), _data_of(r[7])
+        if ts is None or data is None:
+            original = (planted or {}).get(r[0])
+            if original is not None:
+                ts = ts if ts is not None else _ts_of(original.get("ts"))
+                data = data if data is not None else _data_of(original.get("data"))
+            if (ts is None or data is None) and problems is not None:
+                problems.append(f"ledger row {r[0]} ({r[3]} of {r[2]}) is unreadable and the soak did not corrupt "
+                                f"it: ts={r[1]!r:.60} data={r[7]!r:.80}")
+        out.append(LedgerEvent(r[0], ts if ts is not None else math.nan, r[2], r[3], r[4], r[5], r[6], data or {}))
+    return out
+
+
+def _ts_of(value: object) -> float | None:
+    """A ledger timestamp the checker can use: a finite number of seconds within years 2000-2200."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 946684800.0 <= value <= 7258118400.0 else None
+
+
+def _data_of(value: object) -> dict[str, Any] | None:
+    if value is None:
+        return {}
+    try:
+        data = json.loads(value) if isinstance(value, (str, bytes)) else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _is_write(event: LedgerEvent) -> bool:
+    """Did this event come with a baton write? A ``verified`` event is a record of the revision a
+    ``heartbeat verify`` read: a slow verify may append it after later writes."""
+    return event.revision > 0 and event.kind != "verified"
 
 
 def _by_task(events: Iterable[LedgerEvent]) -> dict[str, list[LedgerEvent]]:
@@ -181,17 +279,117 @@ def _is_block_start(event: LedgerEvent) -> bool:
 
 def block_intervals(events: Sequence[LedgerEvent]) -> list[tuple[float, float]]:
     """[block start, unblock) wall-clock intervals of one task's events (open ones end at +inf)."""
-    out: list[tuple[float, float]] = []
-    start: float | None = None
+    return [(lo, hi) for lo, hi, _ in _block_intervals(events)]
+
+
+def _block_intervals(events: Sequence[LedgerEvent]) -> list[tuple[float, float, int]]:
+    """As :func:`block_intervals`, with the ledger id of the event that started each block."""
+    out: list[tuple[float, float, int]] = []
+    start: LedgerEvent | None = None
     for event in events:
         if _is_block_start(event):
             if start is None:
-                start = event.ts
+                start = event
         elif event.kind == "unblocked" and start is not None:
-            out.append((start, event.ts))
+            out.append((start.ts, event.ts, start.id))
             start = None
     if start is not None:
-        out.append((start, float("inf")))
+        out.append((start.ts, float("inf"), start.id))
+    return out
+
+
+def status_timeline(events: Sequence[LedgerEvent]) -> list[tuple[LedgerEvent, str, str]]:
+    """One task's events with the status before and after each, replayed from the ledger alone."""
+    out = []
+    status = "active"
+    for event in events:
+        if event.kind == "created":
+            after = str(event.data.get("status") or "active")
+        else:
+            after = _STATUS_AFTER.get(event.kind, status)
+        out.append((event, status, after))
+        status = after
+    return out
+
+
+def check_dispatch_status(events: Sequence[LedgerEvent]) -> list[Violation]:
+    """No ``dispatched`` whose preceding status was done, snoozed, failed, escalated or paused
+    without an ``unblocked``/``retried``/``woke``/``claimed`` in between (blocked: :func:`check_blocks`)."""
+    out = []
+    since: LedgerEvent | None = None
+    for event, before, after in status_timeline(events):
+        if event.kind == "dispatched" and before in NOT_ACTIVE and before != "blocked":
+            what = f"{since.kind} id {since.id}" if since is not None else "creation"
+            out.append(Violation("not-active", event.task,
+                                 f"dispatched epoch {event.epoch} (ledger id {event.id}, revision {event.revision}) "
+                                 f"while the task was {before} since {what}, with no unblock/retry/wake between"))
+        if after != before:
+            since = event
+    return out
+
+
+def check_inactive_agents(groups: Sequence[Group], events: Sequence[LedgerEvent], *, outlive_grace: float,
+                          up_between: Callable[[float, float], float] = lambda lo, hi: hi - lo,
+                          margin: float = 0.05, outlived: list[float] | None = None) -> list[Violation]:
+    """Agent process groups on a task that is not active, judged from the process table and the ledger.
+
+    The daemon's rule (``policy.decide``): it never dispatches a task that is not active, but an
+    agent already running when its task turns blocked, done, snoozed or failed by another hand
+    is *not* stopped (blocked/done: "nothing"; snoozed: "the agent is ending its shift"): it is
+    told by ``verify`` (exit 4) and by its next ``done`` being refused. So the rule checked is:
+
+    1. a group whose epoch's ``dispatched`` event came after its task left ``active`` (no
+       unblock/retry/wake between) is a violation at once; a group whose epoch is unknown is
+       judged by its start time instead (started inside a not-active stretch, ``margin`` apart);
+    2. a group still alive ``outlive_grace`` seconds of daemon up-time after its task left
+       ``active`` is a violation: the soak passes the launcher's ``max_runtime`` +
+       ``stop_grace`` + two ticks + 1 s, the longest any agent of an *active* task may run.
+       An agent that blocks or finishes its own task, then lingers a moment, stays far inside it.
+
+    ``outlived`` collects, for each group still alive when its task left ``active``, how many
+    seconds (of daemon up-time) it lived on: the soak reports how often that path was tried.
+    """
+    out = []
+    timeline = status_timeline(events)
+    dispatch_of: dict[int, tuple[int, str]] = {}  # epoch -> (position, status before)
+    stretches: list[tuple[float, float, str, int]] = []  # not-active (from, until, status, position)
+    for pos, (event, before, after) in enumerate(timeline):
+        if event.kind == "dispatched":
+            dispatch_of[event.epoch] = (pos, before)
+        if after in NOT_ACTIVE and before not in NOT_ACTIVE:
+            stretches.append((event.ts, float("inf"), after, pos))
+        elif after not in NOT_ACTIVE and before in NOT_ACTIVE and stretches:
+            lo, _hi, what, p = stretches[-1]
+            stretches[-1] = (lo, event.ts, what, p)
+    for g in groups:
+        if g.epoch is not None and g.epoch in dispatch_of:
+            pos, before = dispatch_of[g.epoch]
+            if before in NOT_ACTIVE:
+                out.append(Violation("not-active", g.task, f"agent process group {g.pgid} ({g.cmd}) of epoch {g.epoch} "
+                                                           f"runs a dispatch made while the task was {before}"))
+                continue
+            mine = [s for s in stretches if s[3] > pos]
+        else:
+            mine = []
+            for lo, hi, what, _p in stretches:
+                if lo + margin < g.start_wall < hi - margin:
+                    out.append(Violation("not-active", g.task, f"agent process group {g.pgid} ({g.cmd}, epoch "
+                                                               f"{g.epoch}) started at {g.start_wall:.3f} while the "
+                                                               f"task was {what} (from {lo:.3f} to {hi:.3f})"))
+                    break
+            else:
+                mine = [s for s in stretches if s[0] >= g.start_wall]
+        last_alive = g.last_seen + (g.start_wall - g.start if g.start_wall else 0.0)
+        for lo, hi, what, _p in mine:  # each time its task left active after its dispatch
+            alive_for = up_between(lo, min(hi, last_alive))
+            if outlived is not None and last_alive > lo:
+                outlived.append(alive_for)
+            if alive_for > outlive_grace:
+                out.append(Violation("not-active", g.task,
+                                     f"agent process group {g.pgid} ({g.cmd}, epoch {g.epoch}) was still alive "
+                                     f"{alive_for:.1f}s of daemon up-time after its task became {what} at {lo:.3f} "
+                                     f"(grace {outlive_grace:.1f}s; last seen {last_alive:.3f})"))
+                break
     return out
 
 
@@ -235,11 +433,11 @@ def check_dispatch_epochs(events: Sequence[LedgerEvent], baton: dict[str, Any] |
         if dispatches != len(dispatched):
             out.append(Violation("ledger-agrees", task, f"baton meta.dispatches = {dispatches} but the ledger has "
                                                         f"{len(dispatched)} dispatched events"))
-        revisions = [e.revision for e in events if e.revision > 0]
+        revisions = [e.revision for e in events if _is_write(e)]
         if revisions and revision != max(revisions):
             out.append(Violation("ledger-agrees", task, f"baton revision {revision} but the ledger's last "
                                                         f"revision is {max(revisions)}"))
-    written = [e for e in events if e.revision > 0]
+    written = [e for e in events if _is_write(e)]
     for before, after in itertools.pairwise(written):
         if after.revision < before.revision or after.epoch < before.epoch:
             out.append(Violation("monotonic", task, f"ledger went back: id {before.id} rev {before.revision} "
@@ -292,7 +490,7 @@ def check_fencing(events: Sequence[LedgerEvent], writes: Sequence[dict[str, Any]
     """Every write an agent recorded as landed at revision R carried the baton's epoch at R."""
     out = []
     task = events[0].task if events else ""
-    written = [e for e in events if e.revision > 0]
+    written = [e for e in events if _is_write(e)]
     revisions = [e.revision for e in written]
     if any(b < a for a, b in itertools.pairwise(revisions)):
         return out  # reported by check_dispatch_epochs; bisect needs them sorted
@@ -324,6 +522,8 @@ def check_overlaps(groups: Sequence[Group]) -> list[Violation]:
         for b in ordered[i + 1:]:
             if b.start >= a.last_seen:
                 break
+            if a.pids & b.pids:
+                continue  # one process seen in two groups (it changed its group): not two agents
             both_from = max(a.start, b.start)
             both_until = min(a.last_seen, b.last_seen)
             if both_until - both_from > GRANULARITY:
@@ -339,13 +539,20 @@ def check_overlaps(groups: Sequence[Group]) -> list[Violation]:
 
 def check_group_starts(groups: Sequence[Group], events: Sequence[LedgerEvent],
                        margin: float = 0.05) -> list[Violation]:
-    """No agent group of a task started inside one of its ledger block intervals."""
+    """No agent group of a task started inside one of its ledger block intervals.
+
+    A group whose epoch was dispatched *before* the block began (the block landed on a
+    running dispatch: a human blocked a working agent) did not start on a blocked task.
+    """
     out = []
-    intervals = block_intervals(events)
+    intervals = _block_intervals(events)
+    dispatched = {e.epoch: e.id for e in events if e.kind == "dispatched"}
     for g in groups:
         start = g.start_wall
-        for lo, hi in intervals:
+        for lo, hi, start_id in intervals:
             if lo + margin < start < hi - margin:
+                if g.epoch is not None and dispatched.get(g.epoch, start_id + 1) < start_id:
+                    continue
                 out.append(Violation("blocks-hold", g.task,
                                      f"agent process group {g.pgid} ({g.cmd}) started at {start:.3f}, inside a "
                                      f"block from {lo:.3f} to {hi:.3f} (ledger)"))
@@ -414,7 +621,23 @@ class Checker:
         self.live: dict[str, list[Group]] = {}
         """The last process sample: live agent groups per task."""
         self.zombie_pids: set[int] = set()
-        self._class_cache: dict[tuple[int, int], tuple[str, str] | None] = {}
+        self.grandchildren: dict[int, Grandchild] = {}
+        self.grandchildren_alive: set[int] = set()
+        self.grandchildren_exempt: set[int] = set()
+        self.shim_killed: set[int] = set()
+        """Agent groups whose shim the soak SIGKILLed: their setsid grandchildren cannot be stopped."""
+        self.max_rev_seen: dict[str, int] = {}
+        """The highest revision the samples ever read per task (a restore does not lower it)."""
+        self.planted_rows: dict[int, dict[str, Any]] = {}
+        """Ledger rows the soak corrupted on purpose: id -> the original ``ts`` and ``data``."""
+        self._ledger_rows: dict[int, tuple[str, int, str]] = {}
+        self._ledger_max_id = 0
+        self._ledger_snapshot: dict[str, int] = {}
+        self.ledger_samples = 0
+        self.ledger_rows_superseded = 0
+        self.rewritten: set[str] = set()
+        """Tasks whose committed ledger rows vanished (their later rows may reuse revisions)."""
+        self._class_cache: dict[tuple[int, int], tuple[str, str, int | None, int] | None] = {}
         self.proc_samples = 0
         self.baton_samples = 0
         self.garbage: dict[str, GarbageRecord] = {}
@@ -449,28 +672,44 @@ class Checker:
 
     # -- the process table -------------------------------------------------------------
 
-    def _classify(self, pid: int) -> tuple[str, str] | None:
+    def _classify(self, pid: int) -> tuple[str, str, int | None, int] | None:
+        """(kind, task, epoch, agent pgid) of a process of this state dir's agents, or None.
+
+        kind is ``agent``, ``zombie`` (``SOAK_ZOMBIE=1``: an escaped writer the soak keeps on
+        purpose) or ``grandchild`` (``SOAK_GRANDCHILD=1``: a ``setsid`` child an agent left,
+        with ``SOAK_AGENT_PGID`` naming the agent's group).
+        """
         try:
             with open(f"/proc/{pid}/environ", "rb") as handle:
                 raw = handle.read()
         except OSError:
             return None
         task = state = ""
-        zombie = False
+        kind = "agent"
+        epoch: int | None = None
+        agent_pgid = 0
         for item in raw.split(b"\0"):
             if item.startswith(b"HEARTBEAT_TASK="):
                 task = item[15:].decode(errors="replace")
             elif item.startswith(b"HEARTBEAT_STATE_DIR="):
                 state = item[20:].decode(errors="replace")
+            elif item.startswith(b"HEARTBEAT_EPOCH="):
+                epoch = int(item[16:]) if item[16:].isdigit() else None
             elif item == b"SOAK_ZOMBIE=1":
-                zombie = True
+                kind = "zombie"
+            elif item == b"SOAK_GRANDCHILD=1" and kind != "zombie":
+                kind = "grandchild"
+            elif item.startswith(b"SOAK_AGENT_PGID="):
+                agent_pgid = int(item[16:]) if item[16:].isdigit() else 0
         if not task or not state or os.path.abspath(state) != self.state_dir:
             return None
-        return ("zombie" if zombie else "agent", task)
+        return (kind, task, epoch, agent_pgid)
 
     def sample_processes(self) -> dict[str, list[Group]]:
         """One pass over ``/proc``: live agent groups per task; checks overlaps as it goes."""
         found: dict[tuple[str, int], list[tuple[int, float, float]]] = {}
+        epochs: dict[tuple[str, int], int] = {}
+        grandchildren: list[tuple[int, str, int, float]] = []
         try:
             names = os.listdir("/proc")
         except OSError:
@@ -504,11 +743,16 @@ class Checker:
                     self._class_cache[key] = cls
             if cls is None:
                 continue
-            kind, task = cls
+            kind, task, epoch, agent_pgid = cls
             if kind == "zombie":
                 self.zombie_pids.add(pid)
                 continue
+            if kind == "grandchild":
+                grandchildren.append((pid, task, agent_pgid, seen_at))
+                continue
             found.setdefault((task, pgid), []).append((pid, start_ticks / CLK_TCK, seen_at))
+            if epoch is not None:
+                epochs[(task, pgid)] = epoch
         self.proc_samples += 1
         live: dict[str, list[Group]] = {}
         touched: set[str] = set()
@@ -524,10 +768,13 @@ class Checker:
                 self.groups_by_task.setdefault(task, []).append(group)
             group.last_seen = max(group.last_seen, last)
             group.start = min(group.start, start)
+            if group.epoch is None:
+                group.epoch = epochs.get((task, pgid))
             group.pids.update(m[0] for m in members)
             live.setdefault(task, []).append(group)
             touched.add(task)
         self.live = live
+        self._check_grandchildren(grandchildren, live)
         for task in touched:
             mine = self.groups_by_task.get(task, [])
             if len(mine) > 1:
@@ -535,6 +782,29 @@ class Checker:
                     self.violate(v.invariant, v.task, v.evidence,
                                  key=f"two-agents:{task}:{v.evidence.split(' were')[0][:60]}")
         return live
+
+    def _check_grandchildren(self, seen: list[tuple[int, str, int, float]], live: dict[str, list[Group]]) -> None:
+        """A ``setsid`` grandchild alive ``GRANDCHILD_GRACE`` after its agent's group was last seen."""
+        alive_now = set()
+        for pid, task, agent_pgid, seen_at in seen:
+            alive_now.add(pid)
+            gc = self.grandchildren.get(pid)
+            if gc is None or gc.task != task:
+                gc = self.grandchildren[pid] = Grandchild(pid, task, agent_pgid, seen_at, seen_at)
+            gc.last_seen = seen_at
+            if any(g.pgid == agent_pgid for g in live.get(task, ())):
+                continue
+            group = self.groups.get((task, agent_pgid))
+            orphan_since = group.last_seen if group is not None else gc.first_seen
+            if agent_pgid in self.shim_killed:
+                self.grandchildren_exempt.add(pid)
+                continue
+            if seen_at - orphan_since > GRANDCHILD_GRACE:
+                self.violate("setsid-outlived", task,
+                             f"setsid grandchild pid {pid} of agent group {agent_pgid} (epoch "
+                             f"{group.epoch if group else '?'}) still alive {seen_at - orphan_since:.1f}s after "
+                             f"its agent's group was last seen", key=f"setsid:{pid}")
+        self.grandchildren_alive = alive_now
 
     def groups_of(self, task: str) -> list[Group]:
         return list(self.groups_by_task.get(task, ()))
@@ -587,6 +857,7 @@ class Checker:
             if doc is not None:
                 meta = doc.get("meta", {})
                 self._base[task] = (int(meta.get("revision", 0)), int(meta.get("epoch", 0)))
+                self.max_rev_seen[task] = max(int(meta.get("revision", 0)), self.max_rev_seen.get(task, 0))
                 self.latest[task] = doc
             self._stat.pop(task, None)
             return new
@@ -654,6 +925,7 @@ class Checker:
             self.violate("monotonic", task, f"(revision, epoch) went from {base} to {(rev, epoch)}")
         self._base[task] = (rev, epoch)
         self.latest[task] = doc
+        self.max_rev_seen[task] = max(rev, self.max_rev_seen.get(task, 0))
         self.seen_epochs.setdefault(task, set()).add(epoch)
         self._segment(task, rev, epoch, status, now)
 
@@ -670,12 +942,64 @@ class Checker:
     def check_sampled_blocks(self, margin: float = 0.05) -> None:
         """No group started while the sampled baton sat blocked at one revision around its start."""
         for g in list(self.groups.values()):
+            if g.task in self.rewritten:
+                continue  # its history was rewritten (ledger-kept): a restore may have put a block back
             start = g.start_wall
             for seg in self.segments.get(g.task, ()):  # blocked stretches (and each task's last)
+                if g.epoch is not None and g.epoch <= seg.epoch:
+                    continue  # its dispatch is older than this blocked revision: the block landed on it
                 if seg.status == "blocked" and seg.first + margin < start < seg.last - margin:
                     self.violate("blocks-hold", g.task,
                                  f"agent process group {g.pgid} ({g.cmd}) started at {start:.3f} while the baton sat "
                                  f"blocked at revision {seg.revision} from {seg.first:.3f} to {seg.last:.3f} (samples)")
+
+    # -- the ledger's rows ---------------------------------------------------------------
+
+    def sample_ledger(self) -> None:
+        """Read the rows added since the last sample; find rows that vanished and judge them.
+
+        A vanished row is a violation unless it is the event of a write that crashed before its
+        rename (``supersede``): such a write's revision was never on the baton, so the samples
+        taken before the row was last seen had not read that revision (or a higher one).
+        """
+        path = os.path.join(self.state_dir, "ledger.sqlite3")
+        if not os.path.exists(path):
+            return
+        with self.lock:
+            snapshot = dict(self.max_rev_seen)
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            new = conn.execute("SELECT id, task, revision, kind FROM events WHERE id > ?",
+                               (self._ledger_max_id,)).fetchall()
+            count = conn.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+            for row_id, task, revision, kind in new:
+                self._ledger_rows[row_id] = (str(task), int(revision or 0), str(kind))
+                self._ledger_max_id = max(self._ledger_max_id, row_id)
+            gone: list[int] = []
+            if count < len(self._ledger_rows):
+                present = {r[0] for r in conn.execute("SELECT id FROM events")}
+                gone = [i for i in self._ledger_rows if i not in present]
+        finally:
+            conn.close()
+        by_task: dict[str, list[tuple[int, int, str]]] = {}
+        for row_id in gone:
+            task, revision, kind = self._ledger_rows.pop(row_id)
+            by_task.setdefault(task, []).append((row_id, revision, kind))
+        for task, rows in by_task.items():
+            seen = self._ledger_snapshot.get(task, 0)
+            landed = [r for r in rows if r[1] <= seen]
+            # A coalesced touch row is updated in place (its revision rises after we read it): a
+            # crashed touch can thus take one touch row with it; judge touches only beside others.
+            if landed and any(kind != "touched" for _i, _r, kind in landed):
+                self.rewritten.add(task)
+                self.violate("ledger-kept", task,
+                             f"{len(rows)} ledger rows vanished, {len(landed)} of them of revisions the baton had "
+                             f"already reached (highest seen {seen}): ids/revisions/kinds {sorted(landed)[:8]}",
+                             key=f"ledger-kept:{task}:{min(r[0] for r in landed)}")
+            else:
+                self.ledger_rows_superseded += len(rows)
+        self._ledger_snapshot = snapshot
+        self.ledger_samples += 1
 
     # -- the end -----------------------------------------------------------------------
 
@@ -710,3 +1034,76 @@ def _baton_problem(doc: dict[str, Any] | None) -> str:
     if meta.get("status") not in STATUSES:
         return f"meta.status {meta.get('status')!r}"
     return ""
+
+
+class TickWatch:
+    """The daemon's ticks, seen from outside: a datagram socket given to it as ``NOTIFY_SOCKET``.
+
+    The daemon sends ``WATCHDOG=1`` after every tick, ``READY=1`` when it starts serving (and
+    after a reload), ``STOPPING=1`` when it shuts down. The soak owns the socket, so the
+    beats are the daemon's own (agents never get ``NOTIFY_SOCKET``).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self.sock.bind(path)
+        self.sock.settimeout(0.2)
+        self.beats: list[tuple[float, str]] = []
+        """(wall time, ``READY`` | ``WATCHDOG`` | ``STOPPING`` | ``RELOADING``), in arrival order."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="soak-tickwatch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            now = time.time()
+            for line in data.decode(errors="replace").splitlines():
+                name = line.split("=", 1)[0]
+                if name in ("READY", "WATCHDOG", "STOPPING", "RELOADING"):
+                    self.beats.append((now, name))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.sock.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def tick_gaps(beats: Sequence[tuple[float, str]], up: Sequence[tuple[float, float]], limit: float,
+              now: float | None = None, startup: float = 0.0) -> list[tuple[float, float]]:
+    """Stretches longer than ``limit`` without a beat while the daemon was up and serving.
+
+    ``up`` are the daemon's (start, end) intervals (end may be +inf), start being when it
+    said it started (its first log line). The clock is due from its first ``READY``; a
+    daemon that never gets there is judged from ``start + startup`` (so one stuck before
+    its first tick is caught too). Serving stops at ``STOPPING`` (or the interval's end);
+    every beat of any kind ends a gap. Returns (from, to) of each gap.
+    """
+    now = time.time() if now is None else now
+    out = []
+    for start, end in up:
+        end = min(end, now)
+        inside = [(t, name) for t, name in beats if start <= t <= end]
+        stop = next((t for t, name in inside if name == "STOPPING"), end)
+        last = next((t for t, name in inside if name == "READY"), start + startup)
+        for t, _name in inside:
+            if t <= last:
+                continue
+            if t > stop:
+                break
+            if t - last > limit:
+                out.append((last, t))
+            last = t
+        if stop - last > limit:
+            out.append((last, stop))
+    return out

@@ -9,24 +9,32 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, clean_env, wait_for
 from soak_checker import (
+    GRANDCHILD_GRACE,
     Checker,
     Group,
     LedgerEvent,
+    TickWatch,
     check_blocks,
     check_bypasses,
     check_dispatch_epochs,
+    check_dispatch_status,
     check_fencing,
     check_group_starts,
+    check_inactive_agents,
     check_notify,
     check_overlaps,
+    read_ledger,
+    tick_gaps,
 )
 
 
@@ -70,6 +78,14 @@ class TestLedgerChecks:
         events = [ev(1, "created", rev=1), ev(2, "dispatched", epoch=1, rev=2), ev(3, "updated", epoch=1, rev=3),
                   ev(4, "dispatched", epoch=2, rev=4)]
         assert check_dispatch_epochs(events, {"meta": {"epoch": 2, "dispatches": 2, "revision": 4}}, {0, 1, 2}) == []
+
+    def test_a_slow_verify_may_record_an_older_revision(self) -> None:
+        """A verified event carries the revision verify read; appended after a later write it is no step back."""
+        events = [ev(1, "dispatched", epoch=1, rev=2), ev(2, "updated", epoch=1, rev=3),
+                  ev(3, "verified", epoch=1, rev=2), ev(4, "updated", epoch=1, rev=4)]
+        assert check_dispatch_epochs(events, {"meta": {"epoch": 1, "dispatches": 1, "revision": 4}}) == []
+        back = [*events[:2], ev(3, "updated", epoch=1, rev=2)]
+        assert [v.invariant for v in check_dispatch_epochs(back, None)] == ["monotonic"]
 
     def test_superseded_write_is_caught(self) -> None:
         """An epoch-1 write that landed at a revision after epoch 2's dispatch is a fencing violation."""
@@ -118,6 +134,14 @@ class TestProcessChecks:
         assert [v.invariant for v in check_overlaps([a, b])] == ["two-agents"]
         assert check_overlaps([b, c]) == []
 
+    def test_one_process_that_changed_its_group_is_not_two_agents(self) -> None:
+        """The same pid seen in two process groups (it moved between samples) is one process, not two agents."""
+        a = Group(task="t", pgid=10, start=100.0, first_seen=100.1, last_seen=105.0, pids={11})
+        b = Group(task="t", pgid=11, start=100.0, first_seen=104.1, last_seen=110.0, pids={11})
+        c = Group(task="t", pgid=12, start=104.0, first_seen=104.1, last_seen=110.0, pids={12})
+        assert check_overlaps([a, b]) == []
+        assert len(check_overlaps([a, c])) == 1
+
     def test_group_started_inside_a_block_is_caught(self) -> None:
         """An agent group that started between a block and its unblock is a violation."""
         events = [ev(1, "blocked", ts=100.0), ev(2, "unblocked", ts=200.0)]
@@ -146,6 +170,40 @@ class TestProcessChecks:
             proc.kill()
             proc.wait()
 
+    def test_setsid_grandchild_outliving_its_agent_is_caught(self, tmp_path: Path) -> None:
+        """A SOAK_GRANDCHILD in its own session, alive past the grace after its agent's group died, is caught;
+        one whose shim the soak SIGKILLed is exempt; neither is ever counted as a second agent."""
+        procs: list[subprocess.Popen[bytes]] = []
+        env = clean_env(HEARTBEAT_TASK="t", HEARTBEAT_STATE_DIR=str(tmp_path / "state"), HEARTBEAT_EPOCH="1")
+        (tmp_path / "state").mkdir(mode=0o700)
+        try:
+            agents = [subprocess.Popen(["sleep", "30"], env=env, process_group=0) for _ in range(2)]
+            procs += agents
+            for agent in agents:
+                procs.append(subprocess.Popen(["sleep", "30"], start_new_session=True, env={
+                    **env, "SOAK_GRANDCHILD": "1", "SOAK_AGENT_PGID": str(agent.pid)}))
+            checker = Checker(str(tmp_path / "state"))
+            wait_for(lambda: len(checker.sample_processes().get("t", [])) == 2 and
+                     len(checker.grandchildren_alive) == 2, message="two agents and two grandchildren")
+            checker.violations.clear()  # the two agent groups overlap: not what this test is about
+            checker.shim_killed.add(agents[1].pid)
+            for agent in agents:
+                agent.kill()
+                agent.wait()
+            deadline = time.monotonic() + GRANDCHILD_GRACE + 0.5
+            while time.monotonic() < deadline:
+                checker.sample_processes()
+                time.sleep(0.05)
+            wait_for(lambda: checker.sample_processes() is not None and checker.violations,
+                     message="the setsid-outlived violation")
+            assert [v.invariant for v in checker.violations] == ["setsid-outlived"]
+            assert f"agent group {agents[0].pid} " in checker.violations[0].evidence
+            assert checker.grandchildren_exempt == {procs[3].pid}
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+
     def test_two_live_groups_of_one_task_are_caught(self, tmp_path: Path, spawn: object) -> None:
         """Two real process groups carrying one task's environment are two agents."""
         checker = Checker(str(tmp_path / "state"))
@@ -159,6 +217,173 @@ class TestProcessChecks:
         wait_for(lambda: checker.sample_processes() and checker.violations, message="the two-agents violation")
         assert checker.violations[0].invariant == "two-agents"
         assert len(checker.zombie_pids) == 1
+
+
+def group(pgid: int, start: float, last: float, *, epoch: int | None = None, task: str = "t") -> Group:
+    """A group whose boot clock equals the wall clock (so ``last_seen`` reads as wall time)."""
+    return Group(task=task, pgid=pgid, start=start, first_seen=start, last_seen=last, start_wall=start, epoch=epoch)
+
+
+class TestNotActive:
+    """A dispatch or an agent on a task that is not active is caught, from the ledger and the process table."""
+
+    def test_dispatch_after_done_or_snooze_is_caught(self) -> None:
+        """dispatched right after done, or after snoozed with no woke, is a violation."""
+        done = [ev(1, "created", rev=1, status="active"), ev(2, "done", rev=2), ev(3, "dispatched", epoch=1, rev=3)]
+        snoozed = [ev(1, "created", rev=1), ev(2, "snoozed", rev=2), ev(3, "dispatched", epoch=1, rev=3)]
+        assert [v.invariant for v in check_dispatch_status(done)] == ["not-active"]
+        assert "while the task was snoozed since snoozed id 2" in check_dispatch_status(snoozed)[0].evidence
+
+    def test_wake_retry_and_claim_reactivate(self) -> None:
+        """woke after a snooze, retried after an escalation or a failure: the dispatch that follows is fine."""
+        events = [ev(1, "created", rev=1), ev(2, "snoozed", rev=2), ev(3, "woke", rev=3),
+                  ev(4, "dispatched", epoch=1, rev=4), ev(5, "escalated", rev=5), ev(6, "retried", rev=6),
+                  ev(7, "dispatched", epoch=2, rev=7), ev(8, "failed", rev=8), ev(9, "retried", rev=9),
+                  ev(10, "dispatched", epoch=3, rev=10)]
+        assert check_dispatch_status(events) == []
+
+    def test_agent_of_a_dispatch_made_while_done_is_caught(self) -> None:
+        """A process group whose epoch was dispatched after done is caught by its epoch, however briefly it ran."""
+        events = [ev(1, "created", rev=1, ts=100.0), ev(2, "done", rev=2, ts=101.0),
+                  ev(3, "dispatched", epoch=1, rev=3, ts=101.05)]
+        found = check_inactive_agents([group(7, 101.1, 101.2, epoch=1)], events, outlive_grace=6.0)
+        assert [v.invariant for v in found] == ["not-active"] and "made while the task was done" in found[0].evidence
+
+    def test_agent_that_outlives_a_block_is_caught_after_the_grace(self) -> None:
+        """Dispatched while active, then blocked by a human: alive 10 s later is caught, 0.3 s later is not."""
+        events = [ev(1, "created", rev=1, ts=100.0), ev(2, "dispatched", epoch=1, rev=2, ts=100.1),
+                  ev(3, "blocked", rev=3, ts=102.0)]
+        lingering = group(7, 100.2, 102.3, epoch=1)
+        hanging = group(7, 100.2, 112.0, epoch=1)
+        assert check_inactive_agents([lingering], events, outlive_grace=6.0) == []
+        found = check_inactive_agents([hanging], events, outlive_grace=6.0)
+        assert [v.invariant for v in found] == ["not-active"] and "after its task became blocked" in found[0].evidence
+
+    def test_daemon_down_time_does_not_count(self) -> None:
+        """The grace counts daemon up-time only: an agent nobody could stop while the daemon was down is fine."""
+        events = [ev(1, "created", rev=1, ts=100.0), ev(2, "dispatched", epoch=1, rev=2, ts=100.1),
+                  ev(3, "done", rev=3, ts=102.0)]
+        hanging = group(7, 100.2, 112.0, epoch=1)
+
+        def up(lo: float, hi: float) -> float:  # the daemon was down from 103 to 110
+            return max(0.0, min(hi, 103.0) - lo) + max(0.0, hi - max(lo, 110.0))
+
+        assert check_inactive_agents([hanging], events, outlive_grace=6.0, up_between=up) == []
+
+    def test_unknown_epoch_is_judged_by_its_start(self) -> None:
+        """A group whose epoch could not be read and that started inside a done stretch is caught."""
+        events = [ev(1, "created", rev=1, ts=100.0), ev(2, "done", rev=2, ts=101.0)]
+        assert len(check_inactive_agents([group(7, 105.0, 105.5)], events, outlive_grace=6.0)) == 1
+
+    def test_block_landing_on_a_running_dispatch_is_not_a_start_inside_the_block(self) -> None:
+        """blocks-hold by time: a group whose dispatch came before the block did not start on a blocked task."""
+        events = [ev(1, "created", rev=1, ts=100.0), ev(2, "dispatched", epoch=1, rev=2, ts=100.0),
+                  ev(3, "blocked", rev=3, ts=100.05)]
+        raced = group(7, 100.2, 100.4, epoch=1)
+        assert check_group_starts([raced], events) == []
+        assert len(check_group_starts([group(8, 100.2, 100.4, epoch=2)], events)) == 1
+
+
+class TestLedgerKept:
+    """Vanished ledger rows are caught unless they are a crashed write's; corrupt rows are read safely."""
+
+    @pytest.fixture
+    def checker(self, tmp_path: Path) -> Checker:
+        from heartbeat import tasks
+        from heartbeat.store.files import FileStore
+
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700)
+        store = FileStore(str(state))
+        tasks.new_task(store, "a", task="t", step="s")
+        tasks.set_fields(store, "a", {"step": "s2"})
+        tasks.block(store, "a", "a human", _human())
+        store.close()
+        c = Checker(str(state))
+        c.sample_batons()
+        c.sample_ledger()
+        c.sample_ledger()
+        return c
+
+    def _delete(self, c: Checker, where: str) -> None:
+        conn = sqlite3.connect(os.path.join(c.state_dir, "ledger.sqlite3"))
+        with conn:
+            conn.execute(f"DELETE FROM events WHERE {where}")
+        conn.close()
+
+    def test_deleting_committed_rows_is_caught(self, checker: Checker) -> None:
+        """The rows of revision 3 (the block), which the baton had reached, vanish: a violation."""
+        self._delete(checker, "revision >= 3")
+        checker.sample_ledger()
+        assert [v.invariant for v in checker.violations] == ["ledger-kept"]
+        assert "highest seen 3" in checker.violations[0].evidence
+
+    def test_a_crashed_writes_rows_may_be_superseded(self, checker: Checker) -> None:
+        """Rows of a revision the baton never reached (a write killed before its rename) may go."""
+        conn = sqlite3.connect(os.path.join(checker.state_dir, "ledger.sqlite3"))
+        with conn:
+            conn.execute("INSERT INTO events (ts, task, kind, epoch, revision, actor, data) "
+                         "VALUES (?, 'a', 'updated', 0, 4, 'x', '{}')", (time.time(),))
+        conn.close()
+        checker.sample_ledger()
+        self._delete(checker, "revision = 4")
+        checker.sample_ledger()
+        assert checker.violations == [] and checker.ledger_rows_superseded == 1
+
+    def test_corrupt_rows_read_through_the_originals_the_soak_kept(self, checker: Checker) -> None:
+        """A row the soak corrupted reads with its original values; one it did not is reported."""
+        path = os.path.join(checker.state_dir, "ledger.sqlite3")
+        conn = sqlite3.connect(path)
+        rows = conn.execute("SELECT id, ts, data FROM events ORDER BY id").fetchall()
+        with conn:
+            conn.execute("UPDATE events SET data = '{oops' WHERE id = ?", (rows[0][0],))
+            conn.execute("UPDATE events SET ts = 'yesterday' WHERE id = ?", (rows[1][0],))
+        conn.close()
+        planted = {rows[0][0]: {"ts": rows[0][1], "data": rows[0][2]}}
+        problems: list[str] = []
+        events = read_ledger(path, planted, problems)
+        assert events[0].data == json.loads(rows[0][2])
+        assert len(problems) == 1 and f"ledger row {rows[1][0]} " in problems[0]
+        assert events[1].ts != events[1].ts  # NaN: unreadable, never a crash
+
+
+def _human() -> object:
+    from heartbeat.baton import Gate
+
+    return Gate.parse("human")
+
+
+class TestTickGaps:
+    """Beats on a socket the soak owns; a silence longer than the limit while the daemon is up is caught."""
+
+    def test_gap_while_up_is_caught_and_restarts_are_not(self) -> None:
+        """A 2 s silence inside one run is a gap; the silence between two runs, or after STOPPING, is not."""
+        beats = [(10.0, "READY"), (10.2, "WATCHDOG"), (12.2, "WATCHDOG"), (12.4, "STOPPING"),
+                 (20.0, "READY"), (20.2, "WATCHDOG"), (20.4, "STOPPING")]
+        up = [(9.9, 15.0), (19.9, 21.0)]
+        assert tick_gaps(beats, up, 1.0, now=30.0) == [(10.2, 12.2)]
+
+    def test_a_daemon_that_stops_ticking_is_caught_while_it_runs(self) -> None:
+        """No beat since 10.2 with the daemon still up at 13: a gap up to now."""
+        assert tick_gaps([(10.0, "READY"), (10.2, "WATCHDOG")], [(9.9, float("inf"))], 1.0, now=13.0) == [(10.2, 13.0)]
+
+    def test_a_daemon_stuck_before_its_first_tick_is_caught(self) -> None:
+        """Started (its first log line) at 10, never READY nor a tick until killed at 14: a gap from 10 + 2 s."""
+        assert tick_gaps([], [(10.0, 14.0)], 1.0, now=20.0, startup=2.0) == [(12.0, 14.0)]
+        assert tick_gaps([], [(10.0, 12.5)], 1.0, now=20.0, startup=2.0) == []
+
+    def test_the_daemons_own_notifications_are_heard(self, tmp_path: Path) -> None:
+        """heartbeat's sd_notify reaches the soak's socket: READY and WATCHDOG are recorded."""
+        from heartbeat import systemd
+
+        watch = TickWatch(str(tmp_path / "notify.sock"))
+        try:
+            env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock")}
+            assert systemd.notify("READY=1", "STATUS=x", env=env) and systemd.notify("WATCHDOG=1", env=env)
+            wait_for(lambda: len(watch.beats) == 2, message="two beats")
+        finally:
+            watch.close()
+        assert [name for _t, name in watch.beats] == ["READY", "WATCHDOG"]
 
 
 class TestBatonChecks:
@@ -260,6 +485,11 @@ class TestShortSoak:
         assert figures["invalid_events"] > 0 and figures["garbage_batons"] > 0, report
         assert figures["bypasses"] > 0, report
         assert figures["sighups_broken"] > 0 and figures["stale_writes_refused"] > 0, report
+        assert figures["fifos_planted"] > 0 and figures["links_planted"] > 0 and figures["races"] > 0, report
+        assert figures["batons_restored"] > 0 and figures["ledger_rows_corrupted"] > 0, report
+        assert figures["second_daemons"] > 0 and figures["baton_locks_held"] > 0, report
+        assert figures["second_daemons_refused"] > 0, report
+        assert figures["setsid_grandchildren"] > 0 and figures["ledger_samples"] > 0, report
         leftover = _processes_with(str(tmp_path / "soak" / "state"))
         assert leftover == [], f"processes left running: {leftover}"
 
