@@ -134,23 +134,43 @@ class Daemon:
         self.log.info("started", state_dir=self.config.state_dir, tick=self.config.daemon.tick,
                       launchers=sorted(self.launchers), dry_run=self.dry_run, pid=os.getpid())
 
-    def shutdown(self) -> None:
-        """Stop the scheduler and watcher; agents keep running (they are re-adopted on the next start)."""
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Stop the scheduler and watcher; agents keep running (they are re-adopted on the next start).
+
+        Waits at most ``timeout`` seconds (default :meth:`stop_grace`) for a look in progress
+        to finish, never for ever: a thread stuck in a tick must not keep the daemon from
+        stopping. Returns False when one is still stuck (the store is then left open to it).
+        """
+        deadline = time.monotonic() + (self.stop_grace() if timeout is None else timeout)
         self._stop.set()
         with self._wake:
             self._wake.notify_all()
         if self._scheduler is not None:
             try:
-                self._scheduler.shutdown(wait=True)
+                self._scheduler.shutdown(wait=False)  # a stuck tick is waited for below, bounded
             except Exception:  # the scheduler may already be stopped
                 pass
         if self._observer is not None:
             self._observer.stop()
-            self._observer.join(timeout=5)
+            self._observer.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.gates.close()
-        self.store.close()
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            self.log.error("shutdown_stuck", pid=os.getpid(),
+                           reason="a look is still running after the grace; stopping without it")
+            return False
+        try:
+            self.store.close()
+        finally:
+            self._lock.release()
         self.log.info("stopped", pid=os.getpid())
+        return True
+
+    def stop_grace(self) -> float:
+        """How long a stop may wait for work in flight: the longest ``stop_grace`` of the launchers."""
+        from heartbeat import defaults
+
+        return max((lc.stop_grace for lc in self.config.launchers.values()), default=defaults.STOP_GRACE)
 
     # -- one pass ------------------------------------------------------------------------
 
@@ -414,11 +434,15 @@ class Daemon:
     def _adopt_pending(self, baton: Baton) -> Owner | None:
         """A dispatch whose pid never reached the baton (the daemon died mid-launch): find its agent
         through the pid file the launcher's shim writes, and record it."""
+        from heartbeat.safefile import read_regular
+
         path = os.path.join(self._log_dir(baton.id), f"{baton.meta.epoch}.pid")
         try:
-            with open(path, encoding="utf-8") as handle:
-                data = json.load(handle)
+            data = json.loads(read_regular(path, 4096))  # a FIFO there is refused, never waited on
             pid, create_time = int(data["pid"]), float(data["create_time"])
+        except UnsafePath as exc:
+            self.log.warning("file_refused", task=baton.id, path=path, error=exc.message)
+            return None
         except (OSError, ValueError, KeyError, TypeError):
             return None
         owner = Owner(pid=pid, create_time=create_time, host=self.host,
@@ -941,7 +965,9 @@ class Daemon:
                 self._reload.clear()
                 self.reload()
         systemd.notify("STOPPING=1")
-        self.shutdown()
+        deadline = time.monotonic() + self.stop_grace()
+        clean = self.shutdown(timeout=self.stop_grace())
+        _exit_if_stuck(clean, deadline, self.log)
         return 0
 
 
@@ -980,6 +1006,30 @@ class _StatusLookup:
             return self.store.load(task_id).meta.status
         except HeartbeatError:
             return None
+
+
+def _exit_if_stuck(clean: bool, deadline: float, log: Any) -> None:
+    """End the process now when a thread is still stuck at ``deadline`` (the interpreter would
+    wait for it at exit for ever): SIGTERM stops the daemon within the stop grace, whatever hangs."""
+    # Every thread, daemon or not: the interpreter joins the pools' workers at exit whatever their flag.
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread():
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    stuck = [t.name for t in threading.enumerate() if t is not threading.current_thread() and t.is_alive()]
+    if clean and not stuck:
+        return
+    from heartbeat.commands import kill_running
+
+    killed = kill_running()  # a check or notifier the abandoned threads ran must not outlive us
+    log.error("exit_abandoning_threads", threads=stuck, commands_killed=killed, pid=os.getpid())
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 def _open_store(state_dir: str) -> Store:

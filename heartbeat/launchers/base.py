@@ -28,7 +28,8 @@ from typing import Protocol, runtime_checkable
 
 from heartbeat.baton import Baton, Owner
 from heartbeat.config import LauncherConfig, expand_argv
-from heartbeat.errors import HeartbeatError
+from heartbeat.errors import HeartbeatError, UnsafePath
+from heartbeat.safefile import open_regular, read_regular
 from heartbeat.systemd import PLUMBING_ENV
 
 __all__ = [
@@ -263,9 +264,10 @@ def prepare_log(req: LaunchRequest) -> int:
         pass
     except OSError as exc:
         raise LaunchError(f"cannot remove the stale exit file {req.exit_file}: {exc.strerror}", task=req.task_id)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(req.log_file, flags, 0o600)
+    try:  # a FIFO planted at the log's path is refused, not waited on
+        fd = open_regular(req.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    except UnsafePath as exc:
+        raise LaunchError(f"refused to launch: {req.log_file}: {exc.message}", task=req.task_id) from None
     except OSError as exc:
         raise LaunchError(f"cannot open the log {req.log_file}: {exc.strerror}", task=req.task_id)
     try:
@@ -294,12 +296,19 @@ def write_private_file(path: str, text: str) -> None:
         raise
 
 
+def _refused(path: str, exc: UnsafePath) -> None:
+    from heartbeat.logging import get_logger
+
+    get_logger("heartbeat.launchers").warning("file_refused", path=path, error=exc.message)
+
+
 def read_exit_file(path: str) -> ExitStatus | None:
     """The exit record the shim wrote, or None when there is none (yet) or it is unreadable."""
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read(4096)
-        doc = json.loads(raw)
+        doc = json.loads(read_regular(path, 4096))
+    except UnsafePath as exc:  # a FIFO planted there is refused, never waited on
+        _refused(path, exc)
+        return None
     except (OSError, ValueError):
         return None
     if not isinstance(doc, dict):
@@ -321,7 +330,7 @@ def read_exit_file(path: str) -> ExitStatus | None:
 _COPY_CHUNK = 1 << 20
 
 
-def cap_log(path: str, max_bytes: int) -> int | None:
+def cap_log(path: str, max_bytes: int, *, dir_fd: int | None = None) -> int | None:
     """Cut the log at ``path`` once it is larger than ``max_bytes``; return the size it had, or None.
 
     The last quarter of ``max_bytes`` is copied to ``<path>.1`` (replacing the previous
@@ -330,22 +339,22 @@ def cap_log(path: str, max_bytes: int) -> int | None:
     write during the copy is lost. So an agent that prints without end uses at most
     about 1.25 times ``max_bytes`` of disk, plus what it writes between two ticks. When the
     copy fails (the disk is full) the live file is truncated all the same: the space is
-    the point. Never raises; ``max_bytes`` of 0 means no cap.
+    the point. Never raises; ``max_bytes`` of 0 means no cap. With ``dir_fd``, ``path`` is
+    relative to that directory, and so is the copy of the tail.
     """
     if max_bytes <= 0:
         return None
-    flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | flags)
-    except OSError:
+        fd = open_regular(path, os.O_RDWR | os.O_APPEND, dir_fd=dir_fd)
+    except (OSError, UnsafePath):
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size <= max_bytes:
+        if st.st_size <= max_bytes:
             return None
         keep = max(max_bytes // 4, 1)
         kept_path = f"{path}.1"
-        kept = _copy_tail(fd, st.st_size, keep, kept_path)
+        kept = _copy_tail(fd, st.st_size, keep, kept_path, dir_fd)
         os.ftruncate(fd, 0)
         where = (f"its last {keep} bytes are in {os.path.basename(kept_path)}" if kept
                  else f"its tail could not be kept in {os.path.basename(kept_path)}")
@@ -361,10 +370,11 @@ def cap_log(path: str, max_bytes: int) -> int | None:
         os.close(fd)
 
 
-def _copy_tail(fd: int, size: int, keep: int, dest: str) -> bool:
-    tmp = f"{dest}.{os.getpid()}.tmp"
+def _copy_tail(fd: int, size: int, keep: int, dest: str, dir_fd: int | None) -> bool:
+    tmp = f"{dest}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     try:
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                      dir_fd=dir_fd)
     except OSError:
         return False
     try:
@@ -379,11 +389,11 @@ def _copy_tail(fd: int, size: int, keep: int, dest: str) -> bool:
             offset += len(chunk)
         os.close(out)
         out = -1
-        os.replace(tmp, dest)
+        os.replace(tmp, dest, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         return True
     except OSError:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         except OSError:
             pass
         return False

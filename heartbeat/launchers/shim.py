@@ -83,7 +83,11 @@ def group_members(pgid: int, *, exclude: int | None = None) -> list[int]:
 def _write_record(path: str, record: dict[str, object]) -> None:
     """Write one JSON line atomically: temp file, fsync, rename, directory fsync."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:  # never write into something planted at the temp name (a FIFO would block us for ever)
+        os.unlink(tmp)
+    except OSError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, (json.dumps(record) + "\n").encode())
         os.fsync(fd)

@@ -37,6 +37,7 @@ from heartbeat.errors import (
     UnsafePath,
 )
 from heartbeat.ledger import Event, Ledger, SqliteLedger
+from heartbeat.safefile import check_not_special, open_regular
 from heartbeat.store.base import Edit, Entry, check_fence, created_data, finish_edit, now_or
 
 __all__ = ["FileStore", "ensure_private_dir"]
@@ -105,6 +106,7 @@ class FileStore:
         self.logs_dir = os.path.join(self.state_dir, "logs")
         for sub, what in ((self.batons_dir, "batons dir"), (self.locks_dir, "locks dir")):
             ensure_private_dir(sub, what=what)
+        _refuse_special_ledger(os.path.join(self.state_dir, "ledger.sqlite3"))
         self.ledger: Ledger = SqliteLedger(os.path.join(self.state_dir, "ledger.sqlite3"))
         self._cache: dict[str, tuple[tuple[int, ...], Entry]] = {}
         self._sorted: list[Entry] = []
@@ -239,7 +241,9 @@ class FileStore:
     def _locked(self, task_id: str) -> Iterator[None]:
         lock_path = os.path.join(self.locks_dir, f"{task_id}.lock")
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            fd = open_regular(lock_path, os.O_RDWR | os.O_CREAT, 0o600)  # a FIFO, a link: refused
+        except UnsafePath as exc:
+            raise StoreError(f"cannot open lock: {exc.message}", path=lock_path) from None
         except OSError as exc:
             raise StoreError(f"cannot open lock: {exc.strerror}", path=lock_path) from None
         try:
@@ -340,6 +344,16 @@ class FileStore:
 
     def close(self) -> None:
         self.ledger.close()
+
+
+def _refuse_special_ledger(path: str) -> None:
+    """A FIFO (or device, link, directory) planted as the ledger or its WAL files is refused: SQLite
+    would open it and wait on it for ever."""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        try:
+            check_not_special(path + suffix)
+        except UnsafePath as exc:
+            raise StoreError(f"cannot open the ledger: {exc.message}", path=exc.path) from None
 
 
 def _fingerprint(baton: Baton) -> dict[str, str]:
