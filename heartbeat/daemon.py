@@ -740,9 +740,11 @@ class Daemon:
         for warning in brief.warnings:
             self.log.warning("brief_warning", task=task_id, epoch=epoch, warning=warning)
         brief_file = os.path.join(log_dir, f"{epoch}.brief.md")
-        try:
-            os.makedirs(log_dir, mode=0o700, exist_ok=True)
-            write_private_file(brief_file, brief.text)
+        try:  # logs/<id> is checked (no symlink, ours) before the brief is written in it
+            write_private_file(brief_file, brief.text, state_dir=self.config.state_dir, task=task_id)
+        except HeartbeatError as exc:
+            self._launch_failed(pending, str(exc), now)
+            return
         except OSError as exc:
             self._launch_failed(pending, f"cannot write the brief {brief_file}: {exc.strerror or exc}", now)
             return

@@ -214,6 +214,29 @@ class TestFifoInLogs:
         assert str(refused["path"]).endswith("logs/a/1.pid")
 
 
+class TestSymlinkedLogDir:
+    """A ``logs/<id>`` replaced by a symlink: nothing is written through it, the launch is refused."""
+
+    @pytest.mark.slow
+    def test_nothing_written_outside(self, harness: DaemonHarness, tmp_path: Path) -> None:
+        """The brief, log and exit files never land in the link's target; a's launch fails naming it; b runs."""
+        h = harness
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        h.new("a")
+        (h.state / "logs").mkdir(mode=0o700)
+        (h.state / "logs" / "a").symlink_to(outside)
+        h.start()
+        h.new("b")
+        h.wait(lambda: h.live_agents("b"), "b's agent", timeout=15)
+        h.wait(lambda: len(logged(h, "launch_failed", "a")) >= 2, "a refused, retried, refused again", timeout=15)
+        assert not os.listdir(outside)
+        failed = logged(h, "launch_failed", "a")[0]
+        assert "logs/a" in str(failed["reason"]) and "symbolic link" in str(failed["reason"])
+        assert "\n" not in str(failed["reason"])
+        assert not h.live_agents("a")
+
+
 def marked_processes(marker: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):

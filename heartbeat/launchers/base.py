@@ -29,7 +29,7 @@ from typing import Protocol, runtime_checkable
 from heartbeat.baton import Baton, Owner
 from heartbeat.config import LauncherConfig, expand_argv
 from heartbeat.errors import HeartbeatError, UnsafePath
-from heartbeat.safefile import open_regular, read_regular
+from heartbeat.safefile import open_dir, open_regular, read_regular, write_atomic
 from heartbeat.systemd import PLUMBING_ENV
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "build_env",
     "resolve_cwd",
     "prepare_log",
+    "open_log_dir",
     "read_exit_file",
     "write_private_file",
     "cap_log",
@@ -235,41 +236,63 @@ def resolve_cwd(config: LauncherConfig, req: LaunchRequest) -> str:
     return cwd
 
 
-def _private_dir(path: str, task: str) -> None:
+def open_log_dir(state_dir: str, directory: str, task: str) -> int:
+    """A descriptor of ``directory`` (``logs/<id>``), created 0700 if missing, walked from ``state_dir``
+    one component at a time without following links (:func:`heartbeat.safefile.open_dir`).
+
+    A ``logs`` or ``logs/<id>`` that is a symlink (or a file, or another user's) is refused
+    with a :class:`LaunchError` naming it, before anything is written. A directory outside
+    the state dir (a launcher tested on its own) is created and only its last part checked.
+    """
+    target = os.path.abspath(directory)
+    root = os.path.abspath(state_dir) if state_dir else ""
+    if root and target.startswith(root.rstrip("/") + "/"):
+        parts = os.path.relpath(target, root).split("/")
+    else:
+        root, parts = os.path.dirname(target), [os.path.basename(target)]
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.lstat(path)
-        if not stat.S_ISDIR(st.st_mode):
-            raise LaunchError(f"{path} is not a directory", task=task)
-        if stat.S_IMODE(st.st_mode) & 0o077:
-            os.chmod(path, 0o700)
+        if not os.path.isdir(root):
+            os.makedirs(root, mode=0o700, exist_ok=True)
+        return open_dir(root, *parts)
+    except UnsafePath as exc:
+        raise LaunchError(f"refused to launch: {exc}", task=task) from None
     except OSError as exc:
-        raise LaunchError(f"cannot create the log directory {path}: {exc.strerror}", task=task)
+        raise LaunchError(f"cannot create the log directory {target}: {exc.strerror}", task=task) from None
 
 
 def prepare_log(req: LaunchRequest) -> int:
     """Create ``logs/`` and ``logs/<id>/`` (0700) and open the log for append (0600); return the fd.
 
     Also removes a stale exit file at ``req.exit_file``, so an old record can never be
-    read as this dispatch's outcome. The caller closes the fd.
+    read as this dispatch's outcome. Every directory is checked (no symlink, see
+    :func:`open_log_dir`) before anything is written, and the log is opened relative to it
+    without blocking or following a link: a FIFO planted at the log's path is refused, not
+    waited on. The caller closes the fd.
     """
     log_dir = os.path.dirname(req.log_file)
-    _private_dir(os.path.dirname(log_dir), req.task_id)
-    _private_dir(log_dir, req.task_id)
-    for directory in {os.path.dirname(req.exit_file), os.path.dirname(req.brief_file)} - {log_dir, ""}:
-        _private_dir(directory, req.task_id)
+    dir_fd = open_log_dir(req.state_dir, log_dir, req.task_id)
     try:
-        os.unlink(req.exit_file)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise LaunchError(f"cannot remove the stale exit file {req.exit_file}: {exc.strerror}", task=req.task_id)
-    try:  # a FIFO planted at the log's path is refused, not waited on
-        fd = open_regular(req.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    except UnsafePath as exc:
-        raise LaunchError(f"refused to launch: {req.log_file}: {exc.message}", task=req.task_id) from None
-    except OSError as exc:
-        raise LaunchError(f"cannot open the log {req.log_file}: {exc.strerror}", task=req.task_id)
+        for directory in {os.path.dirname(req.exit_file), os.path.dirname(req.brief_file)} - {log_dir, ""}:
+            os.close(open_log_dir(req.state_dir, directory, req.task_id))
+        try:
+            if os.path.dirname(req.exit_file) == log_dir:
+                os.unlink(os.path.basename(req.exit_file), dir_fd=dir_fd)
+            else:
+                os.unlink(req.exit_file)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise LaunchError(f"cannot remove the stale exit file {req.exit_file}: {exc.strerror}",
+                              task=req.task_id) from None
+        try:
+            fd = open_regular(os.path.basename(req.log_file), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600,
+                              dir_fd=dir_fd)
+        except UnsafePath as exc:
+            raise LaunchError(f"refused to launch: {req.log_file}: {exc.message}", task=req.task_id) from None
+        except OSError as exc:
+            raise LaunchError(f"cannot open the log {req.log_file}: {exc.strerror}", task=req.task_id) from None
+    finally:
+        os.close(dir_fd)
     try:
         os.fchmod(fd, 0o600)
     except OSError:
@@ -277,23 +300,16 @@ def prepare_log(req: LaunchRequest) -> int:
     return fd
 
 
-def write_private_file(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` (0600) atomically: a fresh temp file (exclusive, never following a
-    planted link), fsync, rename. No temp file outlives a failed write."""
-    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+def write_private_file(path: str, text: str, *, state_dir: str = "", task: str = "") -> None:
+    """Write ``text`` to ``path`` (0600) atomically, in its directory opened by :func:`open_log_dir`
+    (created 0700; a symlinked ``logs/<id>`` is refused with a :class:`LaunchError` before
+    anything is written): a fresh temp file (exclusive, never a planted one), fsync, rename.
+    No temp file outlives a failed write."""
+    dir_fd = open_log_dir(state_dir, os.path.dirname(path), task)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        write_atomic(dir_fd, os.path.basename(path), text.encode("utf-8", "surrogateescape"))
+    finally:
+        os.close(dir_fd)
 
 
 def _refused(path: str, exc: UnsafePath) -> None:
@@ -419,7 +435,14 @@ def cap_running_logs(
         config = launchers.get(running[baton.id])
         limit = config.max_log_bytes if config is not None else defaults.MAX_LOG_BYTES
         epoch = baton.meta.epoch
-        size = cap_log(os.path.join(state_dir, "logs", baton.id, f"{epoch}.log"), limit)
+        try:  # never through a symlinked logs/<id>: the tail's copy would land outside the state dir
+            dir_fd = open_dir(state_dir, "logs", baton.id, create=False)
+        except (OSError, UnsafePath):
+            continue
+        try:
+            size = cap_log(f"{epoch}.log", limit, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
         if size is not None:
             cut.append((baton.id, epoch, size))
     return cut
