@@ -35,7 +35,7 @@ from heartbeat import policy as pol
 from heartbeat import systemd, tasks
 from heartbeat.baton import Baton, Gate, GateKind, Owner, Status
 from heartbeat.config import Config, LauncherConfig, expand_argv, load_config
-from heartbeat.errors import Conflict, HeartbeatError, InvalidBaton, NotActive, NotFound, UnsafePath
+from heartbeat.errors import Busy, Conflict, HeartbeatError, InvalidBaton, NotActive, NotFound, UnsafePath
 from heartbeat.gates import GateEvaluator
 from heartbeat.ledger import Event
 from heartbeat.liveness import this_host
@@ -71,6 +71,8 @@ class _TaskMemory:
     (the file is unchanged) and ``quiet_until`` has not come, the task is not looked at again."""
     quiet_until: datetime | None = None
     quiet_status: str = ""
+    lock_busy: bool = False
+    """The daemon found the baton's lock held (and said so once); cleared by its next write."""
 
 
 class Daemon:
@@ -87,6 +89,10 @@ class Daemon:
         self.config = config
         self.dry_run = dry_run
         self.store: Store = store if store is not None else _open_store(config.state_dir)
+        if hasattr(self.store, "lock_wait"):  # a held baton lock must not stall every task
+            from heartbeat import defaults
+
+            self.store.lock_wait = defaults.DAEMON_LOCK_WAIT
         self.log = log if log is not None else _logger()
         self.host = this_host()
         self._lock = threading.RLock()
@@ -313,11 +319,15 @@ class Daemon:
                 return baton.meta.status.value, (baton.id, launcher, since, decision)
             try:
                 new = self._act(baton, decision, mem, now)
+            except Busy as exc:
+                self._lock_busy(baton.id, mem, decision.action.value, exc)
+                break
             except (Conflict, NotFound, NotActive, InvalidBaton, UnsafePath) as exc:
                 # Someone wrote the baton (or broke it: the next look reports it invalid)
                 # between our look and our act: look again next time.
                 self.log.info("raced", task=baton.id, action=decision.action.value, reason=str(exc))
                 break
+            mem.lock_busy = False
             if new is None:
                 break
             mem.skip_block_seed = True  # our own write (an unblock, a restore) is newer than the seed
@@ -729,10 +739,14 @@ class Daemon:
         except (Conflict, NotFound, NotActive) as exc:
             self.log.info("raced", task=task_id, action="dispatch", reason=str(exc))
             return
+        except Busy as exc:
+            self._lock_busy(task_id, self._memory.setdefault(task_id, _TaskMemory()), "dispatch", exc)
+            return
         except HeartbeatError as exc:  # the disk is full, the state dir unwritable: the next tick tries again
             self.log.error("dispatch_failed", task=task_id, error=str(exc))
             return
         pending = ed.baton
+        self._memory.setdefault(task_id, _TaskMemory()).lock_busy = False
         epoch = pending.meta.epoch
         self._dispatch_times.append(now)
         log_dir = self._log_dir(task_id)
@@ -779,6 +793,14 @@ class Daemon:
         self._running[task_id] = launcher_name
         self.log.info("dispatched", task=task_id, epoch=epoch, attempt=pending.meta.attempt,
                       reason=decision.reason, launcher=launcher_name, pid=owner.pid, unit=owner.unit)
+
+    def _lock_busy(self, task_id: str, mem: _TaskMemory, action: str, exc: Busy) -> None:
+        """Another writer holds the baton's lock: skip the task until its next look, saying so once."""
+        if not mem.lock_busy:
+            mem.lock_busy = True
+            self.log.warning("baton_locked", task=task_id, action=action, error=str(exc),
+                             hint="skipped until its next look; the other tasks are served meanwhile")
+        mem.quiet_entry = None
 
     def _launch_failed(self, baton: Baton, error: str, now: datetime) -> None:
         self.log.error("launch_failed", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,

@@ -237,6 +237,43 @@ class TestSymlinkedLogDir:
         assert not h.live_agents("a")
 
 
+# Holds a baton's lock with flock(2) until stdin closes: another process, like a stuck writer.
+LOCK_HOLDER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+class TestHeldBatonLock:
+    """A baton lock held by another process skips that task only; it is served once the lock is free."""
+
+    @pytest.mark.slow
+    def test_other_tasks_unaffected(self, harness: DaemonHarness) -> None:
+        """a.lock held: b is dispatched within 5 s (not after the 30 s lock timeout); a after the release."""
+        h = harness
+        h.new("a")
+        holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(h.state / "locks" / "a.lock")],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+            h.start()
+            h.new("b")
+            h.wait(lambda: h.live_agents("b"), "b's agent while a.lock is held", timeout=5)
+            h.wait(lambda: logged(h, "baton_locked", "a"), "the held lock reported")
+            assert not h.live_agents("a") and h.baton("a").meta.epoch == 0
+            ticks = len(logged(h, "tick"))
+            h.wait(lambda: len(logged(h, "tick")) >= ticks + 5, "more ticks")
+            assert len(logged(h, "baton_locked", "a")) == 1  # said once, not every look
+        finally:
+            assert holder.stdin is not None
+            holder.stdin.close()
+            holder.wait(timeout=10)
+        h.wait(lambda: h.live_agents("a"), "a's agent once the lock is released", timeout=10)
+
+
 def marked_processes(marker: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):

@@ -30,6 +30,7 @@ from heartbeat.baton import Baton, check_id, dump_baton, parse_baton
 from heartbeat.errors import (
     AlreadyExists,
     BadInput,
+    Busy,
     HeartbeatError,
     InvalidBaton,
     NotFound,
@@ -108,6 +109,8 @@ class FileStore:
             ensure_private_dir(sub, what=what)
         _refuse_special_ledger(os.path.join(self.state_dir, "ledger.sqlite3"))
         self.ledger: Ledger = SqliteLedger(os.path.join(self.state_dir, "ledger.sqlite3"))
+        self.lock_wait = defaults.LOCK_TIMEOUT
+        """Seconds a write waits for a baton's lock before :class:`~heartbeat.errors.Busy` (the daemon shortens it)."""
         self._cache: dict[str, tuple[tuple[int, ...], Entry]] = {}
         self._sorted: list[Entry] = []
         self.scan_unchanged = False
@@ -247,7 +250,8 @@ class FileStore:
         except OSError as exc:
             raise StoreError(f"cannot open lock: {exc.strerror}", path=lock_path) from None
         try:
-            deadline = time.monotonic() + defaults.LOCK_TIMEOUT
+            wait = self.lock_wait
+            deadline = time.monotonic() + wait
             delay = 0.0005
             while True:
                 try:
@@ -255,8 +259,8 @@ class FileStore:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise StoreError(
-                            f"another writer has held this baton's lock for {defaults.LOCK_TIMEOUT:.0f}s",
+                        raise Busy(
+                            f"another writer has held this baton's lock ({lock_path}) for {wait:g}s",
                             task=task_id,
                         ) from None
                     time.sleep(delay)
