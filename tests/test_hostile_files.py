@@ -27,6 +27,7 @@ from conftest import wait_for
 from daemon_harness import DaemonHarness, toml_list
 
 from heartbeat.errors import UnsafePath
+from heartbeat.launchers import shim
 from heartbeat.safefile import open_dir, open_regular, read_regular, write_atomic
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(3600)"]
@@ -324,4 +325,58 @@ timeout = "1h"
             wait_for(lambda: not marked_processes(marker), timeout=5, message="the notifier killed, not left behind")
         finally:
             h.close()
+            kill_marked(marker)
+
+
+class TestSetsidDescendants:
+    """The shim is a child subreaper: a grandchild that left the group with setsid is stopped with the agent."""
+
+    def test_setsid_grandchild_is_stopped(self, tmp_path: Path) -> None:
+        """The agent starts a setsid'd sleeper and exits; the sleeper is gone soon after (process table)."""
+        marker = f"hb-setsid-{uuid.uuid4().hex}"
+        agent = [sys.executable, "-c",
+                 "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)',"
+                 f" {marker!r}], start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,"
+                 " stderr=subprocess.DEVNULL); print('spawned', flush=True)"]
+        exit_file = tmp_path / "1.exit"
+        command = [sys.executable, "-I", os.path.abspath(shim.__file__), "--grace", "0.5", str(exit_file), "--",
+                   *agent]
+        try:
+            proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE, text=True)
+            out, _ = proc.communicate(timeout=30)
+            assert "spawned" in out and proc.returncode == 0
+            wait_for(lambda: not marked_processes(marker), timeout=10, message="the setsid grandchild gone")
+            assert exit_file.exists()
+        finally:
+            kill_marked(marker)
+
+    def test_orphans_are_reaped_while_the_agent_runs(self, tmp_path: Path) -> None:
+        """A setsid'd child that ends while the agent still runs leaves no zombie behind (the shim reaps it)."""
+        marker = f"hb-orphan-{uuid.uuid4().hex}"
+        # The middle process exits at once, so its setsid'd child (ending 0.3 s later) is orphaned to the shim.
+        middle = tmp_path / "middle.py"
+        middle.write_text("import os, subprocess, sys\n"
+                          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(0.3)',"
+                          " os.environ['HB_MARKER']], start_new_session=True)\n")
+        agent = [sys.executable, "-c", "import subprocess, sys, time; "
+                 "subprocess.run([sys.executable, sys.argv[1]]); time.sleep(3)", str(middle)]
+        command = [sys.executable, "-I", os.path.abspath(shim.__file__), "--grace", "0.5", str(tmp_path / "1.exit"),
+                   "--", *agent]
+        proc = subprocess.Popen(command, start_new_session=True, env={**os.environ, "HB_MARKER": marker})
+        try:
+            shim_proc = psutil.Process(proc.pid)
+
+            def marked(child: psutil.Process) -> bool:
+                try:
+                    return marker in child.cmdline()
+                except psutil.Error:
+                    return False
+
+            wait_for(lambda: any(marked(c) for c in shim_proc.children()), timeout=10,
+                     message="the orphan re-parented to the shim")
+            # Ended 0.3 s later: reaped, not left a zombie child of the shim beside the agent.
+            wait_for(lambda: len(shim_proc.children()) == 1, timeout=2.5, message="the ended orphan reaped")
+            assert proc.poll() is None  # the agent still runs: the orphan was reaped during the shift
+        finally:
+            proc.wait(timeout=30)
             kill_marked(marker)
