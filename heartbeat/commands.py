@@ -11,12 +11,17 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["CommandResult", "run_command"]
+__all__ = ["CommandResult", "run_command", "kill_running"]
 
 _OUTPUT_LIMIT = 4096
+
+_running: set[int] = set()
+"""Process groups of the commands running now (for :func:`kill_running`)."""
+_running_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -54,13 +59,28 @@ def run_command(
         )
     except OSError as exc:
         return CommandResult(None, "", error=f"cannot run {argv[0]!r}: {exc.strerror}")
+    with _running_lock:
+        _running.add(proc.pid)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc.pid)
         out, _ = proc.communicate()
         return CommandResult(None, _tail(out), timed_out=True, error=f"timed out after {timeout:g}s")
+    finally:
+        with _running_lock:
+            _running.discard(proc.pid)
     return CommandResult(proc.returncode, _tail(out))
+
+
+def kill_running() -> int:
+    """Kill the process group of every command still running (a daemon exiting without waiting
+    for them); returns how many there were."""
+    with _running_lock:
+        groups = list(_running)
+    for pgid in groups:
+        _kill_group(pgid)
+    return len(groups)
 
 
 def _kill_group(pgid: int) -> None:

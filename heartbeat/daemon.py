@@ -35,7 +35,7 @@ from heartbeat import policy as pol
 from heartbeat import systemd, tasks
 from heartbeat.baton import Baton, Gate, GateKind, Owner, Status
 from heartbeat.config import Config, LauncherConfig, expand_argv, load_config
-from heartbeat.errors import Conflict, HeartbeatError, InvalidBaton, NotActive, NotFound, UnsafePath
+from heartbeat.errors import Busy, Conflict, HeartbeatError, InvalidBaton, NotActive, NotFound, UnsafePath
 from heartbeat.gates import GateEvaluator
 from heartbeat.ledger import Event
 from heartbeat.liveness import this_host
@@ -71,6 +71,8 @@ class _TaskMemory:
     (the file is unchanged) and ``quiet_until`` has not come, the task is not looked at again."""
     quiet_until: datetime | None = None
     quiet_status: str = ""
+    lock_busy: bool = False
+    """The daemon found the baton's lock held (and said so once); cleared by its next write."""
 
 
 class Daemon:
@@ -87,6 +89,10 @@ class Daemon:
         self.config = config
         self.dry_run = dry_run
         self.store: Store = store if store is not None else _open_store(config.state_dir)
+        if hasattr(self.store, "lock_wait"):  # a held baton lock must not stall every task
+            from heartbeat import defaults
+
+            self.store.lock_wait = defaults.DAEMON_LOCK_WAIT
         self.log = log if log is not None else _logger()
         self.host = this_host()
         self._lock = threading.RLock()
@@ -134,23 +140,43 @@ class Daemon:
         self.log.info("started", state_dir=self.config.state_dir, tick=self.config.daemon.tick,
                       launchers=sorted(self.launchers), dry_run=self.dry_run, pid=os.getpid())
 
-    def shutdown(self) -> None:
-        """Stop the scheduler and watcher; agents keep running (they are re-adopted on the next start)."""
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Stop the scheduler and watcher; agents keep running (they are re-adopted on the next start).
+
+        Waits at most ``timeout`` seconds (default :meth:`stop_grace`) for a look in progress
+        to finish, never for ever: a thread stuck in a tick must not keep the daemon from
+        stopping. Returns False when one is still stuck (the store is then left open to it).
+        """
+        deadline = time.monotonic() + (self.stop_grace() if timeout is None else timeout)
         self._stop.set()
         with self._wake:
             self._wake.notify_all()
         if self._scheduler is not None:
             try:
-                self._scheduler.shutdown(wait=True)
+                self._scheduler.shutdown(wait=False)  # a stuck tick is waited for below, bounded
             except Exception:  # the scheduler may already be stopped
                 pass
         if self._observer is not None:
             self._observer.stop()
-            self._observer.join(timeout=5)
+            self._observer.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.gates.close()
-        self.store.close()
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            self.log.error("shutdown_stuck", pid=os.getpid(),
+                           reason="a look is still running after the grace; stopping without it")
+            return False
+        try:
+            self.store.close()
+        finally:
+            self._lock.release()
         self.log.info("stopped", pid=os.getpid())
+        return True
+
+    def stop_grace(self) -> float:
+        """How long a stop may wait for work in flight: the longest ``stop_grace`` of the launchers."""
+        from heartbeat import defaults
+
+        return max((lc.stop_grace for lc in self.config.launchers.values()), default=defaults.STOP_GRACE)
 
     # -- one pass ------------------------------------------------------------------------
 
@@ -293,11 +319,15 @@ class Daemon:
                 return baton.meta.status.value, (baton.id, launcher, since, decision)
             try:
                 new = self._act(baton, decision, mem, now)
+            except Busy as exc:
+                self._lock_busy(baton.id, mem, decision.action.value, exc)
+                break
             except (Conflict, NotFound, NotActive, InvalidBaton, UnsafePath) as exc:
                 # Someone wrote the baton (or broke it: the next look reports it invalid)
                 # between our look and our act: look again next time.
                 self.log.info("raced", task=baton.id, action=decision.action.value, reason=str(exc))
                 break
+            mem.lock_busy = False
             if new is None:
                 break
             mem.skip_block_seed = True  # our own write (an unblock, a restore) is newer than the seed
@@ -414,11 +444,15 @@ class Daemon:
     def _adopt_pending(self, baton: Baton) -> Owner | None:
         """A dispatch whose pid never reached the baton (the daemon died mid-launch): find its agent
         through the pid file the launcher's shim writes, and record it."""
+        from heartbeat.safefile import read_regular
+
         path = os.path.join(self._log_dir(baton.id), f"{baton.meta.epoch}.pid")
         try:
-            with open(path, encoding="utf-8") as handle:
-                data = json.load(handle)
+            data = json.loads(read_regular(path, 4096))  # a FIFO there is refused, never waited on
             pid, create_time = int(data["pid"]), float(data["create_time"])
+        except UnsafePath as exc:
+            self.log.warning("file_refused", task=baton.id, path=path, error=exc.message)
+            return None
         except (OSError, ValueError, KeyError, TypeError):
             return None
         owner = Owner(pid=pid, create_time=create_time, host=self.host,
@@ -705,10 +739,14 @@ class Daemon:
         except (Conflict, NotFound, NotActive) as exc:
             self.log.info("raced", task=task_id, action="dispatch", reason=str(exc))
             return
+        except Busy as exc:
+            self._lock_busy(task_id, self._memory.setdefault(task_id, _TaskMemory()), "dispatch", exc)
+            return
         except HeartbeatError as exc:  # the disk is full, the state dir unwritable: the next tick tries again
             self.log.error("dispatch_failed", task=task_id, error=str(exc))
             return
         pending = ed.baton
+        self._memory.setdefault(task_id, _TaskMemory()).lock_busy = False
         epoch = pending.meta.epoch
         self._dispatch_times.append(now)
         log_dir = self._log_dir(task_id)
@@ -716,9 +754,11 @@ class Daemon:
         for warning in brief.warnings:
             self.log.warning("brief_warning", task=task_id, epoch=epoch, warning=warning)
         brief_file = os.path.join(log_dir, f"{epoch}.brief.md")
-        try:
-            os.makedirs(log_dir, mode=0o700, exist_ok=True)
-            write_private_file(brief_file, brief.text)
+        try:  # logs/<id> is checked (no symlink, ours) before the brief is written in it
+            write_private_file(brief_file, brief.text, state_dir=self.config.state_dir, task=task_id)
+        except HeartbeatError as exc:
+            self._launch_failed(pending, str(exc), now)
+            return
         except OSError as exc:
             self._launch_failed(pending, f"cannot write the brief {brief_file}: {exc.strerror or exc}", now)
             return
@@ -753,6 +793,14 @@ class Daemon:
         self._running[task_id] = launcher_name
         self.log.info("dispatched", task=task_id, epoch=epoch, attempt=pending.meta.attempt,
                       reason=decision.reason, launcher=launcher_name, pid=owner.pid, unit=owner.unit)
+
+    def _lock_busy(self, task_id: str, mem: _TaskMemory, action: str, exc: Busy) -> None:
+        """Another writer holds the baton's lock: skip the task until its next look, saying so once."""
+        if not mem.lock_busy:
+            mem.lock_busy = True
+            self.log.warning("baton_locked", task=task_id, action=action, error=str(exc),
+                             hint="skipped until its next look; the other tasks are served meanwhile")
+        mem.quiet_entry = None
 
     def _launch_failed(self, baton: Baton, error: str, now: datetime) -> None:
         self.log.error("launch_failed", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
@@ -941,7 +989,9 @@ class Daemon:
                 self._reload.clear()
                 self.reload()
         systemd.notify("STOPPING=1")
-        self.shutdown()
+        deadline = time.monotonic() + self.stop_grace()
+        clean = self.shutdown(timeout=self.stop_grace())
+        _exit_if_stuck(clean, deadline, self.log)
         return 0
 
 
@@ -980,6 +1030,30 @@ class _StatusLookup:
             return self.store.load(task_id).meta.status
         except HeartbeatError:
             return None
+
+
+def _exit_if_stuck(clean: bool, deadline: float, log: Any) -> None:
+    """End the process now when a thread is still stuck at ``deadline`` (the interpreter would
+    wait for it at exit for ever): SIGTERM stops the daemon within the stop grace, whatever hangs."""
+    # Every thread, daemon or not: the interpreter joins the pools' workers at exit whatever their flag.
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread():
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    stuck = [t.name for t in threading.enumerate() if t is not threading.current_thread() and t.is_alive()]
+    if clean and not stuck:
+        return
+    from heartbeat.commands import kill_running
+
+    killed = kill_running()  # a check or notifier the abandoned threads ran must not outlive us
+    log.error("exit_abandoning_threads", threads=stuck, commands_killed=killed, pid=os.getpid())
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 def _open_store(state_dir: str) -> Store:

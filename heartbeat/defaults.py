@@ -66,6 +66,10 @@ FINGERPRINT_HASH_LIMIT = 8 * 1024 * 1024
 LOCK_TIMEOUT = 30.0
 """Seconds a writer waits for a baton's lock before giving up with an error."""
 
+DAEMON_LOCK_WAIT = 0.1
+"""Seconds the daemon waits for a baton's lock; a task whose lock is held longer (a stuck writer,
+an API user working inside ``with task.update():``) is skipped until its next look."""
+
 TOUCH_COALESCE = 60.0
 """Touches of one task within this many seconds share a single ledger row."""
 

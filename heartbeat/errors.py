@@ -136,3 +136,7 @@ class Stale(HeartbeatError):
 
 class StoreError(HeartbeatError):
     """The store could not complete an operation (disk full, permission, I/O)."""
+
+
+class Busy(StoreError):
+    """Another writer holds a baton's lock longer than the caller would wait (the daemon waits briefly)."""

@@ -57,8 +57,8 @@ def write_starter(directory: str, *, force: bool = False) -> str:
     try:
         os.makedirs(directory, exist_ok=True)
         ensure_private_dir(state_dir)
-        tmp = f"{path}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"  # never a file (a FIFO) planted at the name
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(STARTER.format(state_dir=json.dumps(state_dir)))  # a JSON string is a TOML string
         os.chmod(tmp, 0o644)

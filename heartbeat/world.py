@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from heartbeat import defaults
 from heartbeat.errors import EXIT_CONFLICT, EXIT_NOT_ACTIVE, EXIT_OK, EXIT_STALE, UnsafePath
+from heartbeat.safefile import open_regular, read_regular
 
 if TYPE_CHECKING:
     from heartbeat.baton import Baton
@@ -87,8 +88,15 @@ def fingerprint(path: str, *, hash_limit: int = defaults.FINGERPRINT_HASH_LIMIT)
         return f"stat:{st.st_size}:{st.st_mtime_ns}"
     digest = hashlib.sha256()
     try:
-        # O_NONBLOCK: a file swapped for a FIFO between stat and open must not hang us.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        # Swapped for a FIFO, a device or a link between the stat and the open: refused, never waited on.
+        fd = open_regular(path)
+    except UnsafePath:
+        try:
+            return f"other:{stat.S_IFMT(os.lstat(path).st_mode):o}"
+        except OSError:
+            return MISSING
+    except FileNotFoundError:
+        return MISSING
     except OSError as exc:
         return f"error:{exc.errno}"
     with os.fdopen(fd, "rb") as handle:
@@ -100,39 +108,59 @@ def fingerprint(path: str, *, hash_limit: int = defaults.FINGERPRINT_HASH_LIMIT)
     return f"sha256:{digest.hexdigest()}"
 
 
+_GIT_READ_LIMIT = 4096
+_PACKED_REFS_LIMIT = 16 * 1024 * 1024
+
+
+def _git_file(path: str, limit: int = _GIT_READ_LIMIT) -> str | None:
+    """The text of a file under ``.git``; None when absent. A FIFO, device, directory or
+    symlink there is refused (:class:`UnsafePath` naming it): git itself would hang on a FIFO."""
+    try:
+        return read_regular(path, limit).decode("utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
 def git_head(workdir: str) -> str | None:
-    """The commit the workdir's git HEAD points at, read from ``.git`` without running git."""
+    """The commit the workdir's git HEAD points at, read from ``.git`` without running git.
+
+    None when the workdir is no git checkout or a file is unreadable; :class:`UnsafePath`
+    when one of git's files is a FIFO, a device, a directory or a symlink (never opened for
+    reading, so nothing here can block).
+    """
     gitdir = os.path.join(workdir, ".git")
     try:
         if os.path.isfile(gitdir):  # a worktree or submodule: "gitdir: <path>"
-            with open(gitdir, encoding="utf-8") as handle:
-                line = handle.read(4096).strip()
+            line = (_git_file(gitdir) or "").strip()
             if not line.startswith("gitdir:"):
                 return None
             gitdir = os.path.join(workdir, line[len("gitdir:") :].strip())
-        with open(os.path.join(gitdir, "HEAD"), encoding="utf-8") as handle:
-            head = handle.read(4096).strip()
+        head = _git_file(os.path.join(gitdir, "HEAD"))
+        if head is None:
+            return None
+        head = head.strip()
         if not head.startswith("ref:"):
             return head or None
         ref = head[4:].strip()
+        if not ref.startswith("refs/") or ".." in ref.split("/"):
+            return f"unborn:{ref[:200]}"  # not a ref git would follow: never a path out of .git
         common = gitdir
-        commondir_file = os.path.join(gitdir, "commondir")
-        if os.path.isfile(commondir_file):
-            with open(commondir_file, encoding="utf-8") as handle:
-                common = os.path.join(gitdir, handle.read(4096).strip())
+        commondir = _git_file(os.path.join(gitdir, "commondir"))
+        if commondir is not None:
+            common = os.path.join(gitdir, commondir.strip())
         for base in (gitdir, common):
-            ref_path = os.path.join(base, ref)
-            if os.path.isfile(ref_path):
-                with open(ref_path, encoding="utf-8") as handle:
-                    return handle.read(4096).strip() or None
-        packed = os.path.join(common, "packed-refs")
-        if os.path.isfile(packed):
-            with open(packed, encoding="utf-8") as handle:
-                for line in handle:
-                    parts = line.split()
-                    if len(parts) == 2 and parts[1] == ref:
-                        return parts[0]
+            value = _git_file(os.path.join(base, ref))
+            if value is not None:
+                return value.strip() or None
+        packed = _git_file(os.path.join(common, "packed-refs"), _PACKED_REFS_LIMIT)
+        if packed is not None:
+            for line in packed.splitlines():
+                parts = line.split()
+                if len(parts) == 2 and parts[1] == ref:
+                    return parts[0]
         return f"unborn:{ref}"
+    except UnsafePath:
+        raise
     except (OSError, UnicodeDecodeError):
         return None
 
@@ -144,7 +172,7 @@ def fingerprint_world(workdir: str, key_files: list[str]) -> dict[str, str]:
     if "\0" in workdir or not os.path.isabs(workdir):
         raise UnsafePath(f"workdir {workdir[:200]!r} must be an absolute path", field="workdir")
     world = {key: fingerprint(resolve_key_file(workdir, key)) for key in key_files}
-    head = git_head(workdir)
+    head = git_head(workdir)  # a FIFO (or device, link) for .git/HEAD: UnsafePath, the write is refused
     if head:
         world[GIT_HEAD_KEY] = head
     return world
@@ -152,12 +180,12 @@ def fingerprint_world(workdir: str, key_files: list[str]) -> dict[str, str]:
 
 def _current(workdir: str, key: str) -> str:
     """The fingerprint of one recorded key now; a path that became unsafe reads as ``unsafe:``."""
-    if key == GIT_HEAD_KEY:
-        return git_head(workdir) or MISSING
     try:
+        if key == GIT_HEAD_KEY:
+            return git_head(workdir) or MISSING
         return fingerprint(resolve_key_file(workdir, key))
     except UnsafePath as exc:
-        return f"unsafe:{exc.message}"
+        return f"unsafe:{exc.path}: {exc.message}" if exc.path else f"unsafe:{exc.message}"
 
 
 def _kind(value: str) -> str:
@@ -167,10 +195,10 @@ def _kind(value: str) -> str:
 
 def describe_change(key: str, was: str, now: str) -> str:
     """A few words for how a fingerprint changed: ``modified``, ``deleted``, ``created``, ..."""
-    if key == GIT_HEAD_KEY:
-        return "HEAD moved" if now != MISSING else "no longer a git checkout"
     if now.startswith("unsafe:"):
         return "now refused: " + now[len("unsafe:"):]
+    if key == GIT_HEAD_KEY:
+        return "HEAD moved" if now != MISSING else "no longer a git checkout"
     if now.startswith("error:"):
         return f"unreadable now (errno {now[len('error:'):]})"
     if was == MISSING:

@@ -28,7 +28,8 @@ from typing import Protocol, runtime_checkable
 
 from heartbeat.baton import Baton, Owner
 from heartbeat.config import LauncherConfig, expand_argv
-from heartbeat.errors import HeartbeatError
+from heartbeat.errors import HeartbeatError, UnsafePath
+from heartbeat.safefile import open_dir, open_regular, read_regular, write_atomic
 from heartbeat.systemd import PLUMBING_ENV
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "build_env",
     "resolve_cwd",
     "prepare_log",
+    "open_log_dir",
     "read_exit_file",
     "write_private_file",
     "cap_log",
@@ -234,40 +236,63 @@ def resolve_cwd(config: LauncherConfig, req: LaunchRequest) -> str:
     return cwd
 
 
-def _private_dir(path: str, task: str) -> None:
+def open_log_dir(state_dir: str, directory: str, task: str) -> int:
+    """A descriptor of ``directory`` (``logs/<id>``), created 0700 if missing, walked from ``state_dir``
+    one component at a time without following links (:func:`heartbeat.safefile.open_dir`).
+
+    A ``logs`` or ``logs/<id>`` that is a symlink (or a file, or another user's) is refused
+    with a :class:`LaunchError` naming it, before anything is written. A directory outside
+    the state dir (a launcher tested on its own) is created and only its last part checked.
+    """
+    target = os.path.abspath(directory)
+    root = os.path.abspath(state_dir) if state_dir else ""
+    if root and target.startswith(root.rstrip("/") + "/"):
+        parts = os.path.relpath(target, root).split("/")
+    else:
+        root, parts = os.path.dirname(target), [os.path.basename(target)]
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.lstat(path)
-        if not stat.S_ISDIR(st.st_mode):
-            raise LaunchError(f"{path} is not a directory", task=task)
-        if stat.S_IMODE(st.st_mode) & 0o077:
-            os.chmod(path, 0o700)
+        if not os.path.isdir(root):
+            os.makedirs(root, mode=0o700, exist_ok=True)
+        return open_dir(root, *parts)
+    except UnsafePath as exc:
+        raise LaunchError(f"refused to launch: {exc}", task=task) from None
     except OSError as exc:
-        raise LaunchError(f"cannot create the log directory {path}: {exc.strerror}", task=task)
+        raise LaunchError(f"cannot create the log directory {target}: {exc.strerror}", task=task) from None
 
 
 def prepare_log(req: LaunchRequest) -> int:
     """Create ``logs/`` and ``logs/<id>/`` (0700) and open the log for append (0600); return the fd.
 
     Also removes a stale exit file at ``req.exit_file``, so an old record can never be
-    read as this dispatch's outcome. The caller closes the fd.
+    read as this dispatch's outcome. Every directory is checked (no symlink, see
+    :func:`open_log_dir`) before anything is written, and the log is opened relative to it
+    without blocking or following a link: a FIFO planted at the log's path is refused, not
+    waited on. The caller closes the fd.
     """
     log_dir = os.path.dirname(req.log_file)
-    _private_dir(os.path.dirname(log_dir), req.task_id)
-    _private_dir(log_dir, req.task_id)
-    for directory in {os.path.dirname(req.exit_file), os.path.dirname(req.brief_file)} - {log_dir, ""}:
-        _private_dir(directory, req.task_id)
+    dir_fd = open_log_dir(req.state_dir, log_dir, req.task_id)
     try:
-        os.unlink(req.exit_file)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise LaunchError(f"cannot remove the stale exit file {req.exit_file}: {exc.strerror}", task=req.task_id)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(req.log_file, flags, 0o600)
-    except OSError as exc:
-        raise LaunchError(f"cannot open the log {req.log_file}: {exc.strerror}", task=req.task_id)
+        for directory in {os.path.dirname(req.exit_file), os.path.dirname(req.brief_file)} - {log_dir, ""}:
+            os.close(open_log_dir(req.state_dir, directory, req.task_id))
+        try:
+            if os.path.dirname(req.exit_file) == log_dir:
+                os.unlink(os.path.basename(req.exit_file), dir_fd=dir_fd)
+            else:
+                os.unlink(req.exit_file)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise LaunchError(f"cannot remove the stale exit file {req.exit_file}: {exc.strerror}",
+                              task=req.task_id) from None
+        try:
+            fd = open_regular(os.path.basename(req.log_file), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600,
+                              dir_fd=dir_fd)
+        except UnsafePath as exc:
+            raise LaunchError(f"refused to launch: {req.log_file}: {exc.message}", task=req.task_id) from None
+        except OSError as exc:
+            raise LaunchError(f"cannot open the log {req.log_file}: {exc.strerror}", task=req.task_id) from None
+    finally:
+        os.close(dir_fd)
     try:
         os.fchmod(fd, 0o600)
     except OSError:
@@ -275,31 +300,31 @@ def prepare_log(req: LaunchRequest) -> int:
     return fd
 
 
-def write_private_file(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` (0600) atomically: a fresh temp file (exclusive, never following a
-    planted link), fsync, rename. No temp file outlives a failed write."""
-    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+def write_private_file(path: str, text: str, *, state_dir: str = "", task: str = "") -> None:
+    """Write ``text`` to ``path`` (0600) atomically, in its directory opened by :func:`open_log_dir`
+    (created 0700; a symlinked ``logs/<id>`` is refused with a :class:`LaunchError` before
+    anything is written): a fresh temp file (exclusive, never a planted one), fsync, rename.
+    No temp file outlives a failed write."""
+    dir_fd = open_log_dir(state_dir, os.path.dirname(path), task)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        write_atomic(dir_fd, os.path.basename(path), text.encode("utf-8", "surrogateescape"))
+    finally:
+        os.close(dir_fd)
+
+
+def _refused(path: str, exc: UnsafePath) -> None:
+    from heartbeat.logging import get_logger
+
+    get_logger("heartbeat.launchers").warning("file_refused", path=path, error=exc.message)
 
 
 def read_exit_file(path: str) -> ExitStatus | None:
     """The exit record the shim wrote, or None when there is none (yet) or it is unreadable."""
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read(4096)
-        doc = json.loads(raw)
+        doc = json.loads(read_regular(path, 4096))
+    except UnsafePath as exc:  # a FIFO planted there is refused, never waited on
+        _refused(path, exc)
+        return None
     except (OSError, ValueError):
         return None
     if not isinstance(doc, dict):
@@ -321,7 +346,7 @@ def read_exit_file(path: str) -> ExitStatus | None:
 _COPY_CHUNK = 1 << 20
 
 
-def cap_log(path: str, max_bytes: int) -> int | None:
+def cap_log(path: str, max_bytes: int, *, dir_fd: int | None = None) -> int | None:
     """Cut the log at ``path`` once it is larger than ``max_bytes``; return the size it had, or None.
 
     The last quarter of ``max_bytes`` is copied to ``<path>.1`` (replacing the previous
@@ -330,22 +355,22 @@ def cap_log(path: str, max_bytes: int) -> int | None:
     write during the copy is lost. So an agent that prints without end uses at most
     about 1.25 times ``max_bytes`` of disk, plus what it writes between two ticks. When the
     copy fails (the disk is full) the live file is truncated all the same: the space is
-    the point. Never raises; ``max_bytes`` of 0 means no cap.
+    the point. Never raises; ``max_bytes`` of 0 means no cap. With ``dir_fd``, ``path`` is
+    relative to that directory, and so is the copy of the tail.
     """
     if max_bytes <= 0:
         return None
-    flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | flags)
-    except OSError:
+        fd = open_regular(path, os.O_RDWR | os.O_APPEND, dir_fd=dir_fd)
+    except (OSError, UnsafePath):
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size <= max_bytes:
+        if st.st_size <= max_bytes:
             return None
         keep = max(max_bytes // 4, 1)
         kept_path = f"{path}.1"
-        kept = _copy_tail(fd, st.st_size, keep, kept_path)
+        kept = _copy_tail(fd, st.st_size, keep, kept_path, dir_fd)
         os.ftruncate(fd, 0)
         where = (f"its last {keep} bytes are in {os.path.basename(kept_path)}" if kept
                  else f"its tail could not be kept in {os.path.basename(kept_path)}")
@@ -361,10 +386,11 @@ def cap_log(path: str, max_bytes: int) -> int | None:
         os.close(fd)
 
 
-def _copy_tail(fd: int, size: int, keep: int, dest: str) -> bool:
-    tmp = f"{dest}.{os.getpid()}.tmp"
+def _copy_tail(fd: int, size: int, keep: int, dest: str, dir_fd: int | None) -> bool:
+    tmp = f"{dest}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     try:
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                      dir_fd=dir_fd)
     except OSError:
         return False
     try:
@@ -379,11 +405,11 @@ def _copy_tail(fd: int, size: int, keep: int, dest: str) -> bool:
             offset += len(chunk)
         os.close(out)
         out = -1
-        os.replace(tmp, dest)
+        os.replace(tmp, dest, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         return True
     except OSError:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         except OSError:
             pass
         return False
@@ -409,7 +435,14 @@ def cap_running_logs(
         config = launchers.get(running[baton.id])
         limit = config.max_log_bytes if config is not None else defaults.MAX_LOG_BYTES
         epoch = baton.meta.epoch
-        size = cap_log(os.path.join(state_dir, "logs", baton.id, f"{epoch}.log"), limit)
+        try:  # never through a symlinked logs/<id>: the tail's copy would land outside the state dir
+            dir_fd = open_dir(state_dir, "logs", baton.id, create=False)
+        except (OSError, UnsafePath):
+            continue
+        try:
+            size = cap_log(f"{epoch}.log", limit, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
         if size is not None:
             cut.append((baton.id, epoch, size))
     return cut

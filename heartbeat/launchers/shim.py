@@ -8,9 +8,12 @@ locale by setting ``LC_CTYPE``, which the launcher's environment did not have.
 The shim is started as the leader of a new session and process group. It runs the agent
 as its child in that same group, so a signal sent to the group (a stop) reaches the
 agent, while the shim itself swallows SIGTERM/SIGINT/SIGHUP and stays to record the
-outcome. When the agent ends, whatever it left behind in the group is stopped too
-(SIGTERM, ``--grace`` seconds, SIGKILL): an agent's helpers do not outlive its shift, as
-under systemd. Then ``{"code": N|null, "signal": S|null, "ended_at": ISO}`` is written
+outcome. On Linux the shim is also a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``):
+a descendant orphaned by its parent, even one that left the group with ``setsid``, is
+re-parented to the shim instead of to init, and reaped by it. When the agent ends,
+whatever it left behind, in the group or among the shim's descendants, is stopped too
+(SIGTERM, ``--grace`` seconds, SIGKILL) and reaped: an agent's helpers do not outlive
+its shift, as under systemd. Then ``{"code": N|null, "signal": S|null, "ended_at": ISO}`` is written
 atomically to EXIT_FILE, and the shim exits with the agent's code (128+S for a signal).
 This is how the daemon learns an agent's exit status even when it was restarted in the
 meantime and the agent is no longer its child.
@@ -32,13 +35,39 @@ import signal
 import sys
 import time
 
-__all__ = ["main", "group_members", "write_exit_file", "DEFAULT_GRACE"]
+__all__ = ["main", "group_members", "descendants", "become_subreaper", "write_exit_file", "DEFAULT_GRACE"]
 
 DEFAULT_GRACE = 5.0
 """Seconds the agent's leftovers get between SIGTERM and SIGKILL after the agent ended."""
 
+PR_SET_CHILD_SUBREAPER = 36
+"""``prctl`` option (linux/prctl.h): orphaned descendants are re-parented to this process."""
+
 _SWALLOWED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _USAGE = "usage: shim.py [--grace SECONDS] [--unset NAME]... EXIT_FILE -- ARGV..."
+
+
+def _proc_table() -> list[tuple[int, int, int]] | None:
+    """``(pid, ppid, pgrp)`` of every living (not zombie) process, from ``/proc``; None without it."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    table = []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                raw = handle.read()
+        except OSError:
+            continue
+        # The command name (field 2) may hold spaces and parentheses: split after the last ")".
+        fields = raw[raw.rfind(b")") + 2:].split()
+        if len(fields) < 3 or fields[0] in (b"Z", b"X", b"x"):
+            continue
+        table.append((int(name), int(fields[1]), int(fields[2])))
+    return table
 
 
 def group_members(pgid: int, *, exclude: int | None = None) -> list[int]:
@@ -48,42 +77,52 @@ def group_members(pgid: int, *, exclude: int | None = None) -> list[int]:
     the shim, which must not import psutil. Without ``/proc`` (not Linux) it can only
     say whether the group has any member at all, and answers ``[pgid]`` for yes.
     """
-    try:
-        names = os.listdir("/proc")
-    except OSError:
+    table = _proc_table()
+    if table is None:
         try:
             os.killpg(pgid, 0)
         except OSError:
             return []
         return [pgid]
-    members = []
-    for name in names:
-        if not name.isdigit():
-            continue
-        pid = int(name)
-        if pid == exclude:
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                raw = handle.read()
-        except OSError:
-            continue
-        # The command name (field 2) may hold spaces and parentheses: split after the last ")".
-        fields = raw[raw.rfind(b")") + 2:].split()
-        if len(fields) < 3:
-            continue
-        state, group = fields[0], fields[2]
-        if state in (b"Z", b"X", b"x"):
-            continue
-        if int(group) == pgid:
-            members.append(pid)
-    return members
+    return [pid for pid, _, group in table if group == pgid and pid != exclude]
+
+
+def descendants(pid: int) -> list[int]:
+    """Pids of the living descendants of ``pid`` (children, their children, ...), from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for child, parent, _ in _proc_table() or []:
+        children.setdefault(parent, []).append(child)
+    found: list[int] = []
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        if child not in found:
+            found.append(child)
+            todo.extend(children.get(child, []))
+    return found
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants ours (Linux ``PR_SET_CHILD_SUBREAPER``); False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError, ImportError):
+        return False
 
 
 def _write_record(path: str, record: dict[str, object]) -> None:
     """Write one JSON line atomically: temp file, fsync, rename, directory fsync."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:  # never write into something planted at the temp name (a FIFO would block us for ever)
+        os.unlink(tmp)
+    except OSError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, (json.dumps(record) + "\n").encode())
         os.fsync(fd)
@@ -163,42 +202,78 @@ def _spawn(argv: list[str]) -> int:
 
 
 def _wait(pid: int) -> tuple[int | None, int | None]:
-    """Wait for the agent; ``(code, None)`` or ``(None, signal)``."""
+    """Wait for the agent; ``(code, None)`` or ``(None, signal)``. Orphans re-parented to us that
+    end meanwhile are reaped on the way, so none stays a zombie while the agent runs."""
     while True:
-        _, status = os.waitpid(pid, 0)
+        try:
+            got, status = os.waitpid(-1, 0)
+        except ChildProcessError:  # no child left at all: the agent was reaped already
+            return None, None
+        if got != pid:
+            continue
         if os.WIFEXITED(status):
             return os.WEXITSTATUS(status), None
         if os.WIFSIGNALED(status):
             return None, os.WTERMSIG(status)
 
 
+def _reap() -> None:
+    """Collect every child that has ended (orphans re-parented to us end up here)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _leftovers(me: int, own_group: bool) -> list[int]:
+    """What the agent left behind: the rest of our group (when we lead it) and our descendants."""
+    found = set(descendants(me))
+    if own_group:
+        found.update(group_members(me, exclude=me))
+    found.discard(me)
+    return sorted(found)
+
+
 def _stop_leftovers(grace: float) -> None:
-    """Stop what the agent left in our group: SIGTERM to the group, wait, SIGKILL each."""
+    """Stop what the agent left in our group or among our descendants: SIGTERM, wait, SIGKILL each, reap."""
     me = os.getpid()
-    pgid = os.getpgid(0)
-    if pgid != me or not group_members(pgid, exclude=me):
+    own_group = os.getpgid(0) == me
+    if not _leftovers(me, own_group):
+        _reap()
         return
-    try:
-        os.killpg(pgid, signal.SIGTERM)  # reaches us too: swallowed
-    except OSError:
-        return
+    if own_group:
+        try:
+            os.killpg(me, signal.SIGTERM)  # reaches us too: swallowed
+        except OSError:
+            pass
+    for pid in descendants(me):  # a setsid'd descendant is in no group of ours
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
     deadline = time.monotonic() + grace
     delay = 0.01
-    while group_members(pgid, exclude=me):
+    while _leftovers(me, own_group):
+        _reap()
         if time.monotonic() >= deadline:
             break
         time.sleep(delay)
         delay = min(delay * 2, 0.2)
     for _ in range(50):
-        left = group_members(pgid, exclude=me)
+        _reap()
+        left = _leftovers(me, own_group)
         if not left:
-            return
+            break
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
         time.sleep(0.02)
+    _reap()
 
 
 def _parse(args: list[str]) -> tuple[float, list[str], str, list[str]]:
@@ -228,6 +303,7 @@ def main(args: list[str] | None = None) -> int:
         signal.signal(signum, _swallow)
     # A daemon thread may have had signals blocked: the mask is inherited, so clear it.
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    become_subreaper()  # before the agent starts: its setsid'd descendants stay ours
     _write_pid_file(exit_file)
     pid = _spawn(argv)
     code, sig = _wait(pid)

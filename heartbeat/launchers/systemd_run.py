@@ -181,7 +181,7 @@ class SystemdRunLauncher:
         os.close(prepare_log(req))  # create logs/<id>/ (0700) and the log (0600) before systemd appends to it
         if self.config.brief == "stdin":
             try:
-                write_private_file(req.brief_file, req.brief_text)
+                write_private_file(req.brief_file, req.brief_text, state_dir=req.state_dir, task=req.task_id)
             except OSError as exc:
                 raise LaunchError(f"cannot write the brief {req.brief_file}: {exc.strerror}", task=req.task_id)
         try:

@@ -30,6 +30,7 @@ from heartbeat.baton import Baton, check_id, dump_baton, parse_baton
 from heartbeat.errors import (
     AlreadyExists,
     BadInput,
+    Busy,
     HeartbeatError,
     InvalidBaton,
     NotFound,
@@ -37,6 +38,7 @@ from heartbeat.errors import (
     UnsafePath,
 )
 from heartbeat.ledger import Event, Ledger, SqliteLedger
+from heartbeat.safefile import check_not_special, open_regular
 from heartbeat.store.base import Edit, Entry, check_fence, created_data, finish_edit, now_or
 
 __all__ = ["FileStore", "ensure_private_dir"]
@@ -105,7 +107,10 @@ class FileStore:
         self.logs_dir = os.path.join(self.state_dir, "logs")
         for sub, what in ((self.batons_dir, "batons dir"), (self.locks_dir, "locks dir")):
             ensure_private_dir(sub, what=what)
+        _refuse_special_ledger(os.path.join(self.state_dir, "ledger.sqlite3"))
         self.ledger: Ledger = SqliteLedger(os.path.join(self.state_dir, "ledger.sqlite3"))
+        self.lock_wait = defaults.LOCK_TIMEOUT
+        """Seconds a write waits for a baton's lock before :class:`~heartbeat.errors.Busy` (the daemon shortens it)."""
         self._cache: dict[str, tuple[tuple[int, ...], Entry]] = {}
         self._sorted: list[Entry] = []
         self.scan_unchanged = False
@@ -239,11 +244,14 @@ class FileStore:
     def _locked(self, task_id: str) -> Iterator[None]:
         lock_path = os.path.join(self.locks_dir, f"{task_id}.lock")
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            fd = open_regular(lock_path, os.O_RDWR | os.O_CREAT, 0o600)  # a FIFO, a link: refused
+        except UnsafePath as exc:
+            raise StoreError(f"cannot open lock: {exc.message}", path=lock_path) from None
         except OSError as exc:
             raise StoreError(f"cannot open lock: {exc.strerror}", path=lock_path) from None
         try:
-            deadline = time.monotonic() + defaults.LOCK_TIMEOUT
+            wait = self.lock_wait
+            deadline = time.monotonic() + wait
             delay = 0.0005
             while True:
                 try:
@@ -251,8 +259,8 @@ class FileStore:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise StoreError(
-                            f"another writer has held this baton's lock for {defaults.LOCK_TIMEOUT:.0f}s",
+                        raise Busy(
+                            f"another writer has held this baton's lock ({lock_path}) for {wait:g}s",
                             task=task_id,
                         ) from None
                     time.sleep(delay)
@@ -340,6 +348,16 @@ class FileStore:
 
     def close(self) -> None:
         self.ledger.close()
+
+
+def _refuse_special_ledger(path: str) -> None:
+    """A FIFO (or device, link, directory) planted as the ledger or its WAL files is refused: SQLite
+    would open it and wait on it for ever."""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        try:
+            check_not_special(path + suffix)
+        except UnsafePath as exc:
+            raise StoreError(f"cannot open the ledger: {exc.message}", path=exc.path) from None
 
 
 def _fingerprint(baton: Baton) -> dict[str, str]:

@@ -1,0 +1,178 @@
+"""Opening files that someone else may have planted: never block, never follow, never leave the root.
+
+Agents, workdirs and other local users can put things where heartbeat looks: a FIFO
+at ``logs/<id>/<epoch>.exit`` or at ``<workdir>/.git/HEAD`` (an ``open()`` of it waits
+forever for a writer), a symlink at ``logs/<id>`` (a write through it lands outside the
+state dir), a device or a directory where a file should be. Every open of such a path
+goes through this module:
+
+- :func:`open_regular` opens with ``O_NONBLOCK | O_NOFOLLOW`` (a FIFO opens at once, a
+  symlink is refused by the kernel), then ``fstat``\\ s the descriptor and refuses anything
+  but a regular file; it first ``lstat``\\ s the path so a device is not even opened;
+- :func:`read_regular` reads one such file, bounded;
+- :func:`open_dir` walks a directory below a trusted root one component at a time with
+  ``O_DIRECTORY | O_NOFOLLOW`` relative to the previous one, creating missing ones 0700,
+  so a symlinked ``logs`` or ``logs/<id>`` is refused *before* anything is written;
+- :func:`write_atomic` writes a file inside such a directory descriptor: a fresh temp file
+  (exclusive), fsync, rename, all relative to the descriptor.
+
+Every refusal is an :class:`~heartbeat.errors.UnsafePath` whose one line names the file.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+
+from heartbeat.errors import UnsafePath
+
+__all__ = ["NOFOLLOW_READ", "open_regular", "read_regular", "check_not_special", "open_dir", "write_atomic",
+           "kind_of"]
+
+NOFOLLOW_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+"""The flags of a read that neither waits for a FIFO's writer nor follows a planted link."""
+
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link"}
+
+
+def kind_of(mode: int) -> str:
+    """``a FIFO``, ``a directory``, ... for a stat mode that is not a regular file."""
+    return _KINDS.get(stat.S_IFMT(mode), f"a special file (mode {stat.S_IFMT(mode):o})")
+
+
+def _refuse(path: str, mode: int) -> UnsafePath:
+    return UnsafePath(f"is {kind_of(mode)}, not a regular file; heartbeat does not open it", path=path)
+
+
+def check_not_special(path: str, *, dir_fd: int | None = None) -> bool:
+    """True when ``path`` is a regular file, False when it is absent; :class:`UnsafePath` for
+    anything else (a FIFO, a device, a socket, a directory, a symlink). Never opens it."""
+    try:
+        st = os.lstat(path, dir_fd=dir_fd)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    if not stat.S_ISREG(st.st_mode):
+        raise _refuse(path, st.st_mode)
+    return True
+
+
+def open_regular(path: str, flags: int = os.O_RDONLY, mode: int = 0o600, *, dir_fd: int | None = None) -> int:
+    """A descriptor of the regular file ``path``, opened without blocking and without following a link.
+
+    ``flags`` may add ``O_WRONLY``/``O_RDWR``/``O_APPEND``/``O_CREAT``; ``O_NONBLOCK``,
+    ``O_NOFOLLOW`` and ``O_CLOEXEC`` are always added, and ``O_NONBLOCK`` is cleared again
+    once the file is known to be regular (where it means nothing). Raises
+    :class:`UnsafePath` (naming ``path``) for a symlink or anything not a regular file, and
+    the ``OSError`` of the open otherwise (``FileNotFoundError`` for a missing file).
+    """
+    try:
+        st = os.lstat(path, dir_fd=dir_fd)
+    except FileNotFoundError:
+        if not flags & os.O_CREAT:
+            raise
+    else:
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse(path, st.st_mode)  # a device is not even opened: opening one can have effects
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath("is a symbolic link; heartbeat does not follow it", path=path) from None
+        if exc.errno == errno.ENXIO:  # a FIFO swapped in after the lstat, opened for writing
+            raise UnsafePath("is a FIFO, not a regular file; heartbeat does not open it", path=path) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse(path, st.st_mode)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: str, limit: int, *, dir_fd: int | None = None) -> bytes:
+    """Up to ``limit`` bytes of the regular file ``path`` (see :func:`open_regular` for what is refused)."""
+    fd = open_regular(path, dir_fd=dir_fd)
+    try:
+        chunks = []
+        while limit > 0:
+            chunk = os.read(fd, min(limit, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            limit -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_dir(root: str, *parts: str, create: bool = True) -> int:
+    """A descriptor of ``root/parts...``: each part opened relative to the one before, never through a link.
+
+    ``root`` is trusted (the state dir, already checked); every part below it must be a real
+    directory owned by this user (or root), and is created 0700 when missing (``create``)
+    and made 0700 when others could read it. A symlink, a file, or another user's directory
+    is refused with :class:`UnsafePath` naming it, before anything is written below it.
+    """
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    path = root
+    try:
+        for part in parts:
+            if not part or part in (".", "..") or "/" in part:
+                raise UnsafePath(f"{part!r} is not a plain directory name", path=path)
+            path = os.path.join(path, part)
+            if create:
+                try:
+                    os.mkdir(part, 0o700, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            try:
+                sub = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    st = os.lstat(part, dir_fd=fd)
+                    raise UnsafePath(f"is {kind_of(st.st_mode)}, not a directory; heartbeat writes nothing "
+                                     "through it", path=path) from None
+                raise
+            os.close(fd)
+            fd = sub
+            st = os.fstat(fd)
+            if st.st_uid not in (os.geteuid(), 0):
+                raise UnsafePath(f"belongs to uid {st.st_uid}, not to this user; heartbeat writes nothing in it",
+                                 path=path)
+            if stat.S_IMODE(st.st_mode) & 0o077:
+                os.fchmod(fd, 0o700)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_atomic(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
+    """Write ``data`` to ``name`` in the directory ``dir_fd``: an exclusive temp file (never a
+    planted one), fsync, rename over ``name``. No temp file outlives a failed write."""
+    tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
