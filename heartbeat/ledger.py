@@ -91,6 +91,8 @@ CREATE INDEX IF NOT EXISTS events_task ON events (task, id);
 CREATE INDEX IF NOT EXISTS events_task_revision ON events (task, revision);
 CREATE INDEX IF NOT EXISTS events_ts ON events (ts);
 """
+_SCHEMA_VERSION = 1
+"""``PRAGMA user_version`` once :data:`_SCHEMA` is in place; a ledger behind it is migrated."""
 
 
 class SqliteLedger:
@@ -109,20 +111,36 @@ class SqliteLedger:
                                        isolation_level=None)
                 if fresh:
                     os.chmod(self.path, 0o600)
-                # WAL lets readers (status, report) run while agents write; NORMAL sync in WAL
-                # is durable across process crashes, which is what a ledger of a host's agents needs.
-                mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
-                if mode != "wal":
-                    conn.execute("PRAGMA journal_mode=WAL")
+                if conn.execute("PRAGMA user_version").fetchone()[0] < _SCHEMA_VERSION:
+                    self._migrate(conn)
                 conn.execute("PRAGMA synchronous=NORMAL")
-                if fresh or not conn.execute(
-                    "SELECT 1 FROM sqlite_master WHERE type='table' AND name='events'"
-                ).fetchone():
-                    conn.executescript(_SCHEMA)
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, OSError) as exc:
                 raise StoreError(f"cannot open the ledger: {exc}", path=self.path) from None
             self._conn = conn
         return self._conn
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        """Create or upgrade the schema, one process at a time.
+
+        Several first writes on a fresh state dir race to switch the journal to WAL and to
+        create the tables; SQLite answers some of them "database is locked" at once, without
+        waiting on its busy timeout. An flock beside the ledger serializes the few processes
+        that find the schema behind; everyone else never takes it.
+        """
+        import fcntl
+
+        fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if conn.execute("PRAGMA user_version").fetchone()[0] >= _SCHEMA_VERSION:
+                return  # another process did it while this one waited for the lock
+            # WAL lets readers (status, report) run while agents write; NORMAL sync in WAL
+            # is durable across process crashes, which is what a ledger of a host's agents needs.
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version = {_SCHEMA_VERSION}; COMMIT;")
+        finally:
+            os.close(fd)
 
     def append(self, events: Sequence[Event], *, supersede: tuple[str, int] | None = None) -> None:
         if not events:
