@@ -111,6 +111,9 @@ class Daemon:
         self._partition: _Partition | None = None
         self.counts: dict[str, int] = {}
         self.ticks = 0
+        if hasattr(self.store.ledger, "on_unreadable"):  # a corrupt row is skipped, and logged once
+            self.store.ledger.on_unreadable = lambda row, why: self.log.warning(
+                "ledger_row_unreadable", row=row, error=why, hint="the row is skipped; the ledger is not changed")
 
     # -- life cycle --------------------------------------------------------------------
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import _thread  # threading.Lock is _thread.allocate_lock; threading itself costs an agent's write 1 ms
 import json
+import math
 import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -76,6 +78,37 @@ def _minute(ts: float) -> int:
     return int(ts // defaults.TOUCH_COALESCE)
 
 
+def _finite_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class _Unreadable(Exception):
+    """A ledger row that does not hold an event (said why in the message)."""
+
+
+def _row_event(row: Sequence[Any]) -> Event:
+    """The event of one ``events`` row, or :class:`_Unreadable` when a column is not what it must be."""
+    row_id, ts, task, kind, epoch, revision, actor, data = row
+    if not _finite_number(ts):
+        raise _Unreadable(f"ts is {ts!r:.40}, not a time")
+    try:
+        when = datetime.fromtimestamp(ts, UTC)
+    except (OverflowError, OSError, ValueError):
+        raise _Unreadable(f"ts {ts!r} is out of range") from None
+    for name, value, type_ in (("task", task, str), ("kind", kind, str), ("actor", actor, str),
+                               ("epoch", epoch, int), ("revision", revision, int), ("data", data, str)):
+        if not isinstance(value, type_) or isinstance(value, bool):
+            raise _Unreadable(f"{name} is {value!r:.40}, not {'text' if type_ is str else 'an integer'}")
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        raise _Unreadable(f"data is not JSON: {data!r:.40}") from None
+    if not isinstance(payload, dict):
+        raise _Unreadable(f"data is {type(payload).__name__}, not an object")
+    return Event(id=row_id, ts=when, task=task, kind=kind, epoch=epoch, revision=revision, actor=actor,
+                 data=payload)
+
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -102,6 +135,10 @@ class SqliteLedger:
         self.path = path
         self._conn: sqlite3.Connection | None = None
         self._lock = _thread.allocate_lock()
+        self.unreadable: dict[Any, str] = {}
+        """Rows skipped because they cannot be read, by id, with why (each is reported once)."""
+        self.on_unreadable: Callable[[Any, str], None] | None = None
+        """Called once per unreadable row; else one warning line goes to stderr."""
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -167,7 +204,7 @@ class SqliteLedger:
             row = conn.execute(
                 "SELECT id, kind, ts FROM events WHERE task = ? ORDER BY id DESC LIMIT 1", (event.task,)
             ).fetchone()
-            if row and row[1] == "touched" and _minute(row[2]) == _minute(ts):
+            if row and row[1] == "touched" and _finite_number(row[2]) and _minute(row[2]) == _minute(ts):
                 conn.execute(
                     "UPDATE events SET ts = ?, epoch = ?, revision = ?, actor = ?, data = ? WHERE id = ?",
                     (ts, event.epoch, event.revision, event.actor, data, row[0]),
@@ -207,19 +244,24 @@ class SqliteLedger:
                 ).fetchall()
             except sqlite3.Error as exc:
                 raise StoreError(f"cannot read the ledger: {exc}", path=self.path) from None
-        return [
-            Event(
-                id=r[0],
-                ts=datetime.fromtimestamp(r[1], UTC),
-                task=r[2],
-                kind=r[3],
-                epoch=r[4],
-                revision=r[5],
-                actor=r[6],
-                data=json.loads(r[7]),
-            )
-            for r in rows
-        ]
+        events: list[Event] = []
+        for row in rows:
+            try:
+                events.append(_row_event(row))
+            except _Unreadable as exc:
+                self._report_unreadable(row[0], str(exc))
+        return events
+
+    def _report_unreadable(self, row_id: Any, why: str) -> None:
+        """A row no reader can use (a hand edit, a bit flip): skipped, and said once per process."""
+        if row_id in self.unreadable:
+            return
+        self.unreadable[row_id] = why
+        if self.on_unreadable is not None:
+            self.on_unreadable(row_id, why)
+        else:
+            sys.stderr.write(f"heartbeat: warning: {self.path}: ledger row {row_id} is unreadable ({why}); "
+                             "skipped\n")
 
     def close(self) -> None:
         with self._lock:

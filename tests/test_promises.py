@@ -7,15 +7,20 @@ racing a dispatch, a second daemon on the same state dir.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
+import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from conftest import clean_env
+import pytest
+from conftest import Result, clean_env
+from daemon_harness import TOY, DaemonHarness
 
 from heartbeat.ledger import Event, SqliteLedger
 from heartbeat.store.files import FileStore
@@ -69,3 +74,59 @@ class TestParallelFirstWrites:
         assert sorted(e.task for e in store.ledger.events(kinds=["created"])) == sorted(f"t{i}" for i in range(8))
         store.close()
 
+
+def _corrupt(state: Path, sql: str, *params: object) -> None:
+    """Change ledger rows behind heartbeat's back, as a hand edit or a bit flip would."""
+    with sqlite3.connect(state / "ledger.sqlite3") as db:
+        db.execute(sql, params)
+
+
+class TestCorruptLedgerRows:
+    """One unreadable ledger row is skipped and reported once; it never stops a reader or the daemon."""
+
+    @pytest.mark.parametrize("sql", [
+        "UPDATE events SET data = '{oops' WHERE id = ?",
+        "UPDATE events SET ts = 1e300 WHERE id = ?",
+        "UPDATE events SET ts = 'soon' WHERE id = ?",
+        "UPDATE events SET revision = 'x' WHERE id = ?",
+        "UPDATE events SET data = '[1]' WHERE id = ?",
+    ])
+    def test_log_and_report_skip_the_row(self, hb: Callable[..., Result], state_dir: Path, sql: str) -> None:
+        """``log`` and ``report`` exit 0 with one warning naming the row, and ``report`` counts it."""
+        assert hb("new", "a", "--task", "t", "--step", "s").code == 0
+        assert hb("set", "a", "step=two").code == 0
+        _corrupt(state_dir, sql, 1)
+        r = hb("log", "a")
+        assert r.code == 0, r.err
+        assert "updated" in r.out and "created" not in r.out
+        assert r.err.count("\n") == 1 and "ledger row 1 is unreadable" in r.err, r.err
+        r = hb("report", "--json")
+        assert r.code == 0, r.err
+        assert json.loads(r.out)["unreadable_ledger_rows"] == 1
+        r = hb("report")
+        assert r.code == 0 and "1 unreadable row(s) skipped" in r.out, (r.out, r.err)
+
+    def test_a_write_after_a_corrupt_touch_row_lands(self, hb: Callable[..., Result], state_dir: Path) -> None:
+        """A touch whose predecessor row has a broken time still lands (no coalescing into it)."""
+        assert hb("new", "a", "--task", "t", "--step", "s").code == 0
+        assert hb("touch", "a").code == 0
+        _corrupt(state_dir, "UPDATE events SET ts = 'soon' WHERE kind = 'touched'")
+        r = hb("touch", "a")
+        assert r.code == 0, r.err
+
+    def test_the_daemon_keeps_serving(self, tmp_path: Path) -> None:
+        """With a corrupt row in the ledger the daemon dispatches new tasks and logs the row once."""
+        tmp_path.chmod(0o700)
+        h = DaemonHarness(tmp_path, agent=[*TOY, "--step-time", "0.05", "--steps-per-shift", "1"])
+        try:
+            h.new("old")
+            _corrupt(h.state, "UPDATE events SET data = '{oops', ts = 'x' WHERE task = 'old'")
+            h.start()
+            h.new("fresh")
+            h.wait(lambda: h.events("fresh", "dispatched"), "the fresh task to be dispatched")
+            h.wait(lambda: [e for e in h.log() if e.get("event") == "tick"][3:], "a few ticks")
+            assert not [e for e in h.log() if e.get("event") in ("tick_failed", "task_failed")]
+            reported = [e for e in h.log() if e.get("event") == "ledger_row_unreadable"]
+            assert [e["row"] for e in reported] == [1], reported
+        finally:
+            h.close()
