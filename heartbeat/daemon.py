@@ -71,6 +71,8 @@ class _TaskMemory:
     (the file is unchanged) and ``quiet_until`` has not come, the task is not looked at again."""
     quiet_until: datetime | None = None
     quiet_status: str = ""
+    decided_revision: int = 0
+    """The baton revision the last dispatch decision was made on: the dispatch write is fenced on it."""
 
 
 class Daemon:
@@ -291,6 +293,7 @@ class Daemon:
             self.log.info("decision", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
                           action=decision.action.value, reason=decision.reason)
             if decision.action in (pol.Action.DISPATCH,):
+                mem.decided_revision = baton.meta.revision
                 launcher = baton.launcher or self.config.daemon.default_launcher
                 since = baton.meta.ended_at or baton.meta.updated_at or now
                 return baton.meta.status.value, (baton.id, launcher, since, decision)
@@ -681,6 +684,10 @@ class Daemon:
             baton = self.store.load(task_id)
         except HeartbeatError:
             return
+        decided = self._memory.setdefault(task_id, _TaskMemory()).decided_revision or baton.meta.revision
+        if baton.meta.revision != decided or not _dispatchable(baton):
+            self._dispatch_aborted(task_id, baton)  # written since the decision (a block, a done)
+            return
         if launcher is None:
             self._escalate(baton, f"launcher {launcher_name!r} is not in the config", now)
             return
@@ -693,10 +700,11 @@ class Daemon:
         # Phase 1: record the dispatch (new epoch, owner pending) before anything runs, so a
         # daemon killed mid-launch finds the dispatch on restart and adopts, not duplicates.
         try:
-            with self.store.edit(task_id, expect_revision=baton.meta.revision, actor="daemon", now=now) as ed:
+            with self.store.edit(task_id, expect_revision=decided, actor="daemon", now=now) as ed:
                 m = ed.baton.meta
-                if m.owner is not None:
+                if not _dispatchable(ed.baton):
                     ed.cancel()
+                    self._dispatch_aborted(task_id, ed.baton)
                     return
                 m.epoch += 1
                 m.attempt += 1
@@ -707,6 +715,7 @@ class Daemon:
                          resume=resume, stalled_at=stalled_at, pid=None, unit="")
         except (Conflict, NotFound, NotActive) as exc:
             self.log.info("raced", task=task_id, action="dispatch", reason=str(exc))
+            self.poke(task_id)
             return
         except HeartbeatError as exc:  # the disk is full, the state dir unwritable: the next tick tries again
             self.log.error("dispatch_failed", task=task_id, error=str(exc))
@@ -756,6 +765,12 @@ class Daemon:
         self._running[task_id] = launcher_name
         self.log.info("dispatched", task=task_id, epoch=epoch, attempt=pending.meta.attempt,
                       reason=decision.reason, launcher=launcher_name, pid=owner.pid, unit=owner.unit)
+
+    def _dispatch_aborted(self, task_id: str, baton: Baton) -> None:
+        """The baton changed between the decision and the dispatch write: no agent; look again soon."""
+        self.log.info("raced", task=task_id, action="dispatch", status=baton.meta.status.value,
+                      revision=baton.meta.revision, reason="the baton changed after the dispatch decision")
+        self.poke(task_id)
 
     def _launch_failed(self, baton: Baton, error: str, now: datetime) -> None:
         self.log.error("launch_failed", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
@@ -983,6 +998,12 @@ class _StatusLookup:
             return self.store.load(task_id).meta.status
         except HeartbeatError:
             return None
+
+
+def _dispatchable(baton: Baton) -> bool:
+    """What a dispatch decision saw and its write must still find: active (so not blocked, done,
+    snoozed or paused, and with no gate to wait on) and no owner."""
+    return baton.meta.status is Status.ACTIVE and baton.meta.owner is None
 
 
 def _open_store(state_dir: str) -> Store:

@@ -130,3 +130,169 @@ class TestCorruptLedgerRows:
             assert [e["row"] for e in reported] == [1], reported
         finally:
             h.close()
+
+
+_STOPS = {
+    "block": ("block", "--on", "a human", "--gate", "human"),
+    "done": ("done", "--note", "finished by hand"),
+    "snooze": ("snooze", "--for", "1h"),
+}
+_STOP_KINDS = {"blocked", "done", "snoozed"}
+_RESUME_KINDS = {"unblocked", "retried", "woke", "bypass"}
+
+
+def _dispatched_while_stopped(events: list[Any]) -> list[str]:
+    """Every ``dispatched`` whose last status change before it was a block, done or snooze."""
+    bad, stopped = [], ""
+    for e in events:
+        if e.kind in _STOP_KINDS:
+            stopped = f"{e.kind}@rev{e.revision}"
+        elif e.kind in _RESUME_KINDS:
+            stopped = ""
+        elif e.kind == "dispatched" and stopped:
+            bad.append(f"{e.task}: {stopped} then dispatched@rev{e.revision}")
+    return bad
+
+
+class _WritesBetweenDecisionAndDispatch(FileStore):
+    """A file store whose next ``load`` (the daemon's reload in its launch) first runs a real
+    ``heartbeat`` write: the human's block lands after the decision and before the dispatch."""
+
+    cli_args: tuple[str, ...] = ()
+
+    def load(self, task_id: str) -> Any:
+        if self.cli_args:
+            args, self.cli_args = self.cli_args, ()
+            r = subprocess.run([sys.executable, "-m", "heartbeat", args[0], task_id, *args[1:]],
+                               env=clean_env(HEARTBEAT_STATE_DIR=self.state_dir), capture_output=True, text=True,
+                               timeout=60)
+            assert r.returncode == 0, r.stderr
+        return FileStore.load(self, task_id)
+
+
+# A real ``heartbeat`` write that waits, CLI loaded, for a baton to appear, then a delay.
+_AFTER_THE_BATON = """\
+import os, sys, time
+import heartbeat.cli, heartbeat.tasks, heartbeat.store.files, tomli_w
+path, delay = sys.argv[1], float(sys.argv[2])
+while not os.path.exists(path):
+    time.sleep(0.001)
+time.sleep(delay)
+sys.exit(heartbeat.cli.main(sys.argv[3:]))
+"""
+
+
+class TestNoDispatchAfterAStop:
+    """A block, done or snooze written after the daemon decided to dispatch wins: no agent is launched."""
+
+    @pytest.mark.parametrize("verb", sorted(_STOPS))
+    def test_a_stop_between_decision_and_dispatch_aborts_the_launch(self, tmp_path: Path, verb: str) -> None:
+        """The stop lands between the decision and the phase-1 write: no dispatch, no brief, no launch."""
+        from heartbeat import tasks
+        from heartbeat.config import parse_config
+        from heartbeat.daemon import Daemon
+
+        tmp_path.chmod(0o700)
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700)
+        config = parse_config(f"""
+[daemon]
+state_dir = {json.dumps(str(state))}
+default_launcher = "agent"
+[launchers.agent]
+type = "null"
+""", path=str(tmp_path / "heartbeat.toml"))
+        store = _WritesBetweenDecisionAndDispatch(str(state))
+        d = Daemon(config, store=store)
+        try:
+            tasks.new_task(store, "t", task="t", step="s", workdir=str(tmp_path))
+            store.cli_args = _STOPS[verb]
+            d.tick()
+            assert not store.cli_args, "the daemon never reloaded the baton to launch it"
+            assert d.launchers["agent"].launches == []
+            assert store.ledger.events("t", kinds=["dispatched", "launched"]) == []
+            assert not (state / "logs" / "t").exists()
+            assert store.load("t").meta.owner is None
+            d.tick()
+            assert d.launchers["agent"].launches == []
+        finally:
+            d.shutdown()
+
+    def test_a_write_between_decision_and_dispatch_is_looked_at_again(self, tmp_path: Path) -> None:
+        """A harmless write (a new step) racing the dispatch: the launch waits for a fresh look, then goes."""
+        from heartbeat import tasks
+        from heartbeat.config import parse_config
+        from heartbeat.daemon import Daemon
+
+        tmp_path.chmod(0o700)
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700)
+        config = parse_config(f"""
+[daemon]
+state_dir = {json.dumps(str(state))}
+default_launcher = "agent"
+[launchers.agent]
+type = "null"
+""", path=str(tmp_path / "heartbeat.toml"))
+        store = _WritesBetweenDecisionAndDispatch(str(state))
+        d = Daemon(config, store=store)
+        try:
+            tasks.new_task(store, "t", task="t", step="s", workdir=str(tmp_path))
+            store.cli_args = ("set", "step=s2")
+            d.tick()
+            assert d.launchers["agent"].launches == []
+            d.tick()
+            (launch,) = d.launchers["agent"].launches
+            assert "s2" in launch.brief_text
+        finally:
+            d.shutdown()
+
+    def test_stops_racing_new_tasks_never_get_an_agent(self, tmp_path: Path) -> None:
+        """Thirty tasks each blocked, done or snoozed 0-150 ms after ``new`` against a real daemon:
+        no dispatch follows a stop, and no agent runs for a task stopped before its first dispatch."""
+        import random
+        import threading
+
+        tmp_path.chmod(0o700)
+        h = DaemonHarness(tmp_path, tick="100ms", agent=[*TOY, "--step-time", "30"])
+        rng = random.Random(8)
+        plan = [(f"r{i}", rng.choice(sorted(_STOPS)), rng.uniform(0, 0.15)) for i in range(30)]
+        errors: list[str] = []
+
+        def race(task_id: str, verb: str, delay: float) -> None:
+            # The stop's process is started first and waits, CLI loaded, for the baton to appear.
+            racer = subprocess.Popen(
+                [sys.executable, "-c", _AFTER_THE_BATON, str(h.state / "batons" / f"{task_id}.toml"), str(delay),
+                 "--state-dir", str(h.state), *_STOPS[verb][:1], task_id, *_STOPS[verb][1:]],
+                env=h.env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            h.new(task_id)
+            err = racer.communicate(timeout=60)[1]
+            if racer.returncode not in (0, 4, 5):
+                errors.append(f"{task_id} {verb}: {racer.returncode} {err}")
+
+        try:
+            h.start()
+            for start in range(0, len(plan), 3):
+                threads = [threading.Thread(target=race, args=p) for p in plan[start:start + 3]]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(timeout=120)
+            assert not errors, errors
+            ticks = len([e for e in h.log() if e.get("event") == "tick"])
+            h.wait(lambda: len([e for e in h.log() if e.get("event") == "tick"]) > ticks + 5, "five more ticks")
+            bad: list[str] = []
+            stopped_first: set[str] = set()
+            for task_id, _, _ in plan:
+                events = h.events(task_id)
+                bad += _dispatched_while_stopped(events)
+                first = next((e.kind for e in events if e.kind == "dispatched" or e.kind in _STOP_KINDS), "")
+                if first in _STOP_KINDS:
+                    stopped_first.add(task_id)
+            assert not bad, bad
+            running = set(h.live_agents())
+            assert not running & stopped_first, sorted(running & stopped_first)
+            print(f"{len(stopped_first)} of {len(plan)} tasks stopped before their first dispatch")
+        finally:
+            h.close()
+
