@@ -1029,12 +1029,53 @@ def run_from_cli(args: Any) -> int:
         raise ConfigError("no config found (tried --config, $HEARTBEAT_CONFIG, ./heartbeat.toml, "
                           "/etc/heartbeat/heartbeat.toml): run `heartbeat init`")
     config = load_config(path)
-    configure(fmt=config.daemon.log_format, level=config.daemon.log_level)
-    daemon = Daemon(config, dry_run=args.dry_run)
-    if args.once:
-        daemon.initialize()
-        daemon.tick()
-        daemon._pool.shutdown(wait=True)
-        daemon.store.close()
-        return 0
-    return daemon.serve()
+    lock_fd = hold_daemon_lock(config.state_dir)  # --once and --dry-run too: they dispatch (or decide) as well
+    try:
+        configure(fmt=config.daemon.log_format, level=config.daemon.log_level)
+        daemon = Daemon(config, dry_run=args.dry_run)
+        if args.once:
+            daemon.initialize()
+            daemon.tick()
+            daemon._pool.shutdown(wait=True)
+            daemon.store.close()
+            return 0
+        return daemon.serve()
+    finally:
+        os.close(lock_fd)
+
+
+def hold_daemon_lock(state_dir: str) -> int:
+    """Take ``<state_dir>/daemon.lock`` (an flock held until the returned descriptor is closed) or
+    raise :class:`DaemonRunning` naming the holder's pid: two clocks on one state dir would both
+    dispatch, past ``max_concurrent`` and into each other's tasks."""
+    import errno
+    import fcntl
+    import stat
+
+    from heartbeat.errors import DaemonRunning, StoreError, UnsafePath
+    from heartbeat.store.files import ensure_private_dir
+
+    ensure_private_dir(state_dir)
+    path = os.path.join(state_dir, "daemon.lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath("is a symbolic link; heartbeat does not follow links in its state dir",
+                             path=path) from None
+        raise StoreError(f"cannot open the daemon lock: {exc.strerror}", path=path) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafePath("is not a regular file (a FIFO, device or directory)", path=path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise DaemonRunning(f"another daemon (pid {holder}) is running on this state dir; "
+                                "one daemon per state dir", path=state_dir) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -24,6 +24,7 @@ __all__ = [
     "Conflict",
     "Stale",
     "StoreError",
+    "DaemonRunning",
 ]
 
 EXIT_OK = 0
@@ -136,3 +137,7 @@ class Stale(HeartbeatError):
 
 class StoreError(HeartbeatError):
     """The store could not complete an operation (disk full, permission, I/O)."""
+
+
+class DaemonRunning(HeartbeatError):
+    """Another daemon holds the state dir's daemon lock: one clock per state dir."""

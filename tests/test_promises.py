@@ -296,3 +296,41 @@ type = "null"
         finally:
             h.close()
 
+
+class TestOneDaemonPerStateDir:
+    """A second daemon on a state dir exits 1 at once, naming the one that holds it."""
+
+    def test_second_run_once_and_dry_run_are_refused(self, tmp_path: Path) -> None:
+        """While a daemon runs, ``run``, ``run --once`` and ``run --dry-run`` exit 1 naming its pid; after, ``--once`` runs."""
+        tmp_path.chmod(0o700)
+        h = DaemonHarness(tmp_path)
+        try:
+            h.start()
+            assert h.proc is not None
+            for extra in ((), ("--once",), ("--dry-run",)):
+                r = subprocess.run([sys.executable, "-m", "heartbeat", "--config", str(h.config), "run", *extra],
+                                   capture_output=True, text=True, env=h.env(), timeout=30)
+                assert r.returncode == 1, (extra, r.stdout, r.stderr)
+                assert r.stderr.count("\n") == 1, r.stderr
+                assert f"another daemon (pid {h.proc.pid}) is running" in r.stderr and str(h.state) in r.stderr
+            assert h.proc.poll() is None
+            assert h.stop() == 0
+            r = subprocess.run([sys.executable, "-m", "heartbeat", "--config", str(h.config), "run", "--once"],
+                               capture_output=True, text=True, env=h.env(), timeout=30)
+            assert r.returncode == 0, r.stderr
+        finally:
+            h.close()
+
+    def test_the_lock_dies_with_a_killed_daemon(self, tmp_path: Path) -> None:
+        """A SIGKILLed daemon leaves no lock behind: the next one starts."""
+        import signal
+
+        tmp_path.chmod(0o700)
+        h = DaemonHarness(tmp_path)
+        try:
+            h.start()
+            h.kill(signal.SIGKILL)
+            h.start()
+            assert h.proc is not None and h.proc.poll() is None
+        finally:
+            h.close()
