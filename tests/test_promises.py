@@ -301,7 +301,7 @@ class TestOneDaemonPerStateDir:
     """A second daemon on a state dir exits 1 at once, naming the one that holds it."""
 
     def test_second_run_once_and_dry_run_are_refused(self, tmp_path: Path) -> None:
-        """While a daemon runs, ``run``, ``run --once`` and ``run --dry-run`` exit 1 naming its pid; after, ``--once`` runs."""
+        """While a daemon runs, ``run``, ``run --once`` and ``run --dry-run`` exit 1 naming its pid; then they run."""
         tmp_path.chmod(0o700)
         h = DaemonHarness(tmp_path)
         try:
@@ -332,5 +332,67 @@ class TestOneDaemonPerStateDir:
             h.kill(signal.SIGKILL)
             h.start()
             assert h.proc is not None and h.proc.poll() is None
+        finally:
+            h.close()
+
+
+class TestRestoredBaton:
+    """A baton copied back from a backup loses no history, continues above it, and its dropped block is held."""
+
+    def test_a_write_after_a_restore_keeps_every_event(self, hb: Callable[..., Result], state_dir: Path) -> None:
+        """Restore revision 1 over revision 3, then write: no event is deleted, the write is revision 4,
+        and a ``restored`` event says what was found."""
+        import shutil
+
+        assert hb("new", "a", "--task", "t", "--step", "s").code == 0
+        baton = state_dir / "batons" / "a.toml"
+        backup = state_dir.parent / "a.toml.bak"
+        shutil.copy(baton, backup)
+        assert hb("set", "a", "step=two").code == 0
+        assert hb("block", "a", "--on", "legal review").code == 0
+        store = FileStore(str(state_dir))
+        before = [(e.id, e.kind, e.revision) for e in store.ledger.events("a")]
+        assert [k for _, k, _ in before] == ["created", "updated", "blocked"]
+        shutil.copy(backup, baton)  # the human act: cp keeps the inode, the file says revision 1
+        r = hb("set", "a", "step=three")
+        assert r.code == 0, r.err
+        after = [(e.id, e.kind, e.revision) for e in store.ledger.events("a")]
+        assert after[:3] == before
+        assert [(k, rev) for _, k, rev in after[3:]] == [("restored", 4), ("updated", 4)]
+        restored = store.ledger.events("a", kinds=["restored"])[0]
+        assert restored.data["found_revision"] == 1 and restored.data["highest_revision"] == 3
+        assert store.load("a").meta.revision == 4
+        store.close()
+
+    def test_the_daemon_holds_the_dropped_block_and_report_counts_it(self, tmp_path: Path) -> None:
+        """A blocked task restored from an active backup, then written: the daemon restores the block
+        (a bypass), dispatches nothing, and ``report`` counts one bypass."""
+        import shutil
+
+        tmp_path.chmod(0o700)
+        h = DaemonHarness(tmp_path)
+        try:
+            h.new("t")
+            baton = h.state / "batons" / "t.toml"
+            backup = tmp_path / "t.toml.bak"
+            shutil.copy(baton, backup)
+            r = h.cli("block", "t", "--on", "the release manager")
+            assert r.returncode == 0, r.stderr
+            shutil.copy(backup, baton)
+            r = h.cli("set", "t", "next_step=restored from last night's backup")
+            assert r.returncode == 0, r.stderr
+            h.start()
+            h.wait(lambda: h.events("t", "bypass"), "the daemon to hold the dropped block")
+            ticks = len([e for e in h.log() if e.get("event") == "tick"])
+            h.wait(lambda: len([e for e in h.log() if e.get("event") == "tick"]) > ticks + 3, "three more ticks")
+            assert h.events("t", "dispatched") == []
+            assert not h.live_agents("t")
+            assert h.baton("t").meta.status.value == "blocked"
+            assert [e.kind for e in h.events("t") if e.kind != "touched"][:2] == ["created", "blocked"]
+            revisions = [e.revision for e in h.events("t")]
+            assert revisions == sorted(revisions), revisions
+            r = h.cli("report", "--json")
+            assert r.returncode == 0, r.stderr
+            assert json.loads(r.stdout)["totals"]["bypassed_blocks"] == 1
         finally:
             h.close()
