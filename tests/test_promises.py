@@ -22,6 +22,7 @@ import pytest
 from conftest import Result, clean_env
 from daemon_harness import TOY, DaemonHarness
 
+from heartbeat.baton import Gate
 from heartbeat.ledger import Event, SqliteLedger
 from heartbeat.store.files import FileStore
 
@@ -396,3 +397,64 @@ class TestRestoredBaton:
             assert json.loads(r.stdout)["totals"]["bypassed_blocks"] == 1
         finally:
             h.close()
+
+
+class TestPendingWrites:
+    """Only the events of a write that never reached its rename are ever removed, and exactly those."""
+
+    class Died(Exception):
+        pass
+
+    def _die(self, *args: object) -> None:
+        raise self.Died
+
+    def test_a_write_killed_after_its_rename_keeps_its_events(
+        self, file_store: FileStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The baton landed but its 'landed' mark did not: the next write finds that baton and keeps the events."""
+        from heartbeat import tasks
+
+        tasks.new_task(file_store, "k", task="t", step="s")
+        with monkeypatch.context() as patch:
+            patch.setattr(file_store.ledger, "landed", self._die)
+            with pytest.raises(self.Died):
+                tasks.block(file_store, "k", "legal", Gate.parse("human"))
+        assert file_store.load("k").meta.status.value == "blocked"
+        tasks.unblock(file_store, "k", by="ann")
+        assert [(e.kind, e.revision) for e in file_store.ledger.events("k")] == [
+            ("created", 1), ("blocked", 2), ("unblocked", 3)]
+
+    def test_a_write_killed_before_its_rename_then_a_restore_keeps_everything(
+        self, file_store: FileStore, monkeypatch: pytest.MonkeyPatch, state_dir: Path
+    ) -> None:
+        """A crashed write followed by a hand-restored baton proves nothing: no event is removed."""
+        import shutil
+
+        from heartbeat import tasks
+
+        tasks.new_task(file_store, "k", task="t", step="s")
+        backup = state_dir.parent / "k.bak"
+        shutil.copy(file_store.path_of("k"), backup)
+        tasks.set_fields(file_store, "k", {"step": "two"})
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "replace", self._die)
+            with pytest.raises(self.Died):
+                tasks.set_fields(file_store, "k", {"step": "three"})
+        shutil.copy(backup, file_store.path_of("k"))  # revision 1 again: neither the crashed write's base nor new
+        tasks.set_fields(file_store, "k", {"step": "four"})
+        kinds = [(e.kind, e.revision, e.data.get("step")) for e in file_store.ledger.events("k")]
+        assert kinds == [("created", 1, "s"), ("updated", 2, "two"), ("updated", 3, "three"),
+                         ("restored", 4, None), ("updated", 4, "four")]
+        assert file_store.load("k").meta.revision == 4
+
+    def test_a_recreated_task_id_continues_above_its_old_history(self, file_store: FileStore) -> None:
+        """A baton deleted and created again under the same id keeps the old events and starts above them."""
+        from heartbeat import tasks
+
+        tasks.new_task(file_store, "k", task="t", step="s")
+        tasks.set_fields(file_store, "k", {"step": "two"})
+        os.unlink(file_store.path_of("k"))
+        created = tasks.new_task(file_store, "k", task="t", step="again")
+        assert created.meta.revision == 3
+        assert [(e.kind, e.revision) for e in file_store.ledger.events("k")] == [
+            ("created", 1), ("updated", 2), ("created", 3)]
