@@ -46,16 +46,24 @@ else:
 # -- helpers ---------------------------------------------------------------------------
 
 
-def _store(args: argparse.Namespace) -> Any:
+def _store(args: argparse.Namespace, *, read: bool = False) -> Any:
+    """The store; a read command (``read=True``) never creates a missing state dir, it says so."""
     from heartbeat.store import open_store
 
     if not args.state_dir and not args.config and os.environ.get("HEARTBEAT_STATE_DIR"):
         # resolve_state_dir's answer, without importing the config module: agents the
         # daemon launched have the variable set, and their writes are the hot path.
-        return open_store(os.path.abspath(os.environ["HEARTBEAT_STATE_DIR"]))
-    from heartbeat.config import resolve_state_dir
+        state_dir = os.path.abspath(os.environ["HEARTBEAT_STATE_DIR"])
+    else:
+        from heartbeat.config import resolve_state_dir
 
-    return open_store(resolve_state_dir(args.state_dir, args.config))
+        state_dir = resolve_state_dir(args.state_dir, args.config)
+    if read and not os.path.isdir(state_dir):
+        from heartbeat.errors import StoreError
+
+        raise StoreError("no such state dir (a read never creates one: check --state-dir, "
+                         "$HEARTBEAT_STATE_DIR or the config's state_dir)", path=state_dir)
+    return open_store(state_dir)
 
 
 def _epoch(args: argparse.Namespace) -> int | None:
@@ -145,7 +153,10 @@ def _claiming_owner(args: argparse.Namespace) -> Any:
     from heartbeat.liveness import identify, this_host
     from heartbeat.timeparse import utcnow
 
-    pid = args.pid if getattr(args, "pid", None) else os.getppid()
+    pid = getattr(args, "pid", None)
+    if pid is not None and pid <= 0:
+        raise BadInput(f"must be a process id above 0, got {pid}", field="--pid")
+    pid = pid or os.getppid()
     found = identify(pid)
     if found is None:
         raise BadInput(f"no running process with pid {pid}", field="--pid")
@@ -261,7 +272,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from heartbeat.baton import dump_baton
 
-    baton = _store(args).load(args.id)
+    baton = _store(args, read=True).load(args.id)
     if args.json:
         _print_json(baton.to_dict())
     else:
@@ -272,7 +283,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from heartbeat.timeparse import utcnow
 
-    entries = _store(args).scan()
+    entries = _store(args, read=True).scan()
     now = utcnow()
     rows = []
     for entry in entries:
@@ -318,7 +329,7 @@ def cmd_log(args: argparse.Namespace) -> int:
     from heartbeat.baton import check_id
 
     check_id(args.id)
-    store = _store(args)
+    store = _store(args, read=True)
     events = store.ledger.events(args.id)
     if args.json:
         _print_json({"task": args.id, "events": [e.to_json() for e in events]})
@@ -337,7 +348,7 @@ def cmd_brief(args: argparse.Namespace) -> int:
 
     if args.budget is not None and args.budget < 1:
         raise BadInput("--budget must be a positive number of tokens")
-    store = _store(args)
+    store = _store(args, read=True)
     baton = store.load(args.id)
     kwargs: dict[str, Any] = {"max_attempts": _max_attempts(args), "epoch": _epoch(args)}
     if args.budget is not None:
@@ -369,7 +380,7 @@ def _max_attempts(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from heartbeat.world import verify
 
-    result = verify(_store(args), args.id, epoch=_epoch(args), actor=_actor(args))
+    result = verify(_store(args, read=True), args.id, epoch=_epoch(args), actor=_actor(args))
     if args.json:
         _print_json(result.to_json())
     else:
@@ -382,7 +393,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from heartbeat.timeparse import parse_instant
 
     since = parse_instant(args.since, field="--since") if args.since else None
-    report = build_report(_store(args), since=since)
+    report = build_report(_store(args, read=True), since=since)
     if args.json:
         _print_json(report.to_json())
     else:
@@ -508,6 +519,41 @@ def _command_in(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _hoist_global_options(argv: Sequence[str]) -> list[str]:
+    """``--config``/``--state-dir`` moved in front of the command wherever they were given, so
+    ``heartbeat status --state-dir D`` works like ``heartbeat --state-dir D status``. Nothing
+    after ``--`` moves."""
+    front: list[str] = []
+    rest: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--":
+            rest.append(arg)
+            rest.extend(args)
+            break
+        if arg in ("--config", "--state-dir"):
+            front.append(arg)
+            value = next(args, None)
+            if value is not None:
+                front.append(value)
+        elif arg.startswith(("--config=", "--state-dir=")):
+            front.append(arg)
+        else:
+            rest.append(arg)
+    return front + rest
+
+
+def _int64(text: str) -> int:
+    """An integer option: a number that fits the ledger's 64 bits, or one line and exit 2."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}") from None
+    if not -(2**63) <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{text[:40]} is out of range (at most {2**63 - 1})")
+    return value
+
+
 def _hot_args(argv: Sequence[str]) -> Any:
     """What the parser would return for the agent's hot calls, ``touch ID``, ``set ID F=V...``
     and ``add ID FIELD V...`` written without any option, or None for anything else.
@@ -548,7 +594,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if task:
             p.add_argument("id", help="task id")
         if write:
-            p.add_argument("--epoch", type=int, help="your epoch (else $HEARTBEAT_EPOCH); a superseded one is refused")
+            p.add_argument("--epoch", type=_int64, help="your epoch (else $HEARTBEAT_EPOCH); a superseded one is refused")
         if json_:
             p.add_argument("--json", action="store_true", help="print one JSON document")
         return p
@@ -578,19 +624,19 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--blocked-on", help="start blocked on this")
     p.add_argument("--gate", help="how the block clears: human|file:PATH|time:ISO8601|task:ID|check:NAME")
     p.add_argument("--claim", action="store_true", help="claim it for the calling process; prints the epoch")
-    p.add_argument("--pid", type=int, help="with --claim: the owner's pid (default: the caller's parent)")
+    p.add_argument("--pid", type=_int64, help="with --claim: the owner's pid (default: the caller's parent)")
 
     p = command("show", cmd_show, "print a baton", json_=True)
     p = command("set", cmd_set, "set scalar fields", write=True)
     p.add_argument("pairs", nargs="+", metavar="FIELD=VALUE")
-    p.add_argument("--expect-revision", type=int, help="refuse (exit 5) if the baton moved past this revision")
+    p.add_argument("--expect-revision", type=_int64, help="refuse (exit 5) if the baton moved past this revision")
     p = command("add", cmd_add, "append to a list field", write=True)
     p.add_argument("field")
     p.add_argument("values", nargs="+", metavar="VALUE")
-    p.add_argument("--expect-revision", type=int, help="refuse (exit 5) if the baton moved past this revision")
+    p.add_argument("--expect-revision", type=_int64, help="refuse (exit 5) if the baton moved past this revision")
     command("touch", cmd_touch, "heartbeat: alive, still on this step", write=True)
     p = command("claim", cmd_claim, "take the task for an agent the daemon did not start; prints the epoch")
-    p.add_argument("--pid", type=int, help="the owner's pid (default: the caller's parent)")
+    p.add_argument("--pid", type=_int64, help="the owner's pid (default: the caller's parent)")
     p.add_argument("--force", action="store_true", help="take it even from a live agent")
     command("release", cmd_release, "hand the task back to the daemon", write=True)
     p = command("snooze", cmd_snooze, "end the shift; the daemon wakes the task later", write=True)
@@ -613,11 +659,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     command("log", cmd_log, "the ledger's events for one task", json_=True)
     p = command("brief", cmd_brief, "what the next agent reads first: intent, constraints, state, context, pointers",
                 json_=True)
-    p.add_argument("--budget", type=int, help="tokens (UTF-8 bytes / 4) the brief may use (default 4000)")
-    p.add_argument("--epoch", type=int, help="your epoch (else $HEARTBEAT_EPOCH): warned about when superseded")
+    p.add_argument("--budget", type=_int64, help="tokens (UTF-8 bytes / 4) the brief may use (default 4000)")
+    p.add_argument("--epoch", type=_int64, help="your epoch (else $HEARTBEAT_EPOCH): warned about when superseded")
     p = command("verify", cmd_verify, "does the baton still hold? 0 fresh, 3 stale, 4 not active, 5 superseded",
                 json_=True)
-    p.add_argument("--epoch", type=int, help="your epoch (else $HEARTBEAT_EPOCH): exit 5 when superseded")
+    p.add_argument("--epoch", type=_int64, help="your epoch (else $HEARTBEAT_EPOCH): exit 5 when superseded")
     p = command("report", cmd_report, "handoff quality from the ledger, per task and in total", task=False,
                 json_=True)
     p.add_argument("--since", help="count only what happened at or after this ISO 8601 time")
@@ -665,7 +711,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             rest.remove("hook")
             return hook_main(rest)
         _check_utf8(argv)
-        args = _hot_args(argv) or build_parser(_command_in(argv)).parse_args(argv)
+        args = _hot_args(argv)
+        if args is None:
+            argv = _hoist_global_options(argv)
+            args = build_parser(_command_in(argv)).parse_args(argv)
         if not getattr(args, "func", None):
             build_parser().print_help(sys.stderr)
             return EXIT_BAD_INPUT

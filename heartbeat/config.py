@@ -140,6 +140,11 @@ def load_config(path: str) -> Config:
         raise ConfigError("no such file", path=path) from None
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
+    kind = stat.S_IFMT(os.fstat(fd).st_mode)
+    if kind != stat.S_IFREG:  # before fdopen, which would name the descriptor, not the file
+        os.close(fd)
+        raise ConfigError("is a directory, not a config file" if kind == stat.S_IFDIR else "is not a regular file",
+                          path=path)
     with os.fdopen(fd, "rb") as handle:
         st = os.fstat(handle.fileno())
         if not stat.S_ISREG(st.st_mode):
@@ -302,6 +307,9 @@ class _Parser:
         if not value[0] or "{" in value[0].replace("{{", "") or "\0" in "".join(value):
             raise self.error(name, "the program (first element) must be a fixed name or path, not a placeholder")
         for arg in value:
+            if any(brace in _PLACEHOLDER.sub("", arg) for brace in "{}"):
+                raise self.error(name, f"unbalanced brace in {arg[:60]!r}: a placeholder is {{name}}; "
+                                       "write {{ or }} for a literal brace")
             unknown = placeholders_in(arg) - allowed
             if unknown:
                 raise self.error(

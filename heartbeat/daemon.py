@@ -73,6 +73,8 @@ class _TaskMemory:
     quiet_status: str = ""
     lock_busy: bool = False
     """The daemon found the baton's lock held (and said so once); cleared by its next write."""
+    decided_revision: int = 0
+    """The baton revision the last dispatch decision was made on: the dispatch write is fenced on it."""
 
 
 class Daemon:
@@ -117,6 +119,9 @@ class Daemon:
         self._partition: _Partition | None = None
         self.counts: dict[str, int] = {}
         self.ticks = 0
+        if hasattr(self.store.ledger, "on_unreadable"):  # a corrupt row is skipped, and logged once
+            self.store.ledger.on_unreadable = lambda row, why: self.log.warning(
+                "ledger_row_unreadable", row=row, error=why, hint="the row is skipped; the ledger is not changed")
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -314,6 +319,7 @@ class Daemon:
             self.log.info("decision", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
                           action=decision.action.value, reason=decision.reason)
             if decision.action in (pol.Action.DISPATCH,):
+                mem.decided_revision = baton.meta.revision
                 launcher = baton.launcher or self.config.daemon.default_launcher
                 since = baton.meta.ended_at or baton.meta.updated_at or now
                 return baton.meta.status.value, (baton.id, launcher, since, decision)
@@ -712,6 +718,10 @@ class Daemon:
             baton = self.store.load(task_id)
         except HeartbeatError:
             return
+        decided = self._memory.setdefault(task_id, _TaskMemory()).decided_revision or baton.meta.revision
+        if baton.meta.revision != decided or not _dispatchable(baton):
+            self._dispatch_aborted(task_id, baton)  # written since the decision (a block, a done)
+            return
         if launcher is None:
             self._escalate(baton, f"launcher {launcher_name!r} is not in the config", now)
             return
@@ -724,10 +734,11 @@ class Daemon:
         # Phase 1: record the dispatch (new epoch, owner pending) before anything runs, so a
         # daemon killed mid-launch finds the dispatch on restart and adopts, not duplicates.
         try:
-            with self.store.edit(task_id, expect_revision=baton.meta.revision, actor="daemon", now=now) as ed:
+            with self.store.edit(task_id, expect_revision=decided, actor="daemon", now=now) as ed:
                 m = ed.baton.meta
-                if m.owner is not None:
+                if not _dispatchable(ed.baton):
                     ed.cancel()
+                    self._dispatch_aborted(task_id, ed.baton)
                     return
                 m.epoch += 1
                 m.attempt += 1
@@ -738,6 +749,7 @@ class Daemon:
                          resume=resume, stalled_at=stalled_at, pid=None, unit="")
         except (Conflict, NotFound, NotActive) as exc:
             self.log.info("raced", task=task_id, action="dispatch", reason=str(exc))
+            self.poke(task_id)
             return
         except Busy as exc:
             self._lock_busy(task_id, self._memory.setdefault(task_id, _TaskMemory()), "dispatch", exc)
@@ -801,6 +813,12 @@ class Daemon:
             self.log.warning("baton_locked", task=task_id, action=action, error=str(exc),
                              hint="skipped until its next look; the other tasks are served meanwhile")
         mem.quiet_entry = None
+
+    def _dispatch_aborted(self, task_id: str, baton: Baton) -> None:
+        """The baton changed between the decision and the dispatch write: no agent; look again soon."""
+        self.log.info("raced", task=task_id, action="dispatch", status=baton.meta.status.value,
+                      revision=baton.meta.revision, reason="the baton changed after the dispatch decision")
+        self.poke(task_id)
 
     def _launch_failed(self, baton: Baton, error: str, now: datetime) -> None:
         self.log.error("launch_failed", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
@@ -1056,6 +1074,12 @@ def _exit_if_stuck(clean: bool, deadline: float, log: Any) -> None:
     os._exit(0)
 
 
+def _dispatchable(baton: Baton) -> bool:
+    """What a dispatch decision saw and its write must still find: active (so not blocked, done,
+    snoozed or paused, and with no gate to wait on) and no owner."""
+    return baton.meta.status is Status.ACTIVE and baton.meta.owner is None
+
+
 def _open_store(state_dir: str) -> Store:
     from heartbeat.store import open_store
 
@@ -1079,12 +1103,53 @@ def run_from_cli(args: Any) -> int:
         raise ConfigError("no config found (tried --config, $HEARTBEAT_CONFIG, ./heartbeat.toml, "
                           "/etc/heartbeat/heartbeat.toml): run `heartbeat init`")
     config = load_config(path)
-    configure(fmt=config.daemon.log_format, level=config.daemon.log_level)
-    daemon = Daemon(config, dry_run=args.dry_run)
-    if args.once:
-        daemon.initialize()
-        daemon.tick()
-        daemon._pool.shutdown(wait=True)
-        daemon.store.close()
-        return 0
-    return daemon.serve()
+    lock_fd = hold_daemon_lock(config.state_dir)  # --once and --dry-run too: they dispatch (or decide) as well
+    try:
+        configure(fmt=config.daemon.log_format, level=config.daemon.log_level)
+        daemon = Daemon(config, dry_run=args.dry_run)
+        if args.once:
+            daemon.initialize()
+            daemon.tick()
+            daemon._pool.shutdown(wait=True)
+            daemon.store.close()
+            return 0
+        return daemon.serve()
+    finally:
+        os.close(lock_fd)
+
+
+def hold_daemon_lock(state_dir: str) -> int:
+    """Take ``<state_dir>/daemon.lock`` (an flock held until the returned descriptor is closed) or
+    raise :class:`DaemonRunning` naming the holder's pid: two clocks on one state dir would both
+    dispatch, past ``max_concurrent`` and into each other's tasks."""
+    import errno
+    import fcntl
+    import stat
+
+    from heartbeat.errors import DaemonRunning, StoreError, UnsafePath
+    from heartbeat.store.files import ensure_private_dir
+
+    ensure_private_dir(state_dir)
+    path = os.path.join(state_dir, "daemon.lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath("is a symbolic link; heartbeat does not follow links in its state dir",
+                             path=path) from None
+        raise StoreError(f"cannot open the daemon lock: {exc.strerror}", path=path) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafePath("is not a regular file (a FIFO, device or directory)", path=path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise DaemonRunning(f"another daemon (pid {holder}) is running on this state dir; "
+                                "one daemon per state dir", path=state_dir) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

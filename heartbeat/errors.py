@@ -24,6 +24,7 @@ __all__ = [
     "Conflict",
     "Stale",
     "StoreError",
+    "DaemonRunning",
 ]
 
 EXIT_OK = 0
@@ -140,3 +141,7 @@ class StoreError(HeartbeatError):
 
 class Busy(StoreError):
     """Another writer holds a baton's lock longer than the caller would wait (the daemon waits briefly)."""
+
+
+class DaemonRunning(HeartbeatError):
+    """Another daemon holds the state dir's daemon lock: one clock per state dir."""

@@ -416,10 +416,13 @@ class Report:
     generated_at: datetime | None = None
     seams: dict[str, Any] = field(default_factory=dict)
     """The tasks' seams summed (:func:`heartbeat.seams.seam_totals`)."""
+    unreadable_rows: int = 0
+    """Ledger rows skipped because they cannot be read (a hand edit, a bit flip)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "generated_at": self.generated_at.isoformat() if self.generated_at else None,
+            "unreadable_ledger_rows": self.unreadable_rows,
             "since": self.since.isoformat() if self.since else None,
             "tasks": [t.to_json() for t in self.tasks],
             "totals": dict(self.totals),
@@ -430,8 +433,10 @@ class Report:
     def render_text(self) -> str:
         """A table an operator reads in ten seconds: worst tasks first, zeros as dots."""
         window = f" since {self.since.isoformat(timespec='seconds')}" if self.since else ""
+        skipped = (f"\nledger: {self.unreadable_rows} unreadable row(s) skipped; the figures leave them out"
+                   if self.unreadable_rows else "")
         if not self.tasks:
-            return f"no handoffs to report{window}"
+            return f"no handoffs to report{window}{skipped}"
         cols = (("STARTS", "dispatches"), ("RESUMES", "resumes"), ("CLEAN", "clean_resumes"),
                 ("REDONE", "redone_steps"), ("SKIPPED", "skipped_steps"), ("BYPASS", "bypassed_blocks"),
                 ("STALE", "stale_resumes"), ("IDLE", "idle_resumes"), ("SPIN", "spinning"), ("ESC", "escalations"))
@@ -469,7 +474,7 @@ class Report:
         lines.append("SCORE = 5 x (bypass + esc) + 3 x (stale + redone + skipped) + 2 x (idle + spin) "
                      "+ 1 x unclean resumes; TTR = mean time to resume")
         lines += render_seams([(t.id, t.seams) for t in self.tasks if t.seams], self.seams)
-        return "\n".join(lines)
+        return "\n".join(lines) + skipped
 
 
 def build_report(store: Store, *, since: datetime | None = None, now: datetime | None = None) -> Report:
@@ -500,4 +505,5 @@ def build_report(store: Store, *, since: datetime | None = None, now: datetime |
     totals["mean_time_to_resume_s"] = round(sum(ttr_all) / len(ttr_all), 3) if ttr_all else None
     durations = [t.metrics["duration_s"] for t in tasks if t.metrics["duration_s"] is not None]
     totals["duration_s"] = round(sum(durations), 3) if durations else None
-    return Report(tasks, totals, since=since, generated_at=now, seams=seam_totals(t.seams for t in tasks))
+    return Report(tasks, totals, since=since, generated_at=now, seams=seam_totals(t.seams for t in tasks),
+                  unreadable_rows=len(getattr(store.ledger, "unreadable", {})))

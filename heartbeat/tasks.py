@@ -76,6 +76,7 @@ def new_task(
         raise BadInput("must not be empty", task=task_id, field="step")
     if workdir and not os.path.isabs(workdir):
         workdir = os.path.abspath(workdir)
+    check_gate_target(task_id, gate)
     meta = Meta(id=task_id)
     if blocked_on:
         meta.status = Status.BLOCKED
@@ -235,6 +236,7 @@ def block(
     store: Store, task_id: str, on: str, gate: Gate, *, epoch: int | None = None, actor: str = ""
 ) -> Baton:
     """Block the task on ``on`` until ``gate`` opens or a human unblocks it."""
+    check_gate_target(task_id, gate)
     if not on.strip():
         raise BadInput("say what the task is blocked on", task=task_id, field="blocked_on")
     with store.edit(task_id, epoch=epoch, actor=actor) as ed:
@@ -303,3 +305,9 @@ def retry(store: Store, task_id: str, *, by: str, note: str = "") -> Baton:
         meta.idle_resumes = 0
         ed.event("retried", by=by, note=note, was=ed.old.meta.status.value)
     return ed.baton
+
+
+def check_gate_target(task_id: str, gate: Gate | None) -> None:
+    """Refuse a ``task:ID`` gate on the task itself: it could only open once the task is done."""
+    if gate is not None and gate.kind is GateKind.TASK and gate.target == task_id:
+        raise BadInput(f"--gate task:{task_id} names the task itself; it would never open", task=task_id)

@@ -570,3 +570,100 @@ class TestHotPath:
                     command, [command, "x"])
         argv = ["--state-dir", "/s", *argv]
         assert vars(cli.build_parser(command).parse_args(argv)) == vars(cli.build_parser().parse_args(argv))
+
+
+def _heartbeat(*args: str, env: dict[str, str]) -> Result:
+    """The real CLI with exactly this environment (the ``hb`` fixture always sets a state dir)."""
+    proc = subprocess.run([sys.executable, "-m", "heartbeat", *args], env=env, capture_output=True, text=True,
+                          timeout=60)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+class TestEdgesFoundUnderAttack:
+    """Issue 8's CLI edges: each refused with one line and the right exit code, or accepted as a user expects."""
+
+    def test_claim_with_pid_zero_is_refused(self, hb: Hb) -> None:
+        """``--pid 0`` (or below) is refused, not taken as "the caller's parent"."""
+        assert hb("new", "a", "--task", "t", "--step", "s").code == 0
+        _one_line_error(hb("claim", "a", "--pid", "0"), 2, "--pid: must be a process id above 0, got 0")
+        _one_line_error(hb("claim", "a", "--pid", "-5"), 2, "above 0")
+        _one_line_error(hb("new", "b", "--task", "t", "--step", "s", "--claim", "--pid", "0"), 2, "above 0")
+        assert json.loads(hb("show", "a", "--json").out)["meta"].get("owner") in (None, {})
+
+    @pytest.mark.parametrize("argv", [
+        ("verify", "a", "--epoch", "99999999999999999999999"),
+        ("touch", "a", "--epoch", "99999999999999999999999"),
+        ("set", "a", "step=x", "--expect-revision", "-99999999999999999999999"),
+        ("claim", "a", "--pid", "99999999999999999999999"),
+    ])
+    def test_integers_past_64_bits_are_bad_input(self, hb: Hb, argv: tuple[str, ...]) -> None:
+        """An integer option too large for the ledger is exit 2 with one line, not "Python int too large"."""
+        assert hb("new", "a", "--task", "t", "--step", "s").code == 0
+        _one_line_error(hb(*argv), 2, "out of range")
+
+    def test_a_task_gate_on_itself_is_refused(self, hb: Hb) -> None:
+        """``--gate task:ID`` naming the task itself could never open: refused by block and new."""
+        assert hb("new", "a", "--task", "t", "--step", "s").code == 0
+        _one_line_error(hb("block", "a", "--on", "x", "--gate", "task:a"), 2, "task:a names the task itself")
+        _one_line_error(hb("new", "b", "--task", "t", "--step", "s", "--blocked-on", "x", "--gate", "task:b"), 2,
+                        "names the task itself")
+        assert hb("block", "a", "--on", "x", "--gate", "task:other").code == 0
+
+    @pytest.mark.parametrize("argv", [("status",), ("show", "a"), ("log", "a"), ("report",), ("verify", "a"),
+                                      ("brief", "a")])
+    def test_read_commands_never_create_a_state_dir(self, hb: Hb, tmp_path: Path, argv: tuple[str, ...]) -> None:
+        """A mistyped state dir is exit 1 naming it; nothing is created."""
+        typo = tmp_path / "typo"
+        _one_line_error(_heartbeat(*argv, env=clean_env(HEARTBEAT_STATE_DIR=str(typo))), 1,
+                        f"{typo}: no such state dir")
+        assert not typo.exists()
+
+    def test_a_directory_as_config_is_named(self, hb: Hb, tmp_path: Path) -> None:
+        """``--config DIR`` names the directory, not a file descriptor number."""
+        _one_line_error(hb("--config", str(tmp_path), "check-config"), 2, f"{tmp_path}: is a directory")
+        _one_line_error(_heartbeat("--config", str(tmp_path), "status", env=clean_env()), 2,
+                        f"{tmp_path}: is a directory")
+
+    def test_global_options_are_accepted_after_the_command(self, hb: Hb, state_dir: Path, tmp_path: Path) -> None:
+        """``--state-dir`` and ``--config`` work anywhere on the line, as before the command."""
+        other = tmp_path / "other"
+        r = hb("new", "a", "--task", "t", "--step", "s", "--state-dir", str(other))
+        assert r.code == 0, r.err
+        assert (other / "batons" / "a.toml").exists() and not (state_dir / "batons" / "a.toml").exists()
+        r = hb("status", f"--state-dir={other}", "--json")
+        assert r.code == 0 and [t["id"] for t in json.loads(r.out)["tasks"]] == ["a"], r.err
+        r = hb("set", "a", "step=two", "--state-dir", str(other))
+        assert r.code == 0, r.err
+        assert hb("show", "a", "--state-dir", str(other), "--json").out.count('"step": "two"') == 1
+
+    @pytest.mark.parametrize("command,ok", [('["a", "{"]', False), ('["a", "}x"]', False),
+                                           ('["a", "{id"]', False), ('["a", "{{literal}}", "{id}"]', True)])
+    def test_unbalanced_braces_in_a_command_are_refused(self, hb: Hb, tmp_path: Path, command: str,
+                                                        ok: bool) -> None:
+        """check-config refuses a lone brace in a launcher's argv; ``{{`` and ``}}`` stay literal braces."""
+        config = tmp_path / "hb.toml"
+        config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "s"}"\n[launchers.agent]\ntype = "exec"\n'
+                          f'command = {command}\n')
+        config.chmod(0o600)
+        r = hb("--config", str(config), "check-config")
+        if ok:
+            assert r.code == 0, r.err
+        else:
+            _one_line_error(r, 2, "launchers.agent.command: unbalanced brace")
+
+    def test_a_full_disk_leaves_no_exit_temp_file(self, tmp_path: Path) -> None:
+        """The shim's exit-file writer on a full disk (RLIMIT_FSIZE 0: writes fail with EFBIG) removes its temp file."""
+        script = (
+            "import resource, signal, sys\n"
+            "from heartbeat.launchers.shim import write_exit_file\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))\n"
+            "try:\n"
+            "    write_exit_file(sys.argv[1], 0, None, 0.0)\n"
+            "except OSError as exc:\n"
+            "    print(exc.errno)\n"
+        )
+        r = subprocess.run([sys.executable, "-c", script, str(tmp_path / "1.exit")], capture_output=True, text=True,
+                           env=clean_env(), timeout=60)
+        assert r.returncode == 0 and r.stdout.strip() == "27", (r.stdout, r.stderr)  # EFBIG
+        assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -124,11 +124,20 @@ def _write_record(path: str, record: dict[str, object]) -> None:
         pass
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, (json.dumps(record) + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            data = (json.dumps(record) + "\n").encode()
+            if os.write(fd, data) != len(data):
+                raise OSError(28, "short write (the disk is full)")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:  # a full disk must not leave a 0-byte temp file beside the logs
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     try:
         dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:

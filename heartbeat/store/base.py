@@ -26,7 +26,8 @@ from heartbeat.errors import Conflict, HeartbeatError
 from heartbeat.ledger import Event, Ledger
 from heartbeat.timeparse import utcnow
 
-__all__ = ["Entry", "Edit", "Store", "check_fence", "finish_edit", "content_changes", "created_data"]
+__all__ = ["Entry", "Edit", "Store", "check_fence", "finish_edit", "content_changes", "created_data",
+           "continue_above", "write_identity"]
 
 
 @dataclass
@@ -189,6 +190,27 @@ def finish_edit(ed: Edit, fingerprint: Callable[[Baton], dict[str, str]] | None)
         if "done" in changed:
             event.data.setdefault("done", new.done[len(old.done):] if new.done[: len(old.done)] == old.done else new.done)
     return events
+
+
+def write_identity(baton: Baton) -> str:
+    """Which write produced this baton, as the ledger's pending-write check compares it."""
+    meta = baton.meta
+    return f"{meta.revision}@{meta.touched_at.isoformat() if meta.touched_at else ''}"
+
+
+def continue_above(ed: Edit, events: list[Event], highest: int) -> None:
+    """A baton whose revision is below the highest its ledger recorded was restored from an older
+    copy: its write continues above that revision (no two histories of one revision) and says so
+    with a ``restored`` event. A block the old copy lacks is then a bypass, held by the daemon."""
+    if highest < ed.baton.meta.revision:
+        return
+    found = ed.old.meta.revision
+    ed.baton.meta.revision = highest + 1
+    events.insert(0, Event(task=ed.old.id, kind="restored", ts=ed.now, actor=ed.actor, epoch=ed.baton.meta.epoch,
+                           data={"found_revision": found, "highest_revision": highest,
+                                 "status": ed.old.meta.status.value}))
+    for event in events:
+        event.revision = highest + 1
 
 
 def now_or(now: datetime | None) -> datetime:

@@ -37,9 +37,18 @@ from heartbeat.errors import (
     StoreError,
     UnsafePath,
 )
-from heartbeat.ledger import Event, Ledger, SqliteLedger
+from heartbeat.ledger import Event, Ledger, PendingWrite, SqliteLedger
 from heartbeat.safefile import check_not_special, open_regular
-from heartbeat.store.base import Edit, Entry, check_fence, created_data, finish_edit, now_or
+from heartbeat.store.base import (
+    Edit,
+    Entry,
+    check_fence,
+    continue_above,
+    created_data,
+    finish_edit,
+    now_or,
+    write_identity,
+)
 
 __all__ = ["FileStore", "ensure_private_dir"]
 
@@ -277,12 +286,13 @@ class FileStore:
                 raise AlreadyExists("a task with this id exists already", task=task_id)
             new = baton.copy()
             meta = new.meta
-            meta.revision = 1
+            # A task id used before (its baton deleted) continues above its history's revisions.
+            meta.revision = self.ledger.highest_revision(task_id) + 1
             meta.created_at = meta.updated_at = meta.touched_at = meta.progress_at = now
             meta.world = _fingerprint(new)
-            events = [Event(task=task_id, kind="created", ts=now, actor=actor, epoch=meta.epoch, revision=1,
-                            data=created_data(new))]
-            self._write(task_id, new, events)
+            events = [Event(task=task_id, kind="created", ts=now, actor=actor, epoch=meta.epoch,
+                            revision=meta.revision, data=created_data(new))]
+            self._write(task_id, new, events, base="")
         return new
 
     @contextmanager
@@ -300,14 +310,17 @@ class FileStore:
         with self._locked(task_id):
             old, _ = self._read(task_id)
             check_fence(old, expect_revision=expect_revision, epoch=epoch)
+            base = write_identity(old)
+            highest = self.ledger.highest_revision(task_id, base)
             ed = Edit(old=old, baton=old.copy(), now=now_or(now), actor=actor, touch=touch)
             yield ed
             if ed.cancelled:
                 return
             events = finish_edit(ed, _fingerprint)
-            self._write(task_id, ed.baton, events)
+            continue_above(ed, events, highest)
+            self._write(task_id, ed.baton, events, base=base)
 
-    def _write(self, task_id: str, baton: Baton, events: list[Event]) -> None:
+    def _write(self, task_id: str, baton: Baton, events: list[Event], *, base: str) -> None:
         path = self.path_of(task_id)
         data = dump_baton(baton).encode("utf-8")
         if len(data) > defaults.MAX_BATON_BYTES:
@@ -326,8 +339,13 @@ class FileStore:
             finally:
                 os.close(fd)
             # The event goes in before the rename: a baton on disk always has its event.
-            self.ledger.append(events, supersede=(task_id, baton.meta.revision))
+            write = PendingWrite(task_id, base, write_identity(baton))
+            self.ledger.append(events, write=write)
             os.replace(tmp, path)
+            try:
+                self.ledger.landed(write)
+            except StoreError:
+                pass  # still pending: the next write finds this baton, the write's ``new``, and keeps its events
             if _plain(baton.extra) and _plain(baton.meta.extra):
                 self._written[task_id] = (data, baton.copy())
             else:
