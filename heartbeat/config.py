@@ -62,6 +62,7 @@ class DaemonConfig:
     max_concurrent: int = defaults.MAX_CONCURRENT
     default_launcher: str = defaults.DEFAULT_LAUNCHER
     on_spinning: str = defaults.ON_SPINNING
+    inactive_grace: float = defaults.INACTIVE_GRACE
     log_format: str = "auto"
     log_level: str = "info"
 
@@ -380,6 +381,7 @@ class _Parser:
             max_concurrent=self.integer(doc, "max_concurrent", p, defaults.MAX_CONCURRENT),
             default_launcher=launcher,
             on_spinning=self.string(doc, "on_spinning", p, defaults.ON_SPINNING, ("escalate", "restart", "report")),
+            inactive_grace=self.duration(doc, "inactive_grace", p, defaults.INACTIVE_GRACE, positive=False),
             log_format=self.string(doc, "log_format", p, "auto", ("auto", "json", "console")),
             log_level=self.string(doc, "log_level", p, "info", ("debug", "info", "warning", "error")),
         )

@@ -75,6 +75,8 @@ class _TaskMemory:
     """The daemon found the baton's lock held (and said so once); cleared by its next write."""
     decided_revision: int = 0
     """The baton revision the last dispatch decision was made on: the dispatch write is fenced on it."""
+    inactive_seen: tuple[str, int, datetime] | None = None
+    """(status, epoch, first seen): when the daemon first saw the task not active with its agent alive."""
 
 
 class Daemon:
@@ -365,6 +367,7 @@ class Daemon:
             non_retryable_exit_codes=frozenset(lc.non_retryable_exit_codes) if lc else frozenset(),
             on_spinning=d.on_spinning,
             launch_timeout=10.0,
+            inactive_grace=d.inactive_grace,
         )
 
     # -- observing -------------------------------------------------------------------------
@@ -427,8 +430,17 @@ class Daemon:
         else:
             mem.block_checked = None
         spinning_reported = mem.spinning_reported_for is not None and mem.spinning_reported_for == meta.progress_at
+        inactive_since: datetime | None = None
+        if alive and meta.status is not Status.ACTIVE:
+            seen = mem.inactive_seen
+            if seen is None or seen[:2] != (meta.status.value, meta.epoch):
+                seen = mem.inactive_seen = (meta.status.value, meta.epoch, now)
+            inactive_since = seen[2]
+        else:
+            mem.inactive_seen = None
         return pol.Observation(alive=alive, exit_code=exit_code, exit_signal=exit_signal, gate_open=gate_open,
-                               block_dropped=block_dropped, spinning_reported=spinning_reported)
+                               block_dropped=block_dropped, spinning_reported=spinning_reported,
+                               inactive_since=inactive_since)
 
     def _load_block_seed(self) -> dict[str, Event]:
         """The latest block-related event of every task, in one query: the first pass over
@@ -503,7 +515,7 @@ class Daemon:
             self._record(Event(task=baton.id, kind="spinning", ts=now, epoch=baton.meta.epoch, actor="daemon",
                                data={"step": baton.step, "since": (baton.meta.progress_at or now).isoformat()}))
             return None
-        if d.action in (a.STOP_THEN_DISPATCH, a.STOP_THEN_ESCALATE):
+        if d.action in (a.STOP_THEN_DISPATCH, a.STOP_THEN_ESCALATE, a.STOP):
             self._start_stop(baton, d, mem, now)
             return None
         return None
@@ -519,6 +531,8 @@ class Daemon:
             if status is not None:
                 obs_code, obs_signal = status.code, status.signal
         kind = d.exit_kind or pol.ExitKind.FAILED
+        if mem.stop_why == "inactive":  # stopped because its task was no longer active: not a failed attempt
+            kind = pol.ExitKind.FINISHED
         started = (owner.started_at if owner else None) or meta.dispatched_at
         duration = (now - started).total_seconds() if started else None
         progressed = kind is pol.ExitKind.SHIFT_END
@@ -672,7 +686,8 @@ class Daemon:
                 self.log.error("stop_failed", task=baton.id, error=repr(exc))
                 gone = False
             self._record(Event(task=baton.id, kind="stopped", ts=utcnow(), epoch=baton.meta.epoch,
-                               actor="daemon", data={"why": why, "pid": owner.pid, "gone": gone}))
+                               actor="daemon", data={"why": why, "pid": owner.pid, "gone": gone,
+                                                     "reason": d.reason}))
             self.log.info("stopped", task=baton.id, epoch=baton.meta.epoch, pid=owner.pid, why=why, gone=gone)
             with self._lock:
                 if not gone:

@@ -48,6 +48,13 @@ DEFAULT_LAUNCHER = "agent"
 STOP_GRACE = 10.0
 """Seconds between SIGTERM and SIGKILL when stopping an agent."""
 
+INACTIVE_GRACE = 5.0
+"""Seconds an agent may keep running once its task is no longer active (a human blocked,
+finished, snoozed or paused it) before the daemon stops it (SIGTERM, then ``stop_grace``,
+then SIGKILL). Short: an agent that wrote the status itself is already exiting (its last
+command), and SIGTERM is itself a request to wind down; anything longer keeps a task the
+user stopped running and a concurrency slot taken. Well under any sensible ``max_runtime``."""
+
 CHECK_TIMEOUT = 30.0
 """Seconds a gate's check command may run before it counts as closed."""
 

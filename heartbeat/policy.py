@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from enum import StrEnum
 
+from heartbeat import defaults
 from heartbeat.baton import Baton, GateKind, Status
 from heartbeat.errors import BadInput
 from heartbeat.timeparse import format_duration, parse_instant
@@ -58,6 +59,7 @@ class Action(StrEnum):
     RESTORE_BLOCK = "restore-block"  # a hand edit dropped a block: put it back, record a bypass
     REPORT_SPINNING = "report-spinning"
     WAIT_LAUNCH = "wait-launch"  # a dispatch was recorded but its agent's pid is not yet known
+    STOP = "stop"  # the task is no longer active but its agent still runs: stop it, dispatch nothing
 
 
 class ExitKind(StrEnum):
@@ -67,7 +69,8 @@ class ExitKind(StrEnum):
     IDLE = "idle"  # exit 0 without progress: an idle resume
     FAILED = "failed"  # non-zero, signal, or vanished: a failed attempt, backoff applies
     NON_RETRYABLE = "non-retryable"  # the launcher says a human is needed
-    FINISHED = "finished"  # the task is done/failed/escalated: nothing follows
+    FINISHED = "finished"  # the task is done/failed/escalated (or the daemon stopped the agent of a task
+    # that was no longer active): nothing follows, no attempt is counted as failed
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class Policy:
     non_retryable_exit_codes: frozenset[int] = frozenset()
     on_spinning: str = "escalate"
     launch_timeout: float = 30.0
+    inactive_grace: float = defaults.INACTIVE_GRACE
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,9 @@ class Observation:
     """The ledger's last word on this task is ``blocked`` but the baton is no longer blocked."""
     spinning_reported: bool = False
     """A ``spinning`` event was already recorded for this episode."""
+    inactive_since: datetime | None = None
+    """For a task that is not active but whose owner is alive: when the daemon first saw it so
+    (the grace before the agent is stopped counts from here; None means "just now")."""
 
 
 @dataclass(frozen=True)
@@ -189,6 +196,10 @@ def decide(baton: Baton, obs: Observation, now: datetime, policy: Policy) -> Dec
             how, why = "its process is gone", "owner_dead"
         return Decision(Action.SETTLE, f"agent ended ({how})", exit_kind=kind, stalled_why=why)
 
+    # No longer active, yet its agent runs: a grace to end on its own, then it is stopped.
+    if status is not Status.ACTIVE and owner is not None and obs.alive and not _gate_opened(baton, obs):
+        return _judge_inactive(baton, obs, now, policy)
+
     if status in (Status.DONE, Status.FAILED):
         return Decision(Action.NOTHING, f"task {status.value}")
     if status is Status.ESCALATED:
@@ -197,13 +208,11 @@ def decide(baton: Baton, obs: Observation, now: datetime, policy: Policy) -> Dec
         return Decision(Action.NOTHING, "paused")
 
     if status is Status.BLOCKED:
-        if obs.gate_open and meta.gate is not None and meta.gate.kind is not GateKind.HUMAN:
+        if _gate_opened(baton, obs) and meta.gate is not None:
             return Decision(Action.UNBLOCK, f"gate {meta.gate.spec()} opened")
         return Decision(Action.NOTHING, f"blocked on: {baton.blocked_on or '(no reason given)'}")
 
     if status is Status.SNOOZED:
-        if owner is not None and obs.alive:
-            return Decision(Action.NOTHING, "snoozed; the agent is ending its shift")
         if meta.snooze_until is not None and now < meta.snooze_until:
             return Decision(Action.NOTHING, f"snoozed until {meta.snooze_until.isoformat()}",
                             not_before=meta.snooze_until)
@@ -214,6 +223,40 @@ def decide(baton: Baton, obs: Observation, now: datetime, policy: Policy) -> Dec
         return _judge_running(baton, obs, now, policy)
 
     return _due(baton, now, policy)
+
+
+def _gate_opened(baton: Baton, obs: Observation) -> bool:
+    """A blocked task whose (non-human) gate has opened: it is unblocked, not its agent stopped."""
+    gate = baton.meta.gate
+    return baton.meta.status is Status.BLOCKED and obs.gate_open and gate is not None \
+        and gate.kind is not GateKind.HUMAN
+
+
+def _judge_inactive(baton: Baton, obs: Observation, now: datetime, policy: Policy) -> Decision:
+    """A live owner on a task that is blocked, snoozed, paused, done, failed or escalated.
+
+    It may have written that status itself and be exiting, or will notice at its next
+    ``heartbeat verify`` (exit 4): it gets ``inactive_grace`` from when the daemon first saw
+    the task so, then it is stopped (no successor, the status untouched). ``max_runtime``
+    still applies meanwhile. An agent the daemon did not start (``claim``) is never stopped
+    for this: it may be a person's interactive session that simply carries on.
+    """
+    meta = baton.meta
+    owner = meta.owner
+    assert owner is not None
+    what = f"task {meta.status.value}"
+    if owner.how != "dispatch":
+        return Decision(Action.NOTHING, f"{what}; its claimed agent is left to end on its own")
+    started = owner.started_at or meta.dispatched_at
+    if policy.max_runtime is not None and _ago(now, started) > policy.max_runtime:
+        return Decision(Action.STOP, f"{what}: agent ran past max_runtime ({format_duration(policy.max_runtime)})",
+                        stalled_why="inactive")
+    since = obs.inactive_since or now
+    if _ago(now, since) >= policy.inactive_grace:
+        return Decision(Action.STOP, f"{what}: agent still running after grace "
+                        f"({format_duration(policy.inactive_grace)})", stalled_why="inactive")
+    return Decision(Action.NOTHING, f"{what}; its agent may end on its own until "
+                    f"{(since + timedelta(seconds=policy.inactive_grace)).isoformat()}")
 
 
 def _judge_running(baton: Baton, obs: Observation, now: datetime, policy: Policy) -> Decision:

@@ -53,6 +53,23 @@ def baton(status: Status = Status.ACTIVE, *, owner: bool = False, how: str = "di
 ALIVE = Observation(alive=True)
 DEAD = Observation(alive=False)
 
+LEFT_ACTIVE_AT_100 = Observation(alive=True, inactive_since=at(100))
+"""The daemon first saw the task no longer active, its agent alive, 100 s after T0."""
+
+# Every non-active status with a live dispatched agent: a grace to end on its own, then a stop.
+INACTIVE_WITH_LIVE_AGENT = [
+    row
+    for status in (Status.BLOCKED, Status.DONE, Status.FAILED, Status.SNOOZED, Status.PAUSED, Status.ESCALATED)
+    for row in (
+        (f"{status.value} with a live agent, within the grace: left to end on its own",
+         baton(status, owner=True, snooze=10_000 if status is Status.SNOOZED else None), LEFT_ACTIVE_AT_100,
+         100 + POLICY.inactive_grace - 1, Action.NOTHING),
+        (f"{status.value} with a live agent, past the grace: stopped, nothing dispatched",
+         baton(status, owner=True, snooze=10_000 if status is Status.SNOOZED else None), LEFT_ACTIVE_AT_100,
+         100 + POLICY.inactive_grace + 1, Action.STOP),
+    )
+]
+
 # (name, baton, observation, now (seconds after T0), expected action)
 TABLE = [
     ("fresh task, never dispatched", baton(owner=False, attempt=0, dispatches=0, dispatched=None), DEAD, 1,
@@ -82,8 +99,9 @@ TABLE = [
      Action.NOTHING),
     ("blocked, check gate open", baton(Status.BLOCKED, gate=Gate(GateKind.CHECK, "ci")),
      Observation(gate_open=True), 10, Action.UNBLOCK),
-    ("blocked with a live agent: never dispatched", baton(Status.BLOCKED, owner=True), ALIVE, 10_000,
-     Action.NOTHING),
+    ("blocked with a live agent, gate opened: unblocked, the agent kept",
+     baton(Status.BLOCKED, owner=True, gate=Gate(GateKind.FILE, "/x")),
+     Observation(alive=True, gate_open=True, inactive_since=at(100)), 200, Action.UNBLOCK),
     ("backoff not yet elapsed after a failed attempt", baton(attempt=2, last_exit=1, ended=100), DEAD, 110,
      Action.NOTHING),
     ("backoff elapsed", baton(attempt=2, last_exit=1, ended=100), DEAD, 100 + 76, Action.DISPATCH),
@@ -93,8 +111,8 @@ TABLE = [
      DEAD, 100, Action.DISPATCH),
     ("snoozed until a later time", baton(Status.SNOOZED, snooze=1000), DEAD, 999, Action.NOTHING),
     ("snoozed, time reached: wake", baton(Status.SNOOZED, snooze=1000), DEAD, 1000, Action.WAKE),
-    ("snoozed, agent still finishing its shift", baton(Status.SNOOZED, owner=True, snooze=1000), ALIVE, 2000,
-     Action.NOTHING),
+    ("snoozed by a claimed agent still finishing its shift: left alone",
+     baton(Status.SNOOZED, owner=True, how="claim", snooze=1000), LEFT_ACTIVE_AT_100, 2000, Action.NOTHING),
     ("done", baton(Status.DONE), DEAD, 10, Action.NOTHING),
     ("failed", baton(Status.FAILED), DEAD, 10, Action.NOTHING),
     ("paused", baton(Status.PAUSED), DEAD, 10, Action.NOTHING),
@@ -104,6 +122,11 @@ TABLE = [
     ("dispatch recorded, pid not yet known", baton(owner=True, pid=None, dispatched=0), DEAD, 5,
      Action.WAIT_LAUNCH),
     ("dispatch recorded, pid never came", baton(owner=True, pid=None, dispatched=0), DEAD, 31, Action.SETTLE),
+    *INACTIVE_WITH_LIVE_AGENT,
+    ("blocked, claimed agent past the grace: not the daemon's to stop", baton(Status.BLOCKED, owner=True, how="claim"),
+     LEFT_ACTIVE_AT_100, 10_000, Action.NOTHING),
+    ("blocked, agent within the grace but past max_runtime: stopped", baton(Status.BLOCKED, owner=True),
+     Observation(alive=True, inactive_since=at(4 * 3600)), 4 * 3600 + 1, Action.STOP),
     ("claimed by a live interactive agent, quiet but within stall_after", baton(owner=True, how="claim",
      attempt=0, dispatches=0, dispatched=None, touched=0), ALIVE, 300, Action.NOTHING),
 ]
@@ -127,6 +150,19 @@ class TestDecisionTable:
         report = replace(POLICY, on_spinning="report")
         assert decide(b, ALIVE, at(3700), report).action is Action.REPORT_SPINNING
         assert decide(b, Observation(alive=True, spinning_reported=True), at(3700), report).action is Action.NOTHING
+
+    def test_inactive_stop_says_why_and_dispatches_nothing(self) -> None:
+        """The stop of an agent whose task was blocked names the status and the grace, and wants no dispatch."""
+        d = decide(baton(Status.BLOCKED, owner=True), LEFT_ACTIVE_AT_100, at(200), POLICY)
+        assert d.action is Action.STOP and not d.wants_dispatch
+        assert d.reason.startswith("task blocked: agent still running after grace")
+        within = decide(baton(Status.DONE, owner=True), LEFT_ACTIVE_AT_100, at(101), POLICY)
+        assert within.action is Action.NOTHING and not within.wants_dispatch
+
+    def test_inactive_grace_counts_from_first_sight_when_unknown(self) -> None:
+        """Without a recorded instant the grace starts now: a live agent is never stopped on the first look."""
+        d = decide(baton(Status.BLOCKED, owner=True), ALIVE, at(10_000), POLICY)
+        assert d.action is Action.NOTHING
 
     def test_hung_reason_names_the_silence(self) -> None:
         """A stop's reason says what was seen, so the log and the next brief explain it."""
