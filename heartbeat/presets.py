@@ -257,8 +257,8 @@ def parse_codex(data: bytes) -> ResultInfo:
             if kind == "turn.completed":
                 for key, value in _usage(obj.get("usage"), _CODEX_USAGE).items():
                     usage[key] = usage.get(key, 0) + value
-        elif kind == "error":
-            last = obj
+        elif kind == "error" and not _text(obj.get("message")).startswith("Reconnecting"):
+            last = obj  # "Reconnecting... 2/5" is a retry under way, not an end
     resume_failed = bool(_CODEX_NO_THREAD.search(data))
     if last is None:
         return ResultInfo(session_id=thread, resume_failed=resume_failed, is_error=resume_failed,
@@ -280,6 +280,7 @@ def parse_codex(data: bytes) -> ResultInfo:
 
 _GEMINI_USAGE = {"input_tokens": "input_tokens", "output_tokens": "output_tokens", "cached": "cache_read_tokens"}
 _GEMINI_AUTH_LINE = re.compile(rb"Please set an Auth method[^\n]{0,300}")
+_GEMINI_NO_SESSION = re.compile(rb"Error resuming session[^\n]{0,300}|Invalid session identifier[^\n]{0,300}")
 
 
 def parse_gemini(data: bytes) -> ResultInfo:
@@ -287,7 +288,8 @@ def parse_gemini(data: bytes) -> ResultInfo:
     ``{"type": "result"}`` says ``status`` success or error (with ``stats`` token counts).
 
     An unconfigured login ends before any JSON, with "Please set an Auth method ..." on
-    stderr and exit 41: non-retryable.
+    stderr and exit 41: non-retryable. ``--resume`` of a session it does not have ends with
+    "Error resuming session: ..." and exit 42: the resume failed (a fresh session follows).
     """
     session = ""
     result: dict[str, Any] | None = None
@@ -297,10 +299,14 @@ def parse_gemini(data: bytes) -> ResultInfo:
         elif obj.get("type") == "result":
             result = obj
     auth = _GEMINI_AUTH_LINE.search(data)
+    no_session = _GEMINI_NO_SESSION.search(data)
     if result is None:
         if auth:
             reason = _text(auth.group(0).decode("utf-8", "replace"))
             return ResultInfo(is_error=True, non_retryable=True, reason=reason, session_id=session)
+        if no_session:
+            reason = _text(no_session.group(0).decode("utf-8", "replace"))
+            return ResultInfo(is_error=True, resume_failed=True, reason=reason, session_id=session)
         return ResultInfo(session_id=session)
     is_error = result.get("status") != "success"
     error = result.get("error")
@@ -363,16 +369,16 @@ PRESETS: dict[PresetName, Preset] = {
     PresetName.GEMINI: Preset(
         name=PresetName.GEMINI,
         program="gemini",
-        fixed=("--output-format", "stream-json"),
+        fixed=("--output-format", "stream-json", "--skip-trust"),
         fresh=("--session-id", "{session}"),
         resume=("--resume", "{session}"),
         parse=parse_gemini,
         pins_session=True,
         max_runtime=defaults.GEMINI_MAX_RUNTIME,
-        non_retryable_exit_codes=(41, 42, 52),
-        output="the final stream-json result event: status success or error; exit 41 (no auth method), "
-               "42 (bad input) and 52 (bad config) block the task on a human; token usage goes into the "
-               "exited event",
+        non_retryable_exit_codes=(41, 52),
+        output="the final stream-json result event: status success or error; exit 41 (no auth method) and "
+               "52 (bad config) block the task on a human; a resume of an unknown session starts a fresh one; "
+               "token usage goes into the exited event",
     ),
 }
 """Every preset, checked against the pinned releases in ``tests/agent_clis.py``."""
