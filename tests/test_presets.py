@@ -577,3 +577,44 @@ def test_every_preset_is_tested_against_its_cli() -> None:
     from agent_clis import PACKAGES
 
     assert {PRESETS[name].program for name in PresetName} <= set(PACKAGES)
+
+
+class TestCompactionHeavySessions:
+    """The daemon counts the ledger's ``compacting`` events of the session it would resume."""
+
+    def test_a_session_compacted_three_times_is_not_resumed(self, tmp_path: Path) -> None:
+        """Two compactions of the session: resumed; a third (of that session, not another): a fresh one."""
+        from datetime import datetime, timezone
+
+        from heartbeat import tasks
+        from heartbeat.daemon import Daemon
+        from heartbeat.ledger import Event
+        from heartbeat.store.files import FileStore
+
+        tmp_path.chmod(0o700)
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700)
+        config = parse_config(f'[daemon]\nstate_dir = "{state}"\ndefault_launcher = "a"\n\n'
+                              '[launchers.a]\ntype = "null"\nsession = "resume"\n', path=str(tmp_path / "hb.toml"))
+        store = FileStore(str(state))
+        d = Daemon(config, store=store)
+        try:
+            tasks.new_task(store, "c", task="t", step="s")
+            with store.edit("c", actor="test") as ed:
+                ed.baton.meta.session, ed.baton.meta.attempt, ed.baton.meta.last_exit = UUID1, 1, 1
+            now = datetime.now(timezone.utc)
+
+            def compacted(session: str) -> None:
+                store.record([Event(task="c", kind="compacting", ts=now, data={"session_id": session})])
+
+            compacted(UUID1)
+            compacted(UUID1)
+            compacted(UUID2)
+            plan = d._session_plan(store.load("c"), config.launchers["a"])
+            assert plan.resume and plan.session == UUID1
+            compacted(UUID1)
+            plan = d._session_plan(store.load("c"), config.launchers["a"])
+            assert not plan.resume and plan.session != UUID1 and "compacted 3 times" in plan.why
+        finally:
+            d.shutdown()
+            store.close()
