@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agent_clis import agent_cli
@@ -18,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from heartbeat import defaults
-from heartbeat.config import parse_config
+from heartbeat.config import LauncherConfig, parse_config
 from heartbeat.errors import ConfigError
 from heartbeat.launchers.base import LaunchRequest, build_argv
 from heartbeat.presets import (
@@ -46,7 +47,7 @@ def config_with(body: str) -> str:
     return f'[daemon]\nstate_dir = "/tmp/x"\ndefault_launcher = "a"\n\n[launchers.a]\n{body}\n'
 
 
-def launcher(body: str):  # type: ignore[no-untyped-def]
+def launcher(body: str) -> LauncherConfig:
     return parse_config(config_with(body)).launchers["a"]
 
 
@@ -297,10 +298,10 @@ class TestPlanSession:
         ({"previous": "--resume"}, "no previous session"),
         ({"compactions": 3}, "compacted 3 times"),
     ])
-    def test_resume_mode_starts_fresh_when_resuming_is_wrong(self, kwargs: dict[str, object], why: str) -> None:
+    def test_resume_mode_starts_fresh_when_resuming_is_wrong(self, kwargs: dict[str, Any], why: str) -> None:
         """After a clean shift end, without a valid previous session, or after a compaction-heavy session."""
-        base: dict[str, object] = {"previous": UUID1, "previous_resumes": 0, "retry": True}
-        plan = plan_session("resume", **{**base, **kwargs})  # type: ignore[arg-type]
+        base: dict[str, Any] = {"previous": UUID1, "previous_resumes": 0, "retry": True}
+        plan = plan_session("resume", **{**base, **kwargs})
         assert not plan.resume and why in plan.why
 
     def test_codex_fresh_sessions_are_chosen_by_the_cli(self) -> None:
@@ -461,7 +462,7 @@ env = {{ FAKE_RECORD = "{record}", FAKE_MODES = "{modes}" }}
     return DaemonHarness(tmp_path, extra=extra, max_attempts=max_attempts)
 
 
-def runs(h: DaemonHarness) -> list[dict[str, object]]:
+def runs(h: DaemonHarness) -> list[dict[str, Any]]:
     path = h.root / "record.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -477,13 +478,13 @@ class TestDaemonSessions:
             h.new("s1", "--launcher", "claude")
             h.wait(lambda: len(runs(h)) >= 3 and len(h.events("s1", "exited")) >= 3, "three runs")
             first, second, third = runs(h)[:3]
-            assert first["argv"][-2] == "--session-id"  # type: ignore[index]
-            session = first["argv"][-1]  # type: ignore[index]
+            assert first["argv"][-2] == "--session-id"
+            session = first["argv"][-1]
             assert valid_session_id(session)
             assert second["argv"][-2:] == ["--resume", session]
             assert str(second["brief"]).startswith("You are resuming this session after it ended: exit 1")
             assert "re-read the brief" in str(second["brief"])
-            assert third["argv"][-2] == "--session-id" and third["argv"][-1] != session  # type: ignore[index]
+            assert third["argv"][-2] == "--session-id" and third["argv"][-1] != session
             assert not str(third["brief"]).startswith("You are resuming")
             dispatched = h.events("s1", "dispatched")[:3]
             assert [e.data["session_resumed"] for e in dispatched] == [False, True, False]
@@ -499,8 +500,8 @@ class TestDaemonSessions:
             h.new("s2", "--launcher", "claude")
             h.wait(lambda: len(runs(h)) >= 2, "two runs")
             a, b = runs(h)[:2]
-            assert a["argv"][-2] == b["argv"][-2] == "--session-id"  # type: ignore[index]
-            assert a["argv"][-1] != b["argv"][-1]  # type: ignore[index]
+            assert a["argv"][-2] == b["argv"][-2] == "--session-id"
+            assert a["argv"][-1] != b["argv"][-1]
         finally:
             h.close()
 
@@ -512,9 +513,9 @@ class TestDaemonSessions:
             h.new("s3", "--launcher", "claude")
             h.wait(lambda: len(runs(h)) >= 3, "three runs")
             first, second, third = runs(h)[:3]
-            assert second["argv"][-2] == "--resume"  # type: ignore[index]
-            assert third["argv"][-2] == "--session-id"  # type: ignore[index]
-            assert third["argv"][-1] != first["argv"][-1]  # type: ignore[index]
+            assert second["argv"][-2] == "--resume"
+            assert third["argv"][-2] == "--session-id"
+            assert third["argv"][-1] != first["argv"][-1]
             exited = h.events("s3", "exited")[1]
             assert exited.data["resume_failed"] is True
         finally:
