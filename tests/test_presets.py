@@ -117,7 +117,8 @@ class TestPresetConfig:
     def test_check_config_explain_prints_everything_the_preset_sets(self, tmp_path: Path) -> None:
         """--explain shows program, argv (fresh and resumed), stdin, env, session, max_runtime and exit handling."""
         path = tmp_path / "heartbeat.toml"
-        path.write_text(config_with(f'preset = "codex"\nargs = {toml_list(CODEX_ARGS)}\nsession = "resume"\n'
+        path.write_text(config_with(f'preset = "codex"\nprogram = "/opt/nowhere/codex"\n'
+                                    f'args = {toml_list(CODEX_ARGS)}\nsession = "resume"\n'
                                     'env = { CODEX_HOME = "/srv/codex" }'))
         path.chmod(0o600)
         proc = subprocess.run([sys.executable, "-m", "heartbeat", "--config", str(path), "check-config", "--explain"],
@@ -125,14 +126,15 @@ class TestPresetConfig:
         r = Result(proc.returncode, proc.stdout, proc.stderr)
         assert r.code == 0, r.err
         out = r.out
-        assert "type: exec (preset codex)" in out and "program: codex" in out
-        assert json.dumps(["codex", "exec", "--json", "--skip-git-repo-check", *CODEX_ARGS, "-"]) in out
-        assert json.dumps(["codex", "exec", "--json", "--skip-git-repo-check", *CODEX_ARGS, "resume", "{session}",
+        codex = "/opt/nowhere/codex"
+        assert "type: exec (preset codex)" in out and f"program: {codex}" in out
+        assert json.dumps([codex, "exec", "--json", "--skip-git-repo-check", *CODEX_ARGS, "-"]) in out
+        assert json.dumps([codex, "exec", "--json", "--skip-git-repo-check", *CODEX_ARGS, "resume", "{session}",
                            "-"]) in out
         assert "brief: on stdin" in out and "CODEX_HOME=/srv/codex" in out and "HEARTBEAT_TASK" in out
         assert "session: resume" in out and "max_runtime: 2h" in out
         assert "exit handling:" in out and "thread_id" in out
-        assert "launchers.a.program: 'codex' is not on PATH" in r.err or "codex" in out
+        assert f"launchers.a.program: '{codex}' is not on PATH" in r.err
 
 
 class TestParseRecordedStreams:
