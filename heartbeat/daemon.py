@@ -29,7 +29,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from heartbeat import policy as pol
 from heartbeat import systemd, tasks
@@ -41,6 +41,9 @@ from heartbeat.ledger import Event
 from heartbeat.liveness import this_host
 from heartbeat.store.base import Entry, Store
 from heartbeat.timeparse import utcnow
+
+if TYPE_CHECKING:
+    from heartbeat.presets import ResultInfo, SessionPlan
 
 __all__ = ["Daemon", "run_from_cli"]
 
@@ -411,7 +414,7 @@ class Daemon:
     def _exit_file(self, task_id: str, epoch: int) -> str:
         return os.path.join(self._log_dir(task_id), f"{epoch}.exit")
 
-    def _result_of(self, baton: Baton) -> Any:
+    def _result_of(self, baton: Baton) -> ResultInfo | None:
         """What a preset launcher's output says about the run that just ended (None: no preset)."""
         owner = baton.meta.owner
         lc = self.config.launchers.get(owner.launcher) if owner is not None else None
@@ -422,7 +425,7 @@ class Daemon:
         return parse_result(lc.preset, read_log_tail(os.path.join(self._log_dir(baton.id),
                                                                   f"{baton.meta.epoch}.log")))
 
-    def _session_plan(self, baton: Baton, lc: LauncherConfig | None) -> Any:
+    def _session_plan(self, baton: Baton, lc: LauncherConfig | None) -> SessionPlan:
         """The session of the next dispatch (:func:`heartbeat.presets.plan_session`)."""
         from heartbeat.presets import PRESETS, PresetName, plan_session
 
@@ -988,7 +991,7 @@ class Daemon:
         return 0
 
 
-def _judge_result(info: Any, kind: pol.ExitKind, reason: str, launcher: str) -> tuple[pol.ExitKind, str, str]:
+def _judge_result(info: ResultInfo | None, kind: pol.ExitKind, reason: str, launcher: str) -> tuple[pol.ExitKind, str, str]:
     """The exit kind and reason once a preset's result is read, and the block reason of a
     non-retryable one: a result that says it failed is a failed attempt even after exit 0."""
     if info is None or kind is pol.ExitKind.FINISHED:
