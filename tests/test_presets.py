@@ -461,7 +461,8 @@ max_resumes_per_session = {max_resumes}
 stop_grace = "500ms"
 env = {{ FAKE_RECORD = "{record}", FAKE_MODES = "{modes}" }}
 """
-    return DaemonHarness(tmp_path, extra=extra, max_attempts=max_attempts)
+    # stall_after is long: a loaded machine must not turn a slow start into a "never wrote" stop.
+    return DaemonHarness(tmp_path, extra=extra, max_attempts=max_attempts, stall_after="60s")
 
 
 def runs(h: DaemonHarness) -> list[dict[str, Any]]:
@@ -557,7 +558,7 @@ args = ["--model", "sonnet"]
 inherit_env = ["PATH", "LANG"]
 env = {{ HOME = "{home}" }}
 """
-        h = DaemonHarness(tmp_path, extra=extra)
+        h = DaemonHarness(tmp_path, extra=extra, stall_after="120s")  # claude never writes the baton itself
         try:
             h.start()
             h.new("real", "--launcher", "claude")
