@@ -164,6 +164,10 @@ class Meta:
     ended_at: datetime | None = None
     last_failure: str = ""
     last_exit: int | None = None
+    session: str = ""
+    """The agent session of the current (or last) epoch, as the launcher's output reported it."""
+    session_resumes: int = 0
+    """How many dispatches in a row resumed ``session`` (``session = "resume"`` launchers)."""
     owner: Owner | None = None
     gate: Gate | None = None
     world: dict[str, str] = field(default_factory=dict)
@@ -257,6 +261,10 @@ def _meta_to_dict(meta: Meta) -> dict[str, Any]:
         out["last_failure"] = meta.last_failure
     if meta.last_exit is not None:
         out["last_exit"] = meta.last_exit
+    if meta.session:
+        out["session"] = meta.session
+    if meta.session_resumes:
+        out["session_resumes"] = meta.session_resumes
     out.update(meta.extra)
     if meta.owner is not None:
         owner: dict[str, Any] = {}
@@ -422,6 +430,8 @@ def _meta_from_dict(r: _Reader, doc: dict[str, Any], expected_id: str | None) ->
         setattr(meta, name, r.time(doc, name, f"meta.{name}"))
     meta.last_failure = r.string(doc, "last_failure", "meta.last_failure")
     meta.last_exit = r.integer(doc, "last_exit", "meta.last_exit", None)
+    meta.session = r.string(doc, "session", "meta.session")
+    meta.session_resumes = r.integer(doc, "session_resumes", "meta.session_resumes", 0) or 0
     owner_doc = r.table(doc, "owner", "meta.owner")
     if owner_doc is not None:
         meta.owner = Owner(

@@ -433,10 +433,15 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                   "path, found in each task's working directory, which a baton chooses: use an absolute path",
                   file=sys.stderr)
         elif program and not shutil.which(program) and not os.path.isfile(program):
-            print(f"heartbeat: warning: {path}: launchers.{launcher.name}.command: "
+            print(f"heartbeat: warning: {path}: launchers.{launcher.name}.{'program' if launcher.preset else 'command'}: "
                   f"{program!r} is not on PATH", file=sys.stderr)
     print(f"ok: {path}: state_dir {config.state_dir}, {len(config.launchers)} launcher(s), "
           f"{len(config.checks)} check(s), {len(config.notify)} notifier(s)")
+    if getattr(args, "explain", False):
+        from heartbeat.presets import explain
+
+        for launcher in config.launchers.values():
+            print("\n".join(explain(launcher)))
     return 0
 
 
@@ -602,7 +607,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = command("init", cmd_init, "write a starter config and state dir", task=False)
     p.add_argument("dir", nargs="?", default=".", help="where (default: here)")
     p.add_argument("--force", action="store_true", help="overwrite an existing heartbeat.toml")
-    command("check-config", cmd_check_config, "validate the config", task=False)
+    p = command("check-config", cmd_check_config, "validate the config", task=False)
+    p.add_argument("--explain", action="store_true",
+                   help="print each launcher as it will run: program, argv, brief, env, session, exit handling")
     p = command("run", cmd_run, "the daemon (what systemd starts)", task=False)
     p.add_argument("--dry-run", action="store_true", help="decide and log, but launch nothing")
     p.add_argument("--once", action="store_true", help="one tick, then exit")

@@ -42,6 +42,8 @@ BUILTIN_LAUNCHER_KEYS = {
     "systemd-run": frozenset({"properties", "slice", "user"}),
     "null": frozenset({"exit_code", "runtime"}),
 }
+PRESET_KEYS = frozenset({"preset", "program", "args", "session", "max_resumes_per_session"})
+"""Keys every launcher type takes for presets and sessions (:mod:`heartbeat.presets`)."""
 _MIN_LOG_BYTES = 4096
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 
@@ -84,6 +86,13 @@ class LauncherConfig:
     non_retryable_exit_codes: tuple[int, ...] = ()
     max_log_bytes: int = defaults.MAX_LOG_BYTES
     """The agent's log is cut to its tail past this size (0: never)."""
+    preset: str = ""
+    """``claude-code``, ``codex`` or ``gemini`` (:mod:`heartbeat.presets`): ``command`` was built from it."""
+    args: tuple[str, ...] = ()
+    """With a preset: the user's flags, placed after the preset's and before the session's."""
+    session: str = defaults.SESSION
+    """``fresh`` or ``resume``: what a retry does with the previous agent's session."""
+    max_resumes_per_session: int = defaults.MAX_RESUMES_PER_SESSION
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -392,13 +401,16 @@ class _Parser:
             raise self.error(f"launchers.{name}", "bad launcher name: use a-z 0-9 . _ -")
         kind = self.string(doc, "type", p, "exec")
         common = {"type", "command", "brief", "cwd", "env", "inherit_env", "stop_grace", "max_runtime",
-                  "max_concurrent", "non_retryable_exit_codes", "max_log_bytes"}
+                  "max_concurrent", "non_retryable_exit_codes", "max_log_bytes", *PRESET_KEYS}
         extra_keys = BUILTIN_LAUNCHER_KEYS.get(kind)
         if extra_keys is not None:
             self.unknown(doc, common | extra_keys, p)
         options = {k: v for k, v in doc.items() if k not in common}
         command: tuple[str, ...] = ()
-        if kind != "null" or "command" in doc:
+        preset = self.parse_preset(doc, p)
+        if preset is not None:
+            command = preset["command"]
+        elif kind != "null" or "command" in doc:
             command = self.command(doc, "command", p, LAUNCHER_PLACEHOLDERS)
         env = doc.get("env", {})
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
@@ -421,6 +433,9 @@ class _Parser:
         ):
             raise self.error(f"{p}non_retryable_exit_codes", "expected a list of exit codes from 1 to 255")
         max_runtime = self.duration(doc, "max_runtime", p, 0.0) or None
+        if preset is not None:
+            max_runtime = max_runtime or preset["max_runtime"]
+            codes = sorted(set(codes) | set(preset["non_retryable_exit_codes"]))
         max_log_bytes = self.integer(doc, "max_log_bytes", p, defaults.MAX_LOG_BYTES, minimum=0)
         if 0 < max_log_bytes < _MIN_LOG_BYTES:
             raise self.error(f"{p}max_log_bytes", f"must be 0 (no cap) or at least {_MIN_LOG_BYTES}")
@@ -432,7 +447,7 @@ class _Parser:
             name=name,
             type=kind,
             command=command,
-            brief=self.string(doc, "brief", p, "file", ("file", "stdin", "arg")),
+            brief=self.string(doc, "brief", p, "stdin" if preset is not None else "file", ("file", "stdin", "arg")),
             cwd=cwd,
             env=dict(env),
             inherit_env=inherit_env,
@@ -441,8 +456,43 @@ class _Parser:
             max_concurrent=self.integer(doc, "max_concurrent", p, 0) or None,
             non_retryable_exit_codes=tuple(codes),
             max_log_bytes=max_log_bytes,
+            preset=preset["name"] if preset is not None else "",
+            args=preset["args"] if preset is not None else (),
+            session=self.string(doc, "session", p, defaults.SESSION, ("fresh", "resume")),
+            max_resumes_per_session=self.integer(doc, "max_resumes_per_session", p, defaults.MAX_RESUMES_PER_SESSION),
             options=options,
         )
+
+    def parse_preset(self, doc: dict[str, Any], p: str) -> dict[str, Any] | None:
+        """``preset``, ``program`` and ``args``: the command a preset builds, or None without a preset."""
+        if "preset" not in doc:
+            for key in ("program", "args"):
+                if key in doc:
+                    raise self.error(f"{p}{key}", "only with a preset (preset = \"claude-code\", \"codex\" or "
+                                                  "\"gemini\"); without one, put the whole argv in command")
+            return None
+        from heartbeat.presets import PRESETS, PresetName, preset_argv
+
+        name = self.string(doc, "preset", p, "", tuple(PresetName))
+        preset = PRESETS[PresetName(name)]
+        if "command" in doc:
+            raise self.error(f"{p}command", f"preset {name!r} builds the command: name the program with "
+                                            "program = \"/path/to/it\" and add flags with args = [...]")
+        if doc.get("brief", "stdin") != "stdin":
+            raise self.error(f"{p}brief", f"preset {name!r} gives the brief on stdin; brief must be \"stdin\"")
+        program = self.string(doc, "program", p, preset.program)
+        if not program or "{" in program.replace("{{", ""):
+            raise self.error(f"{p}program", "must be a fixed name or path, not a placeholder")
+        args = doc.get("args", [])
+        if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
+            raise self.error(f"{p}args", "expected a list of strings (flags for the agent CLI; no shell is involved)")
+        for arg in args:
+            unknown = placeholders_in(arg) - LAUNCHER_PLACEHOLDERS
+            if unknown:
+                raise self.error(f"{p}args", f"unknown placeholder {{{sorted(unknown)[0]}}} "
+                                             f"(known: {', '.join(sorted(LAUNCHER_PLACEHOLDERS))})")
+        return {"name": name, "args": tuple(args), "command": preset_argv(preset, program, tuple(args), resume=False),
+                "max_runtime": preset.max_runtime, "non_retryable_exit_codes": preset.non_retryable_exit_codes}
 
     def parse_command(
         self, name: str, doc: dict[str, Any], section: str, allowed: frozenset[str], timeout: float

@@ -29,7 +29,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from heartbeat import policy as pol
 from heartbeat import systemd, tasks
@@ -41,6 +41,9 @@ from heartbeat.ledger import Event
 from heartbeat.liveness import this_host
 from heartbeat.store.base import Entry, Store
 from heartbeat.timeparse import utcnow
+
+if TYPE_CHECKING:
+    from heartbeat.presets import ResultInfo, SessionPlan
 
 __all__ = ["Daemon", "run_from_cli"]
 
@@ -459,6 +462,33 @@ class Daemon:
     def _exit_file(self, task_id: str, epoch: int) -> str:
         return os.path.join(self._log_dir(task_id), f"{epoch}.exit")
 
+    def _result_of(self, baton: Baton) -> ResultInfo | None:
+        """What a preset launcher's output says about the run that just ended (None: no preset)."""
+        owner = baton.meta.owner
+        lc = self.config.launchers.get(owner.launcher) if owner is not None else None
+        if lc is None or not lc.preset or owner is None or owner.how != "dispatch" or self.dry_run:
+            return None
+        from heartbeat.presets import parse_result, read_log_tail
+
+        return parse_result(lc.preset, read_log_tail(os.path.join(self._log_dir(baton.id),
+                                                                  f"{baton.meta.epoch}.log")))
+
+    def _session_plan(self, baton: Baton, lc: LauncherConfig | None) -> SessionPlan:
+        """The session of the next dispatch (:func:`heartbeat.presets.plan_session`)."""
+        from heartbeat.presets import PRESETS, PresetName, plan_session
+
+        if lc is None:
+            return plan_session("fresh", previous="", previous_resumes=0, retry=False)
+        meta = baton.meta
+        retry = meta.attempt > 0 and meta.last_exit != 0
+        compactions = 0
+        if lc.session == "resume" and retry and meta.session:
+            compactions = sum(1 for e in self.store.ledger.events(baton.id, kinds=["compacting"])
+                              if meta.session in (e.data.get("session_id"), e.data.get("session")))
+        return plan_session(lc.session, previous=meta.session, previous_resumes=meta.session_resumes, retry=retry,
+                            compactions=compactions, max_resumes=lc.max_resumes_per_session,
+                            pins_session=PRESETS[PresetName(lc.preset)].pins_session if lc.preset else True)
+
     def _adopt_pending(self, baton: Baton) -> Owner | None:
         """A dispatch whose pid never reached the baton (the daemon died mid-launch): find its agent
         through the pid file the launcher's shim writes, and record it."""
@@ -544,6 +574,8 @@ class Daemon:
             reason = f"exit {obs_code}"
         else:
             reason = d.reason
+        info = self._result_of(baton)
+        kind, reason, blocked_on = _judge_result(info, kind, reason, owner.launcher if owner else "")
         if duration is not None and duration >= 1:
             from heartbeat.timeparse import format_duration
 
@@ -558,18 +590,23 @@ class Daemon:
             m = ed.baton.meta
             m.owner = None
             m.ended_at = now
-            m.last_exit = obs_code
+            # A run whose result says it failed counts as failed even with exit 0 (so backoff applies).
+            m.last_exit = None if info is not None and info.is_error and obs_code == 0 else obs_code
+            if info is not None and info.session_id:
+                m.session = info.session_id
+            if info is not None and info.resume_failed:
+                m.session, m.session_resumes = "", 0
             ed.event("exited", code=obs_code, signal=obs_signal, pid=owner.pid if owner else None,
                      duration_s=round(duration, 3) if duration is not None else None, progress=progressed,
-                     kind=kind.value)
+                     kind=kind.value, **(info.event_data() if info is not None else {}))
             if kind is pol.ExitKind.IDLE:
                 m.idle_resumes += 1
                 m.last_failure = f"ended without moving the step ({reason})"
             elif kind is pol.ExitKind.FAILED:
                 m.last_failure = reason
             elif kind is pol.ExitKind.NON_RETRYABLE:
-                ed.baton.blocked_on = f"the agent exited {obs_code}, which the launcher marks non-retryable: " \
-                                      "a human is needed"
+                ed.baton.blocked_on = blocked_on or f"the agent exited {obs_code}, which the launcher marks " \
+                                                    "non-retryable: a human is needed"
                 m.status = Status.BLOCKED
                 m.gate = Gate(GateKind.HUMAN)
                 m.blocked_at = now
@@ -746,6 +783,7 @@ class Daemon:
         stalled = self.store.ledger.events(task_id, kinds=["stalled", "dispatched"])
         stalled_at = stalled[-1].ts.isoformat() if stalled and stalled[-1].kind == "stalled" else None
         resume = baton.meta.dispatches > 0 or baton.meta.epoch > 0
+        plan = self._session_plan(baton, self.config.launchers.get(launcher_name))
         # Phase 1: record the dispatch (new epoch, owner pending) before anything runs, so a
         # daemon killed mid-launch finds the dispatch on restart and adopts, not duplicates.
         try:
@@ -760,8 +798,10 @@ class Daemon:
                 m.dispatches += 1
                 m.dispatched_at = now
                 m.owner = Owner(how="dispatch", launcher=launcher_name, host=self.host, started_at=now)
+                m.session, m.session_resumes = plan.session, plan.resumes
                 ed.event("dispatched", reason=decision.reason, attempt=m.attempt, launcher=launcher_name,
-                         resume=resume, stalled_at=stalled_at, pid=None, unit="")
+                         resume=resume, stalled_at=stalled_at, pid=None, unit="", session=plan.session,
+                         session_resumed=plan.resume)
         except (Conflict, NotFound, NotActive) as exc:
             self.log.info("raced", task=task_id, action="dispatch", reason=str(exc))
             self.poke(task_id)
@@ -781,8 +821,14 @@ class Daemon:
         for warning in brief.warnings:
             self.log.warning("brief_warning", task=task_id, epoch=epoch, warning=warning)
         brief_file = os.path.join(log_dir, f"{epoch}.brief.md")
+        brief_text = brief.text
+        if plan.resume:
+            from heartbeat.presets import resume_note
+
+            how = baton.meta.last_failure or f"exit {baton.meta.last_exit}"
+            brief_text = resume_note(how) + brief_text
         try:  # logs/<id> is checked (no symlink, ours) before the brief is written in it
-            write_private_file(brief_file, brief.text, state_dir=self.config.state_dir, task=task_id)
+            write_private_file(brief_file, brief_text, state_dir=self.config.state_dir, task=task_id)
         except HeartbeatError as exc:
             self._launch_failed(pending, str(exc), now)
             return
@@ -791,10 +837,10 @@ class Daemon:
             return
         request = LaunchRequest(
             task_id=task_id, epoch=epoch, attempt=pending.meta.attempt,
-            workdir=pending.workdir or self.config.state_dir, brief_text=brief.text, brief_file=brief_file,
+            workdir=pending.workdir or self.config.state_dir, brief_text=brief_text, brief_file=brief_file,
             log_file=os.path.join(log_dir, f"{epoch}.log"), exit_file=self._exit_file(task_id, epoch),
             state_dir=self.config.state_dir, config_path=self.config.path,
-            session=baton.meta.owner.session if baton.meta.owner else "",
+            session=plan.session, resume=plan.resume,
         )
         try:
             owner = launcher.launch(request)
@@ -1026,6 +1072,20 @@ class Daemon:
         clean = self.shutdown(timeout=self.stop_grace())
         _exit_if_stuck(clean, deadline, self.log)
         return 0
+
+
+def _judge_result(info: ResultInfo | None, kind: pol.ExitKind, reason: str, launcher: str) -> tuple[pol.ExitKind, str, str]:
+    """The exit kind and reason once a preset's result is read, and the block reason of a
+    non-retryable one: a result that says it failed is a failed attempt even after exit 0."""
+    if info is None or kind is pol.ExitKind.FINISHED:
+        return kind, reason, ""
+    if info.non_retryable:
+        said = info.reason or "an authentication error"
+        return (pol.ExitKind.NON_RETRYABLE, f"{reason}: {said}",
+                f"launcher {launcher} reports: {said} (not retryable: a human is needed)")
+    if info.is_error and kind in (pol.ExitKind.SHIFT_END, pol.ExitKind.IDLE, pol.ExitKind.FAILED):
+        return pol.ExitKind.FAILED, f"{reason}: {info.reason or 'the agent reported an error'}", ""
+    return kind, reason, ""
 
 
 @dataclass

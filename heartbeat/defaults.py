@@ -105,3 +105,25 @@ HOOK_TIMEOUT = 30
 
 MAX_HOOK_INPUT_BYTES = 1024 * 1024
 """Bytes of hook event JSON read from stdin; a larger event is refused (the hook does nothing)."""
+SESSION = "fresh"
+"""A launcher's ``session``: ``fresh`` (a new session id per dispatch) or ``resume`` (a retry
+after a failed attempt resumes the previous session)."""
+
+MAX_RESUMES_PER_SESSION = 3
+"""With ``session = "resume"``: resumes of one session before a retry starts a fresh one."""
+
+MAX_COMPACTIONS_PER_SESSION = 3
+"""With ``session = "resume"``: a session compacted this often (``compacting`` events in the
+ledger) is not resumed; its context is more summary than work, and the brief is better."""
+
+CODEX_MAX_RUNTIME = 7200.0
+"""The ``codex`` preset's ``max_runtime``: without a network Codex retries forever."""
+
+GEMINI_MAX_RUNTIME = 7200.0
+"""The ``gemini`` preset's ``max_runtime``, for the same reason."""
+
+RESULT_HEAD_BYTES = 64 * 1024
+"""Bytes read from the start of an agent's log for a preset's exit handling (Codex names its thread there)."""
+
+RESULT_TAIL_BYTES = 256 * 1024
+"""Bytes read from the end of an agent's log for a preset's exit handling (the final result line)."""

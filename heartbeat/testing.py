@@ -247,6 +247,8 @@ def metas(draw: st.DrawFn, task_id: str | None = None) -> Meta:
         ended_at=draw(maybe_time),
         last_failure=draw(st.one_of(st.just(""), texts())),
         last_exit=draw(st.one_of(st.none(), st.integers(-255, 255))),
+        session=draw(st.one_of(st.just(""), texts(max_size=40))),
+        session_resumes=draw(st.integers(0, 50)),
         owner=draw(st.one_of(st.none(), owners())),
         gate=gate,
         world=draw(st.dictionaries(st.one_of(key_file_paths(), st.just(":git-head")), texts(max_size=70), max_size=3)),

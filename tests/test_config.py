@@ -68,7 +68,7 @@ class TestExample:
     def test_load_config_accepts_it(self, example: Path) -> None:
         """The example config loads, with its launchers, notifier and check."""
         config = load_config(str(example))
-        assert set(config.launchers) == {"agent", "sandboxed", "dry"}
+        assert set(config.launchers) == {"agent", "sandboxed", "claude", "dry"}
         assert config.launchers["sandboxed"].options["slice"] == "agents.slice"
         assert config.launchers["agent"].inherit_env == ("PATH", "HOME", "LANG")
         assert set(config.notify) == {"ops"} and set(config.checks) == {"ci-green"}
@@ -84,7 +84,7 @@ class TestExample:
         """`check-config` on the example exits 0 (warning only that the example agents are not installed)."""
         r = hb("--config", str(example), "check-config")
         assert r.code == 0, r.err
-        assert r.out.startswith(f"ok: {example}: state_dir /var/lib/heartbeat, 3 launcher(s)")
+        assert r.out.startswith(f"ok: {example}: state_dir /var/lib/heartbeat, 4 launcher(s)")
 
     def test_every_field_appears_in_it(self) -> None:
         """Every DaemonConfig, LauncherConfig (and per-type option) and command field is a key of the

@@ -248,8 +248,10 @@ class TestDaemonDispatch:
         assert r.returncode == 0, r.stderr
         report = recorder.record("hostile")
         brief_file = str(h.state / "logs" / "hostile" / "1.brief.md")
+        session = h.baton("hostile").meta.session  # {session}: this dispatch's fresh session id, a UUID
+        assert len(session) == 36 and session.count("-") == 4
         assert report["argv"][:-1] == [
-            "hostile", brief_file, str(work), "1", "1", str(h.state), "",
+            "hostile", brief_file, str(work), "1", "1", str(h.state), session,
             f"--mixed=hostile:{work}:1", "{literal}",
         ]
         assert report["argv"][-1] == Path(brief_file).read_text()  # brief = "arg": the brief, one argument

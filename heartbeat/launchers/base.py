@@ -77,7 +77,9 @@ class LaunchRequest:
     state_dir: str
     config_path: str
     session: str = ""
-    """A resumable session id from the previous owner, if any (the ``{session}`` placeholder)."""
+    """The agent session of this dispatch (the ``{session}`` placeholder): a new id, or the one resumed."""
+    resume: bool = False
+    """The dispatch resumes ``session``: a preset launcher runs its resume argv."""
 
 
 @dataclass
@@ -156,7 +158,12 @@ def build_argv(config: LauncherConfig, req: LaunchRequest) -> list[str]:
     """
     if not config.command:
         raise LaunchError(f"launchers.{config.name}.command is empty: nothing to run", task=req.task_id)
-    argv = expand_argv(config.command, placeholder_values(req))
+    command = config.command
+    if req.resume and config.preset:
+        from heartbeat.presets import PRESETS, PresetName, preset_argv
+
+        command = preset_argv(PRESETS[PresetName(config.preset)], config.command[0], config.args, resume=True)
+    argv = expand_argv(command, placeholder_values(req))
     if config.brief == "arg":
         argv.append(req.brief_text)
     for arg in argv:

@@ -1,0 +1,529 @@
+"""Launcher presets: the agent CLIs people run (Claude Code, Codex, Gemini CLI), and sessions.
+
+``[launchers.NAME] preset = "claude-code" | "codex" | "gemini"`` expands, when the config is
+loaded, into the argv, brief delivery and defaults checked against the real CLIs (see
+:data:`PRESETS`); ``args = [...]`` adds the user's flags (model, permission mode, sandbox)
+before the session flags. Nothing is hidden: ``heartbeat check-config --explain`` prints the
+expanded launcher (:func:`explain`).
+
+After the agent exits, the daemon reads the tail of its log and hands it to the preset's
+parser (:func:`parse_claude`, :func:`parse_codex`, :func:`parse_gemini`), a pure function
+from bytes to a :class:`ResultInfo`: did the run succeed, is it an error no retry can fix
+(not logged in), which session did it use, what did it cost. The log is the agent's own
+output, so the parsers treat it as hostile: bounded, garbage and truncation tolerated,
+every value type-checked and cut to one short line.
+
+Sessions: ``session = "fresh"`` (the default) gives every dispatch a new session id;
+``"resume"`` resumes the previous session after a failed attempt, with a short note
+in front of the brief (:func:`plan_session`), until ``max_resumes_per_session`` resumes or
+a compaction-heavy session make a fresh one the better choice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from heartbeat import defaults
+
+if TYPE_CHECKING:
+    from heartbeat.config import LauncherConfig
+
+__all__ = [
+    "PresetName",
+    "SessionMode",
+    "Preset",
+    "PRESETS",
+    "ResultInfo",
+    "SessionPlan",
+    "parse_claude",
+    "parse_codex",
+    "parse_gemini",
+    "preset_argv",
+    "parse_result",
+    "read_log_tail",
+    "plan_session",
+    "resume_note",
+    "valid_session_id",
+    "explain",
+]
+
+
+class PresetName(StrEnum):
+    """The agent CLIs heartbeat knows how to run."""
+
+    CLAUDE_CODE = "claude-code"
+    CODEX = "codex"
+    GEMINI = "gemini"
+
+
+class SessionMode(StrEnum):
+    """``session =``: what a retry does with the previous agent's session."""
+
+    FRESH = "fresh"
+    """A new session for every dispatch; the brief carries the state."""
+    RESUME = "resume"
+    """A retry after a failed attempt resumes the previous session (up to ``max_resumes_per_session``)."""
+
+
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_MAX_TEXT = 300
+_MAX_NUMBER = 2**53
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+_AUTH = re.compile(
+    r"not logged in|please run /login|invalid api key|authentication[_ ]?(failed|error)|"
+    r"unauthori[sz]ed|oauth token|set an auth method|\b401\b",
+    re.IGNORECASE,
+)
+
+
+def valid_session_id(value: object) -> str:
+    """``value`` if it is a UUID (the only session ids the CLIs take and heartbeat passes on), else ``""``.
+
+    A session id read from a log or a baton becomes an argument (``--resume ID``): a UUID
+    can never be read as an option or a path.
+    """
+    return value if isinstance(value, str) and _UUID.fullmatch(value) else ""
+
+
+def _text(value: object) -> str:
+    """One short line of printable text, or ``""`` for anything that is not a string."""
+    if not isinstance(value, str):
+        return ""
+    line = _CONTROL.sub(" ", value).strip()
+    return line if len(line) <= _MAX_TEXT else line[: _MAX_TEXT - 1] + "…"
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_NUMBER:
+        return None
+    return value
+
+
+def _money(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not math.isfinite(value) or not 0 <= value <= _MAX_NUMBER:
+        return None
+    return round(float(value), 6)
+
+
+@dataclass(frozen=True)
+class ResultInfo:
+    """What an agent's output says about how its run ended (all fields optional)."""
+
+    found: bool = False
+    """A final result (Claude's ``result`` line, Codex's ``turn.completed``/``turn.failed``, ...) was read."""
+    is_error: bool = False
+    """The CLI reports the run failed, whatever its exit code."""
+    non_retryable: bool = False
+    """No retry can fix it (not logged in, a bad API key): a human is needed."""
+    resume_failed: bool = False
+    """The session to resume does not exist (any more): the next dispatch must start a fresh one."""
+    reason: str = ""
+    """One line: the CLI's result or error text."""
+    session_id: str = ""
+    terminal_reason: str = ""
+    num_turns: int | None = None
+    cost_usd: float | None = None
+    usage: Mapping[str, int] = field(default_factory=dict)
+    """Token counts: ``input_tokens``, ``output_tokens``, ``cache_read_tokens``, ``cache_creation_tokens``."""
+
+    def event_data(self) -> dict[str, Any]:
+        """The fields the ``exited`` event records (only the known ones)."""
+        data: dict[str, Any] = {}
+        if self.found:
+            data["is_error"] = self.is_error
+        if self.session_id:
+            data["session_id"] = self.session_id
+        if self.terminal_reason:
+            data["terminal_reason"] = self.terminal_reason
+        if self.num_turns is not None:
+            data["num_turns"] = self.num_turns
+        if self.cost_usd is not None:
+            data["cost_usd"] = self.cost_usd
+        data.update(self.usage)
+        if self.is_error and self.reason:
+            data["result"] = self.reason
+        if self.non_retryable:
+            data["non_retryable"] = True
+        if self.resume_failed:
+            data["resume_failed"] = True
+        return data
+
+
+def _objects(data: bytes) -> Iterator[dict[str, Any]]:
+    """The JSON objects of ``data``, one per line, in order; anything else is skipped."""
+    for raw in data.splitlines():
+        raw = raw.strip()
+        if not raw.startswith(b"{"):
+            continue
+        try:
+            obj = json.loads(raw)
+        except (ValueError, RecursionError):  # garbage, a cut line, or nesting deep enough to recurse
+            continue
+        if isinstance(obj, dict):
+            yield obj
+
+
+def _usage(doc: object, names: Mapping[str, str]) -> dict[str, int]:
+    if not isinstance(doc, dict):
+        return {}
+    out = {}
+    for theirs, ours in names.items():
+        value = _count(doc.get(theirs))
+        if value is not None:
+            out[ours] = value
+    return out
+
+
+_CLAUDE_USAGE = {"input_tokens": "input_tokens", "output_tokens": "output_tokens",
+                 "cache_read_input_tokens": "cache_read_tokens",
+                 "cache_creation_input_tokens": "cache_creation_tokens"}
+
+
+def parse_claude(data: bytes) -> ResultInfo:
+    """Claude Code's ``--output-format stream-json``: the last ``{"type": "result"}`` line decides.
+
+    ``is_error`` decides success (a ``"subtype": "success"`` line can carry ``is_error: true``);
+    ``terminal_reason`` is recorded. Not logged in (the result text, or an assistant message
+    with ``error: authentication_failed``) is non-retryable; "No conversation found" for a
+    resumed session marks the resume as failed.
+    """
+    result: dict[str, Any] | None = None
+    session = ""
+    auth = False
+    for obj in _objects(data):
+        session = valid_session_id(obj.get("session_id")) or session
+        if obj.get("type") == "assistant" and obj.get("error") in ("authentication_failed", "authentication_error"):
+            auth = True
+        if obj.get("type") == "result":
+            result = obj
+    if result is None:
+        return ResultInfo(session_id=session, non_retryable=False)
+    is_error = result.get("is_error") is True or (
+        "is_error" not in result and str(result.get("subtype", "")).startswith("error"))
+    errors = result.get("errors")
+    errors = [_text(e) for e in errors if isinstance(e, str)] if isinstance(errors, list) else []
+    reason = _text(result.get("result")) or (errors[0] if errors else "") or _text(result.get("terminal_reason")) \
+        or _text(result.get("subtype"))
+    status = result.get("api_error_status")
+    non_retryable = is_error and (auth or bool(_AUTH.search(reason)) or status in (401, 403))
+    return ResultInfo(
+        found=True,
+        is_error=is_error,
+        non_retryable=non_retryable,
+        resume_failed=is_error and any("No conversation found" in e for e in errors),
+        reason=reason,
+        session_id=valid_session_id(result.get("session_id")) or session,
+        terminal_reason=_text(result.get("terminal_reason")),
+        num_turns=_count(result.get("num_turns")),
+        cost_usd=_money(result.get("total_cost_usd")),
+        usage=_usage(result.get("usage"), _CLAUDE_USAGE),
+    )
+
+
+_CODEX_USAGE = {"input_tokens": "input_tokens", "output_tokens": "output_tokens",
+                "cached_input_tokens": "cache_read_tokens"}
+_CODEX_NO_THREAD = re.compile(rb"no rollout found for thread id|thread/resume failed")
+
+
+def parse_codex(data: bytes) -> ResultInfo:
+    """Codex's ``exec --json`` JSONL: ``thread.started`` names the thread (the session id);
+    ``turn.completed`` (with ``usage``) is success, ``turn.failed`` or a final ``error`` is failure.
+
+    ``codex exec resume`` of a thread it does not know prints a plain error (no JSON) and
+    exits 1: that marks the resume as failed.
+    """
+    thread = ""
+    turns = 0
+    last: dict[str, Any] | None = None
+    usage: dict[str, int] = {}
+    for obj in _objects(data):
+        kind = obj.get("type")
+        if kind == "thread.started":
+            thread = valid_session_id(obj.get("thread_id")) or thread
+        elif kind in ("turn.completed", "turn.failed"):
+            turns += 1
+            last = obj
+            if kind == "turn.completed":
+                for key, value in _usage(obj.get("usage"), _CODEX_USAGE).items():
+                    usage[key] = usage.get(key, 0) + value
+        elif kind == "error" and not _text(obj.get("message")).startswith("Reconnecting"):
+            last = obj  # "Reconnecting... 2/5" is a retry under way, not an end
+    resume_failed = bool(_CODEX_NO_THREAD.search(data))
+    if last is None:
+        return ResultInfo(session_id=thread, resume_failed=resume_failed, is_error=resume_failed,
+                          reason="the thread to resume was not found" if resume_failed else "")
+    is_error = last.get("type") != "turn.completed"
+    error = last.get("error")
+    reason = _text(error.get("message")) if isinstance(error, dict) else _text(last.get("message"))
+    return ResultInfo(
+        found=True,
+        is_error=is_error,
+        non_retryable=is_error and bool(_AUTH.search(reason)),
+        resume_failed=resume_failed,
+        reason=reason,
+        session_id=thread,
+        num_turns=turns or None,
+        usage=usage,
+    )
+
+
+_GEMINI_USAGE = {"input_tokens": "input_tokens", "output_tokens": "output_tokens", "cached": "cache_read_tokens"}
+_GEMINI_AUTH_LINE = re.compile(rb"Please set an Auth method[^\n]{0,300}")
+_GEMINI_NO_SESSION = re.compile(rb"Error resuming session[^\n]{0,300}|Invalid session identifier[^\n]{0,300}")
+
+
+def parse_gemini(data: bytes) -> ResultInfo:
+    """Gemini CLI's ``--output-format stream-json``: ``init`` names the session, the last
+    ``{"type": "result"}`` says ``status`` success or error (with ``stats`` token counts).
+
+    An unconfigured login ends before any JSON, with "Please set an Auth method ..." on
+    stderr and exit 41: non-retryable. ``--resume`` of a session it does not have ends with
+    "Error resuming session: ..." and exit 42: the resume failed (a fresh session follows).
+    """
+    session = ""
+    result: dict[str, Any] | None = None
+    for obj in _objects(data):
+        if obj.get("type") == "init":
+            session = valid_session_id(obj.get("session_id")) or session
+        elif obj.get("type") == "result":
+            result = obj
+    auth = _GEMINI_AUTH_LINE.search(data)
+    no_session = _GEMINI_NO_SESSION.search(data)
+    if result is None:
+        if auth:
+            reason = _text(auth.group(0).decode("utf-8", "replace"))
+            return ResultInfo(is_error=True, non_retryable=True, reason=reason, session_id=session)
+        if no_session:
+            reason = _text(no_session.group(0).decode("utf-8", "replace"))
+            return ResultInfo(is_error=True, resume_failed=True, reason=reason, session_id=session)
+        return ResultInfo(session_id=session)
+    is_error = result.get("status") != "success"
+    error = result.get("error")
+    reason = _text(error.get("message")) if isinstance(error, dict) else ""
+    stats = result.get("stats")
+    return ResultInfo(
+        found=True,
+        is_error=is_error,
+        non_retryable=is_error and bool(_AUTH.search(reason)),
+        reason=reason,
+        session_id=session,
+        usage=_usage(stats, _GEMINI_USAGE),
+    )
+
+
+@dataclass(frozen=True)
+class Preset:
+    """How to run one agent CLI: ``program *fixed *args *fresh`` (or ``*resume``), brief on stdin."""
+
+    name: PresetName
+    program: str
+    fixed: tuple[str, ...]
+    fresh: tuple[str, ...]
+    resume: tuple[str, ...]
+    parse: Callable[[bytes], ResultInfo]
+    pins_session: bool
+    """The CLI takes a session id heartbeat chooses (else it reports one, read from its output)."""
+    max_runtime: float | None = None
+    non_retryable_exit_codes: tuple[int, ...] = ()
+    output: str = ""
+    """What the exit handling reads, for ``--explain``."""
+
+
+PRESETS: dict[PresetName, Preset] = {
+    PresetName.CLAUDE_CODE: Preset(
+        name=PresetName.CLAUDE_CODE,
+        program="claude",
+        fixed=("-p", "--output-format", "stream-json", "--verbose"),
+        fresh=("--session-id", "{session}"),
+        resume=("--resume", "{session}"),
+        parse=parse_claude,
+        pins_session=True,
+        output="the final stream-json result line: is_error decides success (even with exit 0); "
+               "not logged in / authentication errors block the task on a human; session_id, num_turns, "
+               "total_cost_usd and token usage go into the exited event",
+    ),
+    PresetName.CODEX: Preset(
+        name=PresetName.CODEX,
+        program="codex",
+        fixed=("exec", "--json", "--skip-git-repo-check"),
+        fresh=("-",),
+        resume=("resume", "{session}", "-"),
+        parse=parse_codex,
+        pins_session=False,
+        max_runtime=defaults.CODEX_MAX_RUNTIME,
+        output="the JSONL events: thread.started's thread_id is the session; turn.completed is success, "
+               "turn.failed or a final error is a failed attempt (an authentication error blocks the task "
+               "on a human); token usage goes into the exited event",
+    ),
+    PresetName.GEMINI: Preset(
+        name=PresetName.GEMINI,
+        program="gemini",
+        fixed=("--output-format", "stream-json", "--skip-trust"),
+        fresh=("--session-id", "{session}"),
+        resume=("--resume", "{session}"),
+        parse=parse_gemini,
+        pins_session=True,
+        max_runtime=defaults.GEMINI_MAX_RUNTIME,
+        non_retryable_exit_codes=(41, 52),
+        output="the final stream-json result event: status success or error; exit 41 (no auth method) and "
+               "52 (bad config) block the task on a human; a resume of an unknown session starts a fresh one; "
+               "token usage goes into the exited event",
+    ),
+}
+"""Every preset, checked against the pinned releases in ``tests/agent_clis.py``."""
+
+
+def preset_argv(preset: Preset, program: str, args: tuple[str, ...], *, resume: bool) -> tuple[str, ...]:
+    """The argv template (placeholders unexpanded) of a fresh or a resumed session."""
+    return (program or preset.program, *preset.fixed, *args, *(preset.resume if resume else preset.fresh))
+
+
+def parse_result(preset_name: str, data: bytes) -> ResultInfo:
+    """The preset's parser applied to ``data``; an unknown preset reads nothing."""
+    try:
+        preset = PRESETS[PresetName(preset_name)]
+    except ValueError:
+        return ResultInfo()
+    return preset.parse(data)
+
+
+def read_log_tail(path: str, *, head: int = defaults.RESULT_HEAD_BYTES, tail: int = defaults.RESULT_TAIL_BYTES) -> bytes:
+    """The first ``head`` and the last ``tail`` bytes of the agent's log (all of a small one), or ``b""``.
+
+    The log is written by the agent: a FIFO, a symlink or a device in its place is not
+    read (non-blocking open, no symlinks followed, regular files only), and nothing more
+    than ``head + tail`` bytes is ever read. A cut first line is dropped by the parser.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return b""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return b""
+        if st.st_size <= head + tail:
+            return _read(fd, head + tail)
+        first = _read(fd, head)
+        os.lseek(fd, st.st_size - tail, os.SEEK_SET)
+        return first + b"\n" + _read(fd, tail)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def _read(fd: int, size: int) -> bytes:
+    chunks = []
+    while size > 0:
+        chunk = os.read(fd, min(size, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """The session of one dispatch."""
+
+    session: str
+    """The id for ``{session}`` and ``meta.session``; ``""`` when the CLI chooses it (a fresh Codex thread)."""
+    resume: bool
+    resumes: int
+    """Resumes of this session so far, this one included (0 for a fresh one)."""
+    why: str
+
+
+def plan_session(
+    mode: str,
+    *,
+    previous: str,
+    previous_resumes: int,
+    retry: bool,
+    compactions: int = 0,
+    max_resumes: int = defaults.MAX_RESUMES_PER_SESSION,
+    max_compactions: int = defaults.MAX_COMPACTIONS_PER_SESSION,
+    pins_session: bool = True,
+    new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+) -> SessionPlan:
+    """Fresh or resumed: resume only in ``resume`` mode, for a retry after a failed attempt,
+    of a valid previous session that has not used up its resumes or compacted too often."""
+
+    def fresh(why: str) -> SessionPlan:
+        return SessionPlan(session=new_id() if pins_session else "", resume=False, resumes=0, why=why)
+
+    if mode != SessionMode.RESUME:
+        return fresh("fresh: session = \"fresh\"")
+    previous = valid_session_id(previous)
+    if not retry:
+        return fresh("fresh: the previous agent ended its shift")
+    if not previous:
+        return fresh("fresh: no previous session to resume")
+    if previous_resumes >= max_resumes:
+        return fresh(f"fresh: the session was resumed {previous_resumes} times (max_resumes_per_session)")
+    if compactions >= max_compactions:
+        return fresh(f"fresh: the session was compacted {compactions} times")
+    return SessionPlan(session=previous, resume=True, resumes=previous_resumes + 1,
+                       why=f"resume {previous_resumes + 1} of {max_resumes}")
+
+
+def resume_note(how_it_ended: str) -> str:
+    """The few lines in front of the brief when a session is resumed."""
+    how = _text(how_it_ended) or "an interruption"
+    return (
+        f"You are resuming this session after it ended: {how}. What you did since your last "
+        "note to the baton may or may not have happened: re-read the brief below (it is the "
+        "source of truth), check the world, and continue from there.\n\n"
+    )
+
+
+def explain(lc: LauncherConfig) -> list[str]:
+    """The lines ``check-config --explain`` prints for one launcher: everything it will do."""
+    lines = [f"[launchers.{lc.name}]"]
+    lines.append(f"  type: {lc.type}" + (f" (preset {lc.preset})" if lc.preset else ""))
+    if lc.command:
+        lines.append(f"  program: {lc.command[0]}")
+        lines.append(f"  argv: {json.dumps(list(lc.command))}")
+    preset = PRESETS.get(PresetName(lc.preset)) if lc.preset else None
+    if preset is not None:
+        resume_argv = preset_argv(preset, lc.command[0], lc.args, resume=True)
+        lines.append(f"  argv when resuming: {json.dumps(list(resume_argv))}")
+    brief = {"stdin": "on stdin (a resumed session gets a short note before it)",
+             "file": "as a file ({brief_file}, $HEARTBEAT_BRIEF)",
+             "arg": "as the last argument"}.get(lc.brief, lc.brief)
+    lines.append(f"  brief: {brief}")
+    lines.append(f"  cwd: {lc.cwd}")
+    if isinstance(lc.inherit_env, tuple):
+        inherit = "the daemon's " + (", ".join(lc.inherit_env) or "(none listed)")
+    else:
+        inherit = "all of the daemon's" if lc.inherit_env else "none of the daemon's"
+    env = ", ".join(f"{k}={v}" for k, v in lc.env.items())
+    lines.append(f"  env: {inherit}" + (f"; plus {env}" if env else "")
+                 + "; plus HEARTBEAT_TASK, HEARTBEAT_EPOCH, HEARTBEAT_BRIEF, HEARTBEAT_CONFIG, HEARTBEAT_STATE_DIR")
+    lines.append(f"  session: {lc.session}" + (
+        f" (a retry after a failed attempt resumes the previous session, at most {lc.max_resumes_per_session} times)"
+        if lc.session == SessionMode.RESUME else " (a new session id every dispatch)"))
+    from heartbeat.timeparse import format_duration
+
+    runtime = "no limit" if lc.max_runtime is None else format_duration(lc.max_runtime)
+    lines.append(f"  max_runtime: {runtime}; stop_grace: {format_duration(lc.stop_grace)}")
+    codes = ", ".join(str(c) for c in lc.non_retryable_exit_codes) or "none"
+    lines.append(f"  exit handling: exit 0 ends the shift, any other exit or a signal is a failed attempt; "
+                 f"non-retryable exit codes: {codes}")
+    if preset is not None:
+        lines.append(f"  output: {preset.output}")
+    return lines

@@ -1,0 +1,624 @@
+"""Launcher presets and sessions: the config expansion, the result parsers on recorded streams,
+the real CLIs' argument parsers, and the daemon settling a real ``claude`` run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_clis import agent_cli
+from conftest import Result, clean_env
+from daemon_harness import DaemonHarness, toml_list
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from heartbeat import defaults
+from heartbeat.config import LauncherConfig, parse_config
+from heartbeat.errors import ConfigError
+from heartbeat.launchers.base import LaunchRequest, build_argv
+from heartbeat.presets import (
+    PRESETS,
+    PresetName,
+    ResultInfo,
+    parse_claude,
+    parse_codex,
+    parse_gemini,
+    plan_session,
+    read_log_tail,
+    resume_note,
+    valid_session_id,
+)
+
+DATA = Path(__file__).resolve().parent / "data"
+UUID1 = "0b6f7c8e-1f6d-4b43-9c55-1b7e9f2a3c4d"
+UUID2 = "7d1e1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b"
+CLAUDE_ARGS = ["--model", "sonnet", "--permission-mode", "acceptEdits", "--allowedTools", "Bash(git *),Edit,Read"]
+CODEX_ARGS = ["--sandbox", "workspace-write", "-m", "gpt-5"]
+GEMINI_ARGS = ["--model", "gemini-2.5-pro", "--approval-mode", "auto_edit"]
+
+
+def config_with(body: str) -> str:
+    return f'[daemon]\nstate_dir = "/tmp/x"\ndefault_launcher = "a"\n\n[launchers.a]\n{body}\n'
+
+
+def launcher(body: str) -> LauncherConfig:
+    return parse_config(config_with(body)).launchers["a"]
+
+
+def request(tmp_path: Path, *, session: str = UUID1, resume: bool = False) -> LaunchRequest:
+    return LaunchRequest(task_id="t1", epoch=1, attempt=1, workdir=str(tmp_path), brief_text="the brief",
+                         brief_file=str(tmp_path / "1.brief.md"), log_file=str(tmp_path / "1.log"),
+                         exit_file=str(tmp_path / "1.exit"), state_dir=str(tmp_path), config_path="",
+                         session=session, resume=resume)
+
+
+def fixture(name: str) -> bytes:
+    return (DATA / name).read_bytes()
+
+
+class TestPresetConfig:
+    """``preset =`` expands into the argv, brief delivery and defaults of the real CLI."""
+
+    def test_claude_code_expands_to_print_stream_json_with_a_pinned_session(self, tmp_path: Path) -> None:
+        """claude-code: -p --output-format stream-json --verbose, the user's args, --session-id {session}; stdin."""
+        lc = launcher(f'preset = "claude-code"\nargs = {toml_list(CLAUDE_ARGS)}')
+        assert lc.command == ("claude", "-p", "--output-format", "stream-json", "--verbose", *CLAUDE_ARGS,
+                              "--session-id", "{session}")
+        assert lc.brief == "stdin" and lc.preset == "claude-code" and lc.session == "fresh"
+        assert build_argv(lc, request(tmp_path))[-2:] == ["--session-id", UUID1]
+        assert build_argv(lc, request(tmp_path, resume=True))[-2:] == ["--resume", UUID1]
+
+    def test_codex_expands_to_exec_json_stdin_with_a_default_runtime(self, tmp_path: Path) -> None:
+        """codex: exec --json --skip-git-repo-check ARGS -, resume puts `resume ID -` after the exec options."""
+        lc = launcher(f'preset = "codex"\nprogram = "/opt/codex"\nargs = {toml_list(CODEX_ARGS)}')
+        assert lc.command == ("/opt/codex", "exec", "--json", "--skip-git-repo-check", *CODEX_ARGS, "-")
+        assert lc.max_runtime == defaults.CODEX_MAX_RUNTIME
+        assert build_argv(lc, request(tmp_path, resume=True)) == [
+            "/opt/codex", "exec", "--json", "--skip-git-repo-check", *CODEX_ARGS, "resume", UUID1, "-"]
+
+    def test_gemini_expands_and_merges_its_non_retryable_codes(self) -> None:
+        """gemini: --output-format stream-json --session-id; exit 41/42/52 are non-retryable, with the user's."""
+        lc = launcher('preset = "gemini"\nnon_retryable_exit_codes = [3]\nmax_runtime = "30m"')
+        assert lc.command == ("gemini", "--output-format", "stream-json", "--skip-trust", "--session-id", "{session}")
+        assert lc.non_retryable_exit_codes == (3, 41, 52)
+        assert lc.max_runtime == 1800
+
+    @pytest.mark.parametrize(("body", "key", "words"), [
+        ('preset = "claude-code"\ncommand = ["claude"]', "command", "program ="),
+        ('preset = "claude-code"\nbrief = "file"', "brief", "stdin"),
+        ('preset = "claude"', "preset", "claude-code"),
+        ('command = ["x"]\nargs = ["--y"]', "args", "only with a preset"),
+        ('command = ["x"]\nprogram = "y"', "program", "only with a preset"),
+        ('preset = "codex"\nargs = ["{nope}"]', "args", "unknown placeholder {nope}"),
+        ('preset = "codex"\nargs = "--sandbox"', "args", "list of strings"),
+        ('preset = "codex"\nprogram = "{workdir}/codex"', "program", "placeholder"),
+        ('command = ["x"]\nsession = "sticky"', "session", "fresh, resume"),
+        ('command = ["x"]\nmax_resumes_per_session = 0', "max_resumes_per_session", "at least 1"),
+    ])
+    def test_bad_preset_keys_are_one_line_errors(self, body: str, key: str, words: str) -> None:
+        """Each misuse names the key and says what to write instead."""
+        with pytest.raises(ConfigError) as err:
+            launcher(body)
+        assert err.value.field == f"launchers.a.{key}" and words in err.value.message
+        assert "\n" not in str(err.value)
+
+    def test_a_session_id_is_never_read_from_outside_as_an_option(self) -> None:
+        """Only UUIDs are session ids: a value that could be an option or a path is refused."""
+        assert valid_session_id(UUID1) == UUID1
+        for bad in ("--dangerously-skip-permissions", "../x", "", None, 12, UUID1 + "\n", f"-{UUID1[1:]}"):
+            assert valid_session_id(bad) == ""
+
+    def test_check_config_explain_prints_everything_the_preset_sets(self, tmp_path: Path) -> None:
+        """--explain shows program, argv (fresh and resumed), stdin, env, session, max_runtime and exit handling."""
+        path = tmp_path / "heartbeat.toml"
+        path.write_text(config_with(f'preset = "codex"\nprogram = "/opt/nowhere/codex"\n'
+                                    f'args = {toml_list(CODEX_ARGS)}\nsession = "resume"\n'
+                                    'env = { CODEX_HOME = "/srv/codex" }'))
+        path.chmod(0o600)
+        proc = subprocess.run([sys.executable, "-m", "heartbeat", "--config", str(path), "check-config", "--explain"],
+                              capture_output=True, text=True, env=clean_env(), timeout=60)
+        r = Result(proc.returncode, proc.stdout, proc.stderr)
+        assert r.code == 0, r.err
+        out = r.out
+        codex = "/opt/nowhere/codex"
+        assert "type: exec (preset codex)" in out and f"program: {codex}" in out
+        assert json.dumps([codex, "exec", "--json", "--skip-git-repo-check", *CODEX_ARGS, "-"]) in out
+        assert json.dumps([codex, "exec", "--json", "--skip-git-repo-check", *CODEX_ARGS, "resume", "{session}",
+                           "-"]) in out
+        assert "brief: on stdin" in out and "CODEX_HOME=/srv/codex" in out and "HEARTBEAT_TASK" in out
+        assert "session: resume" in out and "max_runtime: 2h" in out
+        assert "exit handling:" in out and "thread_id" in out
+        assert f"launchers.a.program: '{codex}' is not on PATH" in r.err
+
+
+class TestParseRecordedStreams:
+    """The parsers on streams recorded from the real CLIs (tests/data/README.md says which are derived)."""
+
+    def test_claude_not_logged_in_is_a_non_retryable_error(self) -> None:
+        """The real not-logged-in run: is_error, non-retryable, with its session id, turns and cost."""
+        info = parse_claude(fixture("claude_not_logged_in.log"))
+        assert info.found and info.is_error and info.non_retryable and not info.resume_failed
+        assert info.reason == "Not logged in · Please run /login"
+        assert info.session_id == UUID1 and info.num_turns == 1 and info.cost_usd == 0
+        assert info.terminal_reason == "api_error"
+        assert info.usage == {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0,
+                              "cache_creation_tokens": 0}
+
+    def test_claude_success_records_cost_turns_and_tokens(self) -> None:
+        """A successful result line: not an error; cost, turns and token usage go into the exited event."""
+        info = parse_claude(fixture("claude_success.log"))
+        assert info.found and not info.is_error and not info.non_retryable
+        assert info.event_data() == {
+            "is_error": False, "session_id": UUID1, "terminal_reason": "completed", "num_turns": 7,
+            "cost_usd": 0.4213, "input_tokens": 1834, "output_tokens": 4120, "cache_read_tokens": 88213,
+            "cache_creation_tokens": 12007}
+
+    def test_claude_is_error_with_subtype_success_is_a_retryable_failure(self) -> None:
+        """`"subtype": "success", "is_error": true` (an overloaded API) is a failure, but a retry may help."""
+        info = parse_claude(fixture("claude_error_exit0.log"))
+        assert info.is_error and not info.non_retryable
+        assert info.reason == "API Error: 529 Overloaded" and info.event_data()["result"] == info.reason
+
+    def test_claude_resume_of_an_unknown_session_marks_the_resume_failed(self) -> None:
+        """The real "No conversation found" result: the next dispatch must start a fresh session."""
+        info = parse_claude(fixture("claude_resume_unknown.log"))
+        assert info.is_error and info.resume_failed and not info.non_retryable
+        assert "No conversation found" in info.reason
+
+    def test_codex_records_the_thread_and_sums_usage(self) -> None:
+        """codex: thread.started names the session; turn.completed is success, with its usage."""
+        info = parse_codex(fixture("codex_success.log"))
+        assert info.found and not info.is_error and info.session_id == "01a22d3b-906d-79d2-8650-0ef8db32103e"
+        assert info.usage == {"input_tokens": 24763, "cache_read_tokens": 24448, "output_tokens": 122}
+
+    def test_codex_without_network_has_a_thread_but_no_result(self) -> None:
+        """The real offline run (stopped by timeout): the thread id is known, the run did not end by itself."""
+        info = parse_codex(fixture("codex_no_network.log"))
+        assert valid_session_id(info.session_id) and not info.found and not info.non_retryable
+
+    def test_codex_unauthorized_is_non_retryable(self) -> None:
+        """A turn.failed with 401 Unauthorized blocks the task on a human."""
+        info = parse_codex(fixture("codex_unauthorized.log"))
+        assert info.is_error and info.non_retryable and "401" in info.reason
+
+    def test_codex_resume_of_an_unknown_thread_marks_the_resume_failed(self) -> None:
+        """The real `exec resume` of a thread it does not know (plain stderr, exit 1)."""
+        info = parse_codex(fixture("codex_resume_unknown.log"))
+        assert info.resume_failed and info.is_error and not info.non_retryable
+
+    def test_gemini_without_auth_is_non_retryable(self) -> None:
+        """The real "Please set an Auth method" (exit 41, no JSON) is non-retryable."""
+        info = parse_gemini(fixture("gemini_no_auth.log"))
+        assert info.is_error and info.non_retryable and info.reason.startswith("Please set an Auth method")
+
+    def test_gemini_resume_of_an_unknown_session_marks_the_resume_failed(self) -> None:
+        """The real "Error resuming session" (exit 42) is a failed resume, not a reason to block the task."""
+        info = parse_gemini(fixture("gemini_resume_unknown.log"))
+        assert info.is_error and info.resume_failed and not info.non_retryable
+
+    def test_gemini_without_network_names_its_session(self) -> None:
+        """The real offline run (API key set, stopped by timeout): the init event's session, no result."""
+        info = parse_gemini(fixture("gemini_no_network.log"))
+        assert info.session_id == UUID1 and not info.found and not info.is_error
+
+    def test_gemini_success_records_tokens(self) -> None:
+        """Gemini's result event with status success and stats."""
+        info = parse_gemini(fixture("gemini_success.log"))
+        assert info.found and not info.is_error and info.session_id == UUID1
+        assert info.usage == {"input_tokens": 1900, "output_tokens": 200, "cache_read_tokens": 1200}
+
+
+class TestHostileOutput:
+    """The log is the agent's own output: garbage, truncation and lies never crash or mislead the parsers."""
+
+    def test_a_truncated_result_line_falls_back_to_no_result(self) -> None:
+        """A result line cut mid-JSON (the agent was killed while writing it) is not a result."""
+        data = fixture("claude_success.log")
+        info = parse_claude(data[: len(data) - 40])
+        assert not info.found and info.session_id == UUID1
+
+    def test_garbage_nesting_and_huge_lines_are_skipped(self) -> None:
+        """Binary noise, a 200,000-deep nesting and a 1 MB line cost nothing but time."""
+        data = (os.urandom(4096) + b"\n" + b"[" * 200_000 + b"\n" + b"{" + b"x" * 1_000_000 + b"\n"
+                + b'{"type":"result","is_error":true,"result":"x"}\n' + b"[" * 200_000 + b"\n")
+        for parse in (parse_claude, parse_codex, parse_gemini):
+            assert isinstance(parse(data), ResultInfo)
+        assert parse_claude(data).is_error
+
+    def test_values_are_type_checked_and_cut_to_one_line(self) -> None:
+        """A result with wrong types, NaN, a negative cost, control characters and a fake session id."""
+        line = json.dumps({"type": "result", "is_error": True, "result": "bad\n\x1b[31mred\u2028" + "y" * 1000,
+                           "session_id": "--dangerously-skip-permissions", "num_turns": True,
+                           "total_cost_usd": -1, "usage": {"input_tokens": "many", "output_tokens": 2**70}})
+        info = parse_claude(line.encode() + b"\n" + b'{"total_cost_usd": NaN}\n')
+        assert info.is_error and info.session_id == "" and info.num_turns is None and info.cost_usd is None
+        assert info.usage == {} and "\n" not in info.reason and "\x1b" not in info.reason
+        assert len(info.reason) <= 300
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.binary(max_size=2000) | st.lists(st.sampled_from(
+        [b'{"type":"result"', b'"is_error":true}', b"\n", b'{"type":"thread.started","thread_id":1}',
+         b'{"type":"init","session_id":"' + UUID1.encode() + b'"}', b"\xff\xfe", b"[[[[", b'{"error":{}}']),
+        max_size=40).map(b"".join))
+    def test_no_input_makes_a_parser_raise(self, data: bytes) -> None:
+        """Any bytes at all: each parser returns a ResultInfo."""
+        for parse in (parse_claude, parse_codex, parse_gemini):
+            info = parse(data)
+            assert isinstance(info, ResultInfo) and valid_session_id(info.session_id) == info.session_id
+
+
+class TestReadLogTail:
+    """The log is read in bounded pieces, and only when it is a regular file."""
+
+    def test_reads_the_head_and_the_tail_of_a_big_log(self, tmp_path: Path) -> None:
+        """Of a log larger than head + tail, exactly those two pieces are read."""
+        path = tmp_path / "1.log"
+        path.write_bytes(b"H" * 100 + b"M" * 10_000 + b"T" * 100)
+        data = read_log_tail(str(path), head=100, tail=100)
+        assert data == b"H" * 100 + b"\n" + b"T" * 100
+
+    def test_a_fifo_or_a_symlink_is_not_read(self, tmp_path: Path) -> None:
+        """A FIFO in the log's place returns nothing at once (no writer, no hang); a symlink is not followed."""
+        fifo = tmp_path / "fifo.log"
+        os.mkfifo(fifo)
+        assert read_log_tail(str(fifo)) == b""
+        target = tmp_path / "secret"
+        target.write_text('{"type":"result","is_error":true}\n')
+        (tmp_path / "link.log").symlink_to(target)
+        assert read_log_tail(str(tmp_path / "link.log")) == b""
+        assert read_log_tail(str(tmp_path / "missing.log")) == b""
+
+
+class TestPlanSession:
+    """Fresh or resumed: the pure decision behind ``session =``."""
+
+    def test_fresh_mode_gives_every_dispatch_a_new_uuid(self) -> None:
+        """session = "fresh" never resumes, even a retry with a previous session."""
+        a = plan_session("fresh", previous=UUID1, previous_resumes=0, retry=True)
+        b = plan_session("fresh", previous=UUID1, previous_resumes=0, retry=True)
+        assert not a.resume and valid_session_id(a.session) and a.session != b.session != UUID1
+
+    def test_resume_mode_resumes_a_retry_until_the_limit(self) -> None:
+        """A retry resumes the previous session; past max_resumes_per_session it starts fresh."""
+        first = plan_session("resume", previous=UUID1, previous_resumes=0, retry=True, max_resumes=2)
+        assert first.resume and first.session == UUID1 and first.resumes == 1
+        second = plan_session("resume", previous=UUID1, previous_resumes=1, retry=True, max_resumes=2)
+        assert second.resume and second.resumes == 2
+        third = plan_session("resume", previous=UUID1, previous_resumes=2, retry=True, max_resumes=2)
+        assert not third.resume and third.session != UUID1 and third.resumes == 0
+        assert "max_resumes_per_session" in third.why
+
+    @pytest.mark.parametrize(("kwargs", "why"), [
+        ({"retry": False}, "ended its shift"),
+        ({"previous": ""}, "no previous session"),
+        ({"previous": "--resume"}, "no previous session"),
+        ({"compactions": 3}, "compacted 3 times"),
+    ])
+    def test_resume_mode_starts_fresh_when_resuming_is_wrong(self, kwargs: dict[str, Any], why: str) -> None:
+        """After a clean shift end, without a valid previous session, or after a compaction-heavy session."""
+        base: dict[str, Any] = {"previous": UUID1, "previous_resumes": 0, "retry": True}
+        plan = plan_session("resume", **{**base, **kwargs})
+        assert not plan.resume and why in plan.why
+
+    def test_codex_fresh_sessions_are_chosen_by_the_cli(self) -> None:
+        """A CLI that does not take a session id (codex) gets "" for a fresh one; its thread id is read later."""
+        plan = plan_session("resume", previous="", previous_resumes=0, retry=True, pins_session=False)
+        assert plan.session == "" and not plan.resume
+
+    def test_the_resume_note_says_how_the_session_ended(self) -> None:
+        """The note names how the previous run ended and sends the agent back to the brief."""
+        note = resume_note("killed by signal 9 after 4m")
+        assert "killed by signal 9 after 4m" in note and "re-read the brief" in note
+
+
+# -- the real CLIs ---------------------------------------------------------------------------
+
+
+def run_cli(argv: list[str], home: Path, cwd: Path, *, timeout: float,
+            extra_env: dict[str, str] | None = None) -> tuple[int | None, str, str]:
+    """Run a real agent CLI with a private HOME and no login, the brief on stdin, for at most ``timeout`` s.
+
+    Returns (exit code or None when it had to be stopped, stdout, stderr)."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
+           **(extra_env or {})}
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=str(cwd), env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(b"the brief\n", timeout=timeout)
+        code: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        code = None
+    return code, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+@pytest.fixture
+def cli_home(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    yield home, work
+
+
+class TestRealCLIsAcceptThePresetArgv:
+    """The exact argv each preset builds gets past the real CLI's argument parser (pinned releases, no login)."""
+
+    def test_claude_fresh_then_resume(self, cli_home: tuple[Path, Path], tmp_path: Path) -> None:
+        """claude reaches "Not logged in" with a result line for the fresh argv, then for --resume of that session."""
+        home, work = cli_home
+        lc = launcher(f'preset = "claude-code"\nprogram = "{agent_cli("claude")}"\nargs = {toml_list(CLAUDE_ARGS)}')
+        for resume in (False, True):
+            argv = build_argv(lc, request(work, resume=resume))
+            code, out, err = run_cli(argv, home, work, timeout=90)
+            assert code == 1, (argv, code, err[-500:])
+            assert "unknown option" not in err and "error:" not in err.lower(), err[-500:]
+            info = parse_claude(out.encode())
+            assert info.found and info.non_retryable and info.session_id == UUID1, out[-800:]
+            assert not info.resume_failed  # the resumed session exists: the fresh run created it
+
+    def test_claude_refuses_a_reused_session_id(self, cli_home: tuple[Path, Path]) -> None:
+        """Why "fresh" means a new UUID per dispatch: the real claude refuses --session-id of an existing session."""
+        home, work = cli_home
+        lc = launcher(f'preset = "claude-code"\nprogram = "{agent_cli("claude")}"')
+        argv = build_argv(lc, request(work))
+        assert run_cli(argv, home, work, timeout=90)[0] == 1
+        code, _out, err = run_cli(argv, home, work, timeout=90)
+        assert code == 1 and "already in use" in err
+
+    def test_codex_fresh_then_resume(self, cli_home: tuple[Path, Path]) -> None:
+        """codex starts a thread for the fresh argv, and `exec ... resume ID -` continues that same thread."""
+        home, work = cli_home
+        lc = launcher(f'preset = "codex"\nprogram = "{agent_cli("codex")}"\nargs = {toml_list(CODEX_ARGS)}')
+        code, out, err = run_cli(build_argv(lc, request(work, session="")), home, work, timeout=15)
+        assert code is None, (code, err[-500:])  # it got going and retried the network until stopped
+        thread = parse_codex(out.encode()).session_id
+        assert thread, out[:500] + err[-500:]
+        code, out, err = run_cli(build_argv(lc, request(work, session=thread, resume=True)), home, work, timeout=15)
+        assert code is None, (code, err[-500:])
+        assert "unexpected argument" not in err
+        assert parse_codex(out.encode()).session_id == thread
+
+    def test_codex_rejects_exec_options_after_resume(self, cli_home: tuple[Path, Path]) -> None:
+        """Why the preset puts args before `resume`: the real codex refuses --sandbox after it (exit 2)."""
+        home, work = cli_home
+        argv = [str(agent_cli("codex")), "exec", "--json", "resume", "--sandbox", "read-only", UUID1, "-"]
+        code, _out, err = run_cli(argv, home, work, timeout=15)
+        assert code == 2 and "unexpected argument '--sandbox'" in err
+
+    def test_gemini_without_auth_stops_at_the_auth_check(self, cli_home: tuple[Path, Path]) -> None:
+        """Without an auth method gemini exits 41 past its argument parser: non-retryable."""
+        home, work = cli_home
+        lc = launcher(f'preset = "gemini"\nprogram = "{agent_cli("gemini")}"\nargs = {toml_list(GEMINI_ARGS)}')
+        code, out, err = run_cli(build_argv(lc, request(work)), home, work, timeout=90)
+        assert code == 41 and "Unknown argument" not in err, (code, err[-500:])
+        assert parse_gemini((out + err).encode()).non_retryable
+
+    def test_gemini_fresh_then_resume(self, cli_home: tuple[Path, Path]) -> None:
+        """With an (unusable) API key, gemini starts the pinned session for the fresh argv, then resumes it."""
+        home, work = cli_home
+        lc = launcher(f'preset = "gemini"\nprogram = "{agent_cli("gemini")}"\nargs = {toml_list(GEMINI_ARGS)}')
+        key = {"GEMINI_API_KEY": "not-a-key"}
+        for resume in (False, True):
+            code, out, err = run_cli(build_argv(lc, request(work, resume=resume)), home, work, timeout=25,
+                                     extra_env=key)
+            assert "Unknown argument" not in err and "trusted directory" not in err, err[-500:]
+            info = parse_gemini((out + err).encode())
+            assert info.session_id == UUID1 and not info.resume_failed, (code, out[:500], err[-500:])
+
+
+# -- the daemon ------------------------------------------------------------------------------
+
+FAKE_CLAUDE = """#!{python}
+import json, os, sys
+argv = sys.argv[1:]
+brief = sys.stdin.read()
+record = os.environ["FAKE_RECORD"]
+with open(record, "a") as f:
+    f.write(json.dumps({{"argv": argv, "brief": brief}}) + "\\n")
+runs = sum(1 for _ in open(record))
+mode = os.environ["FAKE_MODES"].split(",")[min(runs, len(os.environ["FAKE_MODES"].split(","))) - 1]
+flag = "--resume" if "--resume" in argv else "--session-id"
+session = argv[argv.index(flag) + 1]
+result = {{"type": "result", "subtype": "success", "is_error": False, "result": "ok", "session_id": session,
+          "num_turns": 2, "total_cost_usd": 0.01, "terminal_reason": "completed"}}
+if mode == "crash":
+    print("Killed mid-turn", flush=True)
+    sys.exit(1)
+if mode == "error0":
+    result.update(is_error=True, result="API Error: 529 Overloaded", terminal_reason="api_error")
+    print(json.dumps(result))
+    sys.exit(0)
+if mode == "noconv" and flag == "--resume":
+    result.update(subtype="error_during_execution", is_error=True, result=None,
+                  errors=["No conversation found with session ID: " + session])
+    print(json.dumps(result))
+    sys.exit(1)
+print(json.dumps(result))
+sys.exit(1)
+"""
+
+
+def fake_claude_daemon(tmp_path: Path, modes: str, *, session: str = "resume", max_resumes: int = 3,
+                       max_attempts: int = 10) -> DaemonHarness:
+    tmp_path.chmod(0o700)
+    fake = tmp_path / "fake-claude"
+    fake.write_text(FAKE_CLAUDE.format(python=sys.executable))
+    fake.chmod(0o755)
+    record = tmp_path / "record.jsonl"
+    extra = f"""
+[launchers.claude]
+preset = "claude-code"
+program = "{fake}"
+session = "{session}"
+max_resumes_per_session = {max_resumes}
+stop_grace = "500ms"
+env = {{ FAKE_RECORD = "{record}", FAKE_MODES = "{modes}" }}
+"""
+    # stall_after is long: a loaded machine must not turn a slow start into a "never wrote" stop.
+    return DaemonHarness(tmp_path, extra=extra, max_attempts=max_attempts, stall_after="60s")
+
+
+def runs(h: DaemonHarness) -> list[dict[str, Any]]:
+    path = h.root / "record.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+class TestDaemonSessions:
+    """The daemon picks fresh or resumed sessions, records the one used, and settles by the result line."""
+
+    def test_resume_after_a_crash_then_fresh_past_the_limit(self, tmp_path: Path) -> None:
+        """crash → resume the same session with the note → crash → (max 1 resume) a fresh session."""
+        h = fake_claude_daemon(tmp_path, "crash,crash,crash", max_resumes=1)
+        try:
+            h.start()
+            h.new("s1", "--launcher", "claude")
+            h.wait(lambda: len(runs(h)) >= 3 and len(h.events("s1", "exited")) >= 3, "three runs")
+            first, second, third = runs(h)[:3]
+            assert first["argv"][-2] == "--session-id"
+            session = first["argv"][-1]
+            assert valid_session_id(session)
+            assert second["argv"][-2:] == ["--resume", session]
+            assert str(second["brief"]).startswith("You are resuming this session after it ended: exit 1")
+            assert "re-read the brief" in str(second["brief"])
+            assert third["argv"][-2] == "--session-id" and third["argv"][-1] != session
+            assert not str(third["brief"]).startswith("You are resuming")
+            dispatched = h.events("s1", "dispatched")[:3]
+            assert [e.data["session_resumed"] for e in dispatched] == [False, True, False]
+            assert [e.data["session"] for e in dispatched][:2] == [session, session]
+        finally:
+            h.close()
+
+    def test_fresh_mode_never_resumes(self, tmp_path: Path) -> None:
+        """session = "fresh": every dispatch, retries included, gets a new --session-id."""
+        h = fake_claude_daemon(tmp_path, "crash,crash", session="fresh")
+        try:
+            h.start()
+            h.new("s2", "--launcher", "claude")
+            h.wait(lambda: len(runs(h)) >= 2, "two runs")
+            a, b = runs(h)[:2]
+            assert a["argv"][-2] == b["argv"][-2] == "--session-id"
+            assert a["argv"][-1] != b["argv"][-1]
+        finally:
+            h.close()
+
+    def test_a_resume_that_finds_no_conversation_falls_back_to_fresh(self, tmp_path: Path) -> None:
+        """"No conversation found" on --resume clears meta.session: the next dispatch starts a fresh session."""
+        h = fake_claude_daemon(tmp_path, "crash,noconv,crash")
+        try:
+            h.start()
+            h.new("s3", "--launcher", "claude")
+            h.wait(lambda: len(runs(h)) >= 3, "three runs")
+            first, second, third = runs(h)[:3]
+            assert second["argv"][-2] == "--resume"
+            assert third["argv"][-2] == "--session-id"
+            assert third["argv"][-1] != first["argv"][-1]
+            exited = h.events("s3", "exited")[1]
+            assert exited.data["resume_failed"] is True
+        finally:
+            h.close()
+
+    def test_is_error_with_exit_0_is_a_failed_attempt(self, tmp_path: Path) -> None:
+        """A result line with is_error after exit 0 counts as a failed attempt (backoff), not a shift end."""
+        h = fake_claude_daemon(tmp_path, "error0,crash", session="fresh")
+        try:
+            h.start()
+            h.new("s4", "--launcher", "claude")
+            exited = h.wait(lambda: h.events("s4", "exited"), "the exit")[0]
+            assert exited.data["code"] == 0 and exited.data["kind"] == "failed"
+            assert exited.data["is_error"] is True and exited.data["result"] == "API Error: 529 Overloaded"
+            assert exited.data["cost_usd"] == 0.01 and exited.data["num_turns"] == 2
+            h.wait(lambda: len(runs(h)) >= 2, "the retry")
+            dispatched = h.events("s4", "dispatched")[1]
+            assert "retry after a failed attempt" in dispatched.data["reason"]
+            assert "529 Overloaded" in dispatched.data["reason"]
+        finally:
+            h.close()
+
+
+class TestDaemonWithRealClaude:
+    """A real daemon dispatching the real ``claude`` (not logged in) through the claude-code preset."""
+
+    def test_not_logged_in_blocks_the_task_on_a_human(self, tmp_path: Path) -> None:
+        """The task ends blocked (human gate) with the "Not logged in" reason; the exited event carries the session."""
+        tmp_path.chmod(0o700)
+        home = tmp_path / "home"
+        home.mkdir()
+        extra = f"""
+[launchers.claude]
+preset = "claude-code"
+program = "{agent_cli("claude")}"
+args = ["--model", "sonnet"]
+inherit_env = ["PATH", "LANG"]
+env = {{ HOME = "{home}" }}
+"""
+        h = DaemonHarness(tmp_path, extra=extra, stall_after="120s")  # claude never writes the baton itself
+        try:
+            h.start()
+            h.new("real", "--launcher", "claude")
+            b = h.wait(lambda: (x := h.baton("real")).meta.status.value == "blocked" and x, "the block", timeout=120)
+            assert "Not logged in · Please run /login" in b.blocked_on and "a human is needed" in b.blocked_on
+            assert b.meta.gate is not None and b.meta.gate.kind.value == "human"
+            exited = h.events("real", "exited")[0]
+            assert exited.data["code"] == 1 and exited.data["kind"] == "non-retryable"
+            assert exited.data["session_id"] == b.meta.session and valid_session_id(b.meta.session)
+            assert exited.data["num_turns"] == 1 and exited.data["cost_usd"] == 0
+            assert exited.data["non_retryable"] is True and exited.data["input_tokens"] == 0
+            assert h.events("real", "dispatched")[0].data["session"] == b.meta.session
+            assert len(h.events("real", "dispatched")) == 1
+        finally:
+            h.close()
+
+
+def test_every_preset_is_tested_against_its_cli() -> None:
+    """Each preset names a CLI that tests/agent_clis.py pins (so its argv test runs)."""
+    from agent_clis import PACKAGES
+
+    assert {PRESETS[name].program for name in PresetName} <= set(PACKAGES)
+
+
+class TestCompactionHeavySessions:
+    """The daemon counts the ledger's ``compacting`` events of the session it would resume."""
+
+    def test_a_session_compacted_three_times_is_not_resumed(self, tmp_path: Path) -> None:
+        """Two compactions of the session: resumed; a third (of that session, not another): a fresh one."""
+        from datetime import datetime, timezone
+
+        from heartbeat import tasks
+        from heartbeat.daemon import Daemon
+        from heartbeat.ledger import Event
+        from heartbeat.store.files import FileStore
+
+        tmp_path.chmod(0o700)
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700)
+        config = parse_config(f'[daemon]\nstate_dir = "{state}"\ndefault_launcher = "a"\n\n'
+                              '[launchers.a]\ntype = "null"\nsession = "resume"\n', path=str(tmp_path / "hb.toml"))
+        store = FileStore(str(state))
+        d = Daemon(config, store=store)
+        try:
+            tasks.new_task(store, "c", task="t", step="s")
+            with store.edit("c", actor="test") as ed:
+                ed.baton.meta.session, ed.baton.meta.attempt, ed.baton.meta.last_exit = UUID1, 1, 1
+            now = datetime.now(timezone.utc)
+
+            def compacted(session: str) -> None:
+                store.record([Event(task="c", kind="compacting", ts=now, data={"session_id": session})])
+
+            compacted(UUID1)
+            compacted(UUID1)
+            compacted(UUID2)
+            plan = d._session_plan(store.load("c"), config.launchers["a"])
+            assert plan.resume and plan.session == UUID1
+            compacted(UUID1)
+            plan = d._session_plan(store.load("c"), config.launchers["a"])
+            assert not plan.resume and plan.session != UUID1 and "compacted 3 times" in plan.why
+        finally:
+            d.shutdown()
+            store.close()
