@@ -16,8 +16,9 @@ metrics of :mod:`heartbeat.report`. They come from the events the Claude Code ho
 ``sessions_ended``
     ``session_ended`` events (SessionEnd).
 ``runs``, ``cost_usd``, ``tokens``, ``turns``
-    ``exited`` events carrying ``total_cost_usd`` / ``usage`` / ``num_turns``: how many, their
-    summed cost, their summed token counts (every ``*_tokens`` number in ``usage``), turns.
+    ``exited`` events carrying a cost (``cost_usd``, as the presets record it, or
+    ``total_cost_usd``), token counts (``*_tokens`` numbers, top-level or in ``usage``) or
+    ``num_turns``: how many, their summed cost, their summed token counts, turns.
 ``resume_runs``, ``resume_cost_usd``, ``resume_tokens``
     the same for runs that were resumes (an agent start after the task's first): what the
     handoffs cost, the price of re-deriving what the previous agent knew.
@@ -118,8 +119,10 @@ def seam_metrics(events: Iterable[Event], *, since: datetime | None = None,
         elif e.kind == "session_ended":
             m["sessions_ended"] += 1
         elif e.kind == "exited":
-            cost = _number(data.get("total_cost_usd"))
-            tokens = _tokens(data.get("usage"))
+            # The presets record ``cost_usd`` and ``*_tokens`` at the top level; a launcher of
+            # its own may pass Claude's own ``total_cost_usd`` and ``usage`` through.
+            cost = _number(data.get("cost_usd", data.get("total_cost_usd")))
+            tokens = _tokens(data.get("usage")) or _tokens(data)
             turns = data.get("num_turns")
             if cost is None and not tokens and not isinstance(turns, int):
                 continue

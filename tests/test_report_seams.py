@@ -167,3 +167,21 @@ class TestInTheReport:
         """A ledger without hook or cost events prints the report as before, with no seams section."""
         assert hb("new", "t1", "--task", "T", "--step", "s").code == 0
         assert "inside sessions" not in hb("report").out
+
+
+class TestFromThePresets:
+    """What the launcher presets write into ``exited`` is what the report counts."""
+
+    @pytest.mark.parametrize("preset, log", [("claude-code", "claude_success.log"), ("codex", "codex_success.log")])
+    def test_a_recorded_run_is_costed(self, preset: str, log: str) -> None:
+        """A recorded stream parsed by its preset, recorded as ``exited``, shows up in runs, tokens and cost."""
+        from heartbeat.presets import parse_result
+
+        info = parse_result(preset, (Path(__file__).parent / "data" / log).read_bytes())
+        data = info.event_data()
+        m = seam_metrics([ev("dispatched", 0), ev("exited", 5, code=0, **data)])
+        assert m["runs"] == 1
+        assert m["tokens"].get("input_tokens") == data["input_tokens"] > 0
+        assert m["tokens"].get("output_tokens") == data["output_tokens"]
+        assert m["cost_usd"] == data.get("cost_usd")
+        assert m["turns"] == (data.get("num_turns") or 0)
