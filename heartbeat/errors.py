@@ -24,6 +24,7 @@ __all__ = [
     "Conflict",
     "Stale",
     "StoreError",
+    "GuaranteeFailed",
 ]
 
 EXIT_OK = 0
@@ -136,3 +137,9 @@ class Stale(HeartbeatError):
 
 class StoreError(HeartbeatError):
     """The store could not complete an operation (disk full, permission, I/O)."""
+
+
+class GuaranteeFailed(HeartbeatError):
+    """``done`` refused: a guarantee the task promises its consumers does not hold (its check failed)."""
+
+    exit_code = EXIT_NOT_ACTIVE

@@ -101,6 +101,8 @@ class Observation:
     """The ledger's last word on this task is ``blocked`` but the baton is no longer blocked."""
     spinning_reported: bool = False
     """A ``spinning`` event was already recorded for this episode."""
+    upstream_pending: tuple[str, ...] = ()
+    """Upstreams (``after``) not done yet: an active task without an agent waits for them."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,9 @@ def decide(baton: Baton, obs: Observation, now: datetime, policy: Policy) -> Dec
     # Active from here on.
     if owner is not None and obs.alive:
         return _judge_running(baton, obs, now, policy)
+
+    if obs.upstream_pending:  # its brief would lack the upstream packages: never dispatch it early
+        return Decision(Action.NOTHING, f"waiting for upstream {', '.join(obs.upstream_pending)}")
 
     return _due(baton, now, policy)
 
