@@ -596,7 +596,8 @@ def _hot_args(argv: Sequence[str]) -> Any:
     if command == "set" and len(rest) >= 2:
         return types.SimpleNamespace(func=cmd_set, pairs=rest[1:], expect_revision=None, **common)
     if command == "add" and len(rest) >= 3:
-        return types.SimpleNamespace(func=cmd_add, field=rest[1], values=rest[2:], expect_revision=None, **common)
+        return types.SimpleNamespace(func=cmd_add, field=rest[1], values=rest[2:], expect_revision=None, check=None,
+                                     **common)
     return None
 
 
