@@ -158,3 +158,20 @@ class TestEndToEnd:
         assert [(e["upstream"], e["downstream"], e["handoffs"], e["broken"], e["reopens"], e["rederived"])
                 for e in edges] == [("feat.build", "feat.review", 2, 1, 1, 0)]
         assert h.cli("status").stdout.count("└─ feat.review") == 1
+
+
+class TestGoodputBench:
+    def test_the_bench_runs_and_heartbeat_keeps_what_it_was_told(self) -> None:
+        """A tiny run of scripts/bench_goodput.py: both arms finish; only the naive one breaks constraints and blocks."""
+        import subprocess
+
+        root = Path(__file__).resolve().parent.parent
+        proc = subprocess.run([sys.executable, str(root / "scripts" / "bench_goodput.py"), "--pipelines", "3",
+                               "--rates", "0.2", "--json"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        result = json.loads(proc.stdout)["0.2"]
+        hb, naive = result["heartbeat"], result["naive"]
+        assert hb["stages_completed"] == 9
+        assert hb["constraints_violated"] == hb["blocks_bypassed"] == 0
+        assert naive["constraints_violated"] > 0 and naive["blocks_bypassed"] > 0
+        assert hb["stages_per_agent_minute"] > naive["stages_per_agent_minute"]
