@@ -82,9 +82,14 @@ type = "exec"
 command = {json.dumps(agent)}
 stop_grace = "2s"
 
+[launchers.builder]
+type = "exec"
+command = {json.dumps([*agent[:-1], "0.6"])}
+stop_grace = "2s"
+
 [launchers.critic]
 type = "exec"
-command = {json.dumps([*agent, "--mode", "critic"])}
+command = {json.dumps([*agent[:-1], "0.8", "--mode", "critic"])}
 stop_grace = "2s"
 
 [checks.artifact]
@@ -206,6 +211,7 @@ intent = "Cut p95 latency under 200 ms without a new service."
 constraints = ["No new services: the cache lives in-process"]
 plan = ["decide: key the cache by user id, not by URL (URLs carry tracking params)", "Write the cache"]
 key_files = ["cache.built"]
+launcher = "builder"
 guarantees = [{ text = "the cache artifact exists", check = "artifact" }]
 
 [stages.critic]
