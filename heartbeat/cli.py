@@ -378,9 +378,14 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         raise BadInput(f"unknown pipeline action {args.action!r}: use `heartbeat pipeline new NAME --from FILE.toml`")
     if not args.from_:
         raise BadInput("--from FILE.toml is required")
+    import stat
+
     try:
-        with open(args.from_, encoding="utf-8") as handle:
-            text = handle.read(1024 * 1024 + 1)
+        fd = os.open(args.from_, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not hang us
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise BadInput(f"{args.from_}: not a regular file")
+            text = handle.read(1024 * 1024 + 1).decode("utf-8")
     except OSError as exc:
         raise BadInput(f"{args.from_}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

@@ -175,3 +175,17 @@ class TestGoodputBench:
         assert hb["constraints_violated"] == hb["blocks_bypassed"] == 0
         assert naive["constraints_violated"] > 0 and naive["blocks_bypassed"] > 0
         assert hb["stages_per_agent_minute"] > naive["stages_per_agent_minute"]
+
+
+class TestPipelineFile:
+    def test_a_fifo_or_a_missing_file_is_refused_not_waited_on(self, hb: Callable[..., Result],
+                                                                 tmp_path: Path) -> None:
+        """``--from`` a FIFO is exit 2 at once (no hang); a missing file is exit 2 naming it."""
+        import os
+
+        fifo = tmp_path / "p.toml"
+        os.mkfifo(fifo)
+        r = hb("pipeline", "new", "p", "--from", str(fifo), timeout=20)
+        assert r.code == 2 and "not a regular file" in r.err
+        r = hb("pipeline", "new", "p", "--from", str(tmp_path / "nope.toml"))
+        assert r.code == 2 and "nope.toml" in r.err
