@@ -160,6 +160,32 @@ class TestEndToEnd:
         assert h.cli("status").stdout.count("└─ feat.review") == 1
 
 
+class TestHeldByAfter:
+    def test_a_hand_added_after_holds_an_active_task_until_the_upstream_is_done(self, tmp_path: Path) -> None:
+        """A real daemon never dispatches an active task whose ``after`` names an unfinished upstream; once the
+        upstream is done, it is dispatched with the package in its brief."""
+        tmp_path.chmod(0o700)
+        h = DaemonHarness(tmp_path)
+        try:
+            h.new("up", "--blocked-on", "a human first", plan=1)
+            h.new("down", plan=1)
+            r = h.cli("add", "down", "after", "up")
+            assert r.returncode == 0, r.stderr
+            assert h.baton("down").meta.status.value == "active"
+            h.start()
+            h.wait_log(lambda e: e.get("task") == "down" and "waiting for upstream up" in str(e.get("reason")),
+                       "the daemon to hold down")
+            assert h.baton("down").meta.dispatches == 0
+            assert h.cli("unblock", "up", "--by", "test").returncode == 0
+            h.wait(lambda: h.baton("down").meta.status.value == "done", "down to run after up", timeout=40)
+            assert h.baton("up").meta.status.value == "done"
+            up_done = h.events("up", "handed_off")[-1].ts
+            assert h.events("down", "dispatched")[0].ts > up_done
+            assert "## Upstream handoff: up" in (h.state / "logs" / "down" / "1.brief.md").read_text()
+        finally:
+            h.close()
+
+
 class TestGoodputBench:
     def test_the_bench_runs_and_heartbeat_keeps_what_it_was_told(self) -> None:
         """A tiny run of scripts/bench_goodput.py: both arms finish; only the naive one breaks constraints and blocks."""
