@@ -27,6 +27,9 @@ __all__ = [
     "Status",
     "GateKind",
     "Gate",
+    "Guarantee",
+    "HANDOFF_FIELDS",
+    "OnBroken",
     "Owner",
     "Meta",
     "Baton",
@@ -43,6 +46,10 @@ SCALAR_FIELDS = ("task", "intent", "step", "next_step", "blocked_on", "workdir",
 
 LIST_FIELDS = ("key_files", "constraints", "done", "plan", "decisions", "rejected", "unknowns")
 """Top-level list-of-string fields."""
+
+HANDOFF_FIELDS = ("after", "guarantees", "rederived", "on_broken")
+"""Fields of the handoff between tasks (``after``, ``guarantees``, ``rederived``, ``on_broken``);
+written after the list fields, and only when set, so a baton without them reads as before."""
 
 REQUIRED_FIELDS = ("task", "step")
 
@@ -75,6 +82,28 @@ class GateKind(StrEnum):
     TIME = "time"
     TASK = "task"
     CHECK = "check"
+    AFTER = "after"  # every listed upstream task is done (the handoff gate: ``after:A,B``)
+
+
+class OnBroken(StrEnum):
+    """What a downstream's ``verify`` does when an upstream's guarantee is broken."""
+
+    REOPEN = "reopen"  # the upstream goes back to active; the downstream waits for it
+    ESCALATE = "escalate"  # the upstream is escalated to a human; the downstream waits
+    FALLBACK = "fallback"  # ``fallback:LAUNCHER``: the upstream is reopened on another launcher
+
+
+def parse_on_broken(text: str) -> tuple[OnBroken, str]:
+    """``reopen``, ``escalate`` or ``fallback:LAUNCHER`` as (policy, launcher); BadInput otherwise."""
+    kind, sep, launcher = text.partition(":")
+    try:
+        policy = OnBroken(kind)
+    except ValueError:
+        policy = None
+    if policy is None or (policy is OnBroken.FALLBACK) != bool(sep) or (
+            sep and not ID_PATTERN.fullmatch(launcher)):
+        raise BadInput(f"bad on_broken {text[:60]!r}: use reopen, escalate or fallback:LAUNCHER", field="on_broken")
+    return policy, launcher
 
 
 def check_id(task_id: object) -> str:
@@ -103,7 +132,7 @@ class Gate:
             kind = GateKind(kind_text.strip())
         except ValueError:
             raise BadInput(
-                f"bad gate {spec[:80]!r}: use human, file:PATH, time:ISO8601, task:ID or check:NAME",
+                f"bad gate {spec[:80]!r}: use human, file:PATH, time:ISO8601, task:ID, after:ID,ID or check:NAME",
                 field="gate",
             ) from None
         if kind is GateKind.HUMAN:
@@ -118,6 +147,9 @@ class Gate:
             target = parse_instant(target, field="gate").isoformat()
         elif kind is GateKind.TASK:
             check_id(target)
+        elif kind is GateKind.AFTER:
+            for upstream in target.split(","):
+                check_id(upstream)
         elif kind is GateKind.FILE and not target.startswith("/"):
             raise BadInput("a file gate needs an absolute path", field="gate")
         return cls(kind, target)
@@ -125,6 +157,22 @@ class Gate:
     def spec(self) -> str:
         """The CLI form of this gate."""
         return self.kind.value if self.kind is GateKind.HUMAN else f"{self.kind.value}:{self.target}"
+
+
+@dataclass
+class Guarantee:
+    """What a task's producer promises its consumers: a sentence, and the ``[checks.NAME]`` that proves it."""
+
+    text: str
+    check: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"text": self.text}
+        if self.check:
+            out["check"] = self.check
+        out.update(self.extra)
+        return out
 
 
 @dataclass
@@ -193,6 +241,10 @@ class Baton:
     decisions: list[str] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)
     unknowns: list[str] = field(default_factory=list)
+    after: list[str] = field(default_factory=list)
+    guarantees: list[Guarantee] = field(default_factory=list)
+    rederived: list[str] = field(default_factory=list)
+    on_broken: str = ""
     meta: Meta = field(default_factory=Meta)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -213,8 +265,10 @@ class Baton:
             world=dict(self.meta.world),
             extra=_deep(self.meta.extra),
         )
-        lists = {name: list(getattr(self, name)) for name in LIST_FIELDS}
-        return replace(self, meta=meta, extra=_deep(self.extra), **lists)  # type: ignore[arg-type]
+        lists = {name: list(getattr(self, name)) for name in (*LIST_FIELDS, "after", "rederived")}
+        guarantees = [replace(g, extra=_deep(g.extra)) for g in self.guarantees]
+        return replace(self, meta=meta, extra=_deep(self.extra), guarantees=guarantees,
+                       **lists)  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, Any]:
         """The TOML document as plain data (also what ``show --json`` prints, with times as text)."""
@@ -223,6 +277,14 @@ class Baton:
             doc[name] = getattr(self, name)
         for name in LIST_FIELDS:
             doc[name] = list(getattr(self, name))
+        if self.after:
+            doc["after"] = list(self.after)
+        if self.guarantees:
+            doc["guarantees"] = [g.to_dict() for g in self.guarantees]
+        if self.rederived:
+            doc["rederived"] = list(self.rederived)
+        if self.on_broken:
+            doc["on_broken"] = self.on_broken
         for key, value in self.extra.items():
             doc[key] = value
         doc["meta"] = _meta_to_dict(self.meta)
@@ -387,7 +449,23 @@ def baton_from_dict(doc: dict[str, Any], *, path: str, expected_id: str | None =
         values[name] = r.string(data, name, name, required=name in REQUIRED_FIELDS)
     for name in LIST_FIELDS:
         values[name] = r.strings(data, name, name)
+    values["after"] = r.strings(data, "after", "after")
+    values["guarantees"] = _guarantees(r, data)
+    values["rederived"] = r.strings(data, "rederived", "rederived")
+    values["on_broken"] = r.string(data, "on_broken", "on_broken")
     baton = Baton(meta=meta, extra=data, **values)
+    for i, upstream in enumerate(baton.after):
+        if not ID_PATTERN.fullmatch(upstream):
+            raise r.fail(f"after[{i}]", f"bad task id {upstream[:64]!r}")
+        if upstream == meta.id:
+            raise r.fail(f"after[{i}]", "a task cannot come after itself")
+        if upstream in baton.after[:i]:
+            raise r.fail(f"after[{i}]", f"{upstream!r} is listed twice")
+    if baton.on_broken:
+        try:
+            parse_on_broken(baton.on_broken)
+        except BadInput as exc:
+            raise r.fail("on_broken", exc.message) from None
     if baton.workdir and (not baton.workdir.startswith("/") or "\0" in baton.workdir):
         raise r.fail("workdir", "must be an absolute path")
     if baton.launcher and not ID_PATTERN.fullmatch(baton.launcher):
@@ -398,6 +476,26 @@ def baton_from_dict(doc: dict[str, Any], *, path: str, expected_id: str | None =
     if meta.status is Status.BLOCKED and meta.gate is None:
         meta.gate = Gate(GateKind.HUMAN)
     return baton
+
+
+def _guarantees(r: _Reader, data: dict[str, Any]) -> list[Guarantee]:
+    if "guarantees" not in data:
+        return []
+    value = data.pop("guarantees")
+    if not isinstance(value, list):
+        raise r.fail("guarantees", f"expected an array of tables {{ text, check }}, got {_describe(value)}")
+    out = []
+    for i, item in enumerate(value):
+        name = f"guarantees[{i}]"
+        if not isinstance(item, dict):
+            raise r.fail(name, f"expected a table {{ text, check }}, got {_describe(item)}")
+        item = dict(item)
+        text = r.string(item, "text", f"{name}.text", required=True)
+        check = r.string(item, "check", f"{name}.check")
+        if check and not ID_PATTERN.fullmatch(check):
+            raise r.fail(f"{name}.check", f"bad check name {check[:40]!r}")
+        out.append(Guarantee(text, check, extra=item))
+    return out
 
 
 def _meta_from_dict(r: _Reader, doc: dict[str, Any], expected_id: str | None) -> Meta:

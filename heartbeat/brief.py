@@ -21,6 +21,7 @@ CLI on stderr: those are the handoffs that fail silently.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -88,6 +89,7 @@ def render_brief(
     max_attempts: int | None = None,
     now: datetime | None = None,
     epoch: int | None = None,
+    upstream: Sequence[Mapping[str, Any]] = (),
 ) -> Brief:
     """Render the brief for ``baton`` within ``budget`` tokens.
 
@@ -96,6 +98,11 @@ def render_brief(
     the dispatch wrote it: ``meta.attempt`` already counts the dispatch being briefed.
     Key files are fingerprinted afresh (this reads the workdir) and compared with
     ``meta.world``.
+
+    ``upstream`` holds the packages of the task's upstreams (``after``), newest first
+    (:func:`heartbeat.handoff.load_packages`). Their constraints join the task's own,
+    each marked ``(inherited from ID)``, and are never cut; the packages follow the
+    constraints, newest first, so the budget keeps them before the task's own context.
     """
     now = now or utcnow()
     budget = max(1, int(budget))
@@ -109,7 +116,11 @@ def render_brief(
             f"set it with `heartbeat set {task_id} intent=\"...\"`"
         )
     constraints = [_one_line(c) for c in baton.constraints if c.strip()]
-    if not constraints:
+    inherited = _inherited(baton, upstream)
+    waiting = [u for u in baton.after if u not in {str(p.get("upstream")) for p in upstream}]
+    if waiting:
+        warnings.append(f"no package yet from upstream {', '.join(waiting)}: it has not finished")
+    if not constraints and not inherited:
         warnings.append(
             f"no constraints recorded: if there is anything the next agent must not do, "
             f"add it with `heartbeat add {task_id} constraints \"...\"`"
@@ -140,11 +151,17 @@ def render_brief(
     add((intent or "_(none recorded)_") + "\n", "intent", required=True)
 
     add("\n## Constraints - DO NOT BREAK THESE\n", "constraints", required=True)
-    if constraints:
+    if constraints or inherited:
         for c in constraints:
             add(f"- **{c}**\n", "constraints", required=True)
+        for text, origin in inherited:
+            add(f"- **{text}** _(inherited from `{origin}`)_\n", "constraints", required=True)
     else:
         add("_(none recorded)_\n", "constraints", required=True)
+
+    for package in upstream:
+        for text, label in _package_lines(package):
+            add(text, "upstream", label)
 
     add("\n## Where things stand\n", "state")
     for line in _state_lines(baton, max_attempts, now, epoch):
@@ -198,6 +215,56 @@ def render_brief(
     if earlier:
         brief.omitted.insert(0, f"done ({earlier} earlier items, summarized)")
     return brief
+
+
+def _inherited(baton: Baton, upstream: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """Upstream constraints not already the task's own, once each, with the task each came from."""
+    from heartbeat.handoff import inherited_constraints
+
+    own = {_one_line(c) for c in baton.constraints}
+    out = []
+    for item in inherited_constraints(upstream):
+        text = _one_line(item["text"])
+        if text and text not in own:
+            own.add(text)
+            out.append((text, item["from"] or "?"))
+    return out
+
+
+def _package_lines(package: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """One upstream's package as brief units: (text, omission label); "" labels are headings."""
+    uid = str(package.get("upstream", "?"))
+    label = f"upstream {uid}"
+    done_at = str(package.get("done_at", ""))[:19]
+    lines: list[tuple[str, str]] = [(f"\n## Upstream handoff: {uid} (done {done_at})\n", "")]
+    lines.append((f"- Task: {_one_line(str(package.get('task', '')))}\n", label))
+    intent = _one_line(str(package.get("intent") or ""))
+    lines.append((f"- Intent: {intent or '_(none recorded)_'}\n", label))
+    if package.get("note"):
+        lines.append((f"- Finished with: {_one_line(str(package['note']))}\n", label))
+    missing = [m for m in package.get("missing") or [] if isinstance(m, str)]
+    if missing:
+        lines.append((f"- _Missing from this package (not recorded by {uid}): {', '.join(missing)}_\n", label))
+    guarantees = [g for g in package.get("guarantees") or [] if isinstance(g, dict)]
+    if guarantees:
+        lines.append((f"\nGuarantees {uid} made (`heartbeat verify` re-checks them):\n", ""))
+        for g in guarantees:
+            check = f" [check: {g['check']}]" if g.get("check") else " [unchecked]"
+            lines.append((f"- {_one_line(str(g.get('text', '')))}{check}\n", f"{label} guarantees"))
+    for key, title in (("decisions", "Decisions"), ("rejected", "Rejected alternatives (do not retry these)"),
+                       ("unknowns", "Unknowns (be wary)")):
+        items = [i for i in package.get(key) or [] if isinstance(i, str)]
+        if items:
+            lines.append((f"\n{title} of {uid}:\n", ""))
+            lines.extend((f"- {_one_line(i)}\n", f"{label} {key}") for i in items)
+    if package.get("handoff"):
+        lines.append((f"- Handoff document of {uid}: `{package['handoff']}` (read it)\n", label))
+    key_files = package.get("key_files") or {}
+    if isinstance(key_files, dict) and key_files:
+        lines.append((f"\nKey files of {uid} (in `{package.get('workdir', '')}`, fingerprinted when it finished):\n",
+                      ""))
+        lines.extend((f"- `{k}`\n", f"{label} key files") for k in key_files)
+    return lines
 
 
 def _fit(task_id: str, units: list[_Unit], budget: int, warnings: list[str], changed: list[dict[str, str]]) -> Brief:

@@ -121,6 +121,7 @@ def cmd_new(args: argparse.Namespace) -> int:
         raise BadInput("--gate goes with --blocked-on")
     owner = _claiming_owner(args) if args.claim else None
     store = _store(args)
+    after = _upstreams(store, args.id, args.after or [])
     try:
         workdir = args.workdir or os.getcwd()
     except FileNotFoundError:
@@ -141,11 +142,44 @@ def cmd_new(args: argparse.Namespace) -> int:
         blocked_on=args.blocked_on or "",
         gate=gate,
         owner=owner,
+        after=after,
+        guarantees=_guarantees(args.guarantee or []),
+        on_broken=args.on_broken or "",
         actor=_actor(args),
     )
     if args.claim:
         print(baton.meta.epoch)
     return 0
+
+
+def _upstreams(store: Any, task_id: str, after: Sequence[str]) -> list[str]:
+    """``--after`` ids, each an existing task: a typo must not hold a task forever."""
+    from heartbeat.baton import check_id
+    from heartbeat.errors import NotFound
+
+    out: list[str] = []
+    for upstream in after:
+        check_id(upstream)
+        if upstream == task_id:
+            raise BadInput("a task cannot come after itself", field="--after")
+        try:
+            store.load(upstream)
+        except NotFound:
+            raise BadInput(f"unknown upstream task {upstream!r}: create it first", field="--after") from None
+        if upstream not in out:
+            out.append(upstream)
+    return out
+
+
+def _guarantees(specs: Sequence[str]) -> list[Any]:
+    """``--guarantee TEXT`` or ``--guarantee TEXT::CHECK`` (the check a ``[checks.NAME]``)."""
+    from heartbeat.baton import Guarantee
+
+    out = []
+    for spec in specs:
+        text, sep, check = spec.rpartition("::")
+        out.append(Guarantee(text, check.strip()) if sep else Guarantee(spec))
+    return out
 
 
 def _claiming_owner(args: argparse.Namespace) -> Any:
@@ -183,6 +217,14 @@ def cmd_set(args: argparse.Namespace) -> int:
 
 def cmd_add(args: argparse.Namespace) -> int:
     from heartbeat import tasks
+
+    if args.field == "guarantees":
+        for value in args.values:
+            tasks.add_guarantee(_store(args), args.id, value, check=getattr(args, "check", None) or "",
+                                expect_revision=args.expect_revision, epoch=_epoch(args), actor=_actor(args))
+        return 0
+    if getattr(args, "check", None):
+        raise BadInput("--check goes with `add ID guarantees TEXT`")
 
     tasks.add_items(_store(args), args.id, args.field, args.values, expect_revision=args.expect_revision,
                     epoch=_epoch(args), actor=_actor(args))
@@ -248,8 +290,16 @@ def cmd_unblock(args: argparse.Namespace) -> int:
 def cmd_done(args: argparse.Namespace) -> int:
     from heartbeat import tasks
 
-    tasks.finish(_store(args), args.id, note=args.note or "", epoch=_epoch(args), actor=_actor(args))
+    tasks.finish(_store(args), args.id, note=args.note or "", epoch=_epoch(args), actor=_actor(args),
+                 checks=_checks(args) if args.config else None)
     return 0
+
+
+def _checks(args: argparse.Namespace) -> Any:
+    """The config's ``[checks.NAME]`` (for guarantees), or none when no config is found."""
+    from heartbeat.handoff import configured_checks
+
+    return configured_checks(args.config)
 
 
 def cmd_fail(args: argparse.Namespace) -> int:
@@ -304,6 +354,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             "owner_pid": meta.owner.pid if meta.owner else None,
             "blocked_on": entry.baton.blocked_on,
             "error": None,
+            "after": list(entry.baton.after),
         })
     if args.json:
         _print_json({"tasks": rows})
@@ -313,15 +364,55 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     header = ("ID", "STATUS", "ATTEMPT", "EPOCH", "AGE", "STEP")
     table = [header]
+    cells = {id(r): r["id"] for r in rows}
+    if any(r.get("after") for r in rows):  # pipelines as trees: each downstream under its upstream
+        from heartbeat.pipeline import tree_rows
+
+        ordered = tree_rows(rows)
+        rows, cells = [r for _, r in ordered], {id(r): cell for cell, r in ordered}
     for r in rows:
         step = r["error"] if r["status"] == "invalid" else (
             f"{r['step']}  [blocked on: {r['blocked_on']}]" if r["blocked_on"] else r["step"])
-        table.append((r["id"], r["status"], "-" if r["attempt"] is None else str(r["attempt"]),
+        table.append((cells[id(r)], r["status"], "-" if r["attempt"] is None else str(r["attempt"]),
                       "-" if r["epoch"] is None else str(r["epoch"]),
                       "-" if r["age_s"] is None else _age(r["age_s"]), " ".join(str(step).split())))
     widths = [max(len(row[i]) for row in table) for i in range(5)]
     for row in table:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:5])) + "  " + row[5][:100])
+    return 0
+
+
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    from heartbeat.pipeline import create_pipeline, parse_pipeline
+
+    if args.action != "new":
+        raise BadInput(f"unknown pipeline action {args.action!r}: use `heartbeat pipeline new NAME --from FILE.toml`")
+    if not args.from_:
+        raise BadInput("--from FILE.toml is required")
+    import stat
+
+    try:
+        fd = os.open(args.from_, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not hang us
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise BadInput(f"{args.from_}: not a regular file")
+            text = handle.read(1024 * 1024 + 1).decode("utf-8")
+    except OSError as exc:
+        raise BadInput(f"{args.from_}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise BadInput(f"{args.from_}: not UTF-8 text") from None
+    if len(text) > 1024 * 1024:
+        raise BadInput(f"{args.from_}: larger than 1 MiB")
+    try:
+        stages = parse_pipeline(args.name, text, base_dir=os.path.dirname(os.path.abspath(args.from_)))
+    except BadInput as exc:
+        raise BadInput(f"{args.from_}: {exc.message}") from None
+    try:
+        workdir = os.getcwd()
+    except FileNotFoundError:
+        raise BadInput("the current directory no longer exists") from None
+    created = create_pipeline(_store(args), args.name, stages, workdir=workdir, actor=_actor(args))
+    print(f"created pipeline {args.name}: {', '.join(created)}")
     return 0
 
 
@@ -353,6 +444,10 @@ def cmd_brief(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = {"max_attempts": _max_attempts(args), "epoch": _epoch(args)}
     if args.budget is not None:
         kwargs["budget"] = args.budget
+    if baton.after:
+        from heartbeat.handoff import load_packages
+
+        kwargs["upstream"] = load_packages(store, baton)
     brief = render_brief(baton, **kwargs)
     for warning in brief.warnings:
         print(f"heartbeat: warning: {args.id}: {warning}", file=sys.stderr)
@@ -380,7 +475,11 @@ def _max_attempts(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from heartbeat.world import verify
 
-    result = verify(_store(args, read=True), args.id, epoch=_epoch(args), actor=_actor(args))
+    store = _store(args, read=True)
+    checks = None
+    if args.config:
+        checks = _checks(args)
+    result = verify(store, args.id, epoch=_epoch(args), actor=_actor(args), checks=checks)
     if args.json:
         _print_json(result.to_json())
     else:
@@ -393,6 +492,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     from heartbeat.timeparse import parse_instant
 
     since = parse_instant(args.since, field="--since") if args.since else None
+    if getattr(args, "edges", False):
+        from heartbeat.edges import build_edges
+
+        edge_report = build_edges(_store(args, read=True), since=since)
+        if args.json:
+            _print_json(edge_report.to_json())
+        else:
+            print(edge_report.render_text())
+        return 0
     report = build_report(_store(args, read=True), since=since)
     if args.json:
         _print_json(report.to_json())
@@ -576,7 +684,8 @@ def _hot_args(argv: Sequence[str]) -> Any:
     if command == "set" and len(rest) >= 2:
         return types.SimpleNamespace(func=cmd_set, pairs=rest[1:], expect_revision=None, **common)
     if command == "add" and len(rest) >= 3:
-        return types.SimpleNamespace(func=cmd_add, field=rest[1], values=rest[2:], expect_revision=None, **common)
+        return types.SimpleNamespace(func=cmd_add, field=rest[1], values=rest[2:], expect_revision=None, check=None,
+                                     **common)
     return None
 
 
@@ -632,6 +741,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--gate", help="how the block clears: human|file:PATH|time:ISO8601|task:ID|check:NAME")
     p.add_argument("--claim", action="store_true", help="claim it for the calling process; prints the epoch")
     p.add_argument("--pid", type=_int64, help="with --claim: the owner's pid (default: the caller's parent)")
+    p.add_argument("--after", action="append", help="an upstream task: held until it is done, then briefed with "
+                   "its package (repeatable)")
+    p.add_argument("--guarantee", action="append", help="what this task promises its consumers: TEXT or "
+                   "TEXT::CHECK, CHECK a [checks.NAME] that `done` and the consumers' `verify` run (repeatable)")
+    p.add_argument("--on-broken", help="when an upstream's guarantee breaks: reopen (default), escalate or "
+                   "fallback:LAUNCHER")
 
     p = command("show", cmd_show, "print a baton", json_=True)
     p = command("set", cmd_set, "set scalar fields", write=True)
@@ -641,6 +756,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("field")
     p.add_argument("values", nargs="+", metavar="VALUE")
     p.add_argument("--expect-revision", type=_int64, help="refuse (exit 5) if the baton moved past this revision")
+    p.add_argument("--check", help="with `guarantees`: the [checks.NAME] proving it")
     command("touch", cmd_touch, "heartbeat: alive, still on this step", write=True)
     p = command("claim", cmd_claim, "take the task for an agent the daemon did not start; prints the epoch")
     p.add_argument("--pid", type=_int64, help="the owner's pid (default: the caller's parent)")
@@ -663,6 +779,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--by", required=True, help="who")
     p.add_argument("--note")
     command("status", cmd_status, "one row per task", task=False, json_=True)
+    p = command("pipeline", cmd_pipeline, "create a chain or DAG of tasks from a TOML file", task=False)
+    p.add_argument("action", choices=["new"], help="new")
+    p.add_argument("name", help="the pipeline's name: its tasks are NAME.STAGE")
+    p.add_argument("--from", dest="from_", required=True, metavar="FILE.toml", help="one [stages.STAGE] per stage")
     command("log", cmd_log, "the ledger's events for one task", json_=True)
     p = command("brief", cmd_brief, "what the next agent reads first: intent, constraints, state, context, pointers",
                 json_=True)
@@ -674,6 +794,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = command("report", cmd_report, "handoff quality from the ledger, per task and in total", task=False,
                 json_=True)
     p.add_argument("--since", help="count only what happened at or after this ISO 8601 time")
+    p.add_argument("--edges", action="store_true", help="profile the handoffs between tasks (upstream -> "
+                   "downstream, and by launcher pair) instead")
     p = command("hook", cmd_hook, "run by Claude Code at a hook event (JSON on stdin); always exits 0",
                 task=False)
     p.add_argument("agent", choices=["claude"])

@@ -441,9 +441,14 @@ class Daemon:
             inactive_since = seen[2]
         else:
             mem.inactive_seen = None
+        pending: tuple[str, ...] = ()
+        if baton.after and meta.status is Status.ACTIVE and owner is None:
+            from heartbeat.handoff import pending_upstreams
+
+            pending = tuple(pending_upstreams(baton, statuses.get))
         return pol.Observation(alive=alive, exit_code=exit_code, exit_signal=exit_signal, gate_open=gate_open,
                                block_dropped=block_dropped, spinning_reported=spinning_reported,
-                               inactive_since=inactive_since)
+                               inactive_since=inactive_since, upstream_pending=pending)
 
     def _load_block_seed(self) -> dict[str, Event]:
         """The latest block-related event of every task, in one query: the first pass over
@@ -817,7 +822,12 @@ class Daemon:
         epoch = pending.meta.epoch
         self._dispatch_times.append(now)
         log_dir = self._log_dir(task_id)
-        brief = render_brief(pending, max_attempts=self.config.daemon.max_attempts, now=now)
+        upstream: tuple[dict[str, Any], ...] = ()
+        if pending.after:
+            from heartbeat.handoff import load_packages
+
+            upstream = tuple(load_packages(self.store, pending))
+        brief = render_brief(pending, max_attempts=self.config.daemon.max_attempts, now=now, upstream=upstream)
         for warning in brief.warnings:
             self.log.warning("brief_warning", task=task_id, epoch=epoch, warning=warning)
         brief_file = os.path.join(log_dir, f"{epoch}.brief.md")

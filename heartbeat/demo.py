@@ -4,6 +4,11 @@ A real daemon (``heartbeat run``, a subprocess with a half-second tick) supervis
 toy agents. The demo kills one agent mid-task with SIGKILL; the daemon notices, and the
 successor it dispatches reads the baton and resumes at the next step instead of starting
 over. The second task is blocked: it is held, tick after tick, until a human unblocks it.
+
+A second act hands work from one agent to another: a pipeline builder → critic. The
+critic's brief carries the builder's constraints and decisions; someone breaks the
+builder's guarantee, the critic's ``verify`` says ``broken`` and the builder is reopened;
+once it holds its promise again the critic finishes, and ``report --edges`` shows it.
 """
 
 from __future__ import annotations
@@ -76,6 +81,20 @@ log_format = "json"
 type = "exec"
 command = {json.dumps(agent)}
 stop_grace = "2s"
+
+[launchers.builder]
+type = "exec"
+command = {json.dumps([*agent[:-1], "0.6"])}
+stop_grace = "2s"
+
+[launchers.critic]
+type = "exec"
+command = {json.dumps([*agent[:-1], "0.8", "--mode", "critic"])}
+stop_grace = "2s"
+
+[checks.artifact]
+command = ["test", "-f", "{{workdir}}/cache.built"]
+timeout = "5s"
 """
         with open(self.config, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -173,14 +192,70 @@ def _story(demo: _Demo) -> int:
     say("The daemon dispatched 'deploy' on its next look.")
     demo.wait("deploy to finish", lambda: demo.baton("deploy")["meta"]["status"] == "done", timeout=30)
     say("deploy is done.")
+    _second_act(demo)
     print()
     print(demo.hb("status"))
     try:
         print(demo.hb("report"))
+        print(demo.hb("report", "--edges"))
     except HeartbeatError:
         pass
     say("That is heartbeat: the baton carried the work across the gap; the clock noticed the gap.")
     return 0
+
+
+PIPELINE = """\
+[stages.builder]
+task = "Build the response cache"
+intent = "Cut p95 latency under 200 ms without a new service."
+constraints = ["No new services: the cache lives in-process"]
+plan = ["decide: key the cache by user id, not by URL (URLs carry tracking params)", "Write the cache"]
+key_files = ["cache.built"]
+launcher = "builder"
+guarantees = [{ text = "the cache artifact exists", check = "artifact" }]
+
+[stages.critic]
+task = "Review the cache"
+intent = "A second pair of eyes before it ships."
+launcher = "critic"
+after = ["builder"]
+"""
+
+
+def _second_act(demo: _Demo) -> None:
+    say = demo.say
+    print()
+    say("Act 2: one agent's work becomes another's input. A pipeline: builder -> critic.")
+    path = os.path.join(demo.root, "feature.toml")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(PIPELINE)
+    demo.hb("pipeline", "new", "feature", "--from", path)
+    say("`heartbeat pipeline new feature --from feature.toml`: the critic is held until the builder is done.")
+    brief_path = os.path.join(demo.state, "logs", "feature.critic", "1.brief.md")
+    demo.wait("the critic's dispatch", lambda: os.path.exists(brief_path), timeout=40)
+    artifact = os.path.join(demo.root, "cache.built")
+    if os.path.exists(artifact):
+        os.unlink(artifact)  # before the critic verifies: it reads its brief first
+    say("The builder finished; the daemon dispatched the critic. Its brief carries the builder's package:")
+    with open(brief_path, encoding="utf-8") as handle:
+        lines = [line for line in handle.read().splitlines() if line.strip()]
+    start = next((i for i, line in enumerate(lines) if line.startswith("## Constraints")), 0)
+    end = next((i for i, line in enumerate(lines) if line.startswith("## Where things stand")), len(lines))
+    for line in lines[start:end][:14]:
+        print(f"           | {line}")
+    say("Meanwhile someone deleted cache.built: the builder's guarantee no longer holds.")
+
+    def reopened() -> dict[str, Any] | None:
+        b = demo.baton("feature.builder")
+        return b if b["meta"].get("last_failure") and b["meta"]["dispatches"] >= 1 else None
+
+    builder = demo.wait("the critic's verify to reopen the builder", reopened, timeout=30)
+    say(f"The critic ran `heartbeat verify`: broken (exit 3). Policy reopen: the builder is back to work "
+        f"({builder['meta']['last_failure']}); the critic waits.")
+    demo.wait("the critic to finish", lambda: demo.baton("feature.critic")["meta"]["status"] == "done", timeout=60)
+    builder = demo.baton("feature.builder")
+    say(f"The builder made the artifact again and finished ({builder['meta']['dispatches']} agents); the critic "
+        "verified fresh and finished.")
 
 
 def _owner_pid(baton: dict[str, Any]) -> int | None:

@@ -25,6 +25,7 @@ __all__ = [
     "Stale",
     "StoreError",
     "DaemonRunning",
+    "GuaranteeFailed",
 ]
 
 EXIT_OK = 0
@@ -145,3 +146,9 @@ class Busy(StoreError):
 
 class DaemonRunning(HeartbeatError):
     """Another daemon holds the state dir's daemon lock: one clock per state dir."""
+
+
+class GuaranteeFailed(HeartbeatError):
+    """``done`` refused: a guarantee the task promises its consumers does not hold (its check failed)."""
+
+    exit_code = EXIT_NOT_ACTIVE

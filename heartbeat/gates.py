@@ -4,6 +4,7 @@
 - ``file:PATH``: the file exists;
 - ``time:ISO8601``: the time has come;
 - ``task:ID``: that task is done;
+- ``after:A,B``: every upstream task is done (a downstream waiting for its packages);
 - ``check:NAME``: the ``[checks.NAME]`` command exits 0 (run in the background with its
   timeout; the tick reads the last finished result, so a slow check never stalls it).
 """
@@ -59,6 +60,8 @@ class GateEvaluator:
             return task_status(gate.target) is Status.DONE
         if kind is GateKind.CHECK:
             return self._check(task_id, gate.target, workdir)
+        if kind is GateKind.AFTER:
+            return bool(gate.target) and all(task_status(t) is Status.DONE for t in gate.target.split(","))
         return False
 
     def _check(self, task_id: str, name: str, workdir: str) -> bool:

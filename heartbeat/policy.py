@@ -108,6 +108,8 @@ class Observation:
     inactive_since: datetime | None = None
     """For a task that is not active but whose owner is alive: when the daemon first saw it so
     (the grace before the agent is stopped counts from here; None means "just now")."""
+    upstream_pending: tuple[str, ...] = ()
+    """Upstreams (``after``) not done yet: an active task without an agent waits for them."""
 
 
 @dataclass(frozen=True)
@@ -221,6 +223,9 @@ def decide(baton: Baton, obs: Observation, now: datetime, policy: Policy) -> Dec
     # Active from here on.
     if owner is not None and obs.alive:
         return _judge_running(baton, obs, now, policy)
+
+    if obs.upstream_pending:  # its brief would lack the upstream packages: never dispatch it early
+        return Decision(Action.NOTHING, f"waiting for upstream {', '.join(obs.upstream_pending)}")
 
     return _due(baton, now, policy)
 

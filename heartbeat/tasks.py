@@ -11,28 +11,36 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from heartbeat.baton import (
     FINISHED_STATUSES,
+    ID_PATTERN,
     LIST_FIELDS,
     SCALAR_FIELDS,
     Baton,
     Gate,
     GateKind,
+    Guarantee,
     Meta,
     Owner,
     Status,
     check_id,
+    parse_on_broken,
 )
 from heartbeat.errors import BadInput, Conflict, NotActive
 from heartbeat.store.base import Edit, Store
 from heartbeat.timeparse import utcnow
+
+if TYPE_CHECKING:
+    from heartbeat.config import CommandConfig
 
 __all__ = [
     "SETTABLE_FIELDS",
     "new_task",
     "set_fields",
     "add_items",
+    "add_guarantee",
     "touch",
     "claim",
     "release",
@@ -65,11 +73,30 @@ def new_task(
     blocked_on: str = "",
     gate: Gate | None = None,
     owner: Owner | None = None,
+    after: Sequence[str] = (),
+    guarantees: Sequence[Guarantee] = (),
+    on_broken: str = "",
     actor: str = "",
     now: datetime | None = None,
 ) -> Baton:
-    """Create a task. With ``owner`` it is claimed at once (epoch 1); with ``blocked_on`` it starts blocked."""
+    """Create a task. With ``owner`` it is claimed at once (epoch 1); with ``blocked_on`` it starts blocked.
+
+    With ``after`` it starts blocked on the gate ``after:A,B`` (unless ``blocked_on`` says
+    otherwise): it is dispatched once every upstream is done, with their packages in its brief.
+    """
     check_id(task_id)
+    for upstream in after:
+        check_id(upstream)
+    if on_broken:
+        parse_on_broken(on_broken)
+    for g in guarantees:
+        if not g.text.strip():
+            raise BadInput("a guarantee needs its text", task=task_id, field="guarantees")
+    if after and not blocked_on:
+        from heartbeat.handoff import after_gate
+
+        blocked_on = f"waiting for upstream {', '.join(after)}"
+        gate = after_gate(after)
     if not task.strip():
         raise BadInput("must not be empty", task=task_id, field="task")
     if not step.strip():
@@ -97,6 +124,9 @@ def new_task(
         constraints=list(constraints),
         plan=list(plan),
         blocked_on=blocked_on,
+        after=list(after),
+        guarantees=list(guarantees),
+        on_broken=on_broken,
         meta=meta,
     )
     return store.create(baton, actor=actor, now=now)
@@ -151,7 +181,12 @@ def add_items(
     epoch: int | None = None,
     actor: str = "",
 ) -> Baton:
-    """Append to a list field (done, plan, constraints, decisions, ...)."""
+    """Append to a list field (done, plan, constraints, decisions, ..., ``rederived``, ``after``)."""
+    if name == "guarantees":
+        raise BadInput(f"use `heartbeat add {task_id} guarantees \"TEXT\" [--check NAME]`", task=task_id, field=name)
+    if name in ("rederived", "after"):
+        return _add_handoff_items(store, task_id, name, items, expect_revision=expect_revision, epoch=epoch,
+                                  actor=actor)
     if name not in LIST_FIELDS:
         raise BadInput(f"is not a list field (lists: {', '.join(LIST_FIELDS)})", task=task_id, field=name)
     if not items:
@@ -161,6 +196,41 @@ def add_items(
             raise BadInput("items must be non-empty text", task=task_id, field=name)
     with store.edit(task_id, expect_revision=expect_revision, epoch=epoch, actor=actor) as ed:
         getattr(ed.baton, name).extend(items)
+    return ed.baton
+
+
+def _add_handoff_items(store: Store, task_id: str, name: str, items: Sequence[str], *,
+                       expect_revision: int | None, epoch: int | None, actor: str) -> Baton:
+    if not items or any(not item or "\0" in item for item in items):
+        raise BadInput("items must be non-empty text", task=task_id, field=name)
+    if name == "after":
+        for item in items:
+            check_id(item)
+    with store.edit(task_id, expect_revision=expect_revision, epoch=epoch, actor=actor) as ed:
+        values = getattr(ed.baton, name)
+        values.extend(i for i in items if name != "after" or i not in values)
+        if name == "rederived":
+            ed.event("rederived", items=list(items))
+    return ed.baton
+
+
+def add_guarantee(
+    store: Store,
+    task_id: str,
+    text: str,
+    *,
+    check: str = "",
+    expect_revision: int | None = None,
+    epoch: int | None = None,
+    actor: str = "",
+) -> Baton:
+    """Add a guarantee: what this task promises its consumers, with the ``[checks.NAME]`` proving it."""
+    if not text.strip() or "\0" in text:
+        raise BadInput("a guarantee needs its text", task=task_id, field="guarantees")
+    if check and not ID_PATTERN.fullmatch(check):
+        raise BadInput(f"bad check name {check[:40]!r}", task=task_id, field="--check")
+    with store.edit(task_id, expect_revision=expect_revision, epoch=epoch, actor=actor) as ed:
+        ed.baton.guarantees.append(Guarantee(text, check))
     return ed.baton
 
 
@@ -270,13 +340,30 @@ def unblock(store: Store, task_id: str, *, by: str, note: str = "", gate_opened:
     return ed.baton
 
 
-def finish(store: Store, task_id: str, *, note: str = "", epoch: int | None = None, actor: str = "") -> Baton:
-    """Mark the task done."""
+def finish(store: Store, task_id: str, *, note: str = "", epoch: int | None = None, actor: str = "",
+           checks: Mapping[str, CommandConfig] | None = None) -> Baton:
+    """Mark the task done, once its checked guarantees hold, and freeze its package for its downstreams.
+
+    The guarantees' checks run before the baton is locked (``checks``: the config's
+    ``[checks.NAME]``; None reads the config found by the usual search). A failing one
+    refuses with :class:`~heartbeat.errors.GuaranteeFailed` (exit 4) and changes nothing
+    but the ledger's ``guarantee_failed`` event.
+    """
+    from heartbeat import handoff
+
+    current = store.load(task_id)
+    if current.meta.status in {Status.ACTIVE, Status.SNOOZED, Status.PAUSED, Status.ESCALATED}:
+        if epoch is not None and epoch != current.meta.epoch:
+            from heartbeat.store.base import check_fence
+
+            check_fence(current, expect_revision=None, epoch=epoch)
+        handoff.require_guarantees(store, current, checks, actor=actor)
     with store.edit(task_id, epoch=epoch, actor=actor) as ed:
         _require(ed, {Status.ACTIVE, Status.SNOOZED, Status.PAUSED, Status.ESCALATED}, "mark done")
         ed.baton.meta.status = Status.DONE
         ed.baton.meta.snooze_until = None
         ed.event("done", note=note)
+        ed.event(handoff.HANDED_OFF, **handoff.build_package(store, ed.baton, note=note))
     return ed.baton
 
 

@@ -27,12 +27,14 @@ from typing import Any
 from hypothesis import strategies as st
 
 from heartbeat.baton import (
+    HANDOFF_FIELDS,
     ID_PATTERN,
     LIST_FIELDS,
     SCALAR_FIELDS,
     Baton,
     Gate,
     GateKind,
+    Guarantee,
     Meta,
     Owner,
     Status,
@@ -51,11 +53,12 @@ __all__ = [
     "gates",
     "metas",
     "batons",
+    "guarantees",
     "KNOWN_TOP_KEYS",
     "KNOWN_META_KEYS",
 ]
 
-KNOWN_TOP_KEYS = frozenset({*SCALAR_FIELDS, *LIST_FIELDS, "meta"})
+KNOWN_TOP_KEYS = frozenset({*SCALAR_FIELDS, *LIST_FIELDS, *HANDOFF_FIELDS, "meta"})
 """Top-level keys heartbeat reads itself; an unknown key must not be one of them."""
 
 KNOWN_META_KEYS = frozenset(f for f in Meta.__dataclass_fields__ if f != "extra")
@@ -74,6 +77,14 @@ class _LongEnough:
 
     def __call__(self, text: str) -> bool:
         return len(text) >= self.size
+
+
+class _Not:
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __call__(self, text: str) -> bool:
+        return text != self.value
 
 
 class _Absent:
@@ -257,6 +268,16 @@ def metas(draw: st.DrawFn, task_id: str | None = None) -> Meta:
 
 
 @st.composite
+def guarantees(draw: st.DrawFn) -> Guarantee:
+    """A guarantee: non-blank text, an optional check name, unknown keys kept."""
+    return Guarantee(
+        text=draw(texts(min_size=1).filter(_not_blank)),
+        check=draw(st.one_of(st.just(""), st.from_regex(ID_PATTERN, fullmatch=True))),
+        extra=draw(toml_tables(exclude=frozenset({"text", "check"}), max_size=2)),
+    )
+
+
+@st.composite
 def batons(draw: st.DrawFn, task_id: str | None = None, *, workdir: str | None = None) -> Baton:
     """A valid baton with every field exercised, unknown keys included.
 
@@ -264,6 +285,7 @@ def batons(draw: st.DrawFn, task_id: str | None = None, *, workdir: str | None =
     store can fingerprint the key files, which always stay inside it).
     """
     required = texts(min_size=1).filter(_not_blank)
+    meta = draw(metas(task_id))
     lists = {name: draw(st.lists(texts(), max_size=4)) for name in LIST_FIELDS if name != "key_files"}
     return Baton(
         task=draw(required),
@@ -275,7 +297,13 @@ def batons(draw: st.DrawFn, task_id: str | None = None, *, workdir: str | None =
         launcher=draw(st.one_of(st.just(""), st.from_regex(ID_PATTERN, fullmatch=True))),
         handoff=draw(texts()),
         key_files=draw(st.lists(key_file_paths(), max_size=3)),
-        meta=draw(metas(task_id)),
+        meta=meta,
         extra=draw(toml_tables(exclude=KNOWN_TOP_KEYS)),
+        after=draw(st.lists(st.from_regex(ID_PATTERN, fullmatch=True).filter(_Not(meta.id)),
+                            max_size=3, unique=True)),
+        guarantees=draw(st.lists(guarantees(), max_size=2)),
+        rederived=draw(st.lists(texts(), max_size=3)),
+        on_broken=draw(st.one_of(st.just(""), st.sampled_from(["reopen", "escalate"]),
+                                 st.from_regex(ID_PATTERN, fullmatch=True).map("fallback:{}".format))),
         **lists,
     )

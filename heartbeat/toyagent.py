@@ -10,7 +10,12 @@ fenced by the epoch the daemon gave it. Options make it misbehave on purpose:
 ``--mode``: ``work`` (default), ``hang`` (never writes, sleeps), ``spin`` (touches
 forever without moving), ``crash`` (exits 1 after the first step), ``idle`` (exits 0
 without doing anything), ``exit:N`` (exits N at once), ``block`` (blocks itself on a
-human gate), ``snooze:DURATION`` (does one step, then snoozes).
+human gate), ``snooze:DURATION`` (does one step, then snoozes), ``critic`` (a downstream:
+reads its brief for one step time, then ``verify``: on ``broken`` or ``stale`` it stops, the
+edge's policy having sent the upstream back; else it records the review and finishes).
+
+A plan step ``decide: TEXT`` is also recorded as a decision; before ``done`` the agent
+creates any key file that does not exist yet (a toy's artifacts are its key files).
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         if mode == "block":
             task.block("needs a human decision")
             return 0
+        if mode == "critic":
+            return _critic(task, args.step_time)
         remaining = [step for step in baton.plan if step not in baton.done]
         for number, step in enumerate(remaining, 1):
             later = remaining[number] if number < len(remaining) else ""
@@ -67,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                 task.touch()
             with task.update() as b:
                 b.done.append(step)
+                if step.startswith("decide:"):
+                    b.decisions.append(step[len("decide:"):].strip())
             if mode == "crash":
                 say("crashing on purpose")
                 return 1
@@ -81,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.steps_per_shift and number >= args.steps_per_shift and number < len(remaining):
                 say("shift over; the next agent takes it from the baton")
                 return 0
+        _make_key_files(task.read())
         task.done("all plan steps done")
         say("task done")
         return 0
@@ -90,6 +100,42 @@ def main(argv: list[str] | None = None) -> int:
     except HeartbeatError as exc:
         say(f"error: {exc}")
         return 1
+
+
+def _make_key_files(baton: object) -> None:
+    from heartbeat.world import resolve_key_file
+
+    workdir, key_files = getattr(baton, "workdir", ""), getattr(baton, "key_files", [])
+    for key in key_files if workdir else []:
+        path = resolve_key_file(workdir, key)
+        if not os.path.exists(path):
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write("built by the toy agent\n")
+
+
+def _critic(task: object, step_time: float) -> int:
+    from heartbeat.api import Task
+
+    assert isinstance(task, Task)
+    brief = os.environ.get("HEARTBEAT_BRIEF", "")
+    if brief and os.path.exists(brief):
+        with open(brief, encoding="utf-8") as handle:
+            seen = [line for line in handle.read().splitlines() if line.startswith("## Upstream handoff")]
+        say(f"read the brief: {len(seen)} upstream package(s)")
+    deadline = time.monotonic() + step_time
+    while time.monotonic() < deadline:
+        time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+        task.touch()
+    result = task.verify()
+    if result.code != 0:
+        say(f"verify says {result.status}: stopping ({'; '.join(result.actions) or result.message})")
+        return 0
+    with task.update() as b:
+        b.step = "reviewed"
+        b.done.append("reviewed the upstream's work")
+    task.done("reviewed")
+    say("review done")
+    return 0
 
 
 def say(text: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from heartbeat.safefile import open_regular, read_regular
 
 if TYPE_CHECKING:
     from heartbeat.baton import Baton
+    from heartbeat.config import CommandConfig
     from heartbeat.store.base import Store
 
 __all__ = [
@@ -246,6 +248,12 @@ class VerifyResult:
     revision: int = 0
     checked: list[str] = field(default_factory=list)
     verified_at: datetime | None = None
+    broken: list[dict[str, Any]] = field(default_factory=list)
+    """Upstream guarantees that no longer hold (status ``broken``, exit 3)."""
+    actions: list[str] = field(default_factory=list)
+    """What the edge's ``on_broken`` policy did about them."""
+    unchecked: list[str] = field(default_factory=list)
+    """Upstream guarantees whose check this config does not define."""
 
     @property
     def ok(self) -> bool:
@@ -264,10 +272,20 @@ class VerifyResult:
             "revision": self.revision,
             "checked": list(self.checked),
             "verified_at": self.verified_at.isoformat() if self.verified_at else None,
+            "broken": [dict(b) for b in self.broken],
+            "actions": list(self.actions),
+            "unchecked": list(self.unchecked),
         }
 
     def render_text(self) -> str:
         lines = [f"{self.status}: {self.message}"]
+        for b in self.broken:
+            lines.append(f"  upstream {b['upstream']}: guarantee {b['guarantee']!r} broken "
+                         f"(check {b['check']} {b['detail']})")
+        for action in self.actions:
+            lines.append(f"  policy: {action}")
+        for item in self.unchecked:
+            lines.append(f"  not checked: {item}")
         for c in self.changed:
             lines.append(f"  {c['key']}: {c['change']} ({_short(c['was'])} -> {_short(c['now'])})")
         return "\n".join(lines)
@@ -287,11 +305,16 @@ def verify(
     actor: str = "",
     now: datetime | None = None,
     record: bool = True,
+    checks: Mapping[str, CommandConfig] | None = None,
 ) -> VerifyResult:
     """Does the baton still hold for a caller at ``epoch``? Records a ``verified`` event.
 
-    Superseded (5) is checked before not active (4), before stale (3): an agent whose
-    epoch has moved on must stop whatever the world looks like.
+    Superseded (5) is checked before not active (4), before broken and stale (3): an
+    agent whose epoch has moved on must stop whatever the world looks like. A task with
+    upstreams (``after``) also re-runs their guarantees (``checks``: the config's
+    ``[checks.NAME]``, None reads the config) and compares their key files with the
+    fingerprints of their packages; a broken guarantee triggers the edge's ``on_broken``
+    policy when ``record`` is set.
     """
     from heartbeat.baton import Status
     from heartbeat.ledger import Event
@@ -317,7 +340,23 @@ def verify(
             result.message = f"{task_id} is {meta.status.value}, not active"
     else:
         result.changed = world_changes(baton)
-        if result.changed:
+        if baton.after:
+            from heartbeat import handoff
+
+            packages = handoff.load_packages(store, baton)
+            if checks is None and any(g.get("check") for p in packages for g in p.get("guarantees") or []
+                                      if isinstance(g, dict)):
+                checks = handoff.configured_checks()
+            changed, result.broken, result.unchecked = handoff.check_upstreams(packages, checks or {})
+            result.changed.extend(changed)
+        if result.broken:
+            result.code, result.status = EXIT_STALE, "broken"
+            names = ", ".join(sorted({b["upstream"] for b in result.broken}))
+            result.message = (f"{task_id}: {len(result.broken)} upstream guarantee(s) broken ({names}): "
+                              "do not build on it; the edge's policy applies")
+            if record:
+                result.actions = handoff.apply_broken(store, baton, result.broken, actor=actor, now=now)
+        elif result.changed:
             result.code, result.status = EXIT_STALE, "stale"
             result.message = (f"{task_id}: the world changed since the baton was written (revision "
                               f"{meta.revision}): {len(result.changed)} change(s); re-read before acting")
@@ -327,5 +366,6 @@ def verify(
     if record:
         store.record([Event(task=task_id, kind="verified", ts=now, epoch=epoch if epoch is not None else meta.epoch,
                             revision=meta.revision, actor=actor,
-                            data={"result": result.status, "changed": [c["key"] for c in result.changed]})])
+                            data={"result": result.status, "changed": [c["key"] for c in result.changed],
+                                  **({"broken": [b["upstream"] for b in result.broken]} if result.broken else {})})])
     return result

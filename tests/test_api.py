@@ -178,4 +178,5 @@ class TestVerbs:
         assert baton.meta.gate is not None and baton.meta.gate.kind is GateKind.FILE
         tasks.unblock(task.store, "api", by="alice")
         assert task.done("all patched").status is Status.DONE
-        assert [e.kind for e in task.store.ledger.events("api")][-4:] == ["touched", "blocked", "unblocked", "done"]
+        assert [e.kind for e in task.store.ledger.events("api")][-5:] == ["touched", "blocked", "unblocked", "done",
+                                                                          "handed_off"]  # done freezes the package

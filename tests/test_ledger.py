@@ -74,7 +74,9 @@ class TestEveryVerb:
         """done: `done` with the note; fail: `failed` with the reason; retry: `retried` with by, note, was."""
         tasks.new_task(file_store, "d", task="t", step="s")
         tasks.finish(file_store, "d", note="shipped")
-        assert (_last(file_store, "d").kind, _last(file_store, "d").data) == ("done", {"note": "shipped"})
+        done = file_store.ledger.events("d")[-2]  # then handed_off: the package frozen for downstreams
+        assert (done.kind, done.data) == ("done", {"note": "shipped"})
+        assert _last(file_store, "d").kind == "handed_off"
         tasks.new_task(file_store, "f", task="t", step="s")
         tasks.fail(file_store, "f", reason="quota")
         assert (_last(file_store, "f").kind, _last(file_store, "f").data) == ("failed", {"reason": "quota"})
@@ -210,11 +212,12 @@ class TestLogCommand:
         r = hb("log", "l", "--json")
         assert r.code == 0, r.err
         events = json.loads(r.out)["events"]
-        assert [e["kind"] for e in events] == ["created", "updated", "touched", "blocked", "unblocked", "done"]
+        assert [e["kind"] for e in events] == ["created", "updated", "touched", "blocked", "unblocked", "done",
+                                               "handed_off"]  # done freezes the task's package
         assert events[1]["data"]["changed"] == ["step"]
         assert {"on": "review", "gate": "file:/tmp/ok"}.items() <= events[3]["data"].items()
         assert events[4]["data"]["by"] == "alice" and events[4]["data"]["note"] == "reviewed"
-        assert [e["revision"] for e in events] == [1, 2, 3, 4, 5, 6]
+        assert [e["revision"] for e in events] == [1, 2, 3, 4, 5, 6, 6]  # done and handed_off: one write
         assert all(datetime.fromisoformat(e["ts"]).tzinfo is not None for e in events)
 
     def test_log_of_unknown_task_is_empty(self, hb: Hb) -> None:

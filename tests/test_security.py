@@ -462,14 +462,15 @@ class TestLedgerInjection:
             assert hb("done", task, "--note", sql).code == 0
             events = json.loads(hb("log", task, "--json").out)["events"]
             kinds = [e["kind"] for e in events]
-            assert kinds == ["created", "updated", "blocked", "unblocked", "failed", "retried", "done"], kinds
+            assert kinds == ["created", "updated", "blocked", "unblocked", "failed", "retried", "done",
+                             "handed_off"], kinds
             data = {e["kind"]: e["data"] for e in events}
             assert data["blocked"]["on"] == sql and data["unblocked"]["by"] == sql
             assert data["unblocked"]["note"] == sql and data["failed"]["reason"] == sql
             assert data["retried"]["by"] == sql and data["done"]["note"] == sql
             assert data["updated"]["step"] == f"{sql} 2"
         with sqlite3.connect(state_dir / "ledger.sqlite3") as conn:
-            assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == 7 * len(INJECTIONS)
+            assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == 8 * len(INJECTIONS)
             assert {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")} >= {"events"}
         assert hb("report", "--json").code == 0
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from heartbeat.baton import LIST_FIELDS, SCALAR_FIELDS, Baton
+from heartbeat.baton import HANDOFF_FIELDS, LIST_FIELDS, SCALAR_FIELDS, Baton
 from heartbeat.errors import Conflict, HeartbeatError
 from heartbeat.ledger import Event, Ledger
 from heartbeat.timeparse import utcnow
@@ -138,7 +138,7 @@ def created_data(baton: Baton) -> dict[str, Any]:
 
 def content_changes(old: Baton, new: Baton) -> list[str]:
     """The top-level fields (and unknown keys) whose value differs between two batons."""
-    changed = [name for name in (*SCALAR_FIELDS, *LIST_FIELDS) if getattr(old, name) != getattr(new, name)]
+    changed = [name for name in (*SCALAR_FIELDS, *LIST_FIELDS, *HANDOFF_FIELDS) if getattr(old, name) != getattr(new, name)]
     for key in sorted(set(old.extra) | set(new.extra)):
         if old.extra.get(key) != new.extra.get(key):
             changed.append(key)

@@ -1,0 +1,327 @@
+"""The handoff between tasks: one task's finished work becoming another task's input.
+
+A downstream task names its upstreams in ``after = [...]``. It is held (blocked on the
+gate ``after:ID,ID``, which opens by itself) until every upstream is done. When an
+upstream finishes, its **package** is frozen into a ``handed_off`` event of the ledger:
+its intent, its constraints (its own and those it inherited, each with the task it came
+from), decisions, rejected alternatives, unknowns, the handoff document, its key files
+with their fingerprints at that moment, and its guarantees; the parts that were empty are
+named in ``missing``. The downstream's brief carries every upstream's latest package.
+
+Guarantees are the upstream's responsibility contract: ``done`` runs the checked ones in
+the workdir and refuses to finish when one fails (:class:`~heartbeat.errors.GuaranteeFailed`,
+a ``guarantee_failed`` event). The downstream's ``verify`` re-runs them; a broken one is
+its own result (``broken``, exit 3) and triggers the downstream's ``on_broken`` policy for
+that edge: ``reopen`` (the default), ``escalate`` or ``fallback:LAUNCHER``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from heartbeat.baton import Baton, Gate, GateKind, OnBroken, Status, parse_on_broken
+from heartbeat.errors import BadInput, GuaranteeFailed, HeartbeatError, NotActive
+
+if TYPE_CHECKING:
+    from heartbeat.config import CommandConfig
+    from heartbeat.store.base import Store
+
+__all__ = [
+    "PACKAGE_PARTS",
+    "GuaranteeResult",
+    "after_gate",
+    "build_package",
+    "load_packages",
+    "inherited_constraints",
+    "run_guarantees",
+    "require_guarantees",
+    "configured_checks",
+    "check_upstreams",
+    "apply_broken",
+    "pending_upstreams",
+]
+
+PACKAGE_PARTS = ("intent", "constraints", "decisions", "rejected", "unknowns", "handoff", "key_files", "guarantees")
+"""What a package holds; each one empty at the upstream's ``done`` is named as missing."""
+
+HANDED_OFF = "handed_off"
+
+
+def after_gate(upstreams: Sequence[str]) -> Gate:
+    """The gate that holds a downstream until every upstream is done: ``after:A,B``."""
+    return Gate(GateKind.AFTER, ",".join(upstreams))
+
+
+def pending_upstreams(baton: Baton, status_of: Callable[[str], Status | None]) -> list[str]:
+    """The upstreams of ``baton`` that are not done (an unknown one counts as not done)."""
+    return [u for u in baton.after if status_of(u) is not Status.DONE]
+
+
+# -- the package ---------------------------------------------------------------------------
+
+
+def _fingerprints(baton: Baton) -> dict[str, str]:
+    from heartbeat.world import fingerprint, resolve_key_file
+
+    out: dict[str, str] = {}
+    for key in baton.key_files:
+        if not baton.workdir:
+            out[key] = "unfingerprinted"
+            continue
+        try:
+            out[key] = fingerprint(resolve_key_file(baton.workdir, key))
+        except HeartbeatError as exc:
+            out[key] = f"unsafe:{exc.message}"
+    return out
+
+
+def inherited_constraints(packages: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """Every constraint the packages carry, once each, as ``{"text", "from"}``: ``from`` is the
+    task that first set it (a constraint crosses any number of boundaries with its origin)."""
+    seen: set[str] = set()
+    out: list[dict[str, str]] = []
+    for package in packages:
+        for item in package.get("constraints", []):
+            if not isinstance(item, dict) or not isinstance(item.get("text"), str):
+                continue
+            text = item["text"]
+            if text in seen:
+                continue
+            seen.add(text)
+            out.append({"text": text, "from": str(item.get("from") or package.get("upstream") or "")})
+    return out
+
+
+def build_package(store: Store, baton: Baton, *, note: str = "") -> dict[str, Any]:
+    """What ``baton`` hands to its downstreams when it finishes (the ``handed_off`` event's data)."""
+    own = [c for c in baton.constraints if c.strip()]
+    constraints = [{"text": c, "from": baton.id} for c in own]
+    known = set(own)
+    for item in inherited_constraints(load_packages(store, baton)):
+        if item["text"] not in known:
+            known.add(item["text"])
+            constraints.append(item)
+    package: dict[str, Any] = {
+        "upstream": baton.id,
+        "task": baton.task,
+        "intent": baton.intent,
+        "constraints": constraints,
+        "decisions": list(baton.decisions),
+        "rejected": list(baton.rejected),
+        "unknowns": list(baton.unknowns),
+        "handoff": baton.handoff,
+        "workdir": baton.workdir,
+        "key_files": _fingerprints(baton),
+        "guarantees": [g.to_dict() for g in baton.guarantees],
+        "launcher": baton.launcher,
+        "note": note,
+    }
+    package["missing"] = [part for part in PACKAGE_PARTS if not package[part] or (
+        part == "intent" and not str(package[part]).strip())]
+    return package
+
+
+def load_packages(store: Store, baton: Baton) -> list[dict[str, Any]]:
+    """The latest package of each upstream of ``baton`` that has finished, newest first.
+
+    Each package gets ``done_at`` (when it was frozen) next to its ledger data.
+    """
+    found: list[tuple[datetime, dict[str, Any]]] = []
+    for upstream in baton.after:
+        events = store.ledger.events(upstream, kinds=[HANDED_OFF])
+        if not events:
+            continue
+        latest = events[-1]
+        package = dict(latest.data)
+        package["upstream"] = upstream
+        package["done_at"] = latest.ts.isoformat()
+        found.append((latest.ts, package))
+    found.sort(key=lambda pair: pair[0], reverse=True)
+    return [package for _, package in found]
+
+
+# -- guarantees ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GuaranteeResult:
+    """How one checked guarantee fared: ``code`` is the check's exit (None: timed out, or no such check)."""
+
+    text: str
+    check: str
+    ok: bool
+    code: int | None
+    detail: str
+    configured: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"guarantee": self.text, "check": self.check, "ok": self.ok, "code": self.code, "detail": self.detail}
+
+
+def configured_checks(config_path: str | None = None) -> dict[str, CommandConfig]:
+    """The ``[checks.NAME]`` of the config found by the usual search, or none when there is no config."""
+    from heartbeat.config import find_config, load_config
+
+    path = find_config(config_path)
+    if path is None:
+        return {}
+    return dict(load_config(path).checks)
+
+
+def run_guarantees(
+    task_id: str, workdir: str, guarantees: Iterable[Mapping[str, Any]], checks: Mapping[str, CommandConfig]
+) -> list[GuaranteeResult]:
+    """Run each checked guarantee's command in ``workdir`` (no shell, its own process group,
+    killed at the check's timeout). A check the config does not define fails: the promise
+    cannot be shown to hold."""
+    from heartbeat.commands import run_command
+    from heartbeat.config import expand_argv
+
+    results = []
+    for g in guarantees:
+        name = str(g.get("check") or "")
+        text = str(g.get("text") or "")
+        if not name:
+            continue
+        config = checks.get(name)
+        if config is None:
+            results.append(GuaranteeResult(text, name, False, None, f"no [checks.{name}] in the config",
+                                           configured=False))
+            continue
+        argv = expand_argv(config.command, {"id": task_id, "workdir": workdir})
+        cwd = workdir if workdir and os.path.isdir(workdir) else None
+        result = run_command(argv, timeout=config.timeout, cwd=cwd)
+        if result.ok:
+            results.append(GuaranteeResult(text, name, True, 0, "ok"))
+        else:
+            detail = result.error or f"exit {result.code}"
+            results.append(GuaranteeResult(text, name, False, result.code, detail))
+    return results
+
+
+def require_guarantees(store: Store, baton: Baton, checks: Mapping[str, CommandConfig] | None,
+                       *, actor: str = "") -> None:
+    """Refuse ``done`` when a checked guarantee fails: a ``guarantee_failed`` event, then
+    :class:`GuaranteeFailed` (exit 4) naming the guarantee and the check's exit."""
+    if not any(g.check for g in baton.guarantees):
+        return
+    if checks is None:
+        checks = configured_checks()
+    results = run_guarantees(baton.id, baton.workdir, [g.to_dict() for g in baton.guarantees], checks)
+    failed = [r for r in results if not r.ok]
+    if not failed:
+        return
+    from heartbeat.ledger import Event
+    from heartbeat.timeparse import utcnow
+
+    first = failed[0]
+    store.record([Event(task=baton.id, kind="guarantee_failed", ts=utcnow(), epoch=baton.meta.epoch,
+                        revision=baton.meta.revision, actor=actor,
+                        data={"failed": [r.to_json() for r in failed]})])
+    more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+    raise GuaranteeFailed(f"cannot mark done: guarantee {first.text!r} failed: check {first.check} "
+                          f"{first.detail}{more}", task=baton.id)
+
+
+# -- the downstream's verify ---------------------------------------------------------------
+
+
+def check_upstreams(
+    packages: Sequence[Mapping[str, Any]], checks: Mapping[str, CommandConfig]
+) -> tuple[list[dict[str, str]], list[dict[str, Any]], list[str]]:
+    """What the downstream's verify finds at its boundaries: changed upstream key files
+    (``{"key": "upstream:ID:PATH", ...}``, like a stale file), broken upstream guarantees, and
+    the guarantees it could not check (no such ``[checks.NAME]`` here: reported, never
+    counted as broken, so a missing config cannot reopen an upstream)."""
+    from heartbeat.world import MISSING, describe_change, fingerprint, resolve_key_file
+
+    changed: list[dict[str, str]] = []
+    broken: list[dict[str, Any]] = []
+    unchecked: list[str] = []
+    for package in packages:
+        upstream = str(package.get("upstream", ""))
+        workdir = str(package.get("workdir") or "")
+        key_files = package.get("key_files") or {}
+        if workdir and isinstance(key_files, dict):
+            for path, was in key_files.items():
+                if not isinstance(was, str) or not was.startswith(("sha256:", "stat:", "dir:", MISSING)):
+                    continue
+                try:
+                    now = fingerprint(resolve_key_file(workdir, path))
+                except HeartbeatError as exc:
+                    now = f"unsafe:{exc.message}"
+                if now != was:
+                    changed.append({"key": f"upstream:{upstream}:{path}", "was": was, "now": now,
+                                    "change": describe_change(path, was, now)})
+        guarantees = [g for g in package.get("guarantees") or [] if isinstance(g, dict)]
+        for result in run_guarantees(upstream, workdir, guarantees, checks):
+            if not result.configured:
+                unchecked.append(f"{upstream}: {result.text!r} ({result.detail})")
+            elif not result.ok:
+                broken.append({"upstream": upstream, **result.to_json()})
+    return changed, broken, unchecked
+
+
+def apply_broken(store: Store, downstream: Baton, broken: Sequence[Mapping[str, Any]], *, actor: str = "",
+                 now: datetime | None = None) -> list[str]:
+    """Apply the downstream's ``on_broken`` policy to each upstream with a broken guarantee.
+
+    The upstream is reopened (active, ``last_failure`` naming the guarantee and the
+    downstream), escalated, or reopened on the fallback launcher; the downstream is blocked
+    on ``after:UPSTREAM`` so it waits. Returns one line per action taken.
+    """
+    from heartbeat.ledger import Event
+    from heartbeat.timeparse import utcnow
+
+    now = now or utcnow()
+    policy, fallback = parse_on_broken(downstream.on_broken or OnBroken.REOPEN.value)
+    by_upstream: dict[str, list[Mapping[str, Any]]] = {}
+    for item in broken:
+        by_upstream.setdefault(str(item["upstream"]), []).append(item)
+    actions: list[str] = []
+    events = [Event(task=downstream.id, kind="guarantee_broken", ts=now, epoch=downstream.meta.epoch,
+                    revision=downstream.meta.revision, actor=actor,
+                    data={"upstream": u, "broken": [dict(i) for i in items], "policy": downstream.on_broken
+                          or OnBroken.REOPEN.value}) for u, items in by_upstream.items()]
+    store.record(events)
+    for upstream, items in by_upstream.items():
+        first = items[0]
+        why = (f"guarantee {first['guarantee']!r} broke for {downstream.id} "
+               f"(check {first['check']} {first['detail']})")
+        try:
+            with store.edit(upstream, actor=actor or downstream.id, now=now) as ed:
+                if ed.old.meta.status is not Status.DONE:
+                    ed.cancel()  # already reopened by another consumer: nothing to do twice
+                    continue
+                meta = ed.baton.meta
+                meta.last_failure = why
+                meta.attempt = 0
+                meta.idle_resumes = 0
+                if policy is OnBroken.ESCALATE:
+                    meta.status = Status.ESCALATED
+                    ed.event("escalated", reason=why, by=downstream.id)
+                else:
+                    meta.status = Status.ACTIVE
+                    if policy is OnBroken.FALLBACK:
+                        ed.baton.launcher = fallback
+                    ed.event("reopened", by=downstream.id, reason=why, policy=policy.value,
+                             launcher=ed.baton.launcher)
+        except HeartbeatError as exc:
+            actions.append(f"{upstream}: could not apply {policy.value}: {exc}")
+            continue
+        verb = {"reopen": "reopened", "escalate": "escalated", "fallback": f"reopened on launcher {fallback}"}
+        actions.append(f"{upstream} {verb[policy.value]}: {why}")
+    waiting = list(by_upstream)
+    try:
+        from heartbeat import tasks
+
+        tasks.block(store, downstream.id, f"upstream {', '.join(waiting)} must hold its guarantees again",
+                    after_gate(waiting), actor=actor or downstream.id)
+        actions.append(f"{downstream.id} waits (gate after:{','.join(waiting)})")
+    except (NotActive, BadInput) as exc:
+        actions.append(f"{downstream.id}: could not wait: {exc}")
+    return actions
