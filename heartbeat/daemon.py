@@ -39,6 +39,7 @@ from heartbeat.errors import Conflict, HeartbeatError, InvalidBaton, NotActive, 
 from heartbeat.gates import GateEvaluator
 from heartbeat.ledger import Event
 from heartbeat.liveness import this_host
+from heartbeat.metrics import VITALS_FILE, Vitals
 from heartbeat.store.base import Entry, Store
 from heartbeat.timeparse import utcnow
 
@@ -71,6 +72,8 @@ class _TaskMemory:
     (the file is unchanged) and ``quiet_until`` has not come, the task is not looked at again."""
     quiet_until: datetime | None = None
     quiet_status: str = ""
+    measured_revision: int = 0
+    """The baton revision whose write→decision latency was last measured (each write counts once)."""
 
 
 class Daemon:
@@ -111,6 +114,9 @@ class Daemon:
         self._partition: _Partition | None = None
         self.counts: dict[str, int] = {}
         self.ticks = 0
+        self.vitals = Vitals.start()
+        self.vitals_dir: str | None = None
+        """Where :meth:`tick` writes the vitals for ``/metrics`` (set by :meth:`serve`; tests leave it unset)."""
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -226,8 +232,19 @@ class Daemon:
             self.ticks += 1
         self._update_gate_watches()
         systemd.notify("WATCHDOG=1", f"STATUS={systemd.status_line(counts)}")
-        self.log.debug("tick", tasks=len(entries), seconds=round(time.monotonic() - started, 4), **counts)
+        seconds = time.monotonic() - started
+        self.vitals.tick_done(seconds)
+        self._save_vitals()
+        self.log.debug("tick", tasks=len(entries), seconds=round(seconds, 4), **counts)
         return counts
+
+    def _save_vitals(self) -> None:
+        if self.vitals_dir is None:
+            return
+        try:
+            self.vitals.save(self.vitals_dir)
+        except OSError as exc:  # metrics are a report: a full disk must not stop the clock
+            self.log.warning("vitals_write_failed", file=VITALS_FILE, error=str(exc))
 
     def evaluate(self, task_id: str, now: datetime | None = None) -> None:
         """Look at one task now (the watcher's path); dispatch it if due and admitted."""
@@ -240,6 +257,8 @@ class Daemon:
                 return
             except HeartbeatError as exc:
                 entry = Entry(id=task_id, error=exc)
+            if entry.baton is not None:
+                self._measure_latency(entry.baton, now)
             statuses = _StatusLookup(self.store)
             _, want = self._look(entry, now, statuses)
             if want is not None:
@@ -253,6 +272,17 @@ class Daemon:
                 watch_new_gate = False
         if watch_new_gate:
             self._update_gate_watches()
+
+    def _measure_latency(self, baton: Baton, now: datetime) -> None:
+        """Observe write→decision latency once per revision: from the write (its updated/touched
+        time) to this look, which the watcher started because the file changed."""
+        mem = self._memory.setdefault(baton.id, _TaskMemory())
+        if baton.meta.revision == mem.measured_revision:
+            return
+        mem.measured_revision = baton.meta.revision
+        written = max((t for t in (baton.meta.updated_at, baton.meta.touched_at) if t is not None), default=None)
+        if written is not None:
+            self.vitals.latency_seconds.observe((utcnow() - written).total_seconds())
 
     def _look(
         self, entry: Entry, now: datetime, statuses: Any
@@ -920,6 +950,7 @@ class Daemon:
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_term)
         signal.signal(signal.SIGHUP, on_hup)
+        self.vitals_dir = self.config.state_dir
         self.initialize()
         self._start_watcher()
         worker = threading.Thread(target=self._watch_worker, name="heartbeat-watch", daemon=True)
