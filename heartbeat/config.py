@@ -95,6 +95,16 @@ class CommandConfig:
 
 
 @dataclass(frozen=True)
+class HttpConfig:
+    """``[http]``: the status page and ``/metrics`` served by ``heartbeat run`` (needs heartbeat[web])."""
+
+    listen: str = ""
+    """``HOST:PORT``; empty: no server in the daemon."""
+    token: str = ""
+    """Required beyond loopback (else ``$HEARTBEAT_WEB_TOKEN``)."""
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole config. ``path`` is the file it came from, or ``""`` for the built-in default."""
 
@@ -103,6 +113,7 @@ class Config:
     launchers: Mapping[str, LauncherConfig] = field(default_factory=dict)
     notify: Mapping[str, CommandConfig] = field(default_factory=dict)
     checks: Mapping[str, CommandConfig] = field(default_factory=dict)
+    http: HttpConfig = field(default_factory=HttpConfig)
 
     @property
     def state_dir(self) -> str:
@@ -300,7 +311,7 @@ class _Parser:
         return tuple(value)
 
     def parse(self, doc: dict[str, Any]) -> Config:
-        self.unknown(doc, {"daemon", "launchers", "notify", "checks"}, "")
+        self.unknown(doc, {"daemon", "launchers", "notify", "checks", "http"}, "")
         daemon = self.parse_daemon(self.table(doc.get("daemon", {}), "daemon"))
         launchers = {
             name: self.parse_launcher(name, self.table(body, f"launchers.{name}"))
@@ -322,8 +333,22 @@ class _Parser:
                 f"names launcher {daemon.default_launcher!r}, which is not configured "
                 f"(configured: {', '.join(sorted(launchers))})",
             )
+        http = self.parse_http(self.table(doc.get("http", {}), "http"))
         return Config(path=os.path.abspath(self.path), daemon=daemon, launchers=launchers, notify=notify,
-                      checks=checks)
+                      checks=checks, http=http)
+
+    def parse_http(self, doc: dict[str, Any]) -> HttpConfig:
+        p = "http."
+        self.unknown(doc, {f for f in HttpConfig.__dataclass_fields__}, p)
+        listen = self.string(doc, "listen", p, "")
+        if listen:
+            from heartbeat.web import parse_listen
+
+            try:
+                parse_listen(listen, what="")
+            except BadInput as exc:
+                raise self.error("http.listen", exc.message) from None
+        return HttpConfig(listen=listen, token=self.string(doc, "token", p, ""))
 
     def parse_daemon(self, doc: dict[str, Any]) -> DaemonConfig:
         p = "daemon."

@@ -953,6 +953,7 @@ class Daemon:
         self.vitals_dir = self.config.state_dir
         self.initialize()
         self._start_watcher()
+        web = self._start_web()
         worker = threading.Thread(target=self._watch_worker, name="heartbeat-watch", daemon=True)
         worker.start()
         self._scheduler = BackgroundScheduler(timezone="UTC", job_defaults={
@@ -972,8 +973,34 @@ class Daemon:
                 self._reload.clear()
                 self.reload()
         systemd.notify("STOPPING=1")
+        if web is not None:
+            web.should_exit = True
         self.shutdown()
         return 0
+
+    def _start_web(self) -> Any:
+        """The status page and /metrics in a thread, when ``[http] listen`` is set (the clock runs either way)."""
+        http = self.config.http
+        if not http.listen:
+            return None
+        try:
+            from heartbeat import web
+
+            token = http.token or os.environ.get("HEARTBEAT_WEB_TOKEN", "")
+            host, port = web.parse_listen(http.listen, what="[http] listen")
+            web.check_exposure(host, token)
+            app = web.build_app(_open_store(self.config.state_dir), state_dir=self.config.state_dir, token=token,
+                                max_attempts=self.config.daemon.max_attempts,
+                                default_launcher=self.config.daemon.default_launcher, vitals=self.vitals)
+            server, _, url = web.start_in_thread(app, host, port)
+        except ImportError as exc:
+            self.log.error("http_failed", error=f"{exc}: install heartbeat[web] for [http]")
+            return None
+        except HeartbeatError as exc:
+            self.log.error("http_failed", error=str(exc))
+            return None
+        self.log.info("http_serving", url=url, token=bool(token))
+        return server
 
 
 @dataclass

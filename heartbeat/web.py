@@ -67,16 +67,17 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # -- listening: where, and who may ask ----------------------------------------------------
 
 
-def parse_listen(value: str) -> tuple[str, int]:
+def parse_listen(value: str, *, what: str = "--listen") -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port); :class:`BadInput` otherwise."""
+    what = f"{what} " if what else ""
     host, sep, port_text = value.rpartition(":")
     if not sep or not host or not port_text.isdigit():
-        raise BadInput(f"--listen {value!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN} or [::1]:8787")
+        raise BadInput(f"{what}{value!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN} or [::1]:8787")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     port = int(port_text)
     if not 0 <= port <= 65535:
-        raise BadInput(f"--listen {value!r}: port {port} is out of range")
+        raise BadInput(f"{what}{value!r}: port {port} is out of range")
     return host, port
 
 
