@@ -999,7 +999,7 @@ class Daemon:
         except HeartbeatError as exc:
             self.log.error("http_failed", error=str(exc))
             return None
-        self.log.info("http_serving", url=url, token=bool(token))
+        self.log.info("http_serving", url=url, token=bool(token), pid=os.getpid())
         return server
 
 
