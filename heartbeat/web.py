@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
 import os
 import secrets
 import stat
@@ -49,10 +50,13 @@ LOG_TAIL_BYTES = 64 * 1024
 """How much of the end of an agent's log the task page shows."""
 
 TIMELINE_EVENTS = 500
-"""The most recent ledger events the task page lists (touches are counted, not listed)."""
+"""The most recent ledger events the task page lists."""
 
 REFRESH_SECONDS = 15
 """How often an open page refreshes itself (a fetch of the same URL, when the tab is visible)."""
+
+_ROUTINE_KINDS = frozenset({"touched", "updated"})
+"""Left out of a task's timeline unless ``?all=1``: the agent's own progress writes, which the baton shows."""
 
 _STATUS_ORDER = ("escalated", "invalid", "blocked", "active", "paused", "snoozed", "failed", "done")
 _TOKEN_ENV = "HEARTBEAT_WEB_TOKEN"
@@ -192,12 +196,10 @@ def _gate_text(baton: Baton) -> str:
 
 def _last_exit(baton: Baton) -> str:
     meta = baton.meta
-    parts = []
-    if meta.last_exit is not None:
-        parts.append(f"exit {meta.last_exit}")
+    code = f"exit {meta.last_exit}" if meta.last_exit is not None else ""
     if meta.last_failure:
-        parts.append(meta.last_failure)
-    return "; ".join(parts)
+        return meta.last_failure if not code or code in meta.last_failure else f"{code}; {meta.last_failure}"
+    return code
 
 
 def _row(entry: Any, now: datetime, default_launcher: str) -> dict[str, Any]:
@@ -249,11 +251,15 @@ def _event_row(event: Event) -> dict[str, Any]:
             value = f"<{len(value)} fingerprints>"
         elif key == "duration_s" and isinstance(value, int | float):
             value = format_duration(float(value))
+        elif isinstance(value, list):
+            value = ", ".join(str(v) for v in value)
+        elif isinstance(value, dict):
+            value = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
         details.append((key, value if isinstance(value, str) else str(value)))
     seam = event.kind in ("stalled", "exited", "dispatched", "claimed", "released", "session_started",
                           "compacting", "session_ended")
     alarm = event.kind in ("escalated", "bypass", "spinning", "invalid")
-    return {"ts": event.ts.isoformat(timespec="seconds"), "kind": event.kind, "epoch": event.epoch,
+    return {"ts": event.ts.strftime("%Y-%m-%d %H:%M:%S"), "kind": event.kind, "epoch": event.epoch,
             "revision": event.revision, "actor": event.actor, "details": details,
             "tone": "alarm" if alarm else ("seam" if seam else "")}
 
@@ -299,6 +305,7 @@ def _templates() -> Any:
 
     env = jinja2.Environment(loader=jinja2.PackageLoader("heartbeat", "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["duration"] = lambda seconds: format_duration(float(seconds))
     return env
 
 
@@ -389,8 +396,9 @@ def build_app(store: Any, *, state_dir: str, token: str = "", max_attempts: int 
             except HeartbeatError as exc:
                 error = f"the brief cannot be rendered: {exc}"
         events = store.ledger.events(task_id)
-        touches = sum(1 for e in events if e.kind == "touched")
-        listed = [e for e in events if e.kind != "touched"]
+        show_all = request.query_params.get("all") == "1"
+        routine = sum(1 for e in events if e.kind in _ROUTINE_KINDS)
+        listed = [e for e in events if show_all or e.kind not in _ROUTINE_KINDS]
         hidden = max(0, len(listed) - TIMELINE_EVENTS)
         timeline = [_event_row(e) for e in reversed(listed[hidden:])]
         epoch = baton.meta.epoch if baton is not None else max((e.epoch for e in events), default=0)
@@ -399,7 +407,7 @@ def build_app(store: Any, *, state_dir: str, token: str = "", max_attempts: int 
         return page(request, "task.html", title=task_id, task_id=task_id, baton=baton, error=error,
                     row=_row(_Entry(task_id, baton, error), now, default_launcher),
                     baton_text=dump_baton(baton) if baton is not None else "", brief=brief, timeline=timeline,
-                    hidden=hidden, touches=touches, log=log, epoch=epoch)
+                    hidden=hidden, routine=routine, show_all=show_all, log=log, epoch=epoch)
 
     def report(request: Request) -> HTMLResponse:
         built = build_report(store)

@@ -102,6 +102,13 @@ class TestInBrowser:
         log = dom.split('<pre id="log">', 1)[1].split("</pre>", 1)[0]
         assert f"epoch {baton.meta.epoch}: read the baton first" in html.unescape(log)
 
+    def test_timeline_hides_routine_writes_unless_asked(self, web: WebServer) -> None:
+        """The timeline lists the seams and leaves the agent's updates and touches out; ?all=1 lists them too."""
+        dom = chromium(web.url + "tasks/alpha")
+        assert 'data-kind="updated"' not in dom and "updates and touches too" in dom
+        everything = chromium(web.url + "tasks/alpha?all=1")
+        assert 'data-kind="updated"' in everything and 'data-kind="dispatched"' in everything
+
     def test_escalated_task_timeline_names_the_escalation(self, web: WebServer) -> None:
         """The crashing task's page shows its exits with their codes and the escalation."""
         dom = chromium(web.url + "tasks/crashy")
