@@ -204,6 +204,59 @@ class Vitals:
         )
 
 
+_LABEL_KEYS = {"dispatched": "launcher", "exited": "kind", "stalled": "why"}
+"""The event data key each counter is labelled by (the others have no label)."""
+
+_COUNT_SQL = f"""
+SELECT kind, CASE kind {' '.join(f"WHEN '{k}' THEN json_extract(data, '$.{v}')" for k, v in _LABEL_KEYS.items())}
+       ELSE NULL END AS label, COUNT(*)
+FROM events WHERE kind IN ({', '.join(f"'{k}'" for k in _COUNTED_KINDS)}) GROUP BY 1, 2
+"""
+
+
+def _label(kind: str, raw: object) -> str:
+    if kind not in _LABEL_KEYS:
+        return ""
+    text = "" if raw is None else str(raw)
+    return text or ("" if kind == "dispatched" else "unknown")
+
+
+def _count_events(ledger: Any) -> dict[str, dict[str, int]]:
+    """Counted events per kind and label. The SQLite ledger is counted in SQL, read-only, by
+    a connection of its own (a scrape must not decode every event in Python: see the
+    README's figures); any other ledger, or an SQLite without JSON functions, through
+    ``events()``."""
+    counted: dict[str, dict[str, int]] = {kind: {} for kind in _COUNTED_KINDS}
+
+    def add(kind: str, raw: object, n: int = 1) -> None:
+        label = _label(kind, raw)
+        counted[kind][label] = counted[kind].get(label, 0) + n
+
+    path = getattr(ledger, "path", None)
+    if isinstance(path, str):
+        import sqlite3
+        from urllib.parse import quote
+
+        if not os.path.exists(path):
+            return counted
+        rows: list[tuple[str, object, int]] | None
+        try:
+            conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=5)
+            try:
+                rows = conn.execute(_COUNT_SQL).fetchall()
+            finally:
+                conn.close()
+        except sqlite3.Error:
+            rows = None
+        if rows is not None:
+            for kind, raw, n in rows:
+                add(kind, raw, int(n))
+            return counted
+    for event in ledger.events(kinds=_COUNTED_KINDS):
+        add(event.kind, event.data.get(_LABEL_KEYS[event.kind]) if event.kind in _LABEL_KEYS else None)
+    return counted
+
+
 def _ledger_bytes(ledger: Any) -> int | None:
     path = getattr(ledger, "path", None)
     if not isinstance(path, str):
@@ -279,17 +332,7 @@ class HeartbeatCollector:
                                     labels=["kind"])
         stalls = CounterMetricFamily("heartbeat_stalls", "Tasks found stalled, by why (ledger: stalled).",
                                      labels=["why"])
-        counted: dict[str, dict[str, int]] = {kind: {} for kind in _COUNTED_KINDS}
-        for event in self.store.ledger.events(kinds=_COUNTED_KINDS):
-            label = ""
-            if event.kind == "dispatched":
-                label = str(event.data.get("launcher") or "")
-            elif event.kind == "exited":
-                label = str(event.data.get("kind") or "unknown")
-            elif event.kind == "stalled":
-                label = str(event.data.get("why") or "unknown")
-            bucket = counted[event.kind]
-            bucket[label] = bucket.get(label, 0) + 1
+        counted = _count_events(self.store.ledger)
         for family, kind in ((dispatches, "dispatched"), (exits, "exited"), (stalls, "stalled")):
             for label, n in sorted(counted[kind].items()):
                 family.add_metric([label], n)
@@ -337,6 +380,17 @@ class OpenState:
     default_launcher: str
 
 
+def require_extra(*modules: str) -> None:
+    """One line naming the extra to install, instead of a traceback, when a library of ``heartbeat[web]`` is missing."""
+    import importlib.util
+
+    from heartbeat.errors import HeartbeatError
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise HeartbeatError(f"{', '.join(missing)} not installed: pip install 'heartbeat[web]'")
+
+
 def open_state(args: Any) -> OpenState:
     """The store for ``--state-dir``/``--config`` (as every other command finds it), and the config's
     ``max_attempts`` and ``default_launcher`` when there is a config."""
@@ -357,6 +411,7 @@ def run_from_cli(args: Any) -> int:
     """``heartbeat metrics [--textfile PATH]``: print the exposition, or write it for node_exporter."""
     import sys
 
+    require_extra("prometheus_client")
     state = open_state(args)
     try:
         registry = make_registry(HeartbeatCollector(state.store, state_dir=state.state_dir,

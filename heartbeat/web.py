@@ -28,6 +28,7 @@ import os
 import secrets
 import stat
 import threading
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -54,6 +55,10 @@ TIMELINE_EVENTS = 500
 
 REFRESH_SECONDS = 15
 """How often an open page refreshes itself (a fetch of the same URL, when the tab is visible)."""
+
+REPORT_CACHE_SECONDS = 30.0
+"""The handoff report replays the whole ledger: ``/report`` rebuilds it at most this often
+(and does not refresh itself)."""
 
 _ROUTINE_KINDS = frozenset({"touched", "updated"})
 """Left out of a task's timeline unless ``?all=1``: the agent's own progress writes, which the baton shows."""
@@ -339,14 +344,15 @@ def build_app(store: Any, *, state_dir: str, token: str = "", max_attempts: int 
         ago = max(0.0, now.timestamp() - current.last_tick_at)
         return f"daemon pid {current.pid} last ticked {format_duration(ago)} ago", ("alarm" if ago > 300 else "")
 
-    def page(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    def page(request: Request, template: str, status_code: int = 200, *, refresh: bool = True,
+             **context: Any) -> HTMLResponse:
         nonce = secrets.token_urlsafe(16)
         now = utcnow()
         daemon, daemon_tone = daemon_line(now)
         html = env.get_template(template).render(
             request=request, link=lambda path, **p: link(request, path, **p), nonce=nonce, now=now.isoformat(
                 timespec="seconds"), state_dir=state_dir, daemon=daemon, daemon_tone=daemon_tone,
-            refresh_ms=REFRESH_SECONDS * 1000, **context)
+            refresh_ms=REFRESH_SECONDS * 1000 if refresh else 0, **context)
         headers = {
             "Content-Security-Policy": (f"default-src 'none'; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'; "
                                         "connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
@@ -409,9 +415,17 @@ def build_app(store: Any, *, state_dir: str, token: str = "", max_attempts: int 
                     baton_text=dump_baton(baton) if baton is not None else "", brief=brief, timeline=timeline,
                     hidden=hidden, routine=routine, show_all=show_all, log=log, epoch=epoch)
 
+    report_cache: list[tuple[float, Any]] = []
+    report_lock = threading.Lock()
+
     def report(request: Request) -> HTMLResponse:
-        built = build_report(store)
-        return page(request, "report.html", title="handoff report", report=built.to_json())
+        # The report replays the whole ledger: built at most once per REPORT_CACHE_SECONDS, one at a time.
+        with report_lock:
+            if not report_cache or time.monotonic() - report_cache[0][0] > REPORT_CACHE_SECONDS:
+                report_cache[:] = [(time.monotonic(), build_report(store))]
+            built = report_cache[0][1]
+        return page(request, "report.html", title="handoff report", report=built.to_json(), refresh=False,
+                    cache_s=int(REPORT_CACHE_SECONDS))
 
     def metrics(request: Request) -> Response:
         body, content_type = exposition(registry, request.headers.get("accept", ""))
@@ -498,8 +512,9 @@ def run_from_cli(args: Any) -> int:
     """``heartbeat web [--listen HOST:PORT] [--token T]``."""
     import sys
 
-    from heartbeat.metrics import open_state
+    from heartbeat.metrics import open_state, require_extra
 
+    require_extra("starlette", "uvicorn", "jinja2", "prometheus_client")
     token = args.token if args.token is not None else os.environ.get(_TOKEN_ENV, "")
     host, port = parse_listen(args.listen or DEFAULT_LISTEN)
     check_exposure(host, token)

@@ -262,6 +262,35 @@ class TestVitals:
         assert cumulative["+Inf"] == 4 and hist.sum == pytest.approx(601.021)
 
 
+class TestCounting:
+    def test_sql_and_python_counts_agree(self, tmp_path: Path) -> None:
+        """The SQLite ledger counted in SQL gives exactly what replaying its events gives (labels from the
+        data, missing or empty ones as 'unknown', uncounted kinds ignored)."""
+        from datetime import UTC, datetime
+
+        from heartbeat.ledger import Event, MemoryLedger, SqliteLedger
+        from heartbeat.metrics import _count_events
+
+        datas = [{"launcher": "a"}, {"launcher": ""}, {}, {"kind": "failed"}, {"kind": "idle"}, {"why": "exited"},
+                 {"why": "spinning", "kind": "x"}, {"why": None}]
+        kinds = ["dispatched", "exited", "stalled", "escalated", "bypass", "spinning", "compacting", "touched",
+                 "updated"]
+        events = [Event(task=f"t{i % 7}", kind=kinds[i % len(kinds)], ts=datetime.fromtimestamp(1e9 + i, UTC),
+                      data=datas[i % len(datas)]) for i in range(500)]
+        sqlite = SqliteLedger(str(tmp_path / "ledger.sqlite3"))
+        memory = MemoryLedger()
+        sqlite.append(events)
+        memory.append([Event(task=e.task, kind=e.kind, ts=e.ts, data=e.data) for e in events])
+        try:
+            in_sql = _count_events(sqlite)
+            in_python = _count_events(memory)
+            assert in_sql == in_python
+            assert in_sql["exited"]["unknown"] > 0 and in_sql["dispatched"][""] > 0
+            assert sum(in_sql["escalated"].values()) == sum(1 for e in events if e.kind == "escalated")
+        finally:
+            sqlite.close()
+
+
 class TestAlertRules:
     RULES = ROOT / "config" / "alerts.yml"
 
@@ -300,6 +329,17 @@ class TestAlertRules:
         doc = yaml.safe_load(self.RULES.read_text())
         used = {m for g in doc["groups"] for r in g["rules"] for m in re.findall(r"\bheartbeat_[a-z_]+", r["expr"])}
         assert used and used <= series, sorted(used - series)
+
+
+class TestExtra:
+    def test_missing_library_is_one_line_naming_the_extra(self) -> None:
+        """Without heartbeat[web], `web` and `metrics` say which extra to install instead of a traceback."""
+        from heartbeat.errors import HeartbeatError
+        from heartbeat.metrics import require_extra
+
+        require_extra("prometheus_client", "starlette")
+        with pytest.raises(HeartbeatError, match=r"^no_such_lib_xyz not installed: pip install 'heartbeat\[web\]'$"):
+            require_extra("json", "no_such_lib_xyz")
 
 
 class TestHotPath:
