@@ -559,6 +559,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_from_cli(args)
 
 
+def cmd_web(args: argparse.Namespace) -> int:
+    from heartbeat.web import run_from_cli
+
+    return run_from_cli(args)
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from heartbeat.metrics import run_from_cli
+
+    return run_from_cli(args)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from heartbeat.demo import run_demo
 
@@ -809,6 +821,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--mcp", action="store_true", help="claude: also register `heartbeat mcp` in the project's .mcp.json")
     p.add_argument("--task", help="pin the task id (else $HEARTBEAT_TASK or the workdir decides)")
     command("mcp", cmd_mcp, "serve the batons over MCP on stdio (needs heartbeat[mcp])", task=False)
+    p = command("web", cmd_web, "the read-only status page (needs heartbeat[web])", task=False)
+    p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8787); beyond loopback a token is required")
+    p.add_argument("--token", help="require this token (else $HEARTBEAT_WEB_TOKEN): Authorization: Bearer, or ?token=")
+    p = command("metrics", cmd_metrics, "Prometheus metrics, printed or written for node_exporter (needs heartbeat[web])",
+                task=False)
+    p.add_argument("--textfile", help="write them atomically to this file (name it *.prom, in the collector's dir)")
     if only is not None and only not in sub.choices:
         return build_parser()  # not a command: the full parser says so, and lists the commands
     return parser

@@ -114,6 +114,16 @@ class HooksConfig:
 
 
 @dataclass(frozen=True)
+class HttpConfig:
+    """``[http]``: the status page and ``/metrics`` served by ``heartbeat run`` (needs heartbeat[web])."""
+
+    listen: str = ""
+    """``HOST:PORT``; empty: no server in the daemon."""
+    token: str = ""
+    """Required beyond loopback (else ``$HEARTBEAT_WEB_TOKEN``)."""
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole config. ``path`` is the file it came from, or ``""`` for the built-in default."""
 
@@ -123,6 +133,7 @@ class Config:
     notify: Mapping[str, CommandConfig] = field(default_factory=dict)
     checks: Mapping[str, CommandConfig] = field(default_factory=dict)
     hooks: HooksConfig = field(default_factory=HooksConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
 
     @property
     def state_dir(self) -> str:
@@ -328,7 +339,7 @@ class _Parser:
         return tuple(value)
 
     def parse(self, doc: dict[str, Any]) -> Config:
-        self.unknown(doc, {"daemon", "launchers", "notify", "checks", "hooks"}, "")
+        self.unknown(doc, {"daemon", "launchers", "notify", "checks", "hooks", "http"}, "")
         daemon = self.parse_daemon(self.table(doc.get("daemon", {}), "daemon"))
         launchers = {
             name: self.parse_launcher(name, self.table(body, f"launchers.{name}"))
@@ -350,8 +361,10 @@ class _Parser:
                 f"names launcher {daemon.default_launcher!r}, which is not configured "
                 f"(configured: {', '.join(sorted(launchers))})",
             )
+        http = self.parse_http(self.table(doc.get("http", {}), "http"))
         return Config(path=os.path.abspath(self.path), daemon=daemon, launchers=launchers, notify=notify,
-                      checks=checks, hooks=self.parse_hooks(self.table(doc.get("hooks", {}), "hooks")))
+                      checks=checks, hooks=self.parse_hooks(self.table(doc.get("hooks", {}), "hooks")),
+                      http=http)
 
     def parse_hooks(self, doc: dict[str, Any]) -> HooksConfig:
         p = "hooks."
@@ -360,6 +373,19 @@ class _Parser:
             fresh_within=self.duration(doc, "fresh_within", p, defaults.HOOK_FRESH_WITHIN),
             max_stop_blocks=self.integer(doc, "max_stop_blocks", p, defaults.HOOK_MAX_STOP_BLOCKS, minimum=0),
         )
+
+    def parse_http(self, doc: dict[str, Any]) -> HttpConfig:
+        p = "http."
+        self.unknown(doc, {f for f in HttpConfig.__dataclass_fields__}, p)
+        listen = self.string(doc, "listen", p, "")
+        if listen:
+            from heartbeat.web import parse_listen
+
+            try:
+                parse_listen(listen, what="")
+            except BadInput as exc:
+                raise self.error("http.listen", exc.message) from None
+        return HttpConfig(listen=listen, token=self.string(doc, "token", p, ""))
 
     def parse_daemon(self, doc: dict[str, Any]) -> DaemonConfig:
         p = "daemon."

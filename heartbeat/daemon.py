@@ -39,6 +39,7 @@ from heartbeat.errors import Busy, Conflict, HeartbeatError, InvalidBaton, NotAc
 from heartbeat.gates import GateEvaluator
 from heartbeat.ledger import Event
 from heartbeat.liveness import this_host
+from heartbeat.metrics import VITALS_FILE, Vitals
 from heartbeat.store.base import Entry, Store
 from heartbeat.timeparse import utcnow
 
@@ -80,6 +81,8 @@ class _TaskMemory:
     """The baton revision the last dispatch decision was made on: the dispatch write is fenced on it."""
     inactive_seen: tuple[str, int, datetime] | None = None
     """(status, epoch, first seen): when the daemon first saw the task not active with its agent alive."""
+    measured_revision: int = 0
+    """The baton revision whose write→decision latency was last measured (each write counts once)."""
 
 
 class Daemon:
@@ -127,6 +130,9 @@ class Daemon:
         if hasattr(self.store.ledger, "on_unreadable"):  # a corrupt row is skipped, and logged once
             self.store.ledger.on_unreadable = lambda row, why: self.log.warning(
                 "ledger_row_unreadable", row=row, error=why, hint="the row is skipped; the ledger is not changed")
+        self.vitals = Vitals.start()
+        self.vitals_dir: str | None = None
+        """Where :meth:`tick` writes the vitals for ``/metrics`` (set by :meth:`serve`; tests leave it unset)."""
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -262,8 +268,19 @@ class Daemon:
             self.ticks += 1
         self._update_gate_watches()
         systemd.notify("WATCHDOG=1", f"STATUS={systemd.status_line(counts)}")
-        self.log.debug("tick", tasks=len(entries), seconds=round(time.monotonic() - started, 4), **counts)
+        seconds = time.monotonic() - started
+        self.vitals.tick_done(seconds)
+        self._save_vitals()
+        self.log.debug("tick", tasks=len(entries), seconds=round(seconds, 4), **counts)
         return counts
+
+    def _save_vitals(self) -> None:
+        if self.vitals_dir is None:
+            return
+        try:
+            self.vitals.save(self.vitals_dir)
+        except OSError as exc:  # metrics are a report: a full disk must not stop the clock
+            self.log.warning("vitals_write_failed", file=VITALS_FILE, error=str(exc))
 
     def evaluate(self, task_id: str, now: datetime | None = None) -> None:
         """Look at one task now (the watcher's path); dispatch it if due and admitted."""
@@ -276,6 +293,8 @@ class Daemon:
                 return
             except HeartbeatError as exc:
                 entry = Entry(id=task_id, error=exc)
+            if entry.baton is not None:
+                self._measure_latency(entry.baton, now)
             statuses = _StatusLookup(self.store)
             _, want = self._look(entry, now, statuses)
             if want is not None:
@@ -289,6 +308,17 @@ class Daemon:
                 watch_new_gate = False
         if watch_new_gate:
             self._update_gate_watches()
+
+    def _measure_latency(self, baton: Baton, now: datetime) -> None:
+        """Observe write→decision latency once per revision: from the write (its updated/touched
+        time) to this look, which the watcher started because the file changed."""
+        mem = self._memory.setdefault(baton.id, _TaskMemory())
+        if baton.meta.revision == mem.measured_revision:
+            return
+        mem.measured_revision = baton.meta.revision
+        written = max((t for t in (baton.meta.updated_at, baton.meta.touched_at) if t is not None), default=None)
+        if written is not None:
+            self.vitals.latency_seconds.observe((utcnow() - written).total_seconds())
 
     def _look(
         self, entry: Entry, now: datetime, statuses: Any
@@ -1057,8 +1087,10 @@ class Daemon:
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_term)
         signal.signal(signal.SIGHUP, on_hup)
+        self.vitals_dir = self.config.state_dir
         self.initialize()
         self._start_watcher()
+        web = self._start_web()
         worker = threading.Thread(target=self._watch_worker, name="heartbeat-watch", daemon=True)
         worker.start()
         self._scheduler = BackgroundScheduler(timezone="UTC", job_defaults={
@@ -1078,10 +1110,36 @@ class Daemon:
                 self._reload.clear()
                 self.reload()
         systemd.notify("STOPPING=1")
+        if web is not None:
+            web.should_exit = True
         deadline = time.monotonic() + self.stop_grace()
         clean = self.shutdown(timeout=self.stop_grace())
         _exit_if_stuck(clean, deadline, self.log)
         return 0
+
+    def _start_web(self) -> Any:
+        """The status page and /metrics in a thread, when ``[http] listen`` is set (the clock runs either way)."""
+        http = self.config.http
+        if not http.listen:
+            return None
+        try:
+            from heartbeat import web
+
+            token = http.token or os.environ.get("HEARTBEAT_WEB_TOKEN", "")
+            host, port = web.parse_listen(http.listen, what="[http] listen")
+            web.check_exposure(host, token)
+            app = web.build_app(_open_store(self.config.state_dir), state_dir=self.config.state_dir, token=token,
+                                max_attempts=self.config.daemon.max_attempts,
+                                default_launcher=self.config.daemon.default_launcher, vitals=self.vitals)
+            server, _, url = web.start_in_thread(app, host, port)
+        except ImportError as exc:
+            self.log.error("http_failed", error=f"{exc}: install heartbeat[web] for [http]")
+            return None
+        except HeartbeatError as exc:
+            self.log.error("http_failed", error=str(exc))
+            return None
+        self.log.info("http_serving", url=url, token=bool(token), pid=os.getpid())
+        return server
 
 
 def _judge_result(info: ResultInfo | None, kind: pol.ExitKind, reason: str, launcher: str) -> tuple[pol.ExitKind, str, str]:

@@ -20,6 +20,7 @@ from heartbeat.config import (
     BUILTIN_LAUNCHER_KEYS,
     CommandConfig,
     DaemonConfig,
+    HttpConfig,
     LauncherConfig,
     expand_argv,
     find_config,
@@ -104,6 +105,7 @@ class TestExample:
             for f in dataclasses.fields(CommandConfig):
                 if f.name != "name" and not any(f.name in body for body in doc[section].values()):
                     missing.append(f"{section}.*.{f.name}")
+        missing += [f"http.{f.name}" for f in dataclasses.fields(HttpConfig) if f.name not in doc.get("http", {})]
         assert not missing, f"config/heartbeat.example.toml does not document: {', '.join(missing)}"
 
     def test_every_key_has_a_comment(self) -> None:
@@ -127,7 +129,7 @@ class TestErrors:
         ('[daemon]\nbackoff_initial = "1h"\nbackoff_max = "1m"\n', "{path}:3: daemon.backoff_max: must not be less"),
         ('[daemon]\ntick = \n', "{path}:2: not valid TOML"),
         ('[daemon]\n[daemon]\n', "{path}:2: not valid TOML"),
-        ('colour = "red"\n', "{path}:1: colour: unknown key (known: checks, daemon, hooks, launchers, notify)"),
+        ('colour = "red"\n', "{path}:1: colour: unknown key (known: checks, daemon, hooks, http, launchers, notify)"),
         ('[launchers.agent]\ntype = "exec"\n', "{path}:1: launchers.agent.command: missing (required)"),
         ('[launchers.agent]\ncommand = ["{id}", "x"]\n', "{path}:2: launchers.agent.command: the program"),
         ('[launchers.agent]\ncommand = ["a", "{secret}"]\n', "{path}:2: launchers.agent.command: unknown placeholder"),

@@ -1,0 +1,534 @@
+"""The status page: ``heartbeat web`` (and ``[http] listen`` inside ``heartbeat run``).
+
+Read-only, server-rendered HTML on Starlette (routing, requests, responses) served by
+uvicorn, pages from Jinja2 templates with autoescaping on for every value: batons,
+ledger data and agent logs are hostile input, and a step holding ``<script>`` renders
+as text. A strict Content-Security-Policy (inline style and the one auto-refresh
+script allowed by a per-response nonce) is the second line behind the escaping.
+
+- ``/``: every task (status, age, step, attempt/epoch, owner, block and gate, last exit),
+  filterable with ``?status=``, with counts per status;
+- ``/tasks/ID``: the baton, the brief the next agent would read, the timeline of the
+  task's ledger events and the tail of the current agent's log;
+- ``/report``: the handoff report, worst tasks first;
+- ``/metrics``: Prometheus metrics (see :mod:`heartbeat.metrics`).
+
+Only GET and HEAD are served (any other method: 405). The server binds loopback
+unless told otherwise; any other address needs a token, and with a token every
+request must carry it (``Authorization: Bearer T`` or ``?token=T``, compared in
+constant time).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import os
+import secrets
+import stat
+import threading
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from heartbeat import defaults
+from heartbeat.baton import Baton, Status, check_id, dump_baton
+from heartbeat.errors import BadInput, HeartbeatError, NotFound
+from heartbeat.ledger import Event
+from heartbeat.timeparse import format_duration, utcnow
+
+__all__ = ["DEFAULT_LISTEN", "LOG_TAIL_BYTES", "TIMELINE_EVENTS", "LogTail", "parse_listen", "is_loopback",
+           "check_exposure", "read_log_tail", "build_app", "serve", "start_in_thread", "run_from_cli"]
+
+DEFAULT_LISTEN = "127.0.0.1:8787"
+"""Where ``heartbeat web`` listens when ``--listen`` is not given: loopback only."""
+
+LOG_TAIL_BYTES = 64 * 1024
+"""How much of the end of an agent's log the task page shows."""
+
+TIMELINE_EVENTS = 500
+"""The most recent ledger events the task page lists."""
+
+REFRESH_SECONDS = 15
+"""How often an open page refreshes itself (a fetch of the same URL, when the tab is visible)."""
+
+REPORT_CACHE_SECONDS = 30.0
+"""The handoff report replays the whole ledger: ``/report`` rebuilds it at most this often
+(and does not refresh itself)."""
+
+_ROUTINE_KINDS = frozenset({"touched", "updated"})
+"""Left out of a task's timeline unless ``?all=1``: the agent's own progress writes, which the baton shows."""
+
+_STATUS_ORDER = ("escalated", "invalid", "blocked", "active", "paused", "snoozed", "failed", "done")
+_TOKEN_ENV = "HEARTBEAT_WEB_TOKEN"
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+# -- listening: where, and who may ask ----------------------------------------------------
+
+
+def parse_listen(value: str, *, what: str = "--listen") -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port); :class:`BadInput` otherwise."""
+    what = f"{what} " if what else ""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise BadInput(f"{what}{value!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN} or [::1]:8787")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise BadInput(f"{what}{value!r}: port {port} is out of range")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    """Only a loopback address (or ``localhost``) keeps the page on this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name may resolve anywhere
+
+
+def check_exposure(host: str, token: str) -> None:
+    """Refuse to serve beyond loopback without a token."""
+    if not is_loopback(host) and not token:
+        raise BadInput(f"refusing to listen on {host}, which is not loopback, without a token: "
+                       f"give --token (or ${_TOKEN_ENV}, or [http] token)")
+
+
+# -- the agent's log, read as hostile input ------------------------------------------------
+
+
+@dataclass
+class LogTail:
+    """The end of an agent's log, or why there is none to show."""
+
+    path: str
+    text: str = ""
+    size: int = 0
+    truncated: bool = False
+    problem: str = ""
+
+
+def read_log_tail(state_dir: str, task_id: str, epoch: int, limit: int = LOG_TAIL_BYTES) -> LogTail:
+    """The last ``limit`` bytes of ``<state_dir>/logs/<task>/<epoch>.log``.
+
+    The agent owns that file, and could have put anything in its place: no component
+    of the path is followed if it is a symlink (``O_NOFOLLOW`` at each step, relative
+    to the directory before it), the file is opened ``O_NONBLOCK`` (a FIFO can never
+    hang the page) and read only when ``fstat`` says it is a regular file, and the read
+    is bounded whatever the file's size.
+    """
+    check_id(task_id)
+    rel = os.path.join("logs", task_id, f"{epoch}.log")
+    tail = LogTail(path=os.path.join(state_dir, rel))
+    fds: list[int] = []
+    try:
+        try:
+            fds.append(os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            for part in ("logs", task_id):
+                fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1]))
+            fd = os.open(f"{epoch}.log", os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1])
+            fds.append(fd)
+        except FileNotFoundError:
+            tail.problem = "no log yet"
+            return tail
+        except OSError as exc:
+            tail.problem = f"not shown: {exc.strerror or exc} (a symlink or not a directory is never followed)"
+            return tail
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            tail.problem = "not shown: not a regular file"
+            return tail
+        tail.size = st.st_size
+        start = max(0, st.st_size - limit)
+        data = os.pread(fd, limit, start)
+        if start > 0:
+            tail.truncated = True
+            newline = data.find(b"\n")
+            if 0 <= newline < len(data) - 1:
+                data = data[newline + 1:]  # begin at a whole line
+        tail.text = data.decode("utf-8", errors="replace")
+        return tail
+    except OSError as exc:
+        tail.problem = f"not shown: {exc.strerror or exc}"
+        return tail
+    finally:
+        for opened in reversed(fds):
+            os.close(opened)
+
+
+# -- what the pages show --------------------------------------------------------------------
+
+
+def _age(now: datetime, then: datetime | None) -> str:
+    return "-" if then is None else format_duration(max(0.0, (now - then).total_seconds()))
+
+
+def _owner_text(baton: Baton) -> str:
+    owner = baton.meta.owner
+    if owner is None:
+        return ""
+    parts = [f"pid {owner.pid}" if owner.pid is not None else "pid pending"]
+    if owner.host:
+        parts.append(f"on {owner.host}")
+    if owner.launcher:
+        parts.append(f"via {owner.launcher}")
+    if owner.unit:
+        parts.append(f"unit {owner.unit}")
+    if owner.how:
+        parts.append(f"({owner.how})")
+    return " ".join(parts)
+
+
+def _gate_text(baton: Baton) -> str:
+    gate = baton.meta.gate
+    if gate is None:
+        return ""
+    return f"{gate.kind.value}:{gate.target}" if gate.target else gate.kind.value
+
+
+def _last_exit(baton: Baton) -> str:
+    meta = baton.meta
+    code = f"exit {meta.last_exit}" if meta.last_exit is not None else ""
+    if meta.last_failure:
+        return meta.last_failure if not code or code in meta.last_failure else f"{code}; {meta.last_failure}"
+    return code
+
+
+def _row(entry: Any, now: datetime, default_launcher: str) -> dict[str, Any]:
+    baton: Baton | None = entry.baton
+    if baton is None:
+        return {"id": entry.id, "status": "invalid", "error": str(entry.error), "age": "-", "step": "",
+                "attempt": "", "epoch": "", "owner": "", "blocked_on": "", "gate": "", "last_exit": "",
+                "launcher": ""}
+    meta = baton.meta
+    return {
+        "id": entry.id,
+        "status": meta.status.value,
+        "error": "",
+        "age": _age(now, meta.touched_at or meta.updated_at),
+        "step": baton.step,
+        "next_step": baton.next_step,
+        "attempt": meta.attempt,
+        "epoch": meta.epoch,
+        "owner": _owner_text(baton),
+        "blocked_on": baton.blocked_on,
+        "gate": _gate_text(baton),
+        "last_exit": _last_exit(baton),
+        "launcher": baton.launcher or default_launcher,
+    }
+
+
+_SUMMARY_KEYS = {
+    "dispatched": ("launcher", "attempt", "reason", "resume"),
+    "exited": ("kind", "code", "signal", "duration_s", "progress", "pid"),
+    "stalled": ("why",),
+    "blocked": ("on", "gate"),
+    "unblocked": ("by", "note", "gate"),
+    "escalated": ("reason",),
+    "bypass": ("was", "on"),
+}
+
+
+def _event_row(event: Event) -> dict[str, Any]:
+    """One timeline line: the event's kind, when, who, and its data as ``key=value`` (hashes elided)."""
+    data = dict(event.data)
+    first = [k for k in _SUMMARY_KEYS.get(event.kind, ()) if k in data]
+    rest = sorted(k for k in data if k not in first)
+    details = []
+    for key in (*first, *rest):
+        value = data[key]
+        if value in ("", None, [], {}):
+            continue
+        if key == "world" and isinstance(value, dict):
+            value = f"<{len(value)} fingerprints>"
+        elif key == "duration_s" and isinstance(value, int | float):
+            value = format_duration(float(value))
+        elif isinstance(value, list):
+            value = ", ".join(str(v) for v in value)
+        elif isinstance(value, dict):
+            value = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+        details.append((key, value if isinstance(value, str) else str(value)))
+    seam = event.kind in ("stalled", "exited", "dispatched", "claimed", "released", "session_started",
+                          "compacting", "session_ended")
+    alarm = event.kind in ("escalated", "bypass", "spinning", "invalid")
+    return {"ts": event.ts.strftime("%Y-%m-%d %H:%M:%S"), "kind": event.kind, "epoch": event.epoch,
+            "revision": event.revision, "actor": event.actor, "details": details,
+            "tone": "alarm" if alarm else ("seam" if seam else "")}
+
+
+# -- the application -------------------------------------------------------------------------
+
+
+class _Guard:
+    """ASGI middleware: only GET/HEAD, and the token when one is set, before anything else runs."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from starlette.requests import Request
+        from starlette.responses import PlainTextResponse
+
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] not in ("GET", "HEAD"):
+            response = PlainTextResponse("read-only: this server answers GET and HEAD only\n", 405,
+                                         headers={"Allow": "GET, HEAD"})
+        elif self.token and not self._authorized(Request(scope)):
+            response = PlainTextResponse("a token is required: Authorization: Bearer TOKEN, or ?token=TOKEN\n", 401,
+                                         headers={"WWW-Authenticate": 'Bearer realm="heartbeat"'})
+        else:
+            await self.app(scope, receive, send)
+            return
+        await response(scope, receive, send)
+
+    def _authorized(self, request: Any) -> bool:
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        candidate = given.strip() if scheme.lower() == "bearer" else request.query_params.get("token", "")
+        # compare_digest on bytes of any length is constant-time in the length of the secret.
+        return hmac.compare_digest(candidate.encode("utf-8", "surrogateescape"), self.token)
+
+
+def _templates() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("heartbeat", "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["duration"] = lambda seconds: format_duration(float(seconds))
+    return env
+
+
+def build_app(store: Any, *, state_dir: str, token: str = "", max_attempts: int = defaults.MAX_ATTEMPTS,
+              default_launcher: str = defaults.DEFAULT_LAUNCHER, vitals: Any = None) -> Any:
+    """The ASGI application over ``store`` (read-only). ``vitals``: the daemon's own, when in-process."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, Response
+    from starlette.routing import Route
+
+    from heartbeat.brief import render_brief
+    from heartbeat.metrics import HeartbeatCollector, Vitals, exposition, make_registry
+    from heartbeat.report import build_report
+
+    env = _templates()
+    registry = make_registry(HeartbeatCollector(store, state_dir=state_dir, default_launcher=default_launcher,
+                                                vitals=vitals))
+
+    def link(request: Request, path: str, **params: str) -> str:
+        """A URL on this server, carrying ``?token=`` along when the page was opened with one."""
+        query = {k: v for k, v in params.items() if v}
+        if token and "token" in request.query_params:
+            query["token"] = request.query_params["token"]
+        return f"{path}?{urlencode(query)}" if query else path
+
+    def daemon_line(now: datetime) -> tuple[str, str]:
+        current = vitals if vitals is not None else Vitals.load(state_dir)
+        if current is None or current.last_tick_at is None:
+            return "no daemon has ticked in this state dir", "alarm"
+        ago = max(0.0, now.timestamp() - current.last_tick_at)
+        return f"daemon pid {current.pid} last ticked {format_duration(ago)} ago", ("alarm" if ago > 300 else "")
+
+    def page(request: Request, template: str, status_code: int = 200, *, refresh: bool = True,
+             **context: Any) -> HTMLResponse:
+        nonce = secrets.token_urlsafe(16)
+        now = utcnow()
+        daemon, daemon_tone = daemon_line(now)
+        html = env.get_template(template).render(
+            request=request, link=lambda path, **p: link(request, path, **p), nonce=nonce, now=now.isoformat(
+                timespec="seconds"), state_dir=state_dir, daemon=daemon, daemon_tone=daemon_tone,
+            refresh_ms=REFRESH_SECONDS * 1000 if refresh else 0, **context)
+        headers = {
+            "Content-Security-Policy": (f"default-src 'none'; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'; "
+                                        "connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
+                                        "form-action 'self'; frame-ancestors 'none'"),
+            "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer",
+            "Cache-Control": "no-store",
+        }
+        return HTMLResponse(html, status_code=status_code, headers=headers)
+
+    def index(request: Request) -> HTMLResponse:
+        wanted = request.query_params.get("status", "")
+        known = {s.value for s in Status}
+        now = utcnow()
+        rows = [_row(entry, now, default_launcher) for entry in store.scan()]
+        counts = {s: 0 for s in _STATUS_ORDER}
+        for row in rows:
+            counts[row["status"]] = counts.get(row["status"], 0) + 1
+        if wanted and wanted not in known:
+            return page(request, "error.html", 400, title="unknown status",
+                        message=f"unknown status {wanted!r}: one of {', '.join(_STATUS_ORDER)}")
+        rank = {s: i for i, s in enumerate(_STATUS_ORDER)}
+        shown = sorted((r for r in rows if not wanted or r["status"] == wanted),
+                       key=lambda r: (rank.get(r["status"], len(rank)), r["id"]))
+        return page(request, "index.html", title="tasks", rows=shown, counts=counts, total=len(rows), wanted=wanted)
+
+    def task(request: Request) -> HTMLResponse:
+        task_id = request.path_params["task_id"]
+        try:
+            check_id(task_id)
+        except HeartbeatError:
+            return page(request, "error.html", 404, title="no such task", message=f"no task {task_id!r}")
+        baton: Baton | None = None
+        error = ""
+        try:
+            baton = store.load(task_id)
+        except NotFound:
+            if not store.ledger.events(task_id, kinds=["created"]):
+                return page(request, "error.html", 404, title="no such task", message=f"no task {task_id!r}")
+            error = "the baton is gone (the ledger still has its history)"
+        except HeartbeatError as exc:
+            error = str(exc)
+        brief = None
+        if baton is not None:
+            try:
+                brief = render_brief(baton, max_attempts=max_attempts)
+            except HeartbeatError as exc:
+                error = f"the brief cannot be rendered: {exc}"
+        events = store.ledger.events(task_id)
+        show_all = request.query_params.get("all") == "1"
+        routine = sum(1 for e in events if e.kind in _ROUTINE_KINDS)
+        listed = [e for e in events if show_all or e.kind not in _ROUTINE_KINDS]
+        hidden = max(0, len(listed) - TIMELINE_EVENTS)
+        timeline = [_event_row(e) for e in reversed(listed[hidden:])]
+        epoch = baton.meta.epoch if baton is not None else max((e.epoch for e in events), default=0)
+        log = read_log_tail(state_dir, task_id, epoch) if epoch > 0 else None
+        now = utcnow()
+        return page(request, "task.html", title=task_id, task_id=task_id, baton=baton, error=error,
+                    row=_row(_Entry(task_id, baton, error), now, default_launcher),
+                    baton_text=dump_baton(baton) if baton is not None else "", brief=brief, timeline=timeline,
+                    hidden=hidden, routine=routine, show_all=show_all, log=log, epoch=epoch)
+
+    report_cache: list[tuple[float, Any]] = []
+    report_lock = threading.Lock()
+
+    def report(request: Request) -> HTMLResponse:
+        # The report replays the whole ledger: built at most once per REPORT_CACHE_SECONDS, one at a time.
+        with report_lock:
+            if not report_cache or time.monotonic() - report_cache[0][0] > REPORT_CACHE_SECONDS:
+                report_cache[:] = [(time.monotonic(), build_report(store))]
+            built = report_cache[0][1]
+        return page(request, "report.html", title="handoff report", report=built.to_json(), refresh=False,
+                    cache_s=int(REPORT_CACHE_SECONDS))
+
+    def metrics(request: Request) -> Response:
+        body, content_type = exposition(registry, request.headers.get("accept", ""))
+        return Response(body, media_type=content_type, headers={"Cache-Control": "no-store"})
+
+    async def not_found(request: Request, exc: Exception) -> HTMLResponse:
+        return page(request, "error.html", 404, title="not found", message=f"nothing at {request.url.path}")
+
+    routes = [
+        Route("/", index, methods=["GET"]),
+        Route("/tasks/{task_id:str}", task, methods=["GET"]),
+        Route("/report", report, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={404: not_found})
+    return _Guard(app, token)
+
+
+@dataclass
+class _Entry:
+    """A stand-in for a store entry, to render the task page's row like the list's."""
+
+    id: str
+    baton: Baton | None
+    error: str
+
+
+# -- serving ----------------------------------------------------------------------------------
+
+
+def _bind(host: str, port: int) -> Any:
+    """A listening socket, or :class:`BadInput` naming the address (in use, not ours, ...)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        infos = socket.getaddrinfo(host, port, family if host != "localhost" else socket.AF_UNSPEC,
+                                   socket.SOCK_STREAM)
+    except OSError as exc:
+        raise BadInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    fam, _, _, _, addr = infos[0]
+    sock = socket.socket(fam, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise BadInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(False)
+    return sock
+
+
+def _server(app: Any) -> Any:
+    import uvicorn
+
+    # No access log: a ?token= in a URL must not land in the journal.
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", server_header=False,
+                            proxy_headers=False, timeout_graceful_shutdown=2)
+    return uvicorn.Server(config)
+
+
+def serve(app: Any, host: str, port: int, *, on_ready: Callable[[str], None] | None = None) -> None:
+    """Serve ``app`` until SIGINT/SIGTERM (uvicorn's own handlers)."""
+    sock = _bind(host, port)
+    server = _server(app)
+    if on_ready is not None:
+        bound = sock.getsockname()
+        on_ready(f"http://{'[' + bound[0] + ']' if ':' in bound[0] else bound[0]}:{bound[1]}/")
+    server.run(sockets=[sock])
+
+
+def start_in_thread(app: Any, host: str, port: int) -> tuple[Any, threading.Thread, str]:
+    """Serve ``app`` from a daemon thread (inside ``heartbeat run``); set ``server.should_exit`` to stop."""
+    sock = _bind(host, port)
+    server = _server(app)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="heartbeat-web", daemon=True)
+    thread.start()
+    bound = sock.getsockname()
+    return server, thread, f"http://{bound[0]}:{bound[1]}/"
+
+
+def run_from_cli(args: Any) -> int:
+    """``heartbeat web [--listen HOST:PORT] [--token T]``."""
+    import sys
+
+    from heartbeat.metrics import open_state, require_extra
+
+    require_extra("starlette", "uvicorn", "jinja2", "prometheus_client")
+    token = args.token if args.token is not None else os.environ.get(_TOKEN_ENV, "")
+    host, port = parse_listen(args.listen or DEFAULT_LISTEN)
+    check_exposure(host, token)
+    state = open_state(args)
+    store, state_dir = state.store, state.state_dir
+    app = build_app(store, state_dir=state_dir, token=token, max_attempts=state.max_attempts,
+                    default_launcher=state.default_launcher)
+
+    def ready(url: str) -> None:
+        print(f"heartbeat web: serving {state_dir} at {url} (read-only{', token required' if token else ''})",
+              file=sys.stderr, flush=True)
+
+    try:
+        serve(app, host, port, on_ready=ready)
+    finally:
+        store.close()
+    return 0
