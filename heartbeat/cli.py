@@ -390,6 +390,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    from heartbeat.retention import gc_from_cli
+
+    return gc_from_cli(args)
+
+
 # -- commands: setup ---------------------------------------------------------------------
 
 
@@ -589,6 +595,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = command("report", cmd_report, "handoff quality from the ledger, per task and in total", task=False,
                 json_=True)
     p.add_argument("--since", help="count only what happened at or after this ISO 8601 time")
+    p = command("gc", cmd_gc, "bounded disk: prune old epochs' logs, archive long-done tasks, fold touches "
+                "([retention])", task=False, json_=True)
+    p.add_argument("--dry-run", action="store_true", help="print what would be removed, archived and folded; "
+                   "change nothing")
+    p.add_argument("--now", help=argparse.SUPPRESS)  # ISO 8601: ages are judged from this instant (simulations)
     if only is not None and only not in sub.choices:
         return build_parser()  # not a command: the full parser says so, and lists the commands
     return parser

@@ -25,6 +25,7 @@ __all__ = [
     "DaemonConfig",
     "LauncherConfig",
     "CommandConfig",
+    "RetentionConfig",
     "find_config",
     "load_config",
     "parse_config",
@@ -95,6 +96,17 @@ class CommandConfig:
 
 
 @dataclass(frozen=True)
+class RetentionConfig:
+    """``[retention]``: what ``heartbeat gc`` (and the daemon's daily gc) keeps, archives and folds."""
+
+    keep_epochs: int = defaults.KEEP_EPOCHS
+    finished_after: float = defaults.FINISHED_AFTER
+    every: float = defaults.GC_EVERY
+    enabled: bool = True
+    """Whether the daemon runs gc by itself (``heartbeat gc`` works either way)."""
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole config. ``path`` is the file it came from, or ``""`` for the built-in default."""
 
@@ -103,6 +115,7 @@ class Config:
     launchers: Mapping[str, LauncherConfig] = field(default_factory=dict)
     notify: Mapping[str, CommandConfig] = field(default_factory=dict)
     checks: Mapping[str, CommandConfig] = field(default_factory=dict)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
     @property
     def state_dir(self) -> str:
@@ -300,7 +313,7 @@ class _Parser:
         return tuple(value)
 
     def parse(self, doc: dict[str, Any]) -> Config:
-        self.unknown(doc, {"daemon", "launchers", "notify", "checks"}, "")
+        self.unknown(doc, {"daemon", "launchers", "notify", "checks", "retention"}, "")
         daemon = self.parse_daemon(self.table(doc.get("daemon", {}), "daemon"))
         launchers = {
             name: self.parse_launcher(name, self.table(body, f"launchers.{name}"))
@@ -323,7 +336,20 @@ class _Parser:
                 f"(configured: {', '.join(sorted(launchers))})",
             )
         return Config(path=os.path.abspath(self.path), daemon=daemon, launchers=launchers, notify=notify,
-                      checks=checks)
+                      checks=checks, retention=self.parse_retention(self.table(doc.get("retention", {}), "retention")))
+
+    def parse_retention(self, doc: dict[str, Any]) -> RetentionConfig:
+        p = "retention."
+        self.unknown(doc, set(RetentionConfig.__dataclass_fields__), p)
+        enabled = doc.get("enabled", True)
+        if not isinstance(enabled, bool):
+            raise self.error("retention.enabled", f"expected true or false, got {enabled!r}")
+        return RetentionConfig(
+            keep_epochs=self.integer(doc, "keep_epochs", p, defaults.KEEP_EPOCHS),
+            finished_after=self.duration(doc, "finished_after", p, defaults.FINISHED_AFTER),
+            every=self.duration(doc, "every", p, defaults.GC_EVERY),
+            enabled=enabled,
+        )
 
     def parse_daemon(self, doc: dict[str, Any]) -> DaemonConfig:
         p = "daemon."

@@ -80,3 +80,14 @@ the stack when written back."""
 MAX_LOG_BYTES = 64 * 1024 * 1024
 """Bytes an agent's log (``logs/<id>/<epoch>.log``) may reach before the daemon keeps only
 its tail (in ``<epoch>.log.1``) and starts the live file again; ``max_log_bytes`` per launcher."""
+
+KEEP_EPOCHS = 5
+"""``[retention] keep_epochs``: per task, the log/brief/pid/exit files of this many latest epochs are
+kept by ``heartbeat gc`` (the current epoch's are always kept, whatever the number)."""
+
+FINISHED_AFTER = 30 * 86400.0
+"""``[retention] finished_after``: seconds a task must have been done before gc archives it
+(its baton and ledger events move into ``<state_dir>/archive/``)."""
+
+GC_EVERY = 86400.0
+"""``[retention] every``: seconds between the daemon's gc runs (a job beside the tick, never in it)."""
