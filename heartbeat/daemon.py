@@ -793,7 +793,11 @@ class Daemon:
         from heartbeat.retention import run_gc
 
         try:
-            result = run_gc(self.store, self.config.retention, now=utcnow())
+            store = _open_store(self.config.state_dir)  # its own: the tick's store caches scans, not thread-safe
+            try:
+                result = run_gc(store, self.config.retention, now=utcnow())
+            finally:
+                store.close()
             self.log.info("gc", removed_files=len(result.removed_files), removed_bytes=result.removed_bytes,
                           archived=len(result.archived), folded_rows=sum(result.folded.values()),
                           skipped=len(result.skipped), archive=result.archive_file)
