@@ -102,6 +102,8 @@ class RetentionConfig:
     keep_epochs: int = defaults.KEEP_EPOCHS
     finished_after: float = defaults.FINISHED_AFTER
     every: float = defaults.GC_EVERY
+    archive_failed: bool = False
+    """Archive failed tasks too (after the same ``finished_after``); by default a failure waits for a human."""
     enabled: bool = True
     """Whether the daemon runs gc by itself (``heartbeat gc`` works either way)."""
 
@@ -341,14 +343,16 @@ class _Parser:
     def parse_retention(self, doc: dict[str, Any]) -> RetentionConfig:
         p = "retention."
         self.unknown(doc, set(RetentionConfig.__dataclass_fields__), p)
-        enabled = doc.get("enabled", True)
-        if not isinstance(enabled, bool):
-            raise self.error("retention.enabled", f"expected true or false, got {enabled!r}")
+        flags = {key: doc.get(key, default) for key, default in (("enabled", True), ("archive_failed", False))}
+        for key, value in flags.items():
+            if not isinstance(value, bool):
+                raise self.error(f"retention.{key}", f"expected true or false, got {value!r}")
         return RetentionConfig(
             keep_epochs=self.integer(doc, "keep_epochs", p, defaults.KEEP_EPOCHS),
             finished_after=self.duration(doc, "finished_after", p, defaults.FINISHED_AFTER),
             every=self.duration(doc, "every", p, defaults.GC_EVERY),
-            enabled=enabled,
+            archive_failed=flags["archive_failed"],
+            enabled=flags["enabled"],
         )
 
     def parse_daemon(self, doc: dict[str, Any]) -> DaemonConfig:

@@ -17,7 +17,8 @@ Three things, each safe against a running daemon and running agents:
   are its ledger rows replaced by one ``archived`` event (archive file, rows, sha256, kinds)
   and its baton and logs removed. A task revived meanwhile (retried, edited) is skipped
   and its record in the file is ignored, because no ``archived`` event names it.
-  Failed tasks are not archived: a failure waits for a human.
+  Failed tasks are archived only with ``archive_failed = true``: by default a failure waits
+  for a human.
 - **Folding touches.** In a finished (done or failed) task, ``touched`` rows that no
   report metric reads (not an agent's first write after its start, before the finish)
   are removed and one ``compacted`` event records how many (``data.folded``), with their
@@ -155,8 +156,9 @@ def run_gc(store: Any, config: RetentionConfig, *, now: datetime, dry_run: bool 
     with _gc_lock(state_dir, dry_run):
         entries = {e.id: e for e in store.scan()}
         cutoff = now - timedelta(seconds=config.finished_after)
+        finished = {Status.DONE, Status.FAILED} if config.archive_failed else {Status.DONE}
         candidates = [e.baton for e in entries.values()
-                      if e.baton is not None and e.error is None and _archivable(e.baton, cutoff)]
+                      if e.baton is not None and e.error is None and _archivable(e.baton, cutoff, finished)]
         archived = _archive(store, candidates, result, now=now, dry_run=dry_run)
         for task_id, entry in entries.items():
             if task_id in archived or entry.baton is None or entry.error is not None:
@@ -192,9 +194,9 @@ def _gc_lock(state_dir: str, dry_run: bool) -> Iterator[None]:
         os.close(fd)
 
 
-def _archivable(baton: Baton, cutoff: datetime) -> bool:
+def _archivable(baton: Baton, cutoff: datetime, statuses: set[Status]) -> bool:
     meta = baton.meta
-    if meta.status is not Status.DONE or meta.owner is not None:
+    if meta.status not in statuses or meta.owner is not None:
         return False
     last = max((t for t in (meta.updated_at, meta.touched_at) if t is not None), default=None)
     return last is not None and last <= cutoff

@@ -146,6 +146,7 @@ class TestConfig:
         ('[retention]\nfinished_after = "soon"\n', "retention.finished_after: bad duration"),
         ("[retention]\nkeep = 3\n", "retention.keep: unknown key"),
         ('[retention]\nenabled = "yes"\n', "retention.enabled: expected true or false"),
+        ("[retention]\narchive_failed = 1\n", "retention.archive_failed: expected true or false"),
     ])
     def test_bad_values_are_one_line_errors(self, text: str, message: str) -> None:
         """A bad [retention] value is a ConfigError naming the key."""
@@ -241,6 +242,14 @@ class TestArchive:
         result = run_gc(store, RetentionConfig(), now=T0 + timedelta(days=45))
         assert result.archived == []
         assert {e.id for e in store.scan()} == {"recent", "failed", "active", "owned"}
+
+    def test_failed_tasks_only_when_asked(self, store: FileStore) -> None:
+        """archive_failed = true archives a long-failed task as well; the report still counts it."""
+        make_task(store, "failed", T0, finish="failed")
+        before = report_json(store)
+        result = run_gc(store, RetentionConfig(archive_failed=True), now=T0 + timedelta(days=45))
+        assert result.archived == ["failed"] and not Path(store.path_of("failed")).exists()
+        assert report_json(store) == before and before["tasks"][0]["status"] == "failed"
 
     def test_a_task_revived_mid_way_is_not_archived(self, store: FileStore,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
