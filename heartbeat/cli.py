@@ -509,6 +509,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    from heartbeat.retention import gc_from_cli
+
+    return gc_from_cli(args)
+
+
 # -- commands: setup ---------------------------------------------------------------------
 
 
@@ -827,6 +833,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = command("metrics", cmd_metrics, "Prometheus metrics, printed or written for node_exporter (needs heartbeat[web])",
                 task=False)
     p.add_argument("--textfile", help="write them atomically to this file (name it *.prom, in the collector's dir)")
+    p = command("gc", cmd_gc, "bounded disk: prune old epochs' logs, archive long-done tasks, fold touches "
+                "([retention])", task=False, json_=True)
+    p.add_argument("--dry-run", action="store_true", help="print what would be removed, archived and folded; "
+                   "change nothing")
+    p.add_argument("--now", help=argparse.SUPPRESS)  # ISO 8601: ages are judged from this instant (simulations)
     if only is not None and only not in sub.choices:
         return build_parser()  # not a command: the full parser says so, and lists the commands
     return parser

@@ -26,6 +26,7 @@ __all__ = [
     "LauncherConfig",
     "CommandConfig",
     "HooksConfig",
+    "RetentionConfig",
     "find_config",
     "load_config",
     "parse_config",
@@ -124,6 +125,19 @@ class HttpConfig:
 
 
 @dataclass(frozen=True)
+class RetentionConfig:
+    """``[retention]``: what ``heartbeat gc`` (and the daemon's daily gc) keeps, archives and folds."""
+
+    keep_epochs: int = defaults.KEEP_EPOCHS
+    finished_after: float = defaults.FINISHED_AFTER
+    every: float = defaults.GC_EVERY
+    archive_failed: bool = False
+    """Archive failed tasks too (after the same ``finished_after``); by default a failure waits for a human."""
+    enabled: bool = True
+    """Whether the daemon runs gc by itself (``heartbeat gc`` works either way)."""
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole config. ``path`` is the file it came from, or ``""`` for the built-in default."""
 
@@ -134,6 +148,7 @@ class Config:
     checks: Mapping[str, CommandConfig] = field(default_factory=dict)
     hooks: HooksConfig = field(default_factory=HooksConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
     @property
     def state_dir(self) -> str:
@@ -339,7 +354,7 @@ class _Parser:
         return tuple(value)
 
     def parse(self, doc: dict[str, Any]) -> Config:
-        self.unknown(doc, {"daemon", "launchers", "notify", "checks", "hooks", "http"}, "")
+        self.unknown(doc, {"daemon", "launchers", "notify", "checks", "hooks", "http", "retention"}, "")
         daemon = self.parse_daemon(self.table(doc.get("daemon", {}), "daemon"))
         launchers = {
             name: self.parse_launcher(name, self.table(body, f"launchers.{name}"))
@@ -364,7 +379,8 @@ class _Parser:
         http = self.parse_http(self.table(doc.get("http", {}), "http"))
         return Config(path=os.path.abspath(self.path), daemon=daemon, launchers=launchers, notify=notify,
                       checks=checks, hooks=self.parse_hooks(self.table(doc.get("hooks", {}), "hooks")),
-                      http=http)
+                      http=http,
+                      retention=self.parse_retention(self.table(doc.get("retention", {}), "retention")))
 
     def parse_hooks(self, doc: dict[str, Any]) -> HooksConfig:
         p = "hooks."
@@ -386,6 +402,21 @@ class _Parser:
             except BadInput as exc:
                 raise self.error("http.listen", exc.message) from None
         return HttpConfig(listen=listen, token=self.string(doc, "token", p, ""))
+
+    def parse_retention(self, doc: dict[str, Any]) -> RetentionConfig:
+        p = "retention."
+        self.unknown(doc, set(RetentionConfig.__dataclass_fields__), p)
+        flags = {key: doc.get(key, default) for key, default in (("enabled", True), ("archive_failed", False))}
+        for key, value in flags.items():
+            if not isinstance(value, bool):
+                raise self.error(f"retention.{key}", f"expected true or false, got {value!r}")
+        return RetentionConfig(
+            keep_epochs=self.integer(doc, "keep_epochs", p, defaults.KEEP_EPOCHS),
+            finished_after=self.duration(doc, "finished_after", p, defaults.FINISHED_AFTER),
+            every=self.duration(doc, "every", p, defaults.GC_EVERY),
+            archive_failed=flags["archive_failed"],
+            enabled=flags["enabled"],
+        )
 
     def parse_daemon(self, doc: dict[str, Any]) -> DaemonConfig:
         p = "daemon."

@@ -955,6 +955,22 @@ class Daemon:
         except Exception as exc:  # the clock must keep ticking whatever one pass hit
             self.log.exception("tick_failed", error=repr(exc))
 
+    def _safe_gc(self) -> None:
+        """The ``[retention]`` job: in the scheduler's pool beside the tick, never inside it."""
+        from heartbeat.retention import run_gc
+
+        try:
+            store = _open_store(self.config.state_dir)  # its own: the tick's store caches scans, not thread-safe
+            try:
+                result = run_gc(store, self.config.retention, now=utcnow())
+            finally:
+                store.close()
+            self.log.info("gc", removed_files=len(result.removed_files), removed_bytes=result.removed_bytes,
+                          archived=len(result.archived), folded_rows=sum(result.folded.values()),
+                          skipped=len(result.skipped), archive=result.archive_file)
+        except Exception as exc:  # a failed gc is logged and retried next time; the clock is unaffected
+            self.log.exception("gc_failed", error=repr(exc))
+
     def _watch_worker(self) -> None:
         from heartbeat import defaults
 
@@ -1097,6 +1113,11 @@ class Daemon:
             "coalesce": True, "max_instances": 1, "misfire_grace_time": None})
         self._scheduler.add_job(self._safe_tick, "interval", seconds=self.config.daemon.tick, id="tick",
                                 next_run_time=datetime.now().astimezone())
+        retention = self.config.retention
+        if retention.enabled and not self.dry_run and hasattr(self.store, "logs_dir"):
+            self._scheduler.add_job(self._safe_gc, "interval", seconds=retention.every, id="gc",
+                                    next_run_time=datetime.now().astimezone() + timedelta(
+                                        seconds=min(retention.every, 300.0)))
         systemd.notify("READY=1", "STATUS=started")
         self._scheduler.start()
         interval = systemd.watchdog_interval()

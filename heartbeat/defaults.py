@@ -105,6 +105,7 @@ HOOK_TIMEOUT = 30
 
 MAX_HOOK_INPUT_BYTES = 1024 * 1024
 """Bytes of hook event JSON read from stdin; a larger event is refused (the hook does nothing)."""
+
 SESSION = "fresh"
 """A launcher's ``session``: ``fresh`` (a new session id per dispatch) or ``resume`` (a retry
 after a failed attempt resumes the previous session)."""
@@ -127,3 +128,14 @@ RESULT_HEAD_BYTES = 64 * 1024
 
 RESULT_TAIL_BYTES = 256 * 1024
 """Bytes read from the end of an agent's log for a preset's exit handling (the final result line)."""
+
+KEEP_EPOCHS = 5
+"""``[retention] keep_epochs``: per task, the log/brief/pid/exit files of this many latest epochs are
+kept by ``heartbeat gc`` (the current epoch's are always kept, whatever the number)."""
+
+FINISHED_AFTER = 30 * 86400.0
+"""``[retention] finished_after``: seconds a task must have been done before gc archives it
+(its baton and ledger events move into ``<state_dir>/archive/``)."""
+
+GC_EVERY = 86400.0
+"""``[retention] every``: seconds between the daemon's gc runs (a job beside the tick, never in it)."""

@@ -338,6 +338,40 @@ class SqliteLedger:
             sys.stderr.write(f"heartbeat: warning: {self.path}: ledger row {row_id} is unreadable ({why}); "
                              "skipped\n")
 
+    def fold(self, task: str, ids: Sequence[int], events: Sequence[Event]) -> int:
+        """In one transaction: remove ``task``'s rows ``ids`` and append ``events`` (retention's
+        summaries). Returns how many rows went; rows of other tasks are never touched."""
+        with self._lock:
+            conn = self._connect()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                removed = 0
+                for start in range(0, len(ids), 500):
+                    chunk = list(ids[start:start + 500])
+                    cur = conn.execute(
+                        f"DELETE FROM events WHERE task = ? AND id IN ({', '.join('?' for _ in chunk)})",
+                        [task, *chunk],
+                    )
+                    removed += cur.rowcount
+                for event in events:
+                    self._append_one(conn, event)
+                conn.execute("COMMIT")
+            except (sqlite3.Error, UnicodeEncodeError, OverflowError) as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise StoreError(f"cannot write the ledger: {exc}", path=self.path) from None
+        return removed
+
+    def count(self) -> int:
+        """How many rows the ledger holds."""
+        if not os.path.exists(self.path):
+            return 0
+        with self._lock:
+            try:
+                return int(self._connect().execute("SELECT COUNT(*) FROM events").fetchone()[0])
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot read the ledger: {exc}", path=self.path) from None
+
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
@@ -388,6 +422,22 @@ class MemoryLedger:
                 and (since is None or e.ts >= since)
                 and (not wanted or e.kind in wanted)
             ]
+
+    def fold(self, task: str, ids: Sequence[int], events: Sequence[Event]) -> int:
+        """As :meth:`SqliteLedger.fold`."""
+        gone = set(ids)
+        with self._lock:
+            before = len(self._events)
+            self._events = [e for e in self._events if not (e.task == task and e.id in gone)]
+            removed = before - len(self._events)
+            for event in events:
+                event.id = (self._events[-1].id if self._events else 0) + 1
+                self._events.append(event)
+        return removed
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._events)
 
     def close(self) -> None:
         pass

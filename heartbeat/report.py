@@ -63,7 +63,8 @@ from heartbeat.seams import render_seams, seam_metrics, seam_totals
 from heartbeat.store.base import Store
 from heartbeat.timeparse import format_duration, utcnow
 
-__all__ = ["METRIC_KEYS", "SCORE_WEIGHTS", "TaskReport", "Report", "build_report", "task_metrics", "failure_score"]
+__all__ = ["METRIC_KEYS", "SCORE_WEIGHTS", "TaskReport", "Report", "build_report", "task_metrics", "failure_score",
+           "task_incidents"]
 
 METRIC_KEYS = (
     "dispatches",
@@ -477,6 +478,31 @@ class Report:
         return "\n".join(lines) + skipped
 
 
+def task_incidents(
+    events: Iterable[Event], baton: Baton | None, *, since: datetime | None = None, now: datetime | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[float]]:
+    """One task's metrics, incidents and times to resume: all that the report takes from it
+    (gc folds a task's rows only when this stays the same)."""
+    replay = _replay(events, baton, since, now or utcnow())
+    return _metrics(replay, baton), replay.incidents, replay.ttr
+
+
+def _add_archived(store: Store, by_task: dict[str, list[Event]], batons: dict[str, Baton | None],
+                  statuses: dict[str, str]) -> None:
+    """Tasks gc archived count as before: their archived events (then any live ones) and their
+    archived baton; gc's own ``archived``/``compacted`` rows are bookkeeping, not history."""
+    from heartbeat.retention import RETENTION_KINDS, read_archived
+
+    for task_id, events in list(by_task.items()):
+        if any(e.kind in RETENTION_KINDS for e in events):
+            by_task[task_id] = [e for e in events if e.kind not in RETENTION_KINDS]
+    for task_id, (baton, events) in read_archived(store).items():
+        by_task[task_id] = [e for e in events if e.kind not in RETENTION_KINDS] + by_task.get(task_id, [])
+        if task_id not in batons:
+            batons[task_id] = baton
+            statuses[task_id] = baton.meta.status.value if baton else "archived"
+
+
 def build_report(store: Store, *, since: datetime | None = None, now: datetime | None = None) -> Report:
     """Replay the ledger (and read the current batons) into per-task metrics and totals."""
     now = now or utcnow()
@@ -488,6 +514,7 @@ def build_report(store: Store, *, since: datetime | None = None, now: datetime |
     for entry in store.scan():
         batons[entry.id] = entry.baton
         statuses[entry.id] = entry.baton.meta.status.value if entry.baton else Status.INVALID.value
+    _add_archived(store, by_task, batons, statuses)
     tasks: list[TaskReport] = []
     ttr_all: list[float] = []
     for task_id in sorted(set(by_task) | set(batons)):

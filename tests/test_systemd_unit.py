@@ -182,3 +182,82 @@ class TestSysusers:
         _, _, uid, gid, _, home, shell = entry.split(":")
         assert 0 < int(uid) < 1000 and home == "/var/lib/heartbeat" and shell == "/bin/bash"
         assert any(line.startswith(f"heartbeat:x:{gid}:") for line in (root / "etc" / "group").read_text().splitlines())
+
+
+STRICT_UNIT = ROOT / "systemd" / "heartbeat-strict.service"
+STRICT_THRESHOLD = 2.0
+"""The ceiling for the strict unit (agents in systemd-run transient units; measured: 1.3 on systemd 252)."""
+
+
+def exposure(unit: Path) -> float:
+    proc = security(unit)
+    assert proc.returncode == 0, proc.stderr
+    match = re.search(rf"Overall exposure level for {re.escape(unit.name)}: (\d+\.\d+)", proc.stdout)
+    assert match, proc.stdout[-2000:]
+    return float(match.group(1))
+
+
+class TestStrictUnit:
+    def test_verify_is_clean(self, tmp_path: Path) -> None:
+        """systemd-analyze verify accepts the strict unit (ExecStart pointed at this venv) with no warning about it."""
+        text = STRICT_UNIT.read_text()
+        assert text.count(SHIPPED_EXEC) == 1
+        copy = tmp_path / STRICT_UNIT.name
+        copy.write_text(text.replace(SHIPPED_EXEC, installed_heartbeat()))
+        proc = subprocess.run([tool("systemd-analyze"), "verify", "--man=no", str(copy)],
+                              capture_output=True, text=True, timeout=120)
+        output = proc.stdout + proc.stderr
+        assert proc.returncode == 0, output
+        assert [line for line in output.splitlines() if "heartbeat" in line] == []
+
+    def test_exposure_within_strict_threshold(self) -> None:
+        """The strict unit scores at or below 2.0, and systemd-analyze's own --threshold agrees."""
+        score = exposure(STRICT_UNIT)
+        assert score <= STRICT_THRESHOLD, security(STRICT_UNIT).stdout
+        assert security(STRICT_UNIT, f"--threshold={round(STRICT_THRESHOLD * 10)}").returncode == 0
+        assert security(STRICT_UNIT, "--threshold=5").returncode != 0
+
+    def test_stricter_than_the_default_unit(self) -> None:
+        """The strict unit scores lower than heartbeat.service, which stays as it was (≤ 3.0)."""
+        assert exposure(STRICT_UNIT) < exposure(UNIT) <= EXPOSURE_THRESHOLD
+
+    def test_score_reacts_to_hardening(self, tmp_path: Path) -> None:
+        """Removing the strict unit's hardening block raises its score far above the threshold."""
+        text = STRICT_UNIT.read_text()
+        stripped = tmp_path / STRICT_UNIT.name
+        stripped.write_text(text[:text.index("# --- hardening")] + text[text.index("# --- left out"):])
+        assert exposure(stripped) > STRICT_THRESHOLD + 5
+
+    def test_same_daemon_contract(self) -> None:
+        """Notify, watchdog, reload, user and state dir are those of heartbeat.service; the command line too."""
+        strict, default = directives(STRICT_UNIT.read_text()), directives(UNIT.read_text())
+        shared = ["Type", "NotifyAccess", "ExecStart", "ExecReload", "WatchdogSec", "Restart", "User", "Group",
+                  "StateDirectory", "StateDirectoryMode", "WorkingDirectory"]
+        assert {key: strict.get(key) for key in shared} == {key: default.get(key) for key in shared}
+
+    def test_what_the_daemon_needs_stays_open(self) -> None:
+        """The daemon keeps what it needs: its state dir writable, the user bus visible, /proc/stat for psutil."""
+        unit = directives(STRICT_UNIT.read_text())
+        assert unit["ProtectSystem"] == ["strict"] and unit["StateDirectory"] == ["heartbeat"]
+        assert unit["ProtectHome"] == ["read-only"]  # /run/user/<uid>/bus for systemd-run --user
+        assert unit.get("ProcSubset", ["all"]) == ["all"]  # psutil's create_time reads /proc/stat
+        assert "AF_UNIX" in unit["RestrictAddressFamilies"][0]  # D-Bus and sd_notify
+        assert unit.get("PrivateUsers", ["no"]) == ["no"]
+
+    def test_every_open_check_is_explained(self) -> None:
+        """Each check still open on the strict unit is set or explained in it, and explained in the docs."""
+        proc = security(STRICT_UNIT, "--json=short")
+        assert proc.returncode == 0, proc.stderr
+        checks: list[dict[str, Any]] = json.loads(proc.stdout)
+        open_checks = {c["name"] for c in checks if not c["set"] and c.get("exposure") not in (None, "0.0")}
+        text = STRICT_UNIT.read_text()
+        unit, notes = directives(text), comments(text)
+        docs = DOCS.read_text().split("## The strict unit", 1)[-1]
+        missing = []
+        for name in sorted(open_checks):
+            directive = name.split("=", 1)[0].split("/", 1)[0]
+            if directive not in unit and f"{directive}=" not in notes:
+                missing.append(f"unit: {name}")
+            if f"{directive}=" not in docs:
+                missing.append(f"docs/systemd.md (strict section): {name}")
+        assert missing == []
