@@ -66,6 +66,12 @@ FINGERPRINT_HASH_LIMIT = 8 * 1024 * 1024
 LOCK_TIMEOUT = 30.0
 """Seconds a writer waits for a baton's lock before giving up with an error."""
 
+PG_CONNECT_TIMEOUT = 5.0
+"""Seconds a PostgreSQL store waits for a connection before saying it cannot reach the database."""
+
+PG_STATEMENT_TIMEOUT = 30.0
+"""Seconds any one statement of the PostgreSQL store may run before it is cancelled."""
+
 TOUCH_COALESCE = 60.0
 """Touches of one task within this many seconds share a single ledger row."""
 

@@ -22,11 +22,11 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from heartbeat.baton import LIST_FIELDS, SCALAR_FIELDS, Baton
-from heartbeat.errors import Conflict, HeartbeatError
+from heartbeat.errors import Conflict, HeartbeatError, UnsafePath
 from heartbeat.ledger import Event, Ledger
 from heartbeat.timeparse import utcnow
 
-__all__ = ["Entry", "Edit", "Store", "check_fence", "finish_edit", "content_changes", "created_data"]
+__all__ = ["Entry", "Edit", "Store", "check_fence", "finish_edit", "content_changes", "created_data", "fingerprint"]
 
 
 @dataclass
@@ -189,6 +189,18 @@ def finish_edit(ed: Edit, fingerprint: Callable[[Baton], dict[str, str]] | None)
         if "done" in changed:
             event.data.setdefault("done", new.done[len(old.done):] if new.done[: len(old.done)] == old.done else new.done)
     return events
+
+
+def fingerprint(baton: Baton) -> dict[str, str]:
+    """The baton's world, as every store that writes batons takes it; a key file escaping
+    the workdir is refused naming the task. (The in-memory store takes none: no files.)"""
+    from heartbeat.world import fingerprint_world  # not on a touch's path: hashlib loads OpenSSL
+
+    try:
+        return fingerprint_world(baton.workdir, baton.key_files)
+    except UnsafePath as exc:
+        exc.task = exc.task or baton.meta.id
+        raise
 
 
 def now_or(now: datetime | None) -> datetime:

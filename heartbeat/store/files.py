@@ -38,6 +38,7 @@ from heartbeat.errors import (
 )
 from heartbeat.ledger import Event, Ledger, SqliteLedger
 from heartbeat.store.base import Edit, Entry, check_fence, created_data, finish_edit, now_or
+from heartbeat.store.base import fingerprint as _fingerprint
 
 __all__ = ["FileStore", "ensure_private_dir"]
 
@@ -340,17 +341,6 @@ class FileStore:
 
     def close(self) -> None:
         self.ledger.close()
-
-
-def _fingerprint(baton: Baton) -> dict[str, str]:
-    """The baton's world; a key file escaping the workdir is refused naming the task."""
-    from heartbeat.world import fingerprint_world  # not on a touch's path: hashlib loads OpenSSL
-
-    try:
-        return fingerprint_world(baton.workdir, baton.key_files)
-    except UnsafePath as exc:
-        exc.task = exc.task or baton.meta.id
-        raise
 
 
 def _plain(value: object) -> bool:
