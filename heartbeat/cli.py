@@ -53,9 +53,9 @@ def _store(args: argparse.Namespace) -> Any:
         # resolve_state_dir's answer, without importing the config module: agents the
         # daemon launched have the variable set, and their writes are the hot path.
         return open_store(os.path.abspath(os.environ["HEARTBEAT_STATE_DIR"]))
-    from heartbeat.config import resolve_state_dir
+    from heartbeat.config import resolve_store
 
-    return open_store(resolve_state_dir(args.state_dir, args.config))
+    return open_store(*resolve_store(args.state_dir, args.config))
 
 
 def _epoch(args: argparse.Namespace) -> int | None:

@@ -23,6 +23,7 @@ from heartbeat.timeparse import parse_duration
 __all__ = [
     "Config",
     "DaemonConfig",
+    "StoreConfig",
     "LauncherConfig",
     "CommandConfig",
     "find_config",
@@ -66,6 +67,14 @@ class DaemonConfig:
 
 
 @dataclass(frozen=True)
+class StoreConfig:
+    """``[store]``: where batons and the ledger live."""
+
+    url: str = ""
+    """A ``postgresql://`` URL for the PostgreSQL store; empty: the file store in ``daemon.state_dir``."""
+
+
+@dataclass(frozen=True)
 class LauncherConfig:
     """``[launchers.NAME]``: how to start an agent."""
 
@@ -103,6 +112,7 @@ class Config:
     launchers: Mapping[str, LauncherConfig] = field(default_factory=dict)
     notify: Mapping[str, CommandConfig] = field(default_factory=dict)
     checks: Mapping[str, CommandConfig] = field(default_factory=dict)
+    store: StoreConfig = field(default_factory=StoreConfig)
 
     @property
     def state_dir(self) -> str:
@@ -300,7 +310,7 @@ class _Parser:
         return tuple(value)
 
     def parse(self, doc: dict[str, Any]) -> Config:
-        self.unknown(doc, {"daemon", "launchers", "notify", "checks"}, "")
+        self.unknown(doc, {"daemon", "launchers", "notify", "checks", "store"}, "")
         daemon = self.parse_daemon(self.table(doc.get("daemon", {}), "daemon"))
         launchers = {
             name: self.parse_launcher(name, self.table(body, f"launchers.{name}"))
@@ -323,7 +333,14 @@ class _Parser:
                 f"(configured: {', '.join(sorted(launchers))})",
             )
         return Config(path=os.path.abspath(self.path), daemon=daemon, launchers=launchers, notify=notify,
-                      checks=checks)
+                      checks=checks, store=self.parse_store(self.table(doc.get("store", {}), "store")))
+
+    def parse_store(self, doc: dict[str, Any]) -> StoreConfig:
+        self.unknown(doc, {"url"}, "store.")
+        url = self.string(doc, "url", "store.", "")
+        if url and not url.startswith(("postgresql://", "postgres://")):
+            raise self.error("store.url", "must be a postgresql:// URL (or empty for the file store)")
+        return StoreConfig(url=url)
 
     def parse_daemon(self, doc: dict[str, Any]) -> DaemonConfig:
         p = "daemon."
@@ -446,3 +463,25 @@ def resolve_state_dir(
             "/etc/heartbeat/heartbeat.toml): run `heartbeat init` or pass --state-dir"
         )
     return load_config(path).state_dir
+
+
+def resolve_store(
+    state_dir: str | None = None, config_path: str | None = None, *, env: Mapping[str, str] | None = None
+) -> tuple[str, str]:
+    """(state dir, store URL) as :func:`resolve_state_dir` finds them; the URL is
+    ``$HEARTBEAT_STORE_URL``, else the config's ``[store] url``, else empty (the file store)."""
+    env = os.environ if env is None else env
+    url = env.get("HEARTBEAT_STORE_URL", "").strip()
+    if url:
+        if not state_dir and not env.get("HEARTBEAT_STATE_DIR") and find_config(config_path, env=env) is None:
+            return "", url  # a database needs no state dir to read and write batons
+        return resolve_state_dir(state_dir, config_path, env=env), url
+    if state_dir:
+        return os.path.abspath(state_dir), ""
+    if not config_path and env.get("HEARTBEAT_STATE_DIR"):
+        return os.path.abspath(env["HEARTBEAT_STATE_DIR"]), ""
+    path = find_config(config_path, env=env)
+    if path is None:
+        return resolve_state_dir(state_dir, config_path, env=env), ""  # raises, naming the search order
+    config = load_config(path)
+    return config.state_dir, config.store.url

@@ -86,7 +86,7 @@ class Daemon:
     ) -> None:
         self.config = config
         self.dry_run = dry_run
-        self.store: Store = store if store is not None else _open_store(config.state_dir)
+        self.store: Store = store if store is not None else _open_store(config, claim=not dry_run)
         self.log = log if log is not None else _logger()
         self.host = this_host()
         self._lock = threading.RLock()
@@ -982,10 +982,27 @@ class _StatusLookup:
             return None
 
 
-def _open_store(state_dir: str) -> Store:
-    from heartbeat.store import open_store
+def _open_store(config: Config, *, claim: bool = True) -> Store:
+    from heartbeat.store import URL_ENV, open_store, store_url
 
-    return open_store(state_dir)
+    url = store_url(config.store.url)
+    store = open_store(config.state_dir, url)
+    if url:
+        from heartbeat.store.files import ensure_private_dir
+
+        os.environ[URL_ENV] = url  # the launchers pass it on: agents write to the same database
+        # Agents' logs still live in the state dir; the file watcher watches an empty batons/
+        # (the tick's scan sees the database's writes; Store.watch is for the daemon split).
+        ensure_private_dir(config.state_dir)
+        ensure_private_dir(os.path.join(config.state_dir, "batons"), what="batons dir")
+        claim_daemon = getattr(store, "claim_daemon", None)
+        if claim and claim_daemon is not None:
+            try:
+                claim_daemon()  # one daemon per database until leased daemons exist
+            except BaseException:
+                store.close()
+                raise
+    return store
 
 
 def _logger() -> Any:
