@@ -435,6 +435,88 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_from_cli(args)
 
 
+def cmd_db(args: argparse.Namespace) -> int:
+    """``heartbeat db upgrade|status``: the PostgreSQL store's schema."""
+    from heartbeat.config import resolve_store
+
+    url = resolve_store(args.state_dir, args.config)[1]
+    if not url:
+        raise BadInput("no database store configured: set [store] url or $HEARTBEAT_STORE_URL")
+    try:
+        from heartbeat.store import postgres
+    except ImportError:
+        raise BadInput("a PostgreSQL store needs the extra heartbeat[postgres]: pip install 'heartbeat[postgres]'") from None
+    if args.action == "upgrade":
+        before, after = postgres.upgrade(url)
+        print(f"schema at version {after}" + (f" (was {before})" if before != after else " (nothing to do)"))
+        return 0
+    conn = postgres.connect(url)
+    try:
+        found = postgres.schema_version(conn)
+    finally:
+        conn.close()
+    print(f"schema version {found}; this heartbeat uses {postgres.SCHEMA_VERSION}")
+    return 0 if found == postgres.SCHEMA_VERSION else EXIT_ERROR
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from heartbeat.transfer import write_export
+
+    store = _store(args)
+    try:
+        if args.to and args.to != "-":
+            tmp = f"{args.to}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as out:
+                counts = write_export(store, out)
+            os.replace(tmp, args.to)
+        else:
+            counts = write_export(store, sys.stdout)
+    finally:
+        store.close()
+    for line in counts.skipped:
+        print(f"heartbeat: left out invalid baton {line}", file=sys.stderr)
+    print(f"heartbeat: {counts.summary('exported')}", file=sys.stderr)
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from heartbeat.transfer import import_lines
+
+    store = _store(args)
+    try:
+        if args.file == "-":
+            counts = import_lines(store, sys.stdin, where="<stdin>")
+        else:
+            try:
+                with open(args.file, encoding="utf-8") as f:
+                    counts = import_lines(store, f, where=args.file)
+            except (OSError, UnicodeDecodeError) as exc:
+                raise BadInput(f"{args.file}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    finally:
+        store.close()
+    print(counts.summary("imported"))
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from heartbeat.transfer import Counts, export_lines, import_lines, open_exact
+
+    source = open_exact(args.from_, must_exist=True)
+    try:
+        target = open_exact(args.to)
+        try:
+            counts = Counts()
+            result = import_lines(target, list(export_lines(source, counts)), where=args.from_)
+        finally:
+            target.close()
+    finally:
+        source.close()
+    for line in counts.skipped:
+        print(f"heartbeat: left out invalid baton {line}", file=sys.stderr)
+    print(result.summary("copied"))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from heartbeat.demo import run_demo
 
@@ -589,6 +671,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = command("report", cmd_report, "handoff quality from the ledger, per task and in total", task=False,
                 json_=True)
     p.add_argument("--since", help="count only what happened at or after this ISO 8601 time")
+    p = command("db", cmd_db, "the PostgreSQL store's schema: upgrade (idempotent) or status", task=False)
+    p.add_argument("action", choices=["upgrade", "status"])
+    p = command("export", cmd_export, "write the store's batons (verbatim) and ledger as JSON Lines", task=False)
+    p.add_argument("--to", help="file to write (default: stdout)")
+    p = command("import", cmd_import, "read an export into the store; ids it has already are kept", task=False)
+    p.add_argument("file", help="an export (- for stdin)")
+    p = command("migrate", cmd_migrate, "copy batons and ledger between stores, idempotently", task=False)
+    p.add_argument("--from", dest="from_", required=True, metavar="STATE_DIR|URL", help="the source store")
+    p.add_argument("--to", required=True, metavar="URL|STATE_DIR", help="the target store")
     if only is not None and only not in sub.choices:
         return build_parser()  # not a command: the full parser says so, and lists the commands
     return parser
