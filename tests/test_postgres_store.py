@@ -241,7 +241,7 @@ class TestMoving:
             store.close()
 
     def test_export_import_round_trip_between_stores(self, state_dir: Path, pg_url: str, tmp_path: Path) -> None:
-        """file store -> export -> import into PostgreSQL -> export -> import into a new state dir: same bytes, same ledger."""
+        """file store -> export -> PostgreSQL -> export -> a new state dir: the same bytes and the same ledger."""
         _file_state(state_dir).close()
         dump = tmp_path / "state.jsonl"
         r = _run_cli("export", "--to", str(dump), env={"HEARTBEAT_STATE_DIR": str(state_dir)}, cwd=tmp_path)
@@ -322,7 +322,7 @@ class TestConfig:
 
     def test_a_url_that_is_not_postgres_is_refused(self) -> None:
         """Any other scheme is a config error naming the key."""
-        with pytest.raises(ConfigError, match="store.url"):
+        with pytest.raises(ConfigError, match=r"store\.url"):
             parse_config('[store]\nurl = "mysql://x"\n')
 
     def test_the_example_documents_store_url(self) -> None:
