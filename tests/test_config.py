@@ -127,7 +127,7 @@ class TestErrors:
         ('[daemon]\nbackoff_initial = "1h"\nbackoff_max = "1m"\n', "{path}:3: daemon.backoff_max: must not be less"),
         ('[daemon]\ntick = \n', "{path}:2: not valid TOML"),
         ('[daemon]\n[daemon]\n', "{path}:2: not valid TOML"),
-        ('colour = "red"\n', "{path}:1: colour: unknown key (known: checks, daemon, launchers, notify)"),
+        ('colour = "red"\n', "{path}:1: colour: unknown key (known: checks, daemon, launchers, notify, store)"),
         ('[launchers.agent]\ntype = "exec"\n', "{path}:1: launchers.agent.command: missing (required)"),
         ('[launchers.agent]\ncommand = ["{id}", "x"]\n', "{path}:2: launchers.agent.command: the program"),
         ('[launchers.agent]\ncommand = ["a", "{secret}"]\n', "{path}:2: launchers.agent.command: unknown placeholder"),
