@@ -419,3 +419,55 @@ class TestDatabaseDown:
 def _running(cluster: Cluster) -> bool:
     return os.path.exists(os.path.join(cluster.data, "postmaster.pid"))
 
+
+
+class TestDaemonOnPostgres:
+    def test_a_real_daemon_dispatches_and_its_agent_writes_to_the_database(self, pg_url: str, tmp_path: Path) -> None:
+        """`heartbeat run` with [store] url dispatches a task; the agent's own CLI writes land in the database."""
+        agent = tmp_path / "agent.py"
+        agent.write_text(textwrap.dedent("""
+            import os, subprocess, sys
+            task = os.environ["HEARTBEAT_TASK"]
+            hb = [sys.executable, "-m", "heartbeat"]
+            subprocess.run([*hb, "set", task, "step=the agent was here"], check=True)
+            subprocess.run([*hb, "done", task], check=True)
+        """))
+        work = tmp_path / "work"
+        work.mkdir()
+        config = tmp_path / "heartbeat.toml"
+        config.write_text(textwrap.dedent(f"""
+            [daemon]
+            state_dir = {json.dumps(str(tmp_path / "state"))}
+            tick = "200ms"
+            log_format = "json"
+
+            [store]
+            url = {json.dumps(pg_url)}
+
+            [launchers.agent]
+            command = [{json.dumps(sys.executable)}, {json.dumps(str(agent))}]
+            inherit_env = ["PATH", "PYTHONPATH"]
+        """))
+        config.chmod(0o644)
+        store = PostgresStore(pg_url)
+        try:
+            store.create(_baton("job", workdir=str(work)))
+            log = open(tmp_path / "daemon.log", "wb")  # noqa: SIM115
+            daemon = subprocess.Popen([sys.executable, "-m", "heartbeat", "--config", str(config), "run"],
+                                      stdout=log, stderr=subprocess.STDOUT, env=clean_env(), cwd=str(tmp_path))
+            try:
+                def finished() -> bool:
+                    return store.load("job").meta.status.value == "done"
+
+                wait_for(finished, timeout=60, interval=0.2, message="the agent's done in the database")
+            finally:
+                daemon.terminate()
+                daemon.wait(timeout=30)
+                log.close()
+            final = store.load("job")
+            assert final.step == "the agent was here" and final.meta.epoch == 1
+            kinds = [e.kind for e in store.ledger.events("job")]
+            assert "dispatched" in kinds and kinds[-1] == "done"
+            assert not list((tmp_path / "state" / "batons").iterdir())  # nothing went to the file store
+        finally:
+            store.close()
