@@ -466,7 +466,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         if args.to and args.to != "-":
             tmp = f"{args.to}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as out:
+            try:  # 0600: an export holds every baton
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            except OSError as exc:
+                raise BadInput(f"{args.to}: cannot write: {exc.strerror}") from None
+            with open(fd, "w", encoding="utf-8") as out:
                 counts = write_export(store, out)
             os.replace(tmp, args.to)
         else:

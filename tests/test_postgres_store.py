@@ -247,6 +247,7 @@ class TestMoving:
         r = _run_cli("export", "--to", str(dump), env={"HEARTBEAT_STATE_DIR": str(state_dir)}, cwd=tmp_path)
         assert r.code == 0, r.err
         assert "exported 2 baton(s) and 2 event(s)" in r.err
+        assert dump.stat().st_mode & 0o777 == 0o600  # an export holds every baton
         pg_env = {"HEARTBEAT_STORE_URL": pg_url}
         r = _run_cli("import", str(dump), env=pg_env, cwd=tmp_path)
         assert r.out.strip() == "imported 2 baton(s) and 2 event(s)", r.err
