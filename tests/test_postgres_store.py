@@ -304,6 +304,20 @@ class TestCli:
         assert conflict.code == 5 and "expected revision 1" in conflict.err
         assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
 
+    def test_world_is_fingerprinted_as_on_the_file_store(self, pg_url: str, tmp_path: Path) -> None:
+        """A key file changed after the note was written makes verify exit 3 (stale), as on the file store."""
+        env = {"HEARTBEAT_STORE_URL": pg_url}
+        work = tmp_path / "work"
+        work.mkdir()
+        (work / "src.py").write_text("v1\n")
+        r = _run_cli("new", "w", "--task", "T", "--step", "S", "--workdir", str(work), "--key-file", "src.py",
+                     env=env, cwd=tmp_path)
+        assert r.code == 0, r.err
+        assert _run_cli("verify", "w", env=env, cwd=tmp_path).code == 0
+        (work / "src.py").write_text("v2, changed behind the note\n")
+        stale = _run_cli("verify", "w", env=env, cwd=tmp_path)
+        assert stale.code == 3, stale.out + stale.err
+
     def test_file_store_hot_path_never_imports_psycopg(self, state_dir: Path) -> None:
         """An agent's touch on the file store does not load psycopg."""
         FileStore(str(state_dir)).create(_baton())
