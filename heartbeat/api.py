@@ -108,9 +108,9 @@ def open_task(
 ) -> Task:
     """Open a task by id. The state dir comes from the arguments, ``$HEARTBEAT_STATE_DIR`` or the config."""
     if store is None:
-        from heartbeat.config import resolve_state_dir
+        from heartbeat.config import resolve_store
 
-        store = open_store(resolve_state_dir(state_dir, config))
+        store = open_store(*resolve_store(state_dir, config))
     if epoch is None:
         epoch = epoch_from_env(task_id)
     return Task(task_id, store, epoch=epoch)

@@ -53,17 +53,17 @@ def _store(args: argparse.Namespace, *, read: bool = False) -> Any:
     if not args.state_dir and not args.config and os.environ.get("HEARTBEAT_STATE_DIR"):
         # resolve_state_dir's answer, without importing the config module: agents the
         # daemon launched have the variable set, and their writes are the hot path.
-        state_dir = os.path.abspath(os.environ["HEARTBEAT_STATE_DIR"])
+        state_dir, url = os.path.abspath(os.environ["HEARTBEAT_STATE_DIR"]), ""
     else:
-        from heartbeat.config import resolve_state_dir
+        from heartbeat.config import resolve_store
 
-        state_dir = resolve_state_dir(args.state_dir, args.config)
-    if read and not os.path.isdir(state_dir):
+        state_dir, url = resolve_store(args.state_dir, args.config)
+    if read and not (url or os.environ.get("HEARTBEAT_STORE_URL")) and not os.path.isdir(state_dir):
         from heartbeat.errors import StoreError
 
         raise StoreError("no such state dir (a read never creates one: check --state-dir, "
                          "$HEARTBEAT_STATE_DIR or the config's state_dir)", path=state_dir)
-    return open_store(state_dir)
+    return open_store(state_dir, url)
 
 
 def _epoch(args: argparse.Namespace) -> int | None:
@@ -577,6 +577,92 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return run_from_cli(args)
 
 
+def cmd_db(args: argparse.Namespace) -> int:
+    """``heartbeat db upgrade|status``: the PostgreSQL store's schema."""
+    from heartbeat.config import resolve_store
+
+    url = resolve_store(args.state_dir, args.config)[1]
+    if not url:
+        raise BadInput("no database store configured: set [store] url or $HEARTBEAT_STORE_URL")
+    try:
+        from heartbeat.store import postgres
+    except ImportError:
+        raise BadInput("a PostgreSQL store needs the extra heartbeat[postgres]: pip install 'heartbeat[postgres]'") from None
+    if args.action == "upgrade":
+        before, after = postgres.upgrade(url)
+        print(f"schema at version {after}" + (f" (was {before})" if before != after else " (nothing to do)"))
+        return 0
+    conn = postgres.connect(url)
+    try:
+        found = postgres.schema_version(conn)
+    finally:
+        conn.close()
+    print(f"schema version {found}; this heartbeat uses {postgres.SCHEMA_VERSION}")
+    return 0 if found == postgres.SCHEMA_VERSION else EXIT_ERROR
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from heartbeat.transfer import write_export
+
+    store = _store(args)
+    try:
+        if args.to and args.to != "-":
+            tmp = f"{args.to}.{os.getpid()}.tmp"
+            try:  # 0600: an export holds every baton
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            except OSError as exc:
+                raise BadInput(f"{args.to}: cannot write: {exc.strerror}") from None
+            with open(fd, "w", encoding="utf-8") as out:
+                counts = write_export(store, out)
+            os.replace(tmp, args.to)
+        else:
+            counts = write_export(store, sys.stdout)
+    finally:
+        store.close()
+    for line in counts.skipped:
+        print(f"heartbeat: left out invalid baton {line}", file=sys.stderr)
+    print(f"heartbeat: {counts.summary('exported')}", file=sys.stderr)
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from heartbeat.transfer import import_lines
+
+    store = _store(args)
+    try:
+        if args.file == "-":
+            counts = import_lines(store, sys.stdin, where="<stdin>")
+        else:
+            try:
+                with open(args.file, encoding="utf-8") as f:
+                    counts = import_lines(store, f, where=args.file)
+            except (OSError, UnicodeDecodeError) as exc:
+                raise BadInput(f"{args.file}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    finally:
+        store.close()
+    print(counts.summary("imported"))
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from heartbeat.transfer import Counts, export_lines, import_lines, open_exact
+
+    source = open_exact(args.from_, must_exist=True)
+    try:
+        target = open_exact(args.to)
+        try:
+            counts = Counts()
+            result = import_lines(target, list(export_lines(source, counts)), where=args.from_)
+        finally:
+            target.close()
+    finally:
+        source.close()
+    for line in counts.skipped:
+        print(f"heartbeat: left out invalid baton {line}", file=sys.stderr)
+    print(result.summary("copied"))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from heartbeat.demo import run_demo
 
@@ -838,6 +924,17 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print what would be removed, archived and folded; "
                    "change nothing")
     p.add_argument("--now", help=argparse.SUPPRESS)  # ISO 8601: ages are judged from this instant (simulations)
+
+
+    p = command("db", cmd_db, "the PostgreSQL store's schema: upgrade (idempotent) or status", task=False)
+    p.add_argument("action", choices=["upgrade", "status"])
+    p = command("export", cmd_export, "write the store's batons (verbatim) and ledger as JSON Lines", task=False)
+    p.add_argument("--to", help="file to write (default: stdout)")
+    p = command("import", cmd_import, "read an export into the store; ids it has already are kept", task=False)
+    p.add_argument("file", help="an export (- for stdin)")
+    p = command("migrate", cmd_migrate, "copy batons and ledger between stores, idempotently", task=False)
+    p.add_argument("--from", dest="from_", required=True, metavar="STATE_DIR|URL", help="the source store")
+    p.add_argument("--to", required=True, metavar="URL|STATE_DIR", help="the target store")
     if only is not None and only not in sub.choices:
         return build_parser()  # not a command: the full parser says so, and lists the commands
     return parser

@@ -23,6 +23,7 @@ from heartbeat.timeparse import parse_duration
 __all__ = [
     "Config",
     "DaemonConfig",
+    "StoreConfig",
     "LauncherConfig",
     "CommandConfig",
     "HooksConfig",
@@ -68,6 +69,14 @@ class DaemonConfig:
     inactive_grace: float = defaults.INACTIVE_GRACE
     log_format: str = "auto"
     log_level: str = "info"
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """``[store]``: where batons and the ledger live."""
+
+    url: str = ""
+    """A ``postgresql://`` URL for the PostgreSQL store; empty: the file store in ``daemon.state_dir``."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +158,7 @@ class Config:
     hooks: HooksConfig = field(default_factory=HooksConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
 
     @property
     def state_dir(self) -> str:
@@ -354,7 +364,7 @@ class _Parser:
         return tuple(value)
 
     def parse(self, doc: dict[str, Any]) -> Config:
-        self.unknown(doc, {"daemon", "launchers", "notify", "checks", "hooks", "http", "retention"}, "")
+        self.unknown(doc, {"daemon", "launchers", "notify", "checks", "hooks", "http", "retention", "store"}, "")
         daemon = self.parse_daemon(self.table(doc.get("daemon", {}), "daemon"))
         launchers = {
             name: self.parse_launcher(name, self.table(body, f"launchers.{name}"))
@@ -380,7 +390,8 @@ class _Parser:
         return Config(path=os.path.abspath(self.path), daemon=daemon, launchers=launchers, notify=notify,
                       checks=checks, hooks=self.parse_hooks(self.table(doc.get("hooks", {}), "hooks")),
                       http=http,
-                      retention=self.parse_retention(self.table(doc.get("retention", {}), "retention")))
+                      retention=self.parse_retention(self.table(doc.get("retention", {}), "retention")),
+                      store=self.parse_store(self.table(doc.get("store", {}), "store")))
 
     def parse_hooks(self, doc: dict[str, Any]) -> HooksConfig:
         p = "hooks."
@@ -417,6 +428,13 @@ class _Parser:
             archive_failed=flags["archive_failed"],
             enabled=flags["enabled"],
         )
+
+    def parse_store(self, doc: dict[str, Any]) -> StoreConfig:
+        self.unknown(doc, {"url"}, "store.")
+        url = self.string(doc, "url", "store.", "")
+        if url and not url.startswith(("postgresql://", "postgres://")):
+            raise self.error("store.url", "must be a postgresql:// URL (or empty for the file store)")
+        return StoreConfig(url=url)
 
     def parse_daemon(self, doc: dict[str, Any]) -> DaemonConfig:
         p = "daemon."
@@ -581,3 +599,25 @@ def resolve_state_dir(
             "/etc/heartbeat/heartbeat.toml): run `heartbeat init` or pass --state-dir"
         )
     return load_config(path).state_dir
+
+
+def resolve_store(
+    state_dir: str | None = None, config_path: str | None = None, *, env: Mapping[str, str] | None = None
+) -> tuple[str, str]:
+    """(state dir, store URL) as :func:`resolve_state_dir` finds them; the URL is
+    ``$HEARTBEAT_STORE_URL``, else the config's ``[store] url``, else empty (the file store)."""
+    env = os.environ if env is None else env
+    url = env.get("HEARTBEAT_STORE_URL", "").strip()
+    if url:
+        if not state_dir and not env.get("HEARTBEAT_STATE_DIR") and find_config(config_path, env=env) is None:
+            return "", url  # a database needs no state dir to read and write batons
+        return resolve_state_dir(state_dir, config_path, env=env), url
+    if state_dir:
+        return os.path.abspath(state_dir), ""
+    if not config_path and env.get("HEARTBEAT_STATE_DIR"):
+        return os.path.abspath(env["HEARTBEAT_STATE_DIR"]), ""
+    path = find_config(config_path, env=env)
+    if path is None:
+        return resolve_state_dir(state_dir, config_path, env=env), ""  # raises, naming the search order
+    config = load_config(path)
+    return config.state_dir, config.store.url

@@ -98,7 +98,7 @@ class Daemon:
     ) -> None:
         self.config = config
         self.dry_run = dry_run
-        self.store: Store = store if store is not None else _open_store(config.state_dir)
+        self.store: Store = store if store is not None else _open_store(config, claim=not dry_run)
         if hasattr(self.store, "lock_wait"):  # a held baton lock must not stall every task
             from heartbeat import defaults
 
@@ -960,7 +960,7 @@ class Daemon:
         from heartbeat.retention import run_gc
 
         try:
-            store = _open_store(self.config.state_dir)  # its own: the tick's store caches scans, not thread-safe
+            store = _open_store(self.config, claim=False)  # its own: the tick's store caches scans, not thread-safe
             try:
                 result = run_gc(store, self.config.retention, now=utcnow())
             finally:
@@ -1149,7 +1149,7 @@ class Daemon:
             token = http.token or os.environ.get("HEARTBEAT_WEB_TOKEN", "")
             host, port = web.parse_listen(http.listen, what="[http] listen")
             web.check_exposure(host, token)
-            app = web.build_app(_open_store(self.config.state_dir), state_dir=self.config.state_dir, token=token,
+            app = web.build_app(_open_store(self.config, claim=False), state_dir=self.config.state_dir, token=token,
                                 max_attempts=self.config.daemon.max_attempts,
                                 default_launcher=self.config.daemon.default_launcher, vitals=self.vitals)
             server, _, url = web.start_in_thread(app, host, port)
@@ -1244,10 +1244,27 @@ def _dispatchable(baton: Baton) -> bool:
     return baton.meta.status is Status.ACTIVE and baton.meta.owner is None
 
 
-def _open_store(state_dir: str) -> Store:
-    from heartbeat.store import open_store
+def _open_store(config: Config, *, claim: bool = True) -> Store:
+    from heartbeat.store import URL_ENV, open_store, store_url
 
-    return open_store(state_dir)
+    url = store_url(config.store.url)
+    store = open_store(config.state_dir, url)
+    if url:
+        from heartbeat.store.files import ensure_private_dir
+
+        os.environ[URL_ENV] = url  # the launchers pass it on: agents write to the same database
+        # Agents' logs still live in the state dir; the file watcher watches an empty batons/
+        # (the tick's scan sees the database's writes; Store.watch is for the daemon split).
+        ensure_private_dir(config.state_dir)
+        ensure_private_dir(os.path.join(config.state_dir, "batons"), what="batons dir")
+        claim_daemon = getattr(store, "claim_daemon", None)
+        if claim and claim_daemon is not None:
+            try:
+                claim_daemon()  # one daemon per database until leased daemons exist
+            except BaseException:
+                store.close()
+                raise
+    return store
 
 
 def _logger() -> Any:

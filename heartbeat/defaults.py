@@ -77,6 +77,12 @@ DAEMON_LOCK_WAIT = 0.1
 """Seconds the daemon waits for a baton's lock; a task whose lock is held longer (a stuck writer,
 an API user working inside ``with task.update():``) is skipped until its next look."""
 
+PG_CONNECT_TIMEOUT = 5.0
+"""Seconds a PostgreSQL store waits for a connection before saying it cannot reach the database."""
+
+PG_STATEMENT_TIMEOUT = 30.0
+"""Seconds any one statement of the PostgreSQL store may run before it is cancelled."""
+
 TOUCH_COALESCE = 60.0
 """Touches of one task within this many seconds share a single ledger row."""
 

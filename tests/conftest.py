@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,3 +85,43 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: f
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+# -- PostgreSQL: one throwaway cluster per run, one fresh database per test (tests/pg.py) --
+
+_pg_counter = iter(range(1, 1 << 30))
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Any]:
+    """A throwaway PostgreSQL cluster on a Unix socket, with an upgraded template database."""
+    from tests.pg import start_cluster
+
+    try:
+        cluster = start_cluster()
+    except RuntimeError as exc:
+        pytest.fail(f"cannot start a throwaway PostgreSQL cluster: {exc}")
+    try:
+        from heartbeat.store.postgres import upgrade
+
+        upgrade(cluster.create_db("hb_template"))
+        yield cluster
+    finally:
+        cluster.remove()
+
+
+@pytest.fixture
+def pg_empty_url(pg_cluster: Any) -> str:
+    """The URL of a new database that heartbeat has never upgraded."""
+    return str(pg_cluster.create_db(f"hb_empty_{os.getpid()}_{next(_pg_counter)}"))
+
+
+@pytest.fixture
+def pg_url(pg_cluster: Any) -> str:
+    """The URL of a new database at the current schema (copied from the template)."""
+    import psycopg
+
+    name = f"hb_{os.getpid()}_{next(_pg_counter)}"
+    with psycopg.connect(pg_cluster.host_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE hb_template')  # type: ignore[arg-type]
+    return str(pg_cluster.url(name))

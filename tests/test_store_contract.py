@@ -18,10 +18,16 @@ from heartbeat.store.memory import MemoryStore
 T0 = datetime(2026, 11, 29, 6, 0, tzinfo=UTC)
 
 
-@pytest.fixture(params=["file", "memory"])
+@pytest.fixture(params=["file", "memory", "postgres"])
 def store(request: pytest.FixtureRequest, state_dir: Path) -> Iterator[Store]:
     """Each test in this file runs once per store implementation."""
-    s: Store = FileStore(str(state_dir)) if request.param == "file" else MemoryStore()
+    s: Store
+    if request.param == "postgres":
+        from heartbeat.store.postgres import PostgresStore
+
+        s = PostgresStore(request.getfixturevalue("pg_url"))
+    else:
+        s = FileStore(str(state_dir)) if request.param == "file" else MemoryStore()
     yield s
     s.close()
 

@@ -187,7 +187,8 @@ def build_env(
     The daemon's own (``inherit_env = true``), only the listed names of it
     (``inherit_env = ["PATH", ...]``) or nothing (``false``); then the config's ``env``;
     then ``HEARTBEAT_TASK``, ``HEARTBEAT_EPOCH``, ``HEARTBEAT_BRIEF``,
-    ``HEARTBEAT_CONFIG`` and ``HEARTBEAT_STATE_DIR``. ``HEARTBEAT_*`` variables of the
+    ``HEARTBEAT_CONFIG``, ``HEARTBEAT_STATE_DIR`` (and ``HEARTBEAT_STORE_URL`` when the
+    daemon's store is a database). ``HEARTBEAT_*`` variables of the
     daemon's environment are never inherited (they describe the daemon, not this
     dispatch), and systemd's plumbing variables are always removed.
     """
@@ -206,6 +207,8 @@ def build_env(
         HEARTBEAT_BRIEF=req.brief_file,
         HEARTBEAT_STATE_DIR=req.state_dir,
     )
+    if base.get("HEARTBEAT_STORE_URL"):
+        env["HEARTBEAT_STORE_URL"] = base["HEARTBEAT_STORE_URL"]  # the daemon's database store
     if req.config_path:
         env["HEARTBEAT_CONFIG"] = req.config_path
     else:

@@ -2,13 +2,46 @@
 
 from __future__ import annotations
 
+import os
+
 from heartbeat.store.base import Edit, Entry, Store, update
 
-__all__ = ["Edit", "Entry", "Store", "open_store", "update"]
+__all__ = ["Edit", "Entry", "Store", "open_store", "store_url", "update"]
+
+URL_ENV = "HEARTBEAT_STORE_URL"
+"""The environment variable naming a database store; it wins over ``[store] url``."""
 
 
-def open_store(state_dir: str) -> Store:
-    """The embedded file store for ``state_dir`` (created 0700 when missing)."""
+def store_url(configured: str = "") -> str:
+    """The store's URL: ``$HEARTBEAT_STORE_URL``, else ``[store] url``; empty for the file store."""
+    return os.environ.get(URL_ENV, "").strip() or configured.strip()
+
+
+def open_store(state_dir: str, url: str = "") -> Store:
+    """The store named by ``url`` (see :func:`store_url`), else the file store in ``state_dir``.
+
+    A ``postgresql://`` (or ``postgres://``) URL opens the PostgreSQL store, which needs
+    the extra ``heartbeat[postgres]``; psycopg is imported only then.
+    """
+    url = store_url(url)
+    if url:
+        return _open_url(url)
     from heartbeat.store.files import FileStore
 
     return FileStore(state_dir)
+
+
+def _open_url(url: str) -> Store:
+    from heartbeat.errors import BadInput, ConfigError
+
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(f"store url must start with postgresql:// (got {url.split(':', 1)[0]!r}:...)",
+                          field="store.url")
+    try:
+        from heartbeat.store.postgres import PostgresStore
+    except ImportError as exc:
+        raise BadInput(
+            f"a PostgreSQL store needs the extra heartbeat[postgres] ({exc.name or 'psycopg'} is missing): "
+            "pip install 'heartbeat[postgres]'"
+        ) from None
+    return PostgresStore(url)

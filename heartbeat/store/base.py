@@ -22,12 +22,12 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from heartbeat.baton import HANDOFF_FIELDS, LIST_FIELDS, SCALAR_FIELDS, Baton
-from heartbeat.errors import Conflict, HeartbeatError
+from heartbeat.errors import Conflict, HeartbeatError, UnsafePath
 from heartbeat.ledger import Event, Ledger
 from heartbeat.timeparse import utcnow
 
 __all__ = ["Entry", "Edit", "Store", "check_fence", "finish_edit", "content_changes", "created_data",
-           "continue_above", "write_identity"]
+           "continue_above", "fingerprint", "write_identity"]
 
 
 @dataclass
@@ -211,6 +211,18 @@ def continue_above(ed: Edit, events: list[Event], highest: int) -> None:
                                  "status": ed.old.meta.status.value}))
     for event in events:
         event.revision = highest + 1
+
+
+def fingerprint(baton: Baton) -> dict[str, str]:
+    """The baton's world, as every store that writes batons takes it; a key file escaping
+    the workdir is refused naming the task. (The in-memory store takes none: no files.)"""
+    from heartbeat.world import fingerprint_world  # not on a touch's path: hashlib loads OpenSSL
+
+    try:
+        return fingerprint_world(baton.workdir, baton.key_files)
+    except UnsafePath as exc:
+        exc.task = exc.task or baton.meta.id
+        raise
 
 
 def now_or(now: datetime | None) -> datetime:

@@ -49,6 +49,7 @@ from heartbeat.store.base import (
     now_or,
     write_identity,
 )
+from heartbeat.store.base import fingerprint as _fingerprint
 
 __all__ = ["FileStore", "ensure_private_dir"]
 
@@ -361,6 +362,32 @@ class FileStore:
         except OSError as exc:
             raise StoreError(f"wrote the baton but could not fsync its directory: {exc.strerror}", path=path) from None
 
+    def put_text(self, task_id: str, text: str) -> bool:
+        """Write a baton's text verbatim (import, migrate) unless the id is taken; True when written."""
+        check_id(task_id)
+        path = self.path_of(task_id)
+        parse_baton(text, path=path, expected_id=task_id)
+        data = text.encode("utf-8")
+        with self._locked(task_id):
+            if os.path.lexists(path):
+                return False
+            tmp = os.path.join(self.batons_dir, f".{task_id}.toml.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, path)
+                _fsync_dir(self.batons_dir)
+            except OSError as exc:
+                _unlink_quietly(tmp)
+                raise StoreError(f"cannot write the baton: {exc.strerror}", path=path) from None
+        return True
+
     def record(self, events: list[Event]) -> None:
         self.ledger.append(events)
 
@@ -376,17 +403,6 @@ def _refuse_special_ledger(path: str) -> None:
             check_not_special(path + suffix)
         except UnsafePath as exc:
             raise StoreError(f"cannot open the ledger: {exc.message}", path=exc.path) from None
-
-
-def _fingerprint(baton: Baton) -> dict[str, str]:
-    """The baton's world; a key file escaping the workdir is refused naming the task."""
-    from heartbeat.world import fingerprint_world  # not on a touch's path: hashlib loads OpenSSL
-
-    try:
-        return fingerprint_world(baton.workdir, baton.key_files)
-    except UnsafePath as exc:
-        exc.task = exc.task or baton.meta.id
-        raise
 
 
 def _plain(value: object) -> bool:

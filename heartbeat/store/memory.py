@@ -70,6 +70,17 @@ class MemoryStore:
         with self._lock:
             return [Entry(id=i, baton=b.copy()) for i, b in sorted(self._batons.items())]
 
+    def put_text(self, task_id: str, text: str) -> bool:
+        """Store a baton parsed from ``text`` unless the id is taken (import); True when stored."""
+        from heartbeat.baton import parse_baton
+
+        baton = parse_baton(text, path=task_id, expected_id=check_id(task_id))
+        with self._lock:
+            if task_id in self._batons:
+                return False
+            self._batons[task_id] = baton
+        return True
+
     def record(self, events: list[Event]) -> None:
         self.ledger.append(events)
 

@@ -1,0 +1,615 @@
+"""The PostgreSQL store: batons as rows, the ledger as a table of the same database.
+
+Open it with ``[store] url = "postgresql://..."`` or ``$HEARTBEAT_STORE_URL`` (any libpq
+URL, a Unix socket too: ``postgresql://user@/db?host=/run/postgresql``). Needs the extra
+``heartbeat[postgres]`` (psycopg 3 and its pool); nothing imports this module unless a
+URL is configured, so the file store's CLI never loads psycopg.
+
+A baton is one row of ``heartbeat_batons``: its TOML text kept verbatim (``body``, so
+unknown keys and the file format survive export and import) plus indexed columns the
+daemon can query without parsing: id, status, revision, epoch, owner host, lease expiry
+and next wake (the lease columns are there from schema version 1 for leased daemons on
+many hosts, which are not built yet: nothing sets a lease today).
+
+A write is one transaction: lock the row (``SELECT ... FOR UPDATE``), check the fence,
+apply the bookkeeping of :func:`heartbeat.store.base.finish_edit`, ``UPDATE`` guarded by
+the old revision (compare-and-set), insert the events, ``NOTIFY``. A writer killed at any
+instant leaves the old row and none of its events. Every connection has a connect
+timeout and a statement timeout: a database that is down or hung gives one line,
+``cannot reach the database: ...``, never a traceback or a hang.
+
+The schema belongs to heartbeat: :func:`upgrade` (``heartbeat db upgrade``) applies the
+numbered migrations below in one transaction under an advisory lock; a store opened on a
+database whose schema is older, or newer, than this code refuses with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import psycopg.errors
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from heartbeat import defaults
+from heartbeat.baton import Baton, check_id, dump_baton, parse_baton
+from heartbeat.errors import AlreadyExists, BadInput, Conflict, HeartbeatError, NotFound, StoreError
+from heartbeat.ledger import Event, Ledger, PendingWrite, _minute
+from heartbeat.store.base import (
+    Edit,
+    Entry,
+    check_fence,
+    continue_above,
+    created_data,
+    fingerprint,
+    finish_edit,
+    now_or,
+)
+
+__all__ = [
+    "CHANNEL",
+    "SCHEMA_VERSION",
+    "PostgresLedger",
+    "PostgresStore",
+    "schema_version",
+    "upgrade",
+]
+
+CHANNEL = "heartbeat_batons"
+"""The LISTEN/NOTIFY channel; the payload is the id of the task written."""
+
+_UPGRADE_LOCK = 0x68620001  # pg_advisory_xact_lock key: one `db upgrade` at a time
+_DAEMON_LOCK = 0x68620002  # pg_advisory_lock key: one daemon per database until leases exist
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE heartbeat_batons (
+            id text PRIMARY KEY,
+            body text NOT NULL,
+            status text NOT NULL,
+            revision bigint NOT NULL,
+            epoch bigint NOT NULL,
+            owner_host text NOT NULL DEFAULT '',
+            lease_expires timestamptz,
+            next_wake timestamptz,
+            written_at timestamptz NOT NULL DEFAULT now()
+        )""",
+        "CREATE INDEX heartbeat_batons_status ON heartbeat_batons (status)",
+        "CREATE INDEX heartbeat_batons_lease ON heartbeat_batons (owner_host, lease_expires)",
+        "CREATE INDEX heartbeat_batons_next_wake ON heartbeat_batons (next_wake)",
+        """CREATE TABLE heartbeat_events (
+            id bigserial PRIMARY KEY,
+            ts timestamptz NOT NULL,
+            task text NOT NULL,
+            kind text NOT NULL,
+            epoch bigint NOT NULL DEFAULT 0,
+            revision bigint NOT NULL DEFAULT 0,
+            actor text NOT NULL DEFAULT '',
+            data text NOT NULL DEFAULT '{}'
+        )""",
+        "CREATE INDEX heartbeat_events_task ON heartbeat_events (task, id)",
+        "CREATE INDEX heartbeat_events_ts ON heartbeat_events (ts)",
+    ),
+}
+"""Schema version -> the statements that bring version-1 to it. Append, never edit."""
+
+SCHEMA_VERSION = max(MIGRATIONS)
+"""The schema this code reads and writes."""
+
+_log = logging.getLogger("psycopg.pool")
+_log.addHandler(logging.NullHandler())
+_log.propagate = False  # its reconnect warnings would break the CLI's one-line errors
+
+
+def _label(url: str) -> str:
+    """The URL without its password, for messages."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.Error:
+        return "the database"
+    db = info.get("dbname") or info.get("user") or ""
+    host = info.get("host") or "localhost"
+    return f"{db}@{host}" if db else str(host)
+
+
+def _connect_kwargs(url: str) -> dict[str, Any]:
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.Error as exc:
+        raise BadInput(f"not a PostgreSQL URL: {_one_line(exc)}", field="store.url") from None
+    kwargs: dict[str, Any] = {}
+    if "connect_timeout" not in info:
+        kwargs["connect_timeout"] = max(2, int(defaults.PG_CONNECT_TIMEOUT))
+    if "application_name" not in info:
+        kwargs["application_name"] = "heartbeat"
+    return kwargs
+
+
+def _configure(conn: psycopg.Connection[Any]) -> None:
+    """Every connection: UTC, and no statement (or lock wait) longer than the timeouts."""
+    conn.execute("SET TIME ZONE 'UTC'")
+    conn.execute(f"SET statement_timeout = {int(defaults.PG_STATEMENT_TIMEOUT * 1000)}")
+    conn.execute(f"SET lock_timeout = {int(defaults.LOCK_TIMEOUT * 1000)}")
+    conn.commit()
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _unreachable(exc: BaseException, url: str) -> StoreError:
+    return StoreError(f"cannot reach the database {_label(url)}: {_one_line(exc)}")
+
+
+def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
+    """One connection outside the pool (upgrade, LISTEN, the daemon's lock), configured."""
+    try:
+        conn = psycopg.connect(url, autocommit=autocommit, **_connect_kwargs(url))
+        if autocommit:
+            conn.execute("SET TIME ZONE 'UTC'")
+            conn.execute(f"SET statement_timeout = {int(defaults.PG_STATEMENT_TIMEOUT * 1000)}")
+        else:
+            _configure(conn)
+    except psycopg.OperationalError as exc:
+        raise _unreachable(exc, url) from None
+    return conn
+
+
+def schema_version(conn: psycopg.Connection[Any]) -> int:
+    """The schema version recorded in the database; 0 when heartbeat has never upgraded it."""
+    row = conn.execute("SELECT to_regclass('heartbeat_schema') IS NOT NULL").fetchone()
+    if not row or not row[0]:
+        return 0
+    found = conn.execute("SELECT max(version) FROM heartbeat_schema").fetchone()
+    return int(found[0]) if found and found[0] is not None else 0
+
+
+def _newer(found: int) -> StoreError:
+    return StoreError(
+        f"the database's schema is version {found}, newer than this heartbeat knows ({SCHEMA_VERSION}): "
+        "upgrade heartbeat"
+    )
+
+
+def upgrade(url: str) -> tuple[int, int]:
+    """Bring the schema to :data:`SCHEMA_VERSION`; return (version before, version after).
+
+    One transaction under an advisory lock: two upgrades at once run one after the other,
+    and the second finds nothing to do. A database newer than this code is refused.
+    """
+    conn = connect(url)
+    try:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_UPGRADE_LOCK,))
+            before = schema_version(conn)
+            if before > SCHEMA_VERSION:
+                raise _newer(before)
+            if before == 0:
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS heartbeat_schema "
+                    "(version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+                )
+            for version in range(before + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[version]:
+                    conn.execute(statement)  # our own constant SQL
+                conn.execute("INSERT INTO heartbeat_schema (version) VALUES (%s)", (version,))
+        return before, SCHEMA_VERSION
+    except psycopg.OperationalError as exc:
+        raise _unreachable(exc, url) from None
+    except psycopg.Error as exc:
+        raise StoreError(f"cannot upgrade the database {_label(url)}: {_one_line(exc)}") from None
+    finally:
+        conn.close()
+
+
+def _columns(baton: Baton) -> dict[str, Any]:
+    meta = baton.meta
+    return {
+        "status": meta.status.value,
+        "revision": meta.revision,
+        "epoch": meta.epoch,
+        "owner_host": meta.owner.host if meta.owner is not None else "",
+        "next_wake": meta.snooze_until,
+    }
+
+
+class PostgresLedger:
+    """The ledger as the table ``heartbeat_events``; same coalescing of touches as the SQLite one."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    def append(self, events: Sequence[Event], *, write: PendingWrite | None = None) -> None:
+        # ``write`` is for stores that append before they rename; here a write and its events
+        # commit in one transaction, so there is never a pending write to settle.
+        if not events:
+            return
+        with self._store._conn() as conn, conn.transaction():
+            append_events(conn, events)
+
+    def landed(self, write: PendingWrite) -> None:
+        pass  # nothing is ever pending: see append
+
+    def highest_revision(self, task: str, base: str = "") -> int:
+        with self._store._conn() as conn:
+            found = highest_revision(conn, task)
+            conn.commit()
+        return found
+
+    def fold(self, task: str, ids: Sequence[int], events: Sequence[Event]) -> int:
+        """In one transaction: remove ``task``'s rows ``ids`` and append ``events`` (retention's
+        summaries). Returns how many rows went; rows of other tasks are never touched."""
+        with self._store._conn() as conn, conn.transaction():
+            cur = conn.execute("DELETE FROM heartbeat_events WHERE task = %s AND id = ANY(%s)", (task, list(ids)))
+            removed = cur.rowcount
+            append_events(conn, events)
+        return int(removed)
+
+    def count(self) -> int:
+        """How many rows the ledger holds."""
+        with self._store._conn() as conn:
+            row = conn.execute("SELECT count(*) FROM heartbeat_events").fetchone()
+            conn.commit()
+        return int(row[0] if row else 0)
+
+    def events(
+        self, task: str | None = None, *, since: datetime | None = None, kinds: Iterable[str] | None = None
+    ) -> list[Event]:
+        clauses: list[str] = []
+        params: list[object] = []
+        if task is not None:
+            clauses.append("task = %s")
+            params.append(task)
+        if since is not None:
+            clauses.append("ts >= %s")
+            params.append(since)
+        kind_list = list(kinds or ())
+        if kind_list:
+            clauses.append("kind = ANY(%s)")
+            params.append(kind_list)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        with self._store._conn() as conn:
+            rows = conn.execute(
+                f"SELECT id, ts, task, kind, epoch, revision, actor, data FROM heartbeat_events {where} ORDER BY id",
+                params,
+            ).fetchall()
+            conn.commit()
+        return [
+            Event(id=r[0], ts=r[1].astimezone(UTC), task=r[2], kind=r[3], epoch=r[4], revision=r[5], actor=r[6],
+                  data=json.loads(r[7]))
+            for r in rows
+        ]
+
+    def close(self) -> None:
+        pass
+
+
+def highest_revision(conn: psycopg.Connection[Any], task: str) -> int:
+    """The highest revision the ledger recorded for ``task`` (0 if none), on ``conn``."""
+    row = conn.execute("SELECT max(revision) FROM heartbeat_events WHERE task = %s", (task,)).fetchone()
+    return int(row[0] or 0) if row else 0
+
+
+def append_events(conn: psycopg.Connection[Any], events: Sequence[Event]) -> None:
+    """Insert events on ``conn``, inside the caller's transaction."""
+    for event in events:
+        data = json.dumps(event.data, ensure_ascii=False, default=str, sort_keys=True)
+        if "\x00" in event.task + event.kind + event.actor:
+            raise BadInput("an event may not hold a NUL character", task=event.task)
+        if event.kind == "touched":
+            row = conn.execute(
+                "SELECT id, kind, ts FROM heartbeat_events WHERE task = %s ORDER BY id DESC LIMIT 1", (event.task,)
+            ).fetchone()
+            if row and row[1] == "touched" and _minute(row[2].timestamp()) == _minute(event.ts.timestamp()):
+                conn.execute(
+                    "UPDATE heartbeat_events SET ts = %s, epoch = %s, revision = %s, actor = %s, data = %s WHERE id = %s",
+                    (event.ts, event.epoch, event.revision, event.actor, data, row[0]),
+                )
+                event.id = int(row[0])
+                continue
+        found = conn.execute(
+            "INSERT INTO heartbeat_events (ts, task, kind, epoch, revision, actor, data) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            (event.ts, event.task, event.kind, event.epoch, event.revision, event.actor, data),
+        ).fetchone()
+        event.id = int(found[0]) if found else 0
+
+
+class PostgresStore:
+    """Batons in ``heartbeat_batons``, events in ``heartbeat_events``; see the module docstring."""
+
+    def __init__(self, url: str, *, check_schema: bool = True) -> None:
+        self.url = url
+        self.label = _label(url)
+        self.ledger: Ledger = PostgresLedger(self)
+        self.scan_unchanged = False
+        """Whether the last :meth:`scan` found exactly the rows of the one before it."""
+        self._cache: dict[str, tuple[tuple[int, str], Entry]] = {}
+        self._sorted: list[Entry] = []
+        self._daemon_conn: psycopg.Connection[Any] | None = None
+        self._pool = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=8,
+            kwargs=_connect_kwargs(url),
+            configure=_configure,
+            check=ConnectionPool.check_connection,
+            timeout=defaults.PG_CONNECT_TIMEOUT,
+            name="heartbeat",
+            open=True,
+        )
+        if check_schema:
+            try:
+                self.check_schema()
+            except BaseException:
+                self.close()
+                raise
+
+    # -- connections -----------------------------------------------------------------
+
+    @contextmanager
+    def _conn(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection; database errors become one-line :class:`StoreError`."""
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout:
+            raise self._diagnose() from None
+        except psycopg.errors.LockNotAvailable:
+            raise StoreError(
+                f"another writer has held this baton's lock for {defaults.LOCK_TIMEOUT:.0f}s"
+            ) from None
+        except psycopg.errors.UndefinedTable:
+            raise self._needs_upgrade(0) from None
+        except psycopg.OperationalError as exc:
+            raise _unreachable(exc, self.url) from None
+        except psycopg.Error as exc:
+            raise StoreError(f"database error on {self.label}: {_one_line(exc)}") from None
+
+    def _diagnose(self) -> StoreError:
+        """Why the pool has no connection to give: one direct attempt says what libpq says."""
+        try:
+            psycopg.connect(self.url, **_connect_kwargs(self.url)).close()
+        except psycopg.Error as exc:
+            return _unreachable(exc, self.url)
+        return StoreError(
+            f"cannot reach the database {self.label}: no connection within {defaults.PG_CONNECT_TIMEOUT:.0f}s"
+        )
+
+    def _needs_upgrade(self, found: int) -> StoreError:
+        return StoreError(
+            f"the database {self.label} needs `heartbeat db upgrade` "
+            f"(its schema is version {found}, this heartbeat uses {SCHEMA_VERSION})"
+        )
+
+    def check_schema(self) -> None:
+        """Refuse, in one line, a database whose schema is not the one this code uses."""
+        with self._conn() as conn:
+            found = schema_version(conn)
+            conn.commit()
+        if found < SCHEMA_VERSION:
+            raise self._needs_upgrade(found)
+        if found > SCHEMA_VERSION:
+            raise _newer(found)
+
+    # -- reading ---------------------------------------------------------------------
+
+    def _path(self, task_id: str) -> str:
+        return f"{self.label}:{task_id}"
+
+    def baton_text(self, task_id: str) -> str:
+        """The baton's TOML text exactly as stored."""
+        check_id(task_id)
+        with self._conn() as conn:
+            row = conn.execute("SELECT body FROM heartbeat_batons WHERE id = %s", (task_id,)).fetchone()
+            conn.commit()
+        if row is None:
+            raise NotFound("no such task", task=task_id)
+        return str(row[0])
+
+    def load(self, task_id: str) -> Baton:
+        return parse_baton(self.baton_text(task_id), path=self._path(task_id), expected_id=task_id)
+
+    def scan(self) -> list[Entry]:
+        """Every row; re-parses only rows written since the last scan (by revision and ``xmin``)."""
+        with self._conn() as conn:
+            keys = conn.execute("SELECT id, revision, xmin::text FROM heartbeat_batons").fetchall()
+            cache = self._cache
+            stale = [r[0] for r in keys if (c := cache.get(r[0])) is None or c[0] != (r[1], r[2])]
+            bodies: list[tuple[str, int, str, str]] = []
+            if stale:
+                bodies = conn.execute(
+                    "SELECT id, revision, xmin::text, body FROM heartbeat_batons WHERE id = ANY(%s)", (stale,)
+                ).fetchall()
+            conn.commit()
+        for task_id, revision, xmin, body in bodies:
+            entry = Entry(id=task_id, path=self._path(task_id))
+            try:
+                entry.baton = parse_baton(body, path=entry.path, expected_id=task_id)
+            except HeartbeatError as exc:
+                entry.error = exc
+            cache[task_id] = ((revision, xmin), entry)
+        present = {r[0] for r in keys}
+        unchanged = not stale and len(keys) == len(self._sorted)
+        self.scan_unchanged = unchanged
+        if unchanged:
+            return list(self._sorted)
+        for gone in [task_id for task_id in cache if task_id not in present]:
+            del cache[gone]
+        entries = sorted((cache[i][1] for i in present if i in cache), key=lambda e: e.id)
+        self._sorted = entries
+        return list(entries)
+
+    # -- writing ---------------------------------------------------------------------
+
+    def create(self, baton: Baton, *, actor: str = "", now: datetime | None = None) -> Baton:
+        task_id = check_id(baton.meta.id)
+        now = now_or(now)
+        new = baton.copy()
+        meta = new.meta
+        meta.revision = 1
+        meta.created_at = meta.updated_at = meta.touched_at = meta.progress_at = now
+        meta.world = fingerprint(new)
+        events = [Event(task=task_id, kind="created", ts=now, actor=actor, epoch=meta.epoch, revision=1,
+                        data=created_data(new))]
+        with self._conn() as conn, conn.transaction():
+            # A re-created id continues above its history: no two histories of one revision.
+            meta.revision = highest_revision(conn, task_id) + 1
+            for event in events:
+                event.revision = meta.revision
+            body = self._body(new)
+            cols = _columns(new)
+            cur = conn.execute(
+                "INSERT INTO heartbeat_batons (id, body, status, revision, epoch, owner_host, next_wake) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
+                (task_id, body, cols["status"], meta.revision, cols["epoch"], cols["owner_host"], cols["next_wake"]),
+            )
+            if cur.rowcount != 1:
+                raise AlreadyExists("a task with this id exists already", task=task_id)
+            append_events(conn, events)
+            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, task_id))
+        return new
+
+    def _body(self, baton: Baton) -> str:
+        text = dump_baton(baton)
+        size = len(text.encode("utf-8"))
+        if size > defaults.MAX_BATON_BYTES:
+            raise BadInput(
+                f"the baton would be {size} bytes; a baton may be at most {defaults.MAX_BATON_BYTES}",
+                task=baton.meta.id,
+            )
+        return text
+
+    @contextmanager
+    def edit(
+        self,
+        task_id: str,
+        *,
+        expect_revision: int | None = None,
+        epoch: int | None = None,
+        actor: str = "",
+        touch: bool = False,
+        now: datetime | None = None,
+    ) -> Iterator[Edit]:
+        check_id(task_id)
+        with self._conn() as conn, conn.transaction():
+            row = conn.execute(
+                "SELECT body FROM heartbeat_batons WHERE id = %s FOR UPDATE", (task_id,)
+            ).fetchone()
+            if row is None:
+                raise NotFound("no such task", task=task_id)
+            old = parse_baton(row[0], path=self._path(task_id), expected_id=task_id)
+            check_fence(old, expect_revision=expect_revision, epoch=epoch)
+            ed = Edit(old=old, baton=old.copy(), now=now_or(now), actor=actor, touch=touch)
+            yield ed
+            if ed.cancelled:
+                return
+            events = finish_edit(ed, fingerprint)
+            # A row restored from a backup (its revision below the ledger's) continues above it.
+            continue_above(ed, events, highest_revision(conn, task_id))
+            body = self._body(ed.baton)
+            cols = _columns(ed.baton)
+            cur = conn.execute(
+                "UPDATE heartbeat_batons SET body = %s, status = %s, revision = %s, epoch = %s, owner_host = %s, "
+                "next_wake = %s, written_at = now() WHERE id = %s AND revision = %s",
+                (body, cols["status"], cols["revision"], cols["epoch"], cols["owner_host"], cols["next_wake"],
+                 task_id, old.meta.revision),
+            )
+            if cur.rowcount != 1:  # the row lock makes this unreachable; the revision guard is the contract
+                raise Conflict(f"the baton moved on from revision {old.meta.revision} during the write", task=task_id)
+            append_events(conn, events)
+            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, task_id))
+
+    def put_text(self, task_id: str, text: str) -> bool:
+        """Store a baton's text verbatim (import, migrate) unless the id is taken; True when written."""
+        check_id(task_id)
+        baton = parse_baton(text, path=self._path(task_id), expected_id=task_id)
+        cols = _columns(baton)
+        with self._conn() as conn, conn.transaction():
+            cur = conn.execute(
+                "INSERT INTO heartbeat_batons (id, body, status, revision, epoch, owner_host, next_wake) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
+                (task_id, text, cols["status"], cols["revision"], cols["epoch"], cols["owner_host"], cols["next_wake"]),
+            )
+            if cur.rowcount == 1:
+                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, task_id))
+            return cur.rowcount == 1
+
+    def record(self, events: list[Event]) -> None:
+        self.ledger.append(events)
+
+    # -- change notification and the daemon's lock -------------------------------------
+
+    def watch(self, callback: Callable[[str | None], None]) -> Callable[[], None]:
+        """Call ``callback(task_id)`` after each committed write, from a thread; returns ``stop``.
+
+        LISTEN on its own connection. When that connection is lost it reconnects and
+        calls ``callback(None)``: writes may have been missed, rescan everything.
+        """
+        stop = threading.Event()
+        holder: list[psycopg.Connection[Any]] = []
+
+        def listen() -> psycopg.Connection[Any]:
+            conn = connect(self.url, autocommit=True)
+            conn.execute(f"LISTEN {CHANNEL}")
+            holder[:] = [conn]
+            return conn
+
+        conn = listen()
+
+        def run() -> None:
+            nonlocal conn
+            while not stop.is_set():
+                try:
+                    for note in conn.notifies(timeout=0.2):
+                        callback(note.payload)
+                except psycopg.Error:
+                    if stop.is_set():
+                        return
+                    conn.close()
+                    while not stop.wait(0.5):
+                        try:
+                            conn = listen()
+                        except StoreError:
+                            continue
+                        callback(None)
+                        break
+
+        thread = threading.Thread(target=run, name="heartbeat-pg-listen", daemon=True)
+        thread.start()
+
+        def stop_watching() -> None:
+            stop.set()
+            thread.join(timeout=5)
+            for c in holder:
+                c.close()
+
+        return stop_watching
+
+    def claim_daemon(self) -> None:
+        """Hold, for this store's life, the lock that says a daemon runs on this database.
+
+        Leased daemons on many hosts are not built yet, so two daemons on one database
+        would dispatch the same tasks twice: the second is refused.
+        """
+        conn = connect(self.url, autocommit=True)
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_DAEMON_LOCK,)).fetchone()
+        if not row or not row[0]:
+            conn.close()
+            raise StoreError(
+                f"another heartbeat daemon is running on the database {self.label}: "
+                "one daemon per database until leased daemons exist"
+            )
+        self._daemon_conn = conn
+
+    def close(self) -> None:
+        if self._daemon_conn is not None:
+            self._daemon_conn.close()
+            self._daemon_conn = None
+        self._pool.close(timeout=1.0)

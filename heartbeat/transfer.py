@@ -1,0 +1,169 @@
+"""Moving a state between stores: ``heartbeat export``, ``import`` and ``migrate``.
+
+The portable form is JSON Lines: a header line, one line per baton holding its TOML text
+exactly as stored (unknown keys, comments and layout survive), then one line per ledger
+event::
+
+    {"heartbeat_export": 1}
+    {"baton": "fix-auth", "text": "task = \\"...\\"\\n..."}
+    {"event": {"ts": "...", "task": "fix-auth", "kind": "created", ...}}
+
+Importing is idempotent: a baton whose id the target already has is kept as it is (and
+counted), and a task's events are copied only when the target has no events for that
+task yet. Running the same import (or ``migrate``) twice copies nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import IO, Any
+
+from heartbeat.baton import check_id, dump_baton
+from heartbeat.errors import BadInput, HeartbeatError
+from heartbeat.ledger import Event
+from heartbeat.store.base import Store
+
+__all__ = ["FORMAT", "Counts", "export_lines", "import_lines", "open_exact"]
+
+FORMAT = 1
+"""The export format's version (the header's ``heartbeat_export``)."""
+
+
+@dataclass
+class Counts:
+    """What an export or import did."""
+
+    batons: int = 0
+    events: int = 0
+    kept: int = 0
+    """Batons the target already had, left as they were."""
+    skipped: list[str] = field(default_factory=list)
+    """One line per baton left out (invalid in the source)."""
+
+    def summary(self, verb: str) -> str:
+        text = f"{verb} {self.batons} baton(s) and {self.events} event(s)"
+        if self.kept:
+            text += f"; kept {self.kept} baton(s) the target already had"
+        if self.skipped:
+            text += f"; left out {len(self.skipped)} invalid baton(s)"
+        return text
+
+
+def open_exact(where: str, *, must_exist: bool = False) -> Store:
+    """A store named exactly: a ``postgresql://`` URL, else a state dir (no environment applies)."""
+    from heartbeat.store import _open_url
+
+    if where.startswith(("postgresql://", "postgres://")):
+        return _open_url(where)
+    if must_exist and not os.path.isdir(where):
+        raise BadInput(f"{where}: no such state dir")
+    from heartbeat.store.files import FileStore
+
+    return FileStore(where)
+
+
+def baton_text(store: Store, task_id: str) -> str:
+    """A baton's text as the store keeps it: the file's bytes, the row's body."""
+    own = getattr(store, "baton_text", None)
+    if own is not None:
+        return str(own(task_id))
+    path_of = getattr(store, "path_of", None)
+    if path_of is not None:
+        with open(path_of(task_id), encoding="utf-8") as f:
+            return f.read()
+    return dump_baton(store.load(task_id))
+
+
+def export_lines(store: Store, counts: Counts) -> Iterator[str]:
+    """The export of ``store``, line by line (each ends in a newline)."""
+    yield json.dumps({"heartbeat_export": FORMAT}) + "\n"
+    for entry in store.scan():
+        if entry.error is not None or entry.baton is None:
+            counts.skipped.append(f"{entry.id}: {entry.error}")
+            continue
+        try:
+            text = baton_text(store, entry.id)
+        except (OSError, UnicodeDecodeError, HeartbeatError) as exc:
+            counts.skipped.append(f"{entry.id}: {exc}")
+            continue
+        counts.batons += 1
+        yield json.dumps({"baton": entry.id, "text": text}, ensure_ascii=False) + "\n"
+    for event in store.ledger.events():
+        counts.events += 1
+        record = event.to_json()
+        del record["id"]
+        yield json.dumps({"event": record}, ensure_ascii=False, default=str) + "\n"
+
+
+def _parse(lines: Iterable[str], where: str) -> tuple[list[tuple[str, str]], list[Event]]:
+    batons: list[tuple[str, str]] = []
+    events: list[Event] = []
+    header = False
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            doc: Any = json.loads(line)
+        except ValueError as exc:
+            raise BadInput(f"{where}:{number}: not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise BadInput(f"{where}:{number}: not a JSON object")
+        if not header:
+            if doc.get("heartbeat_export") != FORMAT:
+                raise BadInput(f"{where}:{number}: not a heartbeat export (format {FORMAT}) header")
+            header = True
+        elif "baton" in doc:
+            task_id, text = doc.get("baton"), doc.get("text")
+            if not isinstance(task_id, str) or not isinstance(text, str):
+                raise BadInput(f"{where}:{number}: a baton line needs a string id and text")
+            batons.append((check_id(task_id), text))
+        elif "event" in doc and isinstance(doc["event"], dict):
+            e = doc["event"]
+            try:
+                events.append(Event(task=str(e["task"]), kind=str(e["kind"]), ts=datetime.fromisoformat(e["ts"]),
+                                    epoch=int(e.get("epoch", 0)), revision=int(e.get("revision", 0)),
+                                    actor=str(e.get("actor", "")), data=dict(e.get("data") or {})))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise BadInput(f"{where}:{number}: a malformed event: {exc}") from None
+            if events[-1].ts.tzinfo is None:
+                raise BadInput(f"{where}:{number}: an event time without a time zone")
+        else:
+            raise BadInput(f"{where}:{number}: neither a baton nor an event")
+    if not header:
+        raise BadInput(f"{where}: empty: not a heartbeat export")
+    return batons, events
+
+
+def import_lines(store: Store, lines: Iterable[str], *, where: str = "import") -> Counts:
+    """Import an export into ``store``; see the module docstring for what is kept."""
+    from heartbeat.baton import parse_baton
+
+    batons, events = _parse(lines, where)
+    for task_id, text in batons:  # all valid before anything is written
+        parse_baton(text, path=f"{where}:{task_id}", expected_id=task_id)
+    counts = Counts()
+    had_events = {e.task for e in store.ledger.events()}
+    new_events = [e for e in events if e.task not in had_events]
+    if new_events:
+        store.ledger.append(new_events)
+    counts.events = len(new_events)
+    put = getattr(store, "put_text", None)
+    if put is None:
+        raise BadInput("this store cannot import batons")
+    for task_id, text in batons:
+        if put(task_id, text):
+            counts.batons += 1
+        else:
+            counts.kept += 1
+    return counts
+
+
+def write_export(store: Store, out: IO[str]) -> Counts:
+    counts = Counts()
+    for line in export_lines(store, counts):
+        out.write(line)
+    return counts

@@ -1,0 +1,488 @@
+"""The PostgreSQL store beyond the shared contract: crashes, concurrent writers, NOTIFY,
+schema migrations, moving state between stores, a database that goes away, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from heartbeat.baton import Baton, Meta
+from heartbeat.config import parse_config
+from heartbeat.errors import ConfigError, StoreError
+from heartbeat.store import open_store
+from heartbeat.store.files import FileStore
+from heartbeat.store.postgres import SCHEMA_VERSION, PostgresStore, upgrade
+from tests.conftest import ROOT, Result, clean_env, wait_for
+from tests.pg import Cluster, start_cluster
+
+
+def _baton(task_id: str = "t", **fields: object) -> Baton:
+    values: dict[str, object] = {"task": "Fix the fallback", "step": "Read the logs"}
+    values.update(fields)
+    return Baton(meta=Meta(id=task_id), **values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def pg(pg_url: str) -> Iterator[PostgresStore]:
+    store = PostgresStore(pg_url)
+    yield store
+    store.close()
+
+
+def _run_cli(*args: str, env: dict[str, str], cwd: Path, input: str | None = None) -> Result:
+    proc = subprocess.run([sys.executable, "-m", "heartbeat", *args], env=clean_env(**env), cwd=str(cwd),
+                          capture_output=True, text=True, timeout=60, input=input)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _child(code: str) -> subprocess.Popen[str]:
+    env = clean_env(PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+class TestCrashConsistency:
+    def test_writer_killed_mid_transaction_leaves_old_baton_and_no_events(
+        self, pg: PostgresStore, pg_url: str, tmp_path: Path
+    ) -> None:
+        """A writer SIGKILLed after its UPDATE and event INSERTs, before COMMIT: the old baton, no events, no lock left."""
+        pg.create(_baton())
+        before = pg.load("t")
+        events_before = pg.ledger.events("t")
+        flag = tmp_path / "in-transaction"
+        child = _child(f"""
+            import time
+            from heartbeat.store import postgres
+            original = postgres.append_events
+            def append_then_hang(conn, events):
+                original(conn, events)
+                open({str(flag)!r}, "w").close()
+                time.sleep(60)
+            postgres.append_events = append_then_hang
+            store = postgres.PostgresStore({pg_url!r})
+            with store.edit("t") as ed:
+                ed.baton.step = "never committed"
+                ed.event("blocked", on="x", gate="human")
+        """)
+        try:
+            wait_for(flag.exists, timeout=30, message="the child inside its write transaction")
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=10)
+        finally:
+            if child.poll() is None:
+                child.kill()
+        assert pg.load("t") == before
+        assert pg.ledger.events("t") == events_before
+        with pg.edit("t") as ed:  # the killed writer's row lock went with its connection
+            ed.baton.step = "after the crash"
+        assert pg.load("t").meta.revision == before.meta.revision + 1
+
+
+class TestConcurrentWriters:
+    def test_processes_incrementing_lose_no_update(self, pg: PostgresStore, pg_url: str) -> None:
+        """Four processes each increment a counter 25 times: it ends at 100, revision 101, 100 events."""
+        baton = _baton()
+        baton.extra = {"counter": 0}
+        pg.create(baton)
+        code = f"""
+            from heartbeat.store.postgres import PostgresStore
+            store = PostgresStore({pg_url!r})
+            for _ in range(25):
+                with store.edit("t") as ed:
+                    ed.baton.extra["counter"] = int(ed.baton.extra["counter"]) + 1
+            store.close()
+        """
+        children = [_child(code) for _ in range(4)]
+        for child in children:
+            _, err = child.communicate(timeout=120)
+            assert child.returncode == 0, err
+        final = pg.load("t")
+        assert final.extra["counter"] == 100
+        assert final.meta.revision == 101
+        assert len(pg.ledger.events("t", kinds=["updated"])) == 100
+
+
+class TestNotify:
+    def test_watch_hears_a_write_from_another_process(self, pg: PostgresStore, pg_url: str, tmp_path: Path) -> None:
+        """watch() calls back with the task id after a commit, here of a CLI write in another process."""
+        heard: list[str | None] = []
+        stop = pg.watch(heard.append)
+        try:
+            pg.create(_baton("a"))
+            wait_for(lambda: "a" in heard, timeout=10, message="the NOTIFY of create")
+            r = _run_cli("set", "a", "next_step=from the CLI", env={"HEARTBEAT_STORE_URL": pg_url}, cwd=tmp_path)
+            assert r.code == 0, r.err
+            wait_for(lambda: heard.count("a") >= 2, timeout=10, message="the NOTIFY of the CLI's set")
+        finally:
+            stop()
+
+    def test_a_cancelled_edit_notifies_nothing(self, pg: PostgresStore) -> None:
+        """Only committed writes notify: a cancelled edit is silent."""
+        pg.create(_baton("a"))
+        heard: list[str | None] = []
+        stop = pg.watch(heard.append)
+        try:
+            with pg.edit("a") as ed:
+                ed.cancel()
+            pg.create(_baton("b"))  # a marker that comes after
+            wait_for(lambda: "b" in heard, timeout=10, message="the marker's NOTIFY")
+            assert "a" not in heard
+        finally:
+            stop()
+
+
+class TestMigrations:
+    def test_fresh_database_needs_upgrade_in_one_line(self, pg_empty_url: str, tmp_path: Path) -> None:
+        """A store on a database never upgraded says so in one line, and the CLI exits 1."""
+        with pytest.raises(StoreError, match=r"needs `heartbeat db upgrade` \(its schema is version 0"):
+            PostgresStore(pg_empty_url)
+        r = _run_cli("status", env={"HEARTBEAT_STORE_URL": pg_empty_url}, cwd=tmp_path)
+        assert r.code == 1
+        assert r.err.count("\n") == 1 and "needs `heartbeat db upgrade`" in r.err
+
+    def test_upgrade_is_idempotent(self, pg_empty_url: str, tmp_path: Path) -> None:
+        """db upgrade brings a fresh database to the current version; a second run has nothing to do."""
+        env = {"HEARTBEAT_STORE_URL": pg_empty_url}
+        first = _run_cli("db", "upgrade", env=env, cwd=tmp_path)
+        assert first.code == 0, first.err
+        assert first.out.strip() == f"schema at version {SCHEMA_VERSION} (was 0)"
+        second = _run_cli("db", "upgrade", env=env, cwd=tmp_path)
+        assert second.out.strip() == f"schema at version {SCHEMA_VERSION} (nothing to do)"
+        assert _run_cli("db", "status", env=env, cwd=tmp_path).code == 0
+        PostgresStore(pg_empty_url).close()
+
+    def test_concurrent_upgrades_are_safe(self, pg_empty_url: str) -> None:
+        """Four upgrades at once: the advisory lock runs them one after another; exactly one migrates."""
+        results: list[tuple[int, int] | BaseException] = []
+
+        def one() -> None:
+            try:
+                results.append(upgrade(pg_empty_url))
+            except BaseException as exc:
+                results.append(exc)
+
+        threads = [threading.Thread(target=one) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert sorted(results) == [(0, SCHEMA_VERSION)] + [(SCHEMA_VERSION, SCHEMA_VERSION)] * 3  # type: ignore[type-var]
+
+    def test_newer_schema_is_refused(self, pg_url: str, tmp_path: Path) -> None:
+        """A database upgraded by a newer heartbeat is refused, by the store and by db upgrade, in one line."""
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("INSERT INTO heartbeat_schema (version) VALUES (%s)", (SCHEMA_VERSION + 1,))
+        with pytest.raises(StoreError, match=f"schema is version {SCHEMA_VERSION + 1}, newer than"):
+            PostgresStore(pg_url)
+        r = _run_cli("db", "upgrade", env={"HEARTBEAT_STORE_URL": pg_url}, cwd=tmp_path)
+        assert r.code == 1 and r.err.count("\n") == 1 and "newer than this heartbeat knows" in r.err
+
+
+_HANDWRITTEN = """\
+# written by hand: this comment and the layout must survive
+task = "Port the parser"
+step = "Write the tests"
+custom = { nested = [1, 2] }
+
+[meta]
+id = "hand"
+status = "active"
+revision = 4
+epoch = 2
+vendor = "x"
+"""
+
+
+def _file_state(state_dir: Path) -> FileStore:
+    store = FileStore(str(state_dir))
+    store.create(_baton("made", intent="why"))
+    with store.edit("made") as ed:
+        ed.baton.step = "two"
+    (state_dir / "batons" / "hand.toml").write_text(_HANDWRITTEN)
+    os.chmod(state_dir / "batons" / "hand.toml", 0o600)
+    return store
+
+
+class TestMoving:
+    def test_migrate_copies_verbatim_and_twice_copies_nothing(
+        self, state_dir: Path, pg_url: str, tmp_path: Path
+    ) -> None:
+        """migrate copies each baton's text byte for byte and the ledger; a second run copies nothing."""
+        _file_state(state_dir).close()
+        first = _run_cli("migrate", "--from", str(state_dir), "--to", pg_url, env={}, cwd=tmp_path)
+        assert first.code == 0, first.err
+        assert first.out.strip() == "copied 2 baton(s) and 2 event(s)"
+        second = _run_cli("migrate", "--from", str(state_dir), "--to", pg_url, env={}, cwd=tmp_path)
+        assert second.out.strip() == "copied 0 baton(s) and 0 event(s); kept 2 baton(s) the target already had"
+        store = PostgresStore(pg_url)
+        try:
+            assert store.baton_text("hand") == _HANDWRITTEN
+            assert store.baton_text("made") == (state_dir / "batons" / "made.toml").read_text()
+            assert [e.kind for e in store.ledger.events("made")] == ["created", "updated"]
+            hand = store.load("hand")
+            assert hand.extra == {"custom": {"nested": [1, 2]}} and hand.meta.extra == {"vendor": "x"}
+            with store.edit("hand") as ed:  # and it goes on from the migrated revision
+                ed.baton.step = "next"
+            assert store.load("hand").meta.revision == 5
+        finally:
+            store.close()
+
+    def test_export_import_round_trip_between_stores(self, state_dir: Path, pg_url: str, tmp_path: Path) -> None:
+        """file store -> export -> PostgreSQL -> export -> a new state dir: the same bytes and the same ledger."""
+        _file_state(state_dir).close()
+        dump = tmp_path / "state.jsonl"
+        r = _run_cli("export", "--to", str(dump), env={"HEARTBEAT_STATE_DIR": str(state_dir)}, cwd=tmp_path)
+        assert r.code == 0, r.err
+        assert "exported 2 baton(s) and 2 event(s)" in r.err
+        assert dump.stat().st_mode & 0o777 == 0o600  # an export holds every baton
+        pg_env = {"HEARTBEAT_STORE_URL": pg_url}
+        r = _run_cli("import", str(dump), env=pg_env, cwd=tmp_path)
+        assert r.out.strip() == "imported 2 baton(s) and 2 event(s)", r.err
+        again = _run_cli("import", str(dump), env=pg_env, cwd=tmp_path)
+        assert again.out.strip() == "imported 0 baton(s) and 0 event(s); kept 2 baton(s) the target already had"
+        back = _run_cli("export", env=pg_env, cwd=tmp_path)
+        assert back.code == 0, back.err
+        other = tmp_path / "other"
+        other.mkdir(mode=0o700)
+        r = _run_cli("import", "-", env={"HEARTBEAT_STATE_DIR": str(other)}, cwd=tmp_path, input=back.out)
+        assert r.out.strip() == "imported 2 baton(s) and 2 event(s)", r.err
+        assert (other / "batons" / "hand.toml").read_text() == _HANDWRITTEN
+        assert (other / "batons" / "made.toml").read_bytes() == (state_dir / "batons" / "made.toml").read_bytes()
+        original, copied = FileStore(str(state_dir)), FileStore(str(other))
+        try:
+            strip = [(e.task, e.kind, e.ts, e.epoch, e.revision, e.actor, e.data) for e in original.ledger.events()]
+            assert [(e.task, e.kind, e.ts, e.epoch, e.revision, e.actor, e.data)
+                    for e in copied.ledger.events()] == strip
+        finally:
+            original.close()
+            copied.close()
+
+    def test_a_malformed_export_is_refused_whole(self, pg: PostgresStore, pg_url: str, tmp_path: Path) -> None:
+        """An export with an invalid baton is refused in one line and imports nothing."""
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text('{"heartbeat_export": 1}\n{"baton": "ok", "text": "task = \\"x\\"\\nstep = \\"y\\"\\n"}\n'
+                       '{"baton": "broken", "text": "task = 3"}\n')
+        r = _run_cli("import", str(bad), env={"HEARTBEAT_STORE_URL": pg_url}, cwd=tmp_path)
+        assert r.code == 2 and r.err.count("\n") == 1, r.err
+        assert pg.scan() == []
+
+
+class TestCli:
+    def test_real_commands_on_the_postgres_store(self, pg_url: str, tmp_path: Path) -> None:
+        """new, set, add, touch, show, status, log and report work with HEARTBEAT_STORE_URL, and write no files."""
+        env = {"HEARTBEAT_STORE_URL": pg_url}
+        work = tmp_path / "work"
+        work.mkdir()
+        r = _run_cli("new", "fix", "--task", "Fix it", "--step", "Read", "--workdir", str(work), env=env, cwd=tmp_path)
+        assert r.code == 0, r.err
+        for args in (("set", "fix", "step=Patch"), ("add", "fix", "done", "Read"), ("touch", "fix")):
+            r = _run_cli(*args, env=env, cwd=tmp_path)
+            assert r.code == 0, r.err
+        show = _run_cli("show", "fix", "--json", env=env, cwd=tmp_path)
+        assert json.loads(show.out)["step"] == "Patch"
+        status = _run_cli("status", "--json", env=env, cwd=tmp_path)
+        assert status.code == 0, status.err
+        assert "fix" in status.out
+        log = _run_cli("log", "fix", env=env, cwd=tmp_path)
+        assert "created" in log.out and "updated" in log.out
+        report = _run_cli("report", env=env, cwd=tmp_path)
+        assert report.code == 0, report.err
+        conflict = _run_cli("set", "fix", "step=x", "--expect-revision", "1", env=env, cwd=tmp_path)
+        assert conflict.code == 5 and "expected revision 1" in conflict.err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+
+    def test_world_is_fingerprinted_as_on_the_file_store(self, pg_url: str, tmp_path: Path) -> None:
+        """A key file changed after the note was written makes verify exit 3 (stale), as on the file store."""
+        env = {"HEARTBEAT_STORE_URL": pg_url}
+        work = tmp_path / "work"
+        work.mkdir()
+        (work / "src.py").write_text("v1\n")
+        r = _run_cli("new", "w", "--task", "T", "--step", "S", "--workdir", str(work), "--key-file", "src.py",
+                     env=env, cwd=tmp_path)
+        assert r.code == 0, r.err
+        assert _run_cli("verify", "w", env=env, cwd=tmp_path).code == 0
+        (work / "src.py").write_text("v2, changed behind the note\n")
+        stale = _run_cli("verify", "w", env=env, cwd=tmp_path)
+        assert stale.code == 3, stale.out + stale.err
+
+    def test_file_store_hot_path_never_imports_psycopg(self, state_dir: Path) -> None:
+        """An agent's touch on the file store does not load psycopg."""
+        FileStore(str(state_dir)).create(_baton())
+        code = ("import sys; from heartbeat.cli import main; rc = main(['touch', 't']); "
+                "print(rc, any(m.startswith('psycopg') for m in sys.modules))")
+        proc = subprocess.run([sys.executable, "-c", code], env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir)),
+                              capture_output=True, text=True, timeout=60)
+        assert proc.stdout.split() == ["0", "False"], proc.stderr
+
+
+class TestConfig:
+    def test_store_url_is_parsed(self) -> None:
+        """[store] url is read; empty means the file store."""
+        assert parse_config('[store]\nurl = "postgresql://hb@/hb?host=/run/postgresql"\n').store.url.startswith(
+            "postgresql://hb@/")
+        assert parse_config("").store.url == ""
+
+    def test_a_url_that_is_not_postgres_is_refused(self) -> None:
+        """Any other scheme is a config error naming the key."""
+        with pytest.raises(ConfigError, match=r"store\.url"):
+            parse_config('[store]\nurl = "mysql://x"\n')
+
+    def test_the_example_documents_store_url(self) -> None:
+        """The example config has [store] url, at its default."""
+        doc = tomllib.loads((ROOT / "config" / "heartbeat.example.toml").read_text())
+        assert doc["store"] == {"url": ""}
+
+    def test_env_url_wins(self, pg_url: str, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """$HEARTBEAT_STORE_URL opens the PostgreSQL store even where a state dir is given."""
+        monkeypatch.setenv("HEARTBEAT_STORE_URL", pg_url)
+        store = open_store(str(state_dir))
+        try:
+            assert isinstance(store, PostgresStore)
+        finally:
+            store.close()
+
+
+class TestDaemonLock:
+    def test_a_second_daemon_on_one_database_is_refused(self, pg_url: str) -> None:
+        """claim_daemon holds a lock for the store's life: a second claim is refused in one line, and works once released."""
+        first, second = PostgresStore(pg_url), PostgresStore(pg_url)
+        try:
+            first.claim_daemon()
+            with pytest.raises(StoreError, match="another heartbeat daemon is running on the database"):
+                second.claim_daemon()
+            first.close()
+            second.claim_daemon()
+        finally:
+            first.close()
+            second.close()
+
+    def test_heartbeat_run_refuses_a_second_daemon(self, pg_url: str, tmp_path: Path) -> None:
+        """`heartbeat run` on a database another daemon holds exits 1 with one line."""
+        holder = PostgresStore(pg_url)
+        try:
+            holder.claim_daemon()
+            config = tmp_path / "heartbeat.toml"
+            config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n\n[store]\nurl = "{pg_url}"\n')
+            config.chmod(0o644)
+            r = _run_cli("--config", str(config), "run", "--once", env={}, cwd=tmp_path)
+            assert r.code == 1, r.err
+            assert r.err.count("\n") == 1 and "another heartbeat daemon is running" in r.err
+        finally:
+            holder.close()
+
+
+@pytest.fixture(scope="module")
+def own_cluster() -> Iterator[Cluster]:
+    """A cluster of this module's own, to stop and start without disturbing the others."""
+    try:
+        cluster = start_cluster()
+    except RuntimeError as exc:
+        pytest.fail(f"cannot start a throwaway PostgreSQL cluster: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.remove()
+
+
+class TestDatabaseDown:
+    def test_stopped_server_gives_one_line_and_the_store_recovers(self, own_cluster: Cluster, tmp_path: Path) -> None:
+        """With the server stopped a store call fails fast with `cannot reach the database`; started again, it works."""
+        url = own_cluster.create_db("down")
+        upgrade(url)
+        store = PostgresStore(url)
+        try:
+            store.create(_baton())
+            own_cluster.stop("immediate")
+            started = time.monotonic()
+            with pytest.raises(StoreError, match="cannot reach the database") as info:
+                store.load("t")
+            assert time.monotonic() - started < 30
+            assert "\n" not in str(info.value)
+            r = _run_cli("show", "t", env={"HEARTBEAT_STORE_URL": url}, cwd=tmp_path)
+            assert r.code == 1 and r.err.count("\n") == 1 and "cannot reach the database" in r.err
+            own_cluster.start()
+
+            def loads() -> Any:
+                try:
+                    return store.load("t")
+                except StoreError:
+                    return None
+
+            assert wait_for(loads, timeout=30, interval=0.2, message="the store back after the restart")
+            with store.edit("t") as ed:
+                ed.baton.step = "after the outage"
+            assert store.load("t").step == "after the outage"
+        finally:
+            store.close()
+            if not _running(own_cluster):
+                own_cluster.start()
+
+
+def _running(cluster: Cluster) -> bool:
+    return os.path.exists(os.path.join(cluster.data, "postmaster.pid"))
+
+
+
+class TestDaemonOnPostgres:
+    def test_a_real_daemon_dispatches_and_its_agent_writes_to_the_database(self, pg_url: str, tmp_path: Path) -> None:
+        """`heartbeat run` with [store] url dispatches a task; the agent's own CLI writes land in the database."""
+        agent = tmp_path / "agent.py"
+        agent.write_text(textwrap.dedent("""
+            import os, subprocess, sys
+            task = os.environ["HEARTBEAT_TASK"]
+            hb = [sys.executable, "-m", "heartbeat"]
+            subprocess.run([*hb, "set", task, "step=the agent was here"], check=True)
+            subprocess.run([*hb, "done", task], check=True)
+        """))
+        work = tmp_path / "work"
+        work.mkdir()
+        config = tmp_path / "heartbeat.toml"
+        config.write_text(textwrap.dedent(f"""
+            [daemon]
+            state_dir = {json.dumps(str(tmp_path / "state"))}
+            tick = "200ms"
+            log_format = "json"
+
+            [store]
+            url = {json.dumps(pg_url)}
+
+            [launchers.agent]
+            command = [{json.dumps(sys.executable)}, {json.dumps(str(agent))}]
+            inherit_env = ["PATH", "PYTHONPATH"]
+        """))
+        config.chmod(0o644)
+        store = PostgresStore(pg_url)
+        try:
+            store.create(_baton("job", workdir=str(work)))
+            log = open(tmp_path / "daemon.log", "wb")  # noqa: SIM115
+            daemon = subprocess.Popen([sys.executable, "-m", "heartbeat", "--config", str(config), "run"],
+                                      stdout=log, stderr=subprocess.STDOUT, env=clean_env(), cwd=str(tmp_path))
+            try:
+                def finished() -> bool:
+                    return store.load("job").meta.status.value == "done"
+
+                wait_for(finished, timeout=60, interval=0.2, message="the agent's done in the database")
+            finally:
+                daemon.terminate()
+                daemon.wait(timeout=30)
+                log.close()
+            final = store.load("job")
+            assert final.step == "the agent was here" and final.meta.epoch == 1
+            kinds = [e.kind for e in store.ledger.events("job")]
+            assert "dispatched" in kinds and kinds[-1] == "done"
+            assert not list((tmp_path / "state" / "batons").iterdir())  # nothing went to the file store
+        finally:
+            store.close()
