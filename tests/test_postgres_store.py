@@ -486,3 +486,35 @@ class TestDaemonOnPostgres:
             assert not list((tmp_path / "state" / "batons").iterdir())  # nothing went to the file store
         finally:
             store.close()
+
+
+class TestRestoredRows:
+    """Issue 8's restore rule holds on PostgreSQL too: history is never reused or erased."""
+
+    def test_a_row_restored_from_a_backup_continues_above_its_history(self, pg: PostgresStore, pg_url: str) -> None:
+        """A row put back at an older revision (a restored backup) is written above the ledger's highest
+        revision, says ``restored``, and every committed event is kept."""
+        pg.create(_baton("t"))
+        backup = pg.baton_text("t")
+        with pg.edit("t") as ed:
+            ed.baton.step = "Second"
+        with pg.edit("t") as ed:
+            ed.baton.step = "Third"
+        before = [(e.kind, e.revision) for e in pg.ledger.events("t")]
+        with psycopg.connect(pg_url) as conn:  # what restoring a backup of the row does
+            conn.execute("UPDATE heartbeat_batons SET body = %s, revision = 1 WHERE id = 't'", (backup,))
+        with pg.edit("t") as ed:
+            ed.baton.step = "Fourth"
+        assert pg.load("t").meta.revision == 4
+        after = [(e.kind, e.revision) for e in pg.ledger.events("t")]
+        assert after[:len(before)] == before
+        assert ("restored", 4) in after
+
+    def test_a_re_created_id_continues_above_its_history(self, pg: PostgresStore, pg_url: str) -> None:
+        """An id created again after its row was removed starts above the revisions its ledger holds."""
+        pg.create(_baton("t"))
+        with pg.edit("t") as ed:
+            ed.baton.step = "Second"
+        with psycopg.connect(pg_url) as conn:
+            conn.execute("DELETE FROM heartbeat_batons WHERE id = 't'")
+        assert pg.create(_baton("t")).meta.revision == 3
