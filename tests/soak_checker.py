@@ -1080,14 +1080,17 @@ class TickWatch:
 
 
 def tick_gaps(beats: Sequence[tuple[float, str]], up: Sequence[tuple[float, float]], limit: float,
-              now: float | None = None, startup: float = 0.0) -> list[tuple[float, float]]:
+              now: float | None = None, startup: float = 0.0, first_pass: float = 0.0) -> list[tuple[float, float]]:
     """Stretches longer than ``limit`` without a beat while the daemon was up and serving.
 
     ``up`` are the daemon's (start, end) intervals (end may be +inf), start being when it
     said it started (its first log line). The clock is due from its first ``READY``; a
     daemon that never gets there is judged from ``start + startup`` (so one stuck before
-    its first tick is caught too). Serving stops at ``STOPPING`` (or the interval's end);
-    every beat of any kind ends a gap. Returns (from, to) of each gap.
+    its first tick is caught too). The first pass after a start reads every baton cold and
+    the ledger's blocks, so its beat may come up to ``first_pass`` after ``READY`` (when
+    that is more than ``limit``); every later beat is due within ``limit``. Serving stops at
+    ``STOPPING`` (or the interval's end); every beat of any kind ends a gap. Returns (from,
+    to) of each gap.
     """
     now = time.time() if now is None else now
     out = []
@@ -1096,14 +1099,15 @@ def tick_gaps(beats: Sequence[tuple[float, str]], up: Sequence[tuple[float, floa
         inside = [(t, name) for t, name in beats if start <= t <= end]
         stop = next((t for t, name in inside if name == "STOPPING"), end)
         last = next((t for t, name in inside if name == "READY"), start + startup)
+        allowed = max(limit, first_pass)  # until the first beat after READY
         for t, _name in inside:
             if t <= last:
                 continue
             if t > stop:
                 break
-            if t - last > limit:
+            if t - last > allowed:
                 out.append((last, t))
-            last = t
-        if stop - last > limit:
+            last, allowed = t, limit
+        if stop - last > allowed:
             out.append((last, stop))
     return out

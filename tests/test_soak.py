@@ -517,3 +517,21 @@ def _alive(pid: int) -> bool:
         return False
     return raw[raw.rfind(b")") + 2:][:1] not in (b"Z", b"X")
 
+
+
+class TestFirstPass:
+    """The first pass after a start may take up to ``first_pass``; every later beat is due within the limit."""
+
+    def test_a_slow_first_pass_is_allowed_and_a_slow_second_is_not(self) -> None:
+        """READY, a first beat 4 s later (allowed with first_pass=10), then a 3 s gap (not allowed with limit 1)."""
+        from soak_checker import tick_gaps
+
+        beats = [(10.0, "READY"), (14.0, "WATCHDOG"), (14.5, "WATCHDOG"), (17.5, "WATCHDOG")]
+        assert tick_gaps(beats, [(9.9, 18.0)], 1.0, now=18.0, first_pass=10.0) == [(14.5, 17.5)]
+        assert tick_gaps(beats, [(9.9, 18.0)], 1.0, now=18.0) == [(10.0, 14.0), (14.5, 17.5)]
+
+    def test_a_daemon_stuck_in_its_first_pass_is_still_caught(self) -> None:
+        """No beat at all for longer than first_pass after READY is a gap."""
+        from soak_checker import tick_gaps
+
+        assert tick_gaps([(10.0, "READY")], [(9.9, float("inf"))], 1.0, now=25.0, first_pass=10.0) == [(10.0, 25.0)]
