@@ -166,7 +166,7 @@ CREATE TABLE IF NOT EXISTS pending_writes (
     base TEXT NOT NULL,
     new TEXT NOT NULL,
     ids TEXT NOT NULL
-);
+) WITHOUT ROWID;
 """
 _SCHEMA_VERSION = 2
 """``PRAGMA user_version`` once :data:`_SCHEMA` is in place; a ledger behind it is migrated."""

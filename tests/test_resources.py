@@ -367,7 +367,7 @@ class TestDiskFull:
 
         tmp_path.chmod(0o700)
         state = tmp_path / "state"
-        with small_tmpfs(state):
+        with small_tmpfs(state, size="1m"):  # room for the ledger's WAL to grow until its checkpoint
             h = DaemonHarness(tmp_path, tick="200ms", extra=NULL_LAUNCHER.replace('runtime = "1s"', ""))
             try:
                 # "later" is blocked until a time gate opens in 3 s: then the daemon must write an unblock.

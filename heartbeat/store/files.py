@@ -288,7 +288,7 @@ class FileStore:
             new = baton.copy()
             meta = new.meta
             # A task id used before (its baton deleted) continues above its history's revisions.
-            meta.revision = self.ledger.highest_revision(task_id) + 1
+            meta.revision = self._highest_revision(task_id, "") + 1
             meta.created_at = meta.updated_at = meta.touched_at = meta.progress_at = now
             meta.world = _fingerprint(new)
             events = [Event(task=task_id, kind="created", ts=now, actor=actor, epoch=meta.epoch,
@@ -312,7 +312,7 @@ class FileStore:
             old, _ = self._read(task_id)
             check_fence(old, expect_revision=expect_revision, epoch=epoch)
             base = write_identity(old)
-            highest = self.ledger.highest_revision(task_id, base)
+            highest = self._highest_revision(task_id, base)
             ed = Edit(old=old, baton=old.copy(), now=now_or(now), actor=actor, touch=touch)
             yield ed
             if ed.cancelled:
@@ -320,6 +320,14 @@ class FileStore:
             events = finish_edit(ed, _fingerprint)
             continue_above(ed, events, highest)
             self._write(task_id, ed.baton, events, base=base)
+
+    def _highest_revision(self, task_id: str, base: str) -> int:
+        try:
+            return self.ledger.highest_revision(task_id, base)
+        except StoreError:
+            # The ledger cannot be opened (a full disk cannot create its WAL): the write fails
+            # at its own first step with the real reason, or at the ledger append.
+            return 0
 
     def _write(self, task_id: str, baton: Baton, events: list[Event], *, base: str) -> None:
         path = self.path_of(task_id)
