@@ -530,7 +530,9 @@ type = "exec"
 command = {toml_list([*TOY, "--mode", "spin", "--step-time", "0.4"])}
 stop_grace = "500ms"
 """
-        h = DaemonHarness(tmp_path, max_attempts=2, progress_after="1s", extra=launchers)
+        # progress_after is the spinner's clock, and every agent's: 1 s judged a slow start on a loaded machine
+        # (the worker's first step) as spinning; 4 s still escalates the spinner well inside the wait.
+        h = DaemonHarness(tmp_path, max_attempts=2, progress_after="4s", extra=launchers)
         try:
             h.start()
             h.new("worker", "--launcher", "shifts", plan=3)
@@ -542,7 +544,7 @@ stop_grace = "500ms"
             h.wait(lambda: h.events("held", "bypass"), "the daemon to see the bypass")
             h.wait(lambda: h.baton("worker").meta.status.value == "done", "the worker to finish", timeout=60)
             h.wait(lambda: h.baton("doomed").meta.status.value == "escalated", "the escalation", timeout=60)
-            h.wait(lambda: h.baton("spinner").meta.status.value == "escalated", "the spinner's escalation")
+            h.wait(lambda: h.baton("spinner").meta.status.value == "escalated", "the spinner's escalation", timeout=60)
             r = h.cli("report", "--json")
             assert r.returncode == 0, r.stderr
             by_id = {t["id"]: t["metrics"] for t in json.loads(r.stdout)["tasks"]}
