@@ -115,6 +115,7 @@ class Daemon:
         self._build_launchers()
         self._stop = threading.Event()
         self._reload = threading.Event()
+        self._staged_config: Config | None = None
         self._wake = threading.Condition()
         self._pending: dict[str, float] = {}
         self._gate_paths: dict[str, set[str]] = {}
@@ -200,6 +201,8 @@ class Daemon:
         """Look at every task once; returns counts by status (and ``running``)."""
         started = time.monotonic()
         with self._lock:
+            if self._staged_config is not None:  # a SIGHUP during the previous pass
+                self._apply_config(self._staged_config)
             now = now or utcnow()
             for launcher in self.launchers.values():
                 launcher.reap()
@@ -285,6 +288,8 @@ class Daemon:
     def evaluate(self, task_id: str, now: datetime | None = None) -> None:
         """Look at one task now (the watcher's path); dispatch it if due and admitted."""
         with self._lock:
+            if self._staged_config is not None:
+                self._apply_config(self._staged_config)
             now = now or utcnow()
             try:
                 baton = self.store.load(task_id)
@@ -1070,20 +1075,36 @@ class Daemon:
                            keeping=self.config.path)
             systemd.notify("READY=1")
             return False
-        with self._lock:
-            old_tick = self.config.daemon.tick
-            self.config = new
-            self._policies = {}
-            self._partition = None
-            self._build_launchers()
-            for mem in self._memory.values():
-                mem.quiet_entry = None  # decisions may differ under the new config
-            self.gates.checks = dict(new.checks)
+        old_tick = self.config.daemon.tick
+        # A pass in progress holds the lock (a first pass over a backlog can take seconds on a
+        # loaded machine): the valid config is then staged and the next pass starts with it,
+        # so a SIGHUP is answered at once instead of after the pass.
+        if self._lock.acquire(blocking=False):
+            try:
+                self._apply_config(new)
+            finally:
+                self._lock.release()
+            staged = False
+        else:
+            self._staged_config = new
+            staged = True
         if self._scheduler is not None and new.daemon.tick != old_tick:
             self._scheduler.reschedule_job("tick", trigger="interval", seconds=new.daemon.tick)
-        self.log.info("reloaded", config=new.path, tick=new.daemon.tick, launchers=sorted(self.launchers))
+        self.log.info("reloaded", config=new.path, tick=new.daemon.tick, launchers=sorted(new.launchers),
+                      staged=staged)
         systemd.notify("READY=1")
         return True
+
+    def _apply_config(self, new: Config) -> None:
+        """Swap in a reloaded config (under the lock, between passes)."""
+        self._staged_config = None
+        self.config = new
+        self._policies = {}
+        self._partition = None
+        self._build_launchers()
+        for mem in self._memory.values():
+            mem.quiet_entry = None  # decisions may differ under the new config
+        self.gates.checks = dict(new.checks)
 
     def serve(self) -> int:
         """Run until SIGTERM/SIGINT: the scheduler ticks, the watcher reacts, SIGHUP reloads."""

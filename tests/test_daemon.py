@@ -567,3 +567,46 @@ class TestBlockSeed:
             assert kinds == ["unblocked", "dispatched"]
         finally:
             d.shutdown()
+
+
+class TestReloadDuringAPass:
+    """Found by the 30-minute soak: a SIGHUP during a long first pass went unanswered for 10 s."""
+
+    def test_reload_is_answered_while_a_pass_holds_the_lock_and_applies_at_the_next(self, tmp_path: Path) -> None:
+        """reload() returns at once (staged) while another thread holds the daemon's lock; the next pass
+        starts with the new config."""
+        import threading
+
+        d = in_process_daemon(tmp_path, "", tick="1s")
+        path = tmp_path / "heartbeat.toml"
+        path.write_text(f"""
+[daemon]
+state_dir = {json.dumps(str(tmp_path / "state"))}
+default_launcher = "agent"
+tick = "2s"
+[launchers.agent]
+type = "null"
+""")
+        path.chmod(0o600)
+        d.config = type(d.config)(**{**d.config.__dict__, "path": str(path)})
+        held, release = threading.Event(), threading.Event()
+
+        def a_long_pass() -> None:
+            with d._lock:
+                held.set()
+                release.wait(30)
+
+        worker = threading.Thread(target=a_long_pass)
+        worker.start()
+        try:
+            assert held.wait(10)
+            started = time.monotonic()
+            assert d.reload() is True
+            assert time.monotonic() - started < 5  # answered, not queued behind the pass
+            assert d.config.daemon.tick == 1.0  # the pass in progress keeps its config
+        finally:
+            release.set()
+            worker.join()
+        d.tick()
+        assert d.config.daemon.tick == 2.0
+        d.shutdown()
