@@ -644,6 +644,8 @@ class Daemon:
                 m.last_failure = f"ended without moving the step ({reason})"
             elif kind is pol.ExitKind.FAILED:
                 m.last_failure = reason
+            elif kind is pol.ExitKind.NON_RETRYABLE and m.status is not Status.ACTIVE:
+                m.last_failure = reason  # stopped already (by the agent or a human): keep their status and reason
             elif kind is pol.ExitKind.NON_RETRYABLE:
                 ed.baton.blocked_on = blocked_on or f"the agent exited {obs_code}, which the launcher marks " \
                                                     "non-retryable: a human is needed"

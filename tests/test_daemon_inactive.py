@@ -7,6 +7,7 @@ Issue 8: a blocked (or finished) task never gets an agent. An agent that ignores
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,3 +104,34 @@ class TestInactiveTaskAgentIsStopped:
         fresh = h.wait(lambda: h.live_agents("nap").get("nap"), "a fresh agent after the snooze", timeout=30)
         assert fresh.isdisjoint(first)
         assert h.events("nap", "woke") and len(h.events("nap", "dispatched")) == 2
+
+
+class TestNonRetryableExitOnAStoppedTask:
+    """An agent that stops its own task (or is stopped by a human) and then exits with a non-retryable
+    code leaves the task as the human or agent left it: the exit does not re-block it over them."""
+
+    @pytest.mark.parametrize("verb, status", [("block", "blocked"), ("done", "done")])
+    def test_the_status_and_the_reason_are_kept(self, tmp_path: Path, verb: str, status: str) -> None:
+        """The agent runs `heartbeat block --on ...` (or `done`), then exits 3 (non-retryable): the task stays
+        as it wrote it, with its reason; before the fix the exit replaced it with "a human is needed"."""
+        tmp_path.chmod(0o700)
+        args = ["block", "--on", "the customer asked us to wait"] if verb == "block" else ["done"]
+        script = ("import os, subprocess, sys\n"
+                  f"r = subprocess.run([sys.executable, '-m', 'heartbeat', {verb!r}, os.environ['HEARTBEAT_TASK'], "
+                  f"*{args[1:]!r}])\n"
+                  "sys.exit(3 if r.returncode == 0 else 9)\n")
+        agent = [sys.executable, "-c", script]
+        h = DaemonHarness(tmp_path, agent=agent, launcher_extra="non_retryable_exit_codes = [3]")
+        try:
+            h.start()
+            h.new("t1")
+            h.wait(lambda: h.events("t1", "exited"), "the agent's exit to be settled", timeout=60)
+            baton = h.baton("t1")
+        finally:
+            h.close()
+        assert baton.meta.status.value == status
+        if verb == "block":
+            assert baton.blocked_on == "the customer asked us to wait"
+        # A finished task's exit is "finished" whatever its code; a blocked one's is still non-retryable.
+        assert [e.data.get("kind") for e in h.events("t1", "exited")] == [
+            "non-retryable" if verb == "block" else "finished"]
