@@ -123,8 +123,8 @@ STOP_WITHIN = 10.0
 2.3 s under this machine's load, hence the margin; the longest is reported as max_sigterm_stop_ms)."""
 GIT_SHARE = 0.3
 """The share of tasks with a git workdir of their own and a key file (the workdir attacks' targets)."""
-PENDING_POLL_SLACK = 1.5
-"""Seconds between the soak's looks at its background commands, at most, on a loaded machine."""
+RELEASE_SLACK = 1.0
+"""Seconds from the soak releasing a planted FIFO to the end of a command that was stuck on it."""
 
 # Seconds between faults of each kind: uniform in (low, high).
 FAULTS: dict[str, tuple[float, float]] = {
@@ -192,6 +192,16 @@ class Pending:
     """For a second daemon: the pid of the daemon running when it was started."""
     main_gone_at: float | None = None
     """For a second daemon: when (wall clock) the soak stopped the first one (the second may then take over)."""
+    ended_at: float | None = None
+    """When the process ended (monotonic), noted by a thread waiting on it: the soak's own loop may
+    look late, so its clock at the look is not the command's end."""
+
+    def __post_init__(self) -> None:
+        threading.Thread(target=self._note_end, name=f"wait-{self.proc.pid}", daemon=True).start()
+
+    def _note_end(self) -> None:
+        self.proc.wait()
+        self.ended_at = time.monotonic()
 
 
 def _first_timestamp(text: str) -> float | None:
@@ -256,6 +266,7 @@ class Soak:
         self.daemon_spans: list[list[float]] = []
         self.restart_at: float | None = None
         self.config_broken = False
+        self.config_broken_at = float("-inf")
         self.hup_expect: list[tuple[int, str, float]] = []
         self._log_offset = 0
         self._log_partial = b""
@@ -346,6 +357,8 @@ timeout = "5s"
         tmp.write_text(self.config_text(broken=broken))
         os.replace(tmp, self.config_path)
         self.config_broken = broken
+        if broken:
+            self.config_broken_at = time.monotonic()
 
     def daemon_alive(self) -> bool:
         return self.daemon is not None and self.daemon.poll() is None
@@ -930,14 +943,15 @@ timeout = "5s"
             job.out.seek(0)
             text = job.out.read().decode(errors="replace")
             job.out.close()
-            took = now - job.started
+            took = (job.ended_at if job.ended_at is not None else now) - job.started
             self.judge(job, code, text, took, now)
 
     def _released_by_removal(self, job: Pending, ended: float) -> bool:
         """A command stuck opening a planted FIFO returns only when the soak opens it to remove it:
         it ends right after that removal. A slow one (a loaded machine) ends on its own time."""
         removed = self.plant_removed_at.get(job.task)
-        return removed is not None and job.started <= removed <= ended <= removed + PENDING_POLL_SLACK
+        ended = job.ended_at if job.ended_at is not None else ended
+        return removed is not None and job.started <= removed <= ended <= removed + RELEASE_SLACK
 
     def judge(self, job: Pending, code: int | None, text: str, took: float, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -949,6 +963,8 @@ timeout = "5s"
             first_line = _first_timestamp(text)
             if code == 1 and str(job.holder) in text:
                 self.counts["second_daemons_refused"] += 1
+            elif code == 2 and self.config_broken_at >= job.started and "heartbeat.toml" in text:
+                self.counts["second_daemons_saw_a_broken_config"] += 1  # a broken SIGHUP config landed as it started
             elif code is None and first_line is None:
                 self.counts["second_daemons_slow_to_start"] += 1  # still starting (a loaded machine): not past the lock
             elif job.main_gone_at is not None and first_line is not None and first_line >= job.main_gone_at:
