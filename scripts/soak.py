@@ -961,8 +961,8 @@ timeout = "5s"
             # A second daemon writes nothing before it holds the lock, so its first log line dates
             # a moment it held it: before the first daemon was gone, two daemons held one state dir.
             first_line = _first_timestamp(text)
-            if code == 1 and str(job.holder) in text:
-                self.counts["second_daemons_refused"] += 1
+            if str(job.holder) in text and "another daemon" in text:
+                self.counts["second_daemons_refused"] += 1  # (code None: it said so, and was still exiting)
             elif code == 2 and self.config_broken_at >= job.started and "heartbeat.toml" in text:
                 self.counts["second_daemons_saw_a_broken_config"] += 1  # a broken SIGHUP config landed as it started
             elif code is None and first_line is None:
