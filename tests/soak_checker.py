@@ -1087,8 +1087,9 @@ def tick_gaps(beats: Sequence[tuple[float, str]], up: Sequence[tuple[float, floa
     said it started (its first log line). The clock is due from its first ``READY``; a
     daemon that never gets there is judged from ``start + startup`` (so one stuck before
     its first tick is caught too). The first pass after a start reads every baton cold and
-    the ledger's blocks, so its beat may come up to ``first_pass`` after ``READY`` (when
-    that is more than ``limit``); every later beat is due within ``limit``. Serving stops at
+    the ledger's blocks, so its ``WATCHDOG`` may come up to ``first_pass`` after ``READY``
+    (when that is more than ``limit``; a reload's beats meanwhile do not end it); every later
+    beat is due within ``limit``. Serving stops at
     ``STOPPING`` (or the interval's end); every beat of any kind ends a gap. Returns (from,
     to) of each gap.
     """
@@ -1099,15 +1100,18 @@ def tick_gaps(beats: Sequence[tuple[float, str]], up: Sequence[tuple[float, floa
         inside = [(t, name) for t, name in beats if start <= t <= end]
         stop = next((t for t, name in inside if name == "STOPPING"), end)
         last = next((t for t, name in inside if name == "READY"), start + startup)
-        allowed = max(limit, first_pass)  # until the first beat after READY
-        for t, _name in inside:
+        first = first_pass > limit  # the first pass runs until the first WATCHDOG after READY
+        for t, name in inside:
             if t <= last:
                 continue
             if t > stop:
                 break
-            if t - last > allowed:
+            if first and name != "WATCHDOG":
+                continue  # a reload's RELOADING/READY during the first pass is not its end
+            if t - last > (first_pass if first else limit):
                 out.append((last, t))
-            last, allowed = t, limit
+            last, first = t, False
+        allowed = first_pass if first else limit
         if stop - last > allowed:
             out.append((last, stop))
     return out

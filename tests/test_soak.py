@@ -530,6 +530,13 @@ class TestFirstPass:
         assert tick_gaps(beats, [(9.9, 18.0)], 1.0, now=18.0, first_pass=10.0) == [(14.5, 17.5)]
         assert tick_gaps(beats, [(9.9, 18.0)], 1.0, now=18.0) == [(10.0, 14.0), (14.5, 17.5)]
 
+    def test_a_reload_during_the_first_pass_does_not_end_it(self) -> None:
+        """RELOADING/READY from a SIGHUP during the first pass are beats, but the first pass still gets its time."""
+        from soak_checker import tick_gaps
+
+        beats = [(10.0, "READY"), (10.5, "RELOADING"), (10.6, "READY"), (13.0, "WATCHDOG"), (13.2, "WATCHDOG")]
+        assert tick_gaps(beats, [(9.9, 13.5)], 1.0, now=13.5, first_pass=10.0) == []
+
     def test_a_daemon_stuck_in_its_first_pass_is_still_caught(self) -> None:
         """No beat at all for longer than first_pass after READY is a gap."""
         from soak_checker import tick_gaps
