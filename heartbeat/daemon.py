@@ -908,6 +908,12 @@ class Daemon:
                 if ed.baton.meta.touched_at is not None and ed.old.meta.touched_at == ed.old.meta.dispatched_at:
                     ed.baton.meta.dispatched_at = ed.now  # "never wrote since dispatch" counts from here
                 ed.event("launched", pid=owner.pid, unit=owner.unit)
+        except Busy as exc:
+            # Someone holds the baton's lock: the new epoch (phase 1) guards the task, and the
+            # shim's pid file lets the next look adopt the agent, as after a daemon crash here.
+            self.log.warning("dispatch_recorded_later", task=task_id, epoch=epoch, error=str(exc),
+                             hint="the baton's lock is held; the agent is adopted from its pid file")
+            self.poke(task_id)
         except HeartbeatError as exc:
             self.log.error("dispatch_unrecorded", task=task_id, epoch=epoch, error=str(exc))
         self._running[task_id] = launcher_name

@@ -610,3 +610,71 @@ type = "null"
         d.tick()
         assert d.config.daemon.tick == 2.0
         d.shutdown()
+
+
+class TestPhaseTwoLockHeld:
+    """Found by the 30-minute soak: a baton lock held at the dispatch's phase 2 logged an error."""
+
+    def test_the_agent_is_adopted_from_its_pid_file(self, tmp_path: Path) -> None:
+        """Phase 2 (recording the pid) meets a held lock: no error, one agent, adopted at the next look."""
+        from heartbeat.config import parse_config
+        from heartbeat.daemon import Daemon
+        from heartbeat.errors import Busy
+        from heartbeat.store.files import FileStore
+
+        class HeldAtPhaseTwo(FileStore):
+            held = True
+
+            def edit(self, task_id: str, **kwargs: Any) -> Any:
+                phase_two = kwargs.get("actor") == "daemon" and kwargs.get("epoch") is not None
+                if self.held and phase_two:
+                    self.held = False
+                    raise Busy("another writer has held this baton's lock", task=task_id)
+                return FileStore.edit(self, task_id, **kwargs)
+
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700)
+        config = parse_config(f"""
+[daemon]
+state_dir = {json.dumps(str(state))}
+default_launcher = "agent"
+[launchers.agent]
+type = "exec"
+command = {toml_list([sys.executable, "-c", "import time; time.sleep(60)"])}
+stop_grace = "200ms"
+""", path=str(tmp_path / "heartbeat.toml"))
+        store = HeldAtPhaseTwo(str(state))
+        from heartbeat.baton import Baton, Meta
+
+        store.create(Baton(meta=Meta(id="t1"), task="T", step="S", workdir=str(tmp_path)))
+        log = _ListLog()
+        d = Daemon(config, store=store, log=log)
+        try:
+            d.tick()
+            assert store.load("t1").meta.owner is not None and store.load("t1").meta.owner.pid is None
+            assert "dispatch_unrecorded" not in log.events and "dispatch_recorded_later" in log.events
+            deadline = time.monotonic() + 20
+            while store.load("t1").meta.owner.pid is None and time.monotonic() < deadline:
+                d.tick()
+                time.sleep(0.05)
+            baton = store.load("t1")
+            assert baton.meta.owner is not None and baton.meta.owner.pid is not None
+            assert baton.meta.epoch == 1 and baton.meta.dispatches == 1  # adopted, never dispatched twice
+            assert [e.kind for e in store.ledger.events("t1", kinds=["adopted"])] == ["adopted"]
+        finally:
+            owner = store.load("t1").meta.owner
+            if owner is not None and owner.pid:
+                os.killpg(owner.pid, signal.SIGKILL)
+            d.shutdown()
+
+
+class _ListLog:
+    """A logger that keeps the event names (the daemon logs through structlog-style calls)."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def _log(self, event: str, **_kw: Any) -> None:
+        self.events.append(event)
+
+    info = warning = error = debug = exception = _log
