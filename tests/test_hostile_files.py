@@ -380,3 +380,37 @@ class TestSetsidDescendants:
         finally:
             proc.wait(timeout=30)
             kill_marked(marker)
+
+
+class TestLogDirSwappedWhileTheAgentRuns:
+    """Found by the 30-minute soak: ``logs/<id>`` swapped for a link while the agent ran, and the shim
+    wrote the agent's exit record through it, outside the state dir."""
+
+    def test_the_exit_record_stays_in_the_directory_the_shim_started_in(self, tmp_path: Path) -> None:
+        """The shim holds its log directory from the start: the record lands there, never in the link's target."""
+        import subprocess
+        import sys
+
+        from heartbeat.launchers import shim
+
+        logs = tmp_path / "state" / "logs" / "t1"
+        logs.mkdir(parents=True, mode=0o700)
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        go = tmp_path / "go"
+        agent = [sys.executable, "-c",
+                 f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.02)"]
+        proc = subprocess.Popen([sys.executable, "-I", shim.__file__, "--grace", "0.2", str(logs / "1.exit"), "--",
+                                 *agent])
+        try:
+            wait_for(lambda: (logs / "1.pid").exists(), timeout=20, message="the shim's pid file")
+            moved = tmp_path / "state" / "logs" / "t1.moved"
+            logs.rename(moved)
+            logs.symlink_to(outside)
+            go.touch()
+            assert proc.wait(timeout=30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert not os.listdir(outside)
+        assert (moved / "1.exit").is_file()

@@ -115,14 +115,30 @@ def become_subreaper() -> bool:
         return False
 
 
+_DIR_FDS: dict[str, int] = {}
+"""The log directory, opened once at start: records are written relative to it, so swapping
+``logs/<id>`` for a link while the agent runs cannot send them anywhere else."""
+
+
+def hold_dir(directory: str) -> int:
+    """Open ``directory`` (no symlink as its last part) once and keep it for this shim's records."""
+    directory = directory or "."
+    if directory not in _DIR_FDS:
+        _DIR_FDS[directory] = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    return _DIR_FDS[directory]
+
+
 def _write_record(path: str, record: dict[str, object]) -> None:
-    """Write one JSON line atomically: temp file, fsync, rename, directory fsync."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+    """Write one JSON line atomically: temp file, fsync, rename, directory fsync, all relative to
+    the log directory this shim opened at start."""
+    dir_fd = hold_dir(os.path.dirname(path))
+    name = os.path.basename(path)
+    tmp = f"{name}.{os.getpid()}.tmp"
     try:  # never write into something planted at the temp name (a FIFO would block us for ever)
-        os.unlink(tmp)
+        os.unlink(tmp, dir_fd=dir_fd)
     except OSError:
         pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     try:
         try:
             data = (json.dumps(record) + "\n").encode()
@@ -131,23 +147,17 @@ def _write_record(path: str, record: dict[str, object]) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         try:  # a full disk must not leave a 0-byte temp file beside the logs
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         except OSError:
             pass
         raise
     try:
-        dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
         os.fsync(dir_fd)
     except OSError:
         pass
-    finally:
-        os.close(dir_fd)
 
 
 def write_exit_file(path: str, code: int | None, sig: int | None, ended_at: float) -> None:
@@ -313,6 +323,10 @@ def main(args: list[str] | None = None) -> int:
     # A daemon thread may have had signals blocked: the mask is inherited, so clear it.
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     become_subreaper()  # before the agent starts: its setsid'd descendants stay ours
+    try:  # the log dir, held from now on: a link swapped in later cannot redirect our records
+        hold_dir(os.path.dirname(exit_file))
+    except OSError:
+        pass  # the record writes will say what is wrong
     _write_pid_file(exit_file)
     pid = _spawn(argv)
     code, sig = _wait(pid)
