@@ -116,6 +116,7 @@ def log_name(epoch: int) -> str:
 
 
 def pid_file_for(exit_file: str) -> str:
-    """The pid file beside an exit file (``<epoch>.exit`` -> ``<epoch>.pid``)."""
+    """The pid file beside an exit file (``<epoch>.exit`` -> ``<epoch>.pid``). The shim, which
+    imports nothing from heartbeat, keeps its own copy (:func:`heartbeat.launchers.shim.pid_file_for`)."""
     base = exit_file[: -len(".exit")] if exit_file.endswith(".exit") else exit_file
     return f"{base}.pid"

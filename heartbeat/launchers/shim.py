@@ -168,9 +168,8 @@ def write_exit_file(path: str, code: int | None, sig: int | None, ended_at: floa
 
 def pid_file_for(exit_file: str) -> str:
     """``<epoch>.pid`` beside ``<epoch>.exit``: who this dispatch's agent is."""
-    from heartbeat.layout import pid_file_for as beside
-
-    return beside(exit_file)
+    base = exit_file[: -len(".exit")] if exit_file.endswith(".exit") else exit_file
+    return f"{base}.pid"
 
 
 def _own_create_time() -> float | None:
