@@ -32,8 +32,8 @@ from heartbeat.errors import Conflict, HeartbeatError, UnsafePath
 from heartbeat.ledger import Event, Ledger
 from heartbeat.timeparse import utcnow
 
-__all__ = ["Entry", "Edit", "Store", "Unwatch", "check_fence", "finish_edit", "content_changes", "created_data",
-           "continue_above", "fingerprint", "write_identity"]
+__all__ = ["Entry", "Edit", "Store", "Unwatch", "check_fence", "start_create", "finish_edit", "content_changes",
+           "created_data", "continue_above", "fingerprint", "write_identity"]
 
 
 @dataclass
@@ -170,11 +170,23 @@ def made_progress(old: Baton, new: Baton) -> bool:
     return new.step != old.step or len(new.done) > len(old.done)
 
 
-def finish_edit(ed: Edit, fingerprint: Callable[[Baton], dict[str, str]] | None) -> list[Event]:
+def start_create(baton: Baton, now: datetime, *, world: bool = True) -> Baton:
+    """The baton a create writes (before the store sets its revision): a copy with its times
+    stamped and, unless ``world`` is False (the memory store: no files), its world fingerprinted."""
+    new = baton.copy()
+    meta = new.meta
+    meta.created_at = meta.updated_at = meta.touched_at = meta.progress_at = now
+    if world:
+        meta.world = fingerprint(new)
+    return new
+
+
+def finish_edit(ed: Edit, *, world: bool = True) -> list[Event]:
     """Apply the bookkeeping of a write and return the events to record.
 
     Bumps the revision, stamps times, resets the attempt counters on progress and
-    re-fingerprints the world (not on a bare touch: a touch says "still on this step").
+    re-fingerprints the world (not on a bare touch: a touch says "still on this step";
+    never when ``world`` is False: the memory store has no files).
     """
     old, new, now = ed.old, ed.baton, ed.now
     meta = new.meta
@@ -191,7 +203,7 @@ def finish_edit(ed: Edit, fingerprint: Callable[[Baton], dict[str, str]] | None)
     # The world is re-fingerprinted only when the note itself changes. A touch or a
     # bookkeeping write (claim, dispatch, owner, block/unblock) keeps the old fingerprints,
     # so a world that changed across a handoff still reads as stale to the successor's verify.
-    if fingerprint is not None and any(name != "blocked_on" for name in changed):
+    if world and any(name != "blocked_on" for name in changed):
         meta.world = fingerprint(new)
     events = ed.events
     if not events:

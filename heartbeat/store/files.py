@@ -49,9 +49,9 @@ from heartbeat.store.base import (
     created_data,
     finish_edit,
     now_or,
+    start_create,
     write_identity,
 )
-from heartbeat.store.base import fingerprint as _fingerprint
 
 __all__ = ["FileStore", "ensure_private_dir"]
 
@@ -288,12 +288,10 @@ class FileStore:
         with self._locked(task_id):
             if os.path.lexists(self.path_of(task_id)):
                 raise AlreadyExists("a task with this id exists already", task=task_id)
-            new = baton.copy()
+            new = start_create(baton, now)
             meta = new.meta
             # A task id used before (its baton deleted) continues above its history's revisions.
             meta.revision = self._highest_revision(task_id, "") + 1
-            meta.created_at = meta.updated_at = meta.touched_at = meta.progress_at = now
-            meta.world = _fingerprint(new)
             events = [Event(task=task_id, kind="created", ts=now, actor=actor, epoch=meta.epoch,
                             revision=meta.revision, data=created_data(new))]
             self._write(task_id, new, events, base="")
@@ -320,7 +318,7 @@ class FileStore:
             yield ed
             if ed.cancelled:
                 return
-            events = finish_edit(ed, _fingerprint)
+            events = finish_edit(ed)
             continue_above(ed, events, highest)
             self._write(task_id, ed.baton, events, base=base)
 
