@@ -84,10 +84,6 @@ class GateEvaluator:
             self._results[key] = result
         return result
 
-    def last_result(self, name: str, task_id: str) -> CommandResult | None:
-        with self._lock:
-            return self._results.get((name, task_id))
-
     def forget(self, task_id: str) -> None:
         """Drop cached check results of a task (it was unblocked or removed)."""
         with self._lock:

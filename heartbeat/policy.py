@@ -19,7 +19,7 @@ Vocabulary (DESIGN.md, "Ownership, progress, attempts"):
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from enum import StrEnum
@@ -55,7 +55,6 @@ class Action(StrEnum):
     UNBLOCK = "unblock"
     WAKE = "wake"
     ESCALATE = "escalate"
-    BLOCK = "block"  # a non-retryable exit: hold the task for a human
     RESTORE_BLOCK = "restore-block"  # a hand edit dropped a block: put it back, record a bypass
     REPORT_SPINNING = "report-spinning"
     WAIT_LAUNCH = "wait-launch"  # a dispatch was recorded but its agent's pid is not yet known
@@ -123,10 +122,6 @@ class Decision:
     """For a dispatch held back by backoff: when it becomes due."""
     stalled_why: str = ""
     """owner_dead | silent | never_wrote | exited: why the previous agent counts as gone."""
-
-    @property
-    def wants_dispatch(self) -> bool:
-        return self.action in (Action.DISPATCH, Action.WAKE, Action.UNBLOCK)
 
 
 def _ago(now: datetime, then: datetime | None) -> float:
@@ -389,7 +384,3 @@ def admit(wanting: Sequence[tuple[str, str, datetime]], capacity: Capacity) -> l
             by_launcher[launcher] = by_launcher.get(launcher, 0) + 1
     return out
 
-
-def count_recent(times: Iterable[datetime], now: datetime, window: float = 60.0) -> int:
-    """How many of ``times`` fall within ``window`` seconds before ``now``."""
-    return sum(1 for t in times if 0 <= (now - t).total_seconds() < window)

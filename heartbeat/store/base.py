@@ -21,7 +21,7 @@ This protocol is the cut: the daemon, the CLI and the API use only what is decla
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -44,7 +44,6 @@ class Entry:
     baton: Baton | None = None
     error: HeartbeatError | None = None
     path: str = ""
-    mtime: float = 0.0
 
 
 @dataclass
@@ -118,13 +117,6 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release files, connections and locks."""
-
-
-def update(store: Store, task_id: str, mutate: Callable[[Edit], None], **kwargs: Any) -> Baton:
-    """Apply ``mutate`` to one baton inside an edit and return the baton as written."""
-    with store.edit(task_id, **kwargs) as ed:
-        mutate(ed)
-    return ed.baton
 
 
 def check_fence(current: Baton, *, expect_revision: int | None, epoch: int | None) -> None:
@@ -260,6 +252,3 @@ def fingerprint(baton: Baton) -> dict[str, str]:
 def now_or(now: datetime | None) -> datetime:
     return now if now is not None else utcnow()
 
-
-def iter_ids(entries: list[Entry]) -> Iterator[str]:
-    return (e.id for e in entries)

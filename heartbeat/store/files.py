@@ -215,7 +215,7 @@ class FileStore:
                     entries.append(cached[1])
                     continue
                 changed = True
-                entry = Entry(id=task_id, path=de.path, mtime=st.st_mtime)
+                entry = Entry(id=task_id, path=de.path)
                 try:
                     check_id(task_id)
                     entry.baton, _ = self._read(task_id)
