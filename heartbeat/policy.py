@@ -76,16 +76,16 @@ class ExitKind(StrEnum):
 class Policy:
     """The knobs :func:`decide` reads; the daemon builds one per task from the config."""
 
-    stall_after: float = 600.0
-    progress_after: float = 3600.0
-    max_attempts: int = 5
-    max_idle_resumes: int = 3
-    backoff_initial: float = 30.0
-    backoff_max: float = 1800.0
+    stall_after: float = defaults.STALL_AFTER
+    progress_after: float = defaults.PROGRESS_AFTER
+    max_attempts: int = defaults.MAX_ATTEMPTS
+    max_idle_resumes: int = defaults.MAX_IDLE_RESUMES
+    backoff_initial: float = defaults.BACKOFF_INITIAL
+    backoff_max: float = defaults.BACKOFF_MAX
     max_runtime: float | None = None
     non_retryable_exit_codes: frozenset[int] = frozenset()
     on_spinning: str = "escalate"
-    launch_timeout: float = 30.0
+    launch_timeout: float = defaults.LAUNCH_TIMEOUT
     inactive_grace: float = defaults.INACTIVE_GRACE
 
 
@@ -353,10 +353,10 @@ class Capacity:
 
     running: int = 0
     running_by_launcher: Mapping[str, int] = field(default_factory=dict)
-    max_concurrent: int = 4
+    max_concurrent: int = defaults.MAX_CONCURRENT
     launcher_limits: Mapping[str, int | None] = field(default_factory=dict)
     dispatched_last_minute: int = 0
-    dispatches_per_minute: int = 30
+    dispatches_per_minute: int = defaults.DISPATCHES_PER_MINUTE
 
 
 def admit(wanting: Sequence[tuple[str, str, datetime]], capacity: Capacity) -> list[Admission]:

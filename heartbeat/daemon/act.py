@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from heartbeat import defaults, tasks
 from heartbeat import policy as pol
-from heartbeat import tasks
 from heartbeat.baton import Baton, Gate, GateKind, Owner, Status
 from heartbeat.config import LauncherConfig, expand_argv
 from heartbeat.daemon.shared import Shared
@@ -298,7 +298,7 @@ class Actor:
             sh.record(Event(task=baton.id, kind="spinning", ts=now, epoch=baton.meta.epoch, actor="daemon",
                             data={"step": baton.step, "since": (baton.meta.progress_at or now).isoformat()}))
         lc = sh.config.launchers.get(owner.launcher)
-        grace = lc.stop_grace if lc else 10.0
+        grace = lc.stop_grace if lc else defaults.STOP_GRACE
         why = {"never_wrote": "hung", "silent": "hung"}.get(stop.why, stop.why)
 
         def run() -> None:

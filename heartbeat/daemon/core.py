@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from heartbeat import defaults, systemd
 from heartbeat import policy as pol
-from heartbeat import systemd
 from heartbeat.baton import Baton, GateKind, Status
 from heartbeat.config import Config
 from heartbeat.daemon.act import Actor
@@ -95,8 +95,6 @@ class Core:
 
         store = store if store is not None else open_store(config, claim=not dry_run)
         if hasattr(store, "lock_wait"):  # a held baton lock must not stall every task
-            from heartbeat import defaults
-
             store.lock_wait = defaults.DAEMON_LOCK_WAIT
         log = log if log is not None else logger()
         self.shared = Shared(config, store, dry_run=dry_run, log=log, host=this_host())
@@ -196,8 +194,6 @@ class Core:
 
     def stop_grace(self) -> float:
         """How long a stop may wait for work in flight: the longest ``stop_grace`` of the launchers."""
-        from heartbeat import defaults
-
         return max((lc.stop_grace for lc in self.config.launchers.values()), default=defaults.STOP_GRACE)
 
     def apply_config(self, new: Config) -> None:
@@ -429,7 +425,7 @@ class Core:
             max_runtime=lc.max_runtime if lc else None,
             non_retryable_exit_codes=frozenset(lc.non_retryable_exit_codes) if lc else frozenset(),
             on_spinning=d.on_spinning,
-            launch_timeout=10.0,
+            launch_timeout=defaults.LAUNCH_TIMEOUT,
             inactive_grace=d.inactive_grace,
         )
 
