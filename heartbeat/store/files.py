@@ -39,7 +39,7 @@ from heartbeat.errors import (
 )
 from heartbeat.layout import StateLayout
 from heartbeat.ledger import Event, Ledger, PendingWrite, SqliteLedger
-from heartbeat.safefile import check_not_special, open_regular
+from heartbeat.safefile import check_not_special, open_parent, open_regular, write_file_atomic, write_temp
 from heartbeat.store.base import (
     Edit,
     Entry,
@@ -88,14 +88,6 @@ def ensure_private_dir(path: str, *, what: str = "state dir") -> None:
             f"(e.g. sudo -u {owner} heartbeat ...), or if this user should own it: chown {os.geteuid()} {path}",
             path=path,
         )
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -338,20 +330,19 @@ class FileStore:
                 f"the baton would be {len(data)} bytes; a baton may be at most {defaults.MAX_BATON_BYTES}",
                 task=task_id,
             )
-        tmp = os.path.join(self.batons_dir, f".{task_id}.toml.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        name = os.path.basename(path)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            dir_fd = open_parent(path)
+        except OSError as exc:
+            raise StoreError(f"cannot write the baton: {exc.strerror}; the previous baton is kept", path=path) from None
+        tmp = ""
+        try:
+            tmp = write_temp(dir_fd, name, data)  # ".<id>.toml.<pid>.<rand>.tmp": no reader looks at it
             # The event goes in before the rename: a baton on disk always has its event.
             write = PendingWrite(task_id, base, write_identity(baton))
             self.ledger.append(events, write=write)
-            os.replace(tmp, path)
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            tmp = ""
             try:
                 self.ledger.landed(write)
             except StoreError:
@@ -360,16 +351,17 @@ class FileStore:
                 self._written[task_id] = (data, baton.copy())
             else:
                 self._written.pop(task_id, None)
+            try:
+                os.fsync(dir_fd)
+            except OSError as exc:
+                raise StoreError(f"wrote the baton but could not fsync its directory: {exc.strerror}",
+                                 path=path) from None
         except OSError as exc:
-            _unlink_quietly(tmp)
             raise StoreError(f"cannot write the baton: {exc.strerror}; the previous baton is kept", path=path) from None
-        except BaseException:
-            _unlink_quietly(tmp)
-            raise
-        try:
-            _fsync_dir(self.batons_dir)
-        except OSError as exc:
-            raise StoreError(f"wrote the baton but could not fsync its directory: {exc.strerror}", path=path) from None
+        finally:
+            if tmp:
+                _unlink_quietly(tmp, dir_fd)
+            os.close(dir_fd)
 
     def put_text(self, task_id: str, text: str) -> bool:
         """Write a baton's text verbatim (import, migrate) unless the id is taken; True when written."""
@@ -380,20 +372,9 @@ class FileStore:
         with self._locked(task_id):
             if os.path.lexists(path):
                 return False
-            tmp = os.path.join(self.batons_dir, f".{task_id}.toml.{os.getpid()}.{os.urandom(4).hex()}.tmp")
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, path)
-                _fsync_dir(self.batons_dir)
+                write_file_atomic(path, data, fsync_dir=True)
             except OSError as exc:
-                _unlink_quietly(tmp)
                 raise StoreError(f"cannot write the baton: {exc.strerror}", path=path) from None
         return True
 
@@ -454,8 +435,8 @@ def _plain(value: object) -> bool:
     return isinstance(value, (str, int, bool, datetime))
 
 
-def _unlink_quietly(path: str) -> None:
+def _unlink_quietly(name: str, dir_fd: int) -> None:
     try:
-        os.unlink(path)
+        os.unlink(name, dir_fd=dir_fd)
     except OSError:
         pass
