@@ -31,7 +31,7 @@ from heartbeat.daemon.observe import EntryStatuses, Observer, StatusLookup
 from heartbeat.daemon.shared import Shared
 from heartbeat.daemon.watch import Watcher
 from heartbeat.errors import Busy, Conflict, HeartbeatError, InvalidBaton, NotActive, NotFound, UnsafePath
-from heartbeat.ledger import Event
+from heartbeat.ledger import Event, EventKind
 from heartbeat.metrics import VITALS_FILE, Vitals
 from heartbeat.store.base import Entry, Store
 from heartbeat.timeparse import utcnow
@@ -356,7 +356,7 @@ class Core:
             if mem.invalid_reported != error:
                 mem.invalid_reported = error
                 self.log.error("invalid_baton", task=entry.id, error=error)
-                self.shared.record(Event(task=entry.id, kind="invalid", ts=now, actor="daemon",
+                self.shared.record(Event(task=entry.id, kind=EventKind.INVALID, ts=now, actor="daemon",
                                          data={"error": error}))
             return "invalid", None
         mem.invalid_reported = ""

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from heartbeat.baton import HANDOFF_FIELDS, LIST_FIELDS, SCALAR_FIELDS, Baton
 from heartbeat.errors import Conflict, HeartbeatError, UnsafePath
-from heartbeat.ledger import Event, Ledger
+from heartbeat.ledger import Event, EventKind, Ledger
 from heartbeat.timeparse import utcnow
 
 __all__ = ["Entry", "Edit", "Store", "Unwatch", "check_fence", "start_create", "finish_edit", "content_changes",
@@ -199,7 +199,7 @@ def finish_edit(ed: Edit, *, world: bool = True) -> list[Event]:
         meta.world = fingerprint(new)
     events = ed.events
     if not events:
-        kind = "touched" if ed.touch and not changed else "updated"
+        kind = EventKind.TOUCHED if ed.touch and not changed else EventKind.UPDATED
         events = [Event(task=meta.id, kind=kind, ts=now, actor=ed.actor)]
     if meta.world != old.meta.world:
         events[0].data.setdefault("world", dict(meta.world))  # report: stale resumes from the ledger
@@ -230,7 +230,7 @@ def continue_above(ed: Edit, events: list[Event], highest: int) -> None:
         return
     found = ed.old.meta.revision
     ed.baton.meta.revision = highest + 1
-    events.insert(0, Event(task=ed.old.id, kind="restored", ts=ed.now, actor=ed.actor, epoch=ed.baton.meta.epoch,
+    events.insert(0, Event(task=ed.old.id, kind=EventKind.RESTORED, ts=ed.now, actor=ed.actor, epoch=ed.baton.meta.epoch,
                            data={"found_revision": found, "highest_revision": highest,
                                  "status": ed.old.meta.status.value}))
     for event in events:

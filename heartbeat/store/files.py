@@ -38,7 +38,7 @@ from heartbeat.errors import (
     UnsafePath,
 )
 from heartbeat.layout import StateLayout
-from heartbeat.ledger import Event, Ledger, PendingWrite, SqliteLedger
+from heartbeat.ledger import Event, EventKind, Ledger, PendingWrite, SqliteLedger
 from heartbeat.safefile import check_not_special, open_parent, open_regular, write_file_atomic, write_temp
 from heartbeat.store.base import (
     Edit,
@@ -284,7 +284,7 @@ class FileStore:
             meta = new.meta
             # A task id used before (its baton deleted) continues above its history's revisions.
             meta.revision = self._highest_revision(task_id, "") + 1
-            events = [Event(task=task_id, kind="created", ts=now, actor=actor, epoch=meta.epoch,
+            events = [Event(task=task_id, kind=EventKind.CREATED, ts=now, actor=actor, epoch=meta.epoch,
                             revision=meta.revision, data=created_data(new))]
             self._write(task_id, new, events, base="")
         return new

@@ -9,7 +9,7 @@ from datetime import datetime
 
 from heartbeat.baton import Baton, check_id
 from heartbeat.errors import AlreadyExists, NotFound
-from heartbeat.ledger import Event, Ledger, MemoryLedger
+from heartbeat.ledger import Event, EventKind, Ledger, MemoryLedger
 from heartbeat.store.base import (
     Edit,
     Entry,
@@ -43,7 +43,7 @@ class MemoryStore:
                 raise AlreadyExists("a task with this id exists already", task=task_id)
             new = start_create(baton, now, world=False)
             new.meta.revision = 1
-            self.ledger.append([Event(task=task_id, kind="created", ts=now, actor=actor, epoch=new.meta.epoch,
+            self.ledger.append([Event(task=task_id, kind=EventKind.CREATED, ts=now, actor=actor, epoch=new.meta.epoch,
                                       revision=1, data=created_data(new))])
             self._batons[task_id] = new
         self._changed(task_id)

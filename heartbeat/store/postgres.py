@@ -40,7 +40,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from heartbeat import defaults
 from heartbeat.baton import Baton, check_id, dump_baton, parse_baton
 from heartbeat.errors import AlreadyExists, BadInput, Conflict, HeartbeatError, NotFound, StoreError
-from heartbeat.ledger import Event, Ledger, PendingWrite, _minute
+from heartbeat.ledger import Event, EventKind, Ledger, PendingWrite, _minute
 from heartbeat.store.base import (
     Edit,
     Entry,
@@ -455,7 +455,7 @@ class PostgresStore:
         new = start_create(baton, now)
         meta = new.meta
         meta.revision = 1
-        events = [Event(task=task_id, kind="created", ts=now, actor=actor, epoch=meta.epoch, revision=1,
+        events = [Event(task=task_id, kind=EventKind.CREATED, ts=now, actor=actor, epoch=meta.epoch, revision=1,
                         data=created_data(new))]
         with self._conn() as conn, conn.transaction():
             # A re-created id continues above its history: no two histories of one revision.
