@@ -134,10 +134,11 @@ def fast_touch(state_dir: str, task_id: str, epoch: int) -> bool:
             os.close(fd)
 
 
-def arm(state_dir: str, task_id: str, epoch: int, baton_bytes: bytes, fold_by: float) -> bool:
+def arm(state_dir: str, task_id: str, epoch: int, baton_bytes: bytes, touched: float, fold_by: float) -> bool:
     """Write ``logs/<id>/<epoch>.pulse`` for a baton whose bytes are ``baton_bytes``, fresh until
-    ``fold_by``. Best effort: a planted link or FIFO on the way, a full disk, anything
-    unusual leaves no pulse (every touch then takes the slow way) and returns False."""
+    ``fold_by``, its mtime the baton's ``touched`` (Unix seconds). Best effort: a planted link
+    or FIFO on the way, a full disk, anything unusual leaves no pulse (every touch then takes
+    the slow way) and returns False."""
     from heartbeat.errors import UnsafePath
     from heartbeat.safefile import open_dir
 
@@ -155,6 +156,7 @@ def arm(state_dir: str, task_id: str, epoch: int, baton_bytes: bytes, fold_by: f
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
+            os.utime(fd, (touched, touched))
         finally:
             os.close(fd)
         # No fsync: a pulse lost to a crash costs one slow touch, never a wrong answer.

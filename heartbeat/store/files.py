@@ -391,7 +391,8 @@ class FileStore:
         meta = baton.meta
         if meta.epoch != epoch or meta.status is not Status.ACTIVE or meta.owner is None or meta.touched_at is None:
             return False
-        return _arm_pulse(self.state_dir, task_id, epoch, data, meta.touched_at.timestamp() + defaults.TOUCH_COALESCE)
+        touched = meta.touched_at.timestamp()
+        return _arm_pulse(self.state_dir, task_id, epoch, data, touched, touched + defaults.TOUCH_COALESCE)
 
     def put_text(self, task_id: str, text: str) -> bool:
         """Write a baton's text verbatim (import, migrate) unless the id is taken; True when written."""
