@@ -545,6 +545,18 @@ class TestHotPath:
         assert not roots & set(self.HEAVY), sorted(roots & set(self.HEAVY))
         assert "heartbeat.config" not in modules
 
+    @pytest.mark.parametrize("args", [["set", "hot", "step=next"], ["add", "hot", "done", "x"]])
+    def test_agent_writes_load_no_inspect_or_openssl(self, hb: Hb, state_dir: Path, args: list[str]) -> None:
+        """An agent's set or add (key files hashed) loads neither inspect (with ast, dis, tokenize), which
+        dataclasses imports for a call it does not make here, nor hashlib's OpenSSL, nor argparse."""
+        (state_dir / "k.txt").write_text("k")
+        epoch = hb("new", "hot", "--task", "t", "--step", "s", "--claim", "--workdir", str(state_dir),
+                   "--key-file", "k.txt").out.strip()
+        env = {"HEARTBEAT_EPOCH": epoch, "HEARTBEAT_TASK": "hot"}
+        modules = _imports_of(args, state_dir, env) - _imports_of([], state_dir, env, code="pass")
+        assert "heartbeat.world" in modules and "dataclasses" in modules  # the measurement works
+        assert not modules & {"inspect", "ast", "dis", "tokenize", "_hashlib", "argparse", "importlib.util"}
+
     def test_an_agents_touch_loads_only_the_pulse(self, hb: Hb, state_dir: Path) -> None:
         """An agent's touch with its pulse armed (heartbeat.pulse) loads heartbeat and heartbeat.pulse, and of
         the rest of Python nothing that parses, types or stores: no TOML, typing, re, sqlite3 or dataclasses."""
