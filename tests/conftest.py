@@ -125,3 +125,43 @@ def pg_url(pg_cluster: Any) -> str:
     with psycopg.connect(pg_cluster.host_url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}" TEMPLATE hb_template')  # type: ignore[arg-type]
     return str(pg_cluster.url(name))
+
+
+# -- pytest-xdist: a test marked `exclusive` runs while no other worker runs a test ---------------
+
+_EXCLUSIVE_WAIT = 900.0
+"""Seconds a worker waits for an exclusive test elsewhere to end before it runs its own test anyway."""
+
+
+@pytest.fixture(autouse=True)
+def _exclusive_under_xdist(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Under xdist (``scripts/test`` runs two workers) every test holds a shared lock on a file
+    of the run's temp root while it runs; a test marked ``exclusive`` (the short soak, whose
+    chaos is load-sensitive) announces itself with a marker file and takes the lock
+    exclusively, so the other worker finishes its current test and waits. Without xdist: nothing."""
+    import fcntl
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    root = tmp_path_factory.getbasetemp().parent  # pytest-N/, shared by the workers of this run
+    wanted = root / "exclusive.wanted"
+    exclusive = request.node.get_closest_marker("exclusive") is not None
+    with open(root / "exclusive.lock", "a") as lock:
+        if exclusive:
+            wanted.touch()
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                wanted.unlink(missing_ok=True)
+                fcntl.flock(lock, fcntl.LOCK_UN)
+            return
+        deadline = time.monotonic() + _EXCLUSIVE_WAIT
+        while wanted.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -31,6 +31,14 @@ def toml_list(items: list[str]) -> str:
     return json.dumps(items)
 
 
+def _parse_line(raw: bytes) -> dict[str, Any]:
+    line = raw.decode(errors="replace")
+    try:
+        return json.loads(line)
+    except ValueError:
+        return {"event": "non-json", "line": line}
+
+
 class DaemonHarness:
     """One state dir, one config, and a daemon process that can be killed and restarted."""
 
@@ -43,6 +51,8 @@ class DaemonHarness:
         self.state.mkdir(mode=0o700, exist_ok=True)
         self.config = root / "heartbeat.toml"
         self.log_path = root / "daemon.log"
+        self._log_offset = 0
+        self._log_lines: list[dict[str, Any]] = []
         self.proc: subprocess.Popen[bytes] | None = None
         self.settings = dict(tick=tick, stall_after=stall_after, progress_after=progress_after,
                              max_attempts=max_attempts, max_idle_resumes=max_idle_resumes,
@@ -140,15 +150,26 @@ stop_grace = "500ms"
         return [e for e in self.store.ledger.events(task_id) if kind is None or e.kind == kind]
 
     def log(self) -> list[dict[str, Any]]:
-        if not self.log_path.exists():
+        """Every line of the daemon's log so far, parsed (a line that is not JSON as ``non-json``).
+
+        Read incrementally: the lines already parsed are kept and only the bytes appended since
+        are read, so polling a long debug log every few milliseconds stays cheap (it used to be
+        re-read and re-parsed whole on each poll, stealing CPU from the daemon under test). A
+        last line still being written is parsed each time, never kept, until its newline comes.
+        """
+        try:
+            with open(self.log_path, "rb") as handle:
+                if os.fstat(handle.fileno()).st_size < self._log_offset:  # replaced or truncated: start over
+                    self._log_offset, self._log_lines = 0, []
+                handle.seek(self._log_offset)
+                chunk = handle.read()
+        except FileNotFoundError:
             return []
-        out = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                out.append({"event": "non-json", "line": line})
-        return out
+        complete = chunk.rfind(b"\n") + 1
+        self._log_lines.extend(_parse_line(line) for line in chunk[:complete].splitlines())
+        self._log_offset += complete
+        partial = chunk[complete:]
+        return [*self._log_lines, _parse_line(partial)] if partial.strip() else list(self._log_lines)
 
     def wait_log(self, predicate: Callable[[dict[str, Any]], bool], message: str, timeout: float = 20) -> Any:
         return self.wait(lambda: next((e for e in self.log() if predicate(e)), None), message, timeout)

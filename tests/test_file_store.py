@@ -282,7 +282,10 @@ class TestNoLostUpdates:
             stdout=subprocess.PIPE)
         try:
             assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+            # The store reads LOCK_TIMEOUT once, when it is built (the fixture's store already was):
+            # patching defaults alone left this test waiting the full 30 s default.
             monkeypatch.setattr(defaults, "LOCK_TIMEOUT", 0.2)
+            monkeypatch.setattr(file_store, "lock_wait", 0.2)
             with pytest.raises(StoreError, match="held this baton's lock"):
                 with file_store.edit("n") as ed:
                     ed.baton.step = "never"

@@ -86,6 +86,16 @@ def owner(h: DaemonHarness, task_id: str) -> int | None:
     return b.meta.owner.pid if b is not None and b.meta.owner is not None else None
 
 
+def kill_the_agent(h: DaemonHarness) -> None:
+    """SIGKILL the agent of "work"; return once its exit is in the ledger and a successor runs."""
+    victim = owner(h, "work")
+    assert victim is not None
+    exits_before = len(h.events("work", "exited"))
+    os.killpg(os.getpgid(victim), signal.SIGKILL)
+    h.wait(lambda: len(h.events("work", "exited")) > exits_before, "the exit recorded")
+    h.wait(lambda: (p := owner(h, "work")) and p != victim, "the successor dispatched")
+
+
 class TestExposition:
     def test_parses_and_follows_conventions(self, running: Running) -> None:
         """/metrics parses with prometheus_client's parser; every family is heartbeat_*, counters end in _total,
@@ -124,12 +134,7 @@ class TestExposition:
         /metrics and in the standalone `heartbeat metrics` alike (both count the ledger)."""
         h = running.h
         _, before = parse(scrape(running.url))
-        victim = owner(h, "work")
-        assert victim is not None
-        exits_before = len(h.events("work", "exited"))
-        os.killpg(os.getpgid(victim), signal.SIGKILL)
-        h.wait(lambda: len(h.events("work", "exited")) > exits_before, "the exit recorded")
-        h.wait(lambda: (p := owner(h, "work")) and p != victim, "the successor dispatched")
+        kill_the_agent(h)
         _, after = parse(scrape(running.url))
         assert value(after, "heartbeat_exits_total", kind="failed") == value(before, "heartbeat_exits_total",
                                                                                 kind="failed") + 1
@@ -149,6 +154,7 @@ class TestExposition:
         """The counters come from the ledger: a restarted daemon reports them from where they were, not 0;
         while it is down, the standalone exporter still shows them and the last tick stops moving."""
         h = running.h
+        kill_the_agent(h)  # an exit to count, whichever tests ran before this one (or none)
         _, before = parse(scrape(running.url))
         h.stop()
         r = cli_metrics(h)

@@ -7,7 +7,9 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -321,22 +323,54 @@ class TestPlanSession:
 
 
 def run_cli(argv: list[str], home: Path, cwd: Path, *, timeout: float,
-            extra_env: dict[str, str] | None = None) -> tuple[int | None, str, str]:
+            extra_env: dict[str, str] | None = None,
+            stop_when: Callable[[str, str], object] | None = None) -> tuple[int | None, str, str]:
     """Run a real agent CLI with a private HOME and no login, the brief on stdin, for at most ``timeout`` s.
 
-    Returns (exit code or None when it had to be stopped, stdout, stderr)."""
+    ``stop_when(stdout, stderr)`` ends it early, like the timeout, once its output so far shows
+    what the test waits for (a CLI retrying an unreachable network would otherwise run out the
+    whole timeout). Returns (exit code, or None when it had to be stopped, stdout, stderr)."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
            **(extra_env or {})}
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             cwd=str(cwd), env=env, start_new_session=True)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    chunks: tuple[list[bytes], list[bytes]] = ([], [])
+    readers = [threading.Thread(target=lambda f=f, into=into: into.extend(iter(lambda: f.read1(65536), b"")),
+                                daemon=True) for f, into in ((proc.stdout, chunks[0]), (proc.stderr, chunks[1]))]
+    for reader in readers:
+        reader.start()
     try:
-        out, err = proc.communicate(b"the brief\n", timeout=timeout)
-        code: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
+        proc.stdin.write(b"the brief\n")
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+
+    def text(i: int) -> str:
+        return b"".join(chunks[i]).decode(errors="replace")
+
+    deadline = time.monotonic() + timeout
+    code: int | None = None
+    while (code := proc.poll()) is None and time.monotonic() < deadline:
+        if stop_when is not None and stop_when(text(0), text(1)) and (code := proc.poll()) is None:
+            break
+        time.sleep(0.05)
+    if code is None:
         os.killpg(proc.pid, 9)
-        out, err = proc.communicate()
-        code = None
-    return code, out.decode(errors="replace"), err.decode(errors="replace")
+        proc.wait()
+    for reader in readers:
+        reader.join()
+    return code, text(0), text(1)
+
+
+def codex_retrying(out: str, err: str) -> bool:
+    """codex named its thread and is retrying the unreachable model API: the argv was taken."""
+    return bool(parse_codex(out.encode()).session_id) and '"Reconnecting' in out
+
+
+def gemini_retrying(out: str, err: str) -> bool:
+    """gemini named its session, recorded the prompt and is retrying the unreachable API."""
+    return bool(parse_gemini(out.encode()).session_id) and '"role":"user"' in out and "Retrying" in err
 
 
 @pytest.fixture
@@ -376,11 +410,13 @@ class TestRealCLIsAcceptThePresetArgv:
         """codex starts a thread for the fresh argv, and `exec ... resume ID -` continues that same thread."""
         home, work = cli_home
         lc = launcher(f'preset = "codex"\nprogram = "{agent_cli("codex")}"\nargs = {toml_list(CODEX_ARGS)}')
-        code, out, err = run_cli(build_argv(lc, request(work, session="")), home, work, timeout=15)
+        code, out, err = run_cli(build_argv(lc, request(work, session="")), home, work, timeout=15,
+                                 stop_when=codex_retrying)
         assert code is None, (code, err[-500:])  # it got going and retried the network until stopped
         thread = parse_codex(out.encode()).session_id
         assert thread, out[:500] + err[-500:]
-        code, out, err = run_cli(build_argv(lc, request(work, session=thread, resume=True)), home, work, timeout=15)
+        code, out, err = run_cli(build_argv(lc, request(work, session=thread, resume=True)), home, work, timeout=15,
+                                 stop_when=codex_retrying)
         assert code is None, (code, err[-500:])
         assert "unexpected argument" not in err
         assert parse_codex(out.encode()).session_id == thread
@@ -407,7 +443,7 @@ class TestRealCLIsAcceptThePresetArgv:
         key = {"GEMINI_API_KEY": "not-a-key"}
         for resume in (False, True):
             code, out, err = run_cli(build_argv(lc, request(work, resume=resume)), home, work, timeout=25,
-                                     extra_env=key)
+                                     extra_env=key, stop_when=gemini_retrying)
             assert "Unknown argument" not in err and "trusted directory" not in err, err[-500:]
             info = parse_gemini((out + err).encode())
             assert info.session_id == UUID1 and not info.resume_failed, (code, out[:500], err[-500:])

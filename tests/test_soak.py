@@ -477,6 +477,7 @@ class TestBatonChecks:
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # its chaos is timing-sensitive: under xdist the other worker waits meanwhile
 class TestShortSoak:
     """``scripts/soak.py --short`` against the real daemon: chaos happened, and no invariant broke."""
 
