@@ -76,6 +76,7 @@ def new_task(
     after: Sequence[str] = (),
     guarantees: Sequence[Guarantee] = (),
     on_broken: str = "",
+    host_labels: Sequence[str] = (),
     actor: str = "",
     now: datetime | None = None,
 ) -> Baton:
@@ -129,6 +130,11 @@ def new_task(
         on_broken=on_broken,
         meta=meta,
     )
+    if host_labels:  # a top-level key of the baton: only daemons offering every label dispatch it
+        from heartbeat.lease import host_labels as check_labels
+
+        baton.extra["host_labels"] = list(host_labels)
+        baton.extra["host_labels"] = check_labels(baton)
     return store.create(baton, actor=actor, now=now)
 
 
