@@ -212,6 +212,8 @@ class Lease:
         self._renewed_at: float | None = None
         """Monotonic time at which the last successful renewal *started* (its leases last ttl from after it)."""
         self._unreachable = False
+        self._attempt: float | None = None
+        """Monotonic start of the renewal in flight (None: none is)."""
         self._fenced_all = False
         self._stop = threading.Event()
         self._watch: threading.Thread | None = None
@@ -254,6 +256,7 @@ class Lease:
             supervised = dict(self._supervised)
         ids = list(supervised)
         started = time.monotonic()
+        self._attempt = started
         params = {"me": self.host, "pid": os.getpid(), "labels": self.labels, "capacity": self.capacity,
                   "running": len(supervised) if running is None else running, "ttl": self.ttl,
                   "started": self.started, "ids": ids, "epochs": [supervised[i][0] for i in ids]}
@@ -264,6 +267,8 @@ class Lease:
         except HeartbeatError as exc:
             self.unreachable(exc)
             return False
+        finally:
+            self._attempt = None
         with self._lock:
             self._renewed_at = started
             self._fenced_all = False
@@ -312,7 +317,13 @@ class Lease:
             with self._lock:
                 at = self._renewed_at
                 fenced = self._fenced_all
-            if at is None or fenced or time.monotonic() < at + self._fence_after():
+            now = time.monotonic()
+            if at is None or fenced or now < at + self._fence_after():
+                continue
+            # Past the deadline because renewals fail or hang, not because this whole process
+            # was paused (then the next renewal, about to run, says which leases still hold).
+            attempt = self._attempt
+            if not self._unreachable and (attempt is None or now - attempt < self.interval):
                 continue
             with self._lock:
                 self._fenced_all = True
