@@ -113,7 +113,8 @@ class LeaseRow:
 
     host: str
     left: float | None
-    """Seconds until the lease expires (negative: expired); None when no lease is held."""
+    """Seconds until the lease expires (negative: expired, its agent not yet taken over); None when
+    no lease is held (none was ever renewed, or it lapsed on a task with no agent)."""
 
 
 def list_hosts(store: PostgresStore) -> list[HostRow]:
@@ -132,8 +133,8 @@ def lease_rows(store: PostgresStore) -> dict[str, LeaseRow]:
     """Task id -> its owner host and lease, for every task that has a host."""
     with store._conn() as conn:
         rows = conn.execute(
-            "SELECT id, owner_host, extract(epoch FROM lease_expires - now())::float8 FROM heartbeat_batons "
-            "WHERE owner_host <> ''"
+            "SELECT id, owner_host, CASE WHEN owned OR lease_expires > now() "
+            "THEN extract(epoch FROM lease_expires - now())::float8 END FROM heartbeat_batons WHERE owner_host <> ''"
         ).fetchall()
         conn.commit()
     return {r[0]: LeaseRow(host=r[1], left=r[2]) for r in rows}
