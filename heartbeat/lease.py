@@ -348,9 +348,18 @@ class Lease:
 
     # -- claim and takeover ---------------------------------------------------------------
 
+    def _fresh(self) -> bool:
+        """Healthy, renewing first when the last renewal is older than the renewal interval (a
+        long pass, or ``run --once`` with no renewal job): act only on leases known to hold."""
+        with self._lock:
+            at = self._renewed_at
+        if at is None or time.monotonic() - at > self.interval:
+            self.renew()
+        return self.healthy()
+
     def claim(self, ids: Sequence[str], limit: int | None = None) -> list[str]:
         """Of the tasks this daemon decided to dispatch, the ones it now holds (in order)."""
-        if not ids or not self.healthy():
+        if not ids or not self._fresh():
             return []
         params = {"ids": list(ids), "me": self.host, "labels": self.labels, "ttl": self.ttl,
                   "limit": len(ids) if limit is None else max(0, limit)}
@@ -365,7 +374,7 @@ class Lease:
 
     def take_over(self, limit: int) -> list[TakenOver]:
         """Take over (up to ``limit``) tasks whose owner host's lease expired. One transaction."""
-        if limit <= 0 or not self.healthy():
+        if limit <= 0 or not self._fresh():
             return []
         from heartbeat.store import postgres as pg
 

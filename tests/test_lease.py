@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 
 from heartbeat.baton import Baton, Gate, GateKind, Meta, Owner
 from heartbeat.config import parse_config
-from heartbeat.errors import BadInput, ConfigError, Conflict
+from heartbeat.errors import BadInput, ConfigError, Conflict, StoreError
 from heartbeat.gates import GateEvaluator
 from heartbeat.lease import Lease, LeaseRow, host_labels, lease_rows, list_hosts, resolve_host
 from heartbeat.store.postgres import MIGRATIONS, PostgresStore, upgrade
@@ -174,16 +175,31 @@ class TestClaim:
         b.lease.renew()
         assert b.lease.claim(["t"]) == []
 
-    def test_no_claim_before_a_renewal_nor_while_the_database_is_unreachable(self, hosts: dict[str, _Host]) -> None:
-        """A host that has not renewed (just started, or cut off) claims nothing: it cannot know its leases hold."""
+    def test_no_claim_nor_takeover_while_the_database_is_unreachable(self, hosts: dict[str, _Host]) -> None:
+        """A host whose renewal fails claims and takes over nothing, says so once, and once when it is back;
+        a stale renewal is redone before a claim (a long pass, or `run --once`, acts on leases known to hold)."""
         a = hosts["host-a"]
         a.store.create(_baton("t"))
-        assert a.lease.claim(["t"]) == []
-        a.lease.renew()
-        a.lease.unreachable(RuntimeError("cut off"))
-        assert a.lease.claim(["t"]) == []
-        assert a.lease.renew()
+        real = a.lease.store
+        a.lease.store = _Down()  # type: ignore[assignment]
+        assert not a.lease.renew()
+        assert a.lease.claim(["t"]) == [] and a.lease.take_over(5) == []
+        assert len(a.log.events("store_unreachable")) == 1
+        a.lease.store = real
+        time.sleep(0.3)  # past the renewal interval: the claim renews first
         assert a.lease.claim(["t"]) == ["t"]
+        assert len(a.log.events("store_unreachable")) == 1 and len(a.log.events("store_reachable")) == 1
+
+
+class _Down:
+    """A store whose database does not answer."""
+
+    label = "down"
+
+    @contextmanager
+    def _conn(self) -> Iterator[Any]:
+        raise StoreError("cannot reach the database down: connection refused")
+        yield
 
 
 class TestRenew:
