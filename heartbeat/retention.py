@@ -57,7 +57,9 @@ from typing import Any
 from heartbeat.baton import Baton, Status, parse_baton
 from heartbeat.config import RetentionConfig
 from heartbeat.errors import HeartbeatError, StoreError
+from heartbeat.layout import StateLayout
 from heartbeat.ledger import Event
+from heartbeat.safefile import fsync_dir, write_file_atomic
 
 __all__ = [
     "RETENTION_KINDS",
@@ -73,7 +75,6 @@ RETENTION_KINDS = frozenset({"archived", "compacted"})
 EPOCH_FILE = re.compile(r"(\d{1,18})\.(log|log\.1|brief\.md|exit|pid)")
 """The names of an epoch's files under ``logs/<id>/``; nothing else there is ever removed."""
 
-ARCHIVE_DIR = "archive"
 _ARCHIVE_NAME = re.compile(r"\d{8}T\d{6}\d{6}Z\.jsonl\.gz")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_ARCHIVE_LINE = 64 * 1024 * 1024
@@ -179,7 +180,7 @@ def _gc_lock(state_dir: str, dry_run: bool) -> Iterator[None]:
     if dry_run:
         yield
         return
-    path = os.path.join(state_dir, "locks", ".gc.lock")
+    path = StateLayout(state_dir).gc_lock
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
@@ -352,7 +353,7 @@ def _archive(store: Any, batons: list[Baton], result: GcResult, *, now: datetime
             result.archived_rows += len(c.events)
             result.archived_bytes += len(c.raw) + _logs_bytes(store.logs_dir, c.task)
         return set(result.archived)
-    archive_dir = os.path.join(store.state_dir, ARCHIVE_DIR)
+    archive_dir = StateLayout(store.state_dir).archive_dir
     from heartbeat.store.files import ensure_private_dir
 
     ensure_private_dir(archive_dir, what="archive dir")
@@ -389,28 +390,9 @@ def _logs_bytes(logs_dir: str, task: str) -> int:
 
 
 def _write_durably(path: str, data: bytes) -> None:
-    directory = os.path.dirname(path)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-        dfd = os.open(directory, _DIR_FLAGS)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_file_atomic(path, data, fsync_dir=True, follow=False)
     except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise StoreError(f"cannot write the archive: {exc.strerror}; nothing was archived", path=path) from None
 
 
@@ -459,11 +441,7 @@ def _retire(store: Any, c: _Candidate, archive_name: str, now: datetime) -> str:
             })
             store.ledger.fold(c.task, [e.id for e in c.events], [summary])
             os.unlink(store.path_of(c.task))
-            dfd = os.open(store.batons_dir, _DIR_FLAGS)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            fsync_dir(store.batons_dir, follow=False)
     except HeartbeatError as exc:
         return str(exc)
     return ""
@@ -485,7 +463,7 @@ def read_archived(store: Any) -> dict[str, tuple[Baton | None, list[Event]]]:
     for name in wanted:
         if not _ARCHIVE_NAME.fullmatch(name):
             raise StoreError(f"the ledger names an archive {name!r} that is not an archive file name")
-        path = os.path.join(state_dir, ARCHIVE_DIR, name)
+        path = os.path.join(StateLayout(state_dir).archive_dir, name)
         for doc in _read_archive(path):
             records[(name, str(doc.get("task")), str(doc.get("baton_sha256")))] = doc
     found: dict[str, tuple[Baton | None, list[Event]]] = {}

@@ -10,12 +10,18 @@ keep, and that ``tests/test_store_contract.py`` checks against each one:
 - a write that names an expected revision, or an epoch, that has moved on is refused
   with :class:`~heartbeat.errors.Conflict` and changes nothing;
 - an invalid baton is reported, never deleted or overwritten;
-- every write appends its events to the ledger.
+- every write appends its events to the ledger;
+- :meth:`Store.watch` reports every committed write by task id (or says writes may have
+  been missed), so the daemon answers a write between ticks without knowing where or how
+  the store keeps batons.
+
+This protocol is the cut: the daemon, the CLI and the API use only what is declared here
+(no path of one backend, no ``getattr`` for a backend's private shortcut).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,11 +29,11 @@ from typing import Any, Protocol
 
 from heartbeat.baton import HANDOFF_FIELDS, LIST_FIELDS, SCALAR_FIELDS, Baton
 from heartbeat.errors import Conflict, HeartbeatError, UnsafePath
-from heartbeat.ledger import Event, Ledger
+from heartbeat.ledger import Event, EventKind, Ledger
 from heartbeat.timeparse import utcnow
 
-__all__ = ["Entry", "Edit", "Store", "check_fence", "finish_edit", "content_changes", "created_data",
-           "continue_above", "fingerprint", "write_identity"]
+__all__ = ["Entry", "Edit", "Store", "Unwatch", "check_fence", "start_create", "finish_edit", "content_changes",
+           "created_data", "continue_above", "fingerprint", "write_identity"]
 
 
 @dataclass
@@ -38,7 +44,6 @@ class Entry:
     baton: Baton | None = None
     error: HeartbeatError | None = None
     path: str = ""
-    mtime: float = 0.0
 
 
 @dataclass
@@ -67,10 +72,19 @@ class Edit:
         self.cancelled = True
 
 
+class Unwatch(Protocol):
+    """Stops a :meth:`Store.watch`: no callback runs once it has returned (waits at most ``timeout`` s)."""
+
+    def __call__(self, timeout: float = 5.0) -> None: ...
+
+
 class Store(Protocol):
     """A place batons live. See the module docstring for the rules."""
 
     ledger: Ledger
+    scan_unchanged: bool
+    """Whether the last :meth:`scan` returned exactly the entries of the one before it (the same
+    objects, nothing added, removed or rewritten). A store that cannot tell cheaply says False."""
 
     def create(self, baton: Baton, *, actor: str = "", now: datetime | None = None) -> Baton:
         """Write a new baton (revision 1) and its ``created`` event; :class:`AlreadyExists` if taken."""
@@ -96,15 +110,13 @@ class Store(Protocol):
     def record(self, events: list[Event]) -> None:
         """Append events that come with no baton write (an agent's exit, an invalid baton found)."""
 
+    def watch(self, callback: Callable[[str | None], None]) -> Unwatch:
+        """Call ``callback(task_id)`` after each write to a baton (by anyone), from a thread of the
+        store's; ``callback(None)`` when writes may have been missed (rescan everything). The
+        callback must be quick and thread-safe. Returns the function that stops the watch."""
+
     def close(self) -> None:
         """Release files, connections and locks."""
-
-
-def update(store: Store, task_id: str, mutate: Callable[[Edit], None], **kwargs: Any) -> Baton:
-    """Apply ``mutate`` to one baton inside an edit and return the baton as written."""
-    with store.edit(task_id, **kwargs) as ed:
-        mutate(ed)
-    return ed.baton
 
 
 def check_fence(current: Baton, *, expect_revision: int | None, epoch: int | None) -> None:
@@ -150,11 +162,23 @@ def made_progress(old: Baton, new: Baton) -> bool:
     return new.step != old.step or len(new.done) > len(old.done)
 
 
-def finish_edit(ed: Edit, fingerprint: Callable[[Baton], dict[str, str]] | None) -> list[Event]:
+def start_create(baton: Baton, now: datetime, *, world: bool = True) -> Baton:
+    """The baton a create writes (before the store sets its revision): a copy with its times
+    stamped and, unless ``world`` is False (the memory store: no files), its world fingerprinted."""
+    new = baton.copy()
+    meta = new.meta
+    meta.created_at = meta.updated_at = meta.touched_at = meta.progress_at = now
+    if world:
+        meta.world = fingerprint(new)
+    return new
+
+
+def finish_edit(ed: Edit, *, world: bool = True) -> list[Event]:
     """Apply the bookkeeping of a write and return the events to record.
 
     Bumps the revision, stamps times, resets the attempt counters on progress and
-    re-fingerprints the world (not on a bare touch: a touch says "still on this step").
+    re-fingerprints the world (not on a bare touch: a touch says "still on this step";
+    never when ``world`` is False: the memory store has no files).
     """
     old, new, now = ed.old, ed.baton, ed.now
     meta = new.meta
@@ -171,11 +195,11 @@ def finish_edit(ed: Edit, fingerprint: Callable[[Baton], dict[str, str]] | None)
     # The world is re-fingerprinted only when the note itself changes. A touch or a
     # bookkeeping write (claim, dispatch, owner, block/unblock) keeps the old fingerprints,
     # so a world that changed across a handoff still reads as stale to the successor's verify.
-    if fingerprint is not None and any(name != "blocked_on" for name in changed):
+    if world and any(name != "blocked_on" for name in changed):
         meta.world = fingerprint(new)
     events = ed.events
     if not events:
-        kind = "touched" if ed.touch and not changed else "updated"
+        kind = EventKind.TOUCHED if ed.touch and not changed else EventKind.UPDATED
         events = [Event(task=meta.id, kind=kind, ts=now, actor=ed.actor)]
     if meta.world != old.meta.world:
         events[0].data.setdefault("world", dict(meta.world))  # report: stale resumes from the ledger
@@ -206,7 +230,7 @@ def continue_above(ed: Edit, events: list[Event], highest: int) -> None:
         return
     found = ed.old.meta.revision
     ed.baton.meta.revision = highest + 1
-    events.insert(0, Event(task=ed.old.id, kind="restored", ts=ed.now, actor=ed.actor, epoch=ed.baton.meta.epoch,
+    events.insert(0, Event(task=ed.old.id, kind=EventKind.RESTORED, ts=ed.now, actor=ed.actor, epoch=ed.baton.meta.epoch,
                            data={"found_revision": found, "highest_revision": highest,
                                  "status": ed.old.meta.status.value}))
     for event in events:
@@ -228,6 +252,3 @@ def fingerprint(baton: Baton) -> dict[str, str]:
 def now_or(now: datetime | None) -> datetime:
     return now if now is not None else utcnow()
 
-
-def iter_ids(entries: list[Entry]) -> Iterator[str]:
-    return (e.id for e in entries)

@@ -21,7 +21,7 @@ import fcntl
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
@@ -37,19 +37,21 @@ from heartbeat.errors import (
     StoreError,
     UnsafePath,
 )
-from heartbeat.ledger import Event, Ledger, PendingWrite, SqliteLedger
-from heartbeat.safefile import check_not_special, open_regular
+from heartbeat.layout import StateLayout
+from heartbeat.ledger import Event, EventKind, Ledger, PendingWrite, SqliteLedger
+from heartbeat.safefile import check_not_special, open_parent, open_regular, write_file_atomic, write_temp
 from heartbeat.store.base import (
     Edit,
     Entry,
+    Unwatch,
     check_fence,
     continue_above,
     created_data,
     finish_edit,
     now_or,
+    start_create,
     write_identity,
 )
-from heartbeat.store.base import fingerprint as _fingerprint
 
 __all__ = ["FileStore", "ensure_private_dir"]
 
@@ -88,14 +90,6 @@ def ensure_private_dir(path: str, *, what: str = "state dir") -> None:
         )
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -112,13 +106,14 @@ class FileStore:
     def __init__(self, state_dir: str) -> None:
         self.state_dir = os.path.abspath(state_dir)
         ensure_private_dir(self.state_dir)
-        self.batons_dir = os.path.join(self.state_dir, "batons")
-        self.locks_dir = os.path.join(self.state_dir, "locks")
-        self.logs_dir = os.path.join(self.state_dir, "logs")
+        self.layout = StateLayout(self.state_dir)
+        self.batons_dir = self.layout.batons_dir
+        self.locks_dir = self.layout.locks_dir
+        self.logs_dir = self.layout.logs_dir
         for sub, what in ((self.batons_dir, "batons dir"), (self.locks_dir, "locks dir")):
             ensure_private_dir(sub, what=what)
-        _refuse_special_ledger(os.path.join(self.state_dir, "ledger.sqlite3"))
-        self.ledger: Ledger = SqliteLedger(os.path.join(self.state_dir, "ledger.sqlite3"))
+        _refuse_special_ledger(self.layout.ledger_file)
+        self.ledger: Ledger = SqliteLedger(self.layout.ledger_file)
         self.lock_wait = defaults.LOCK_TIMEOUT
         """Seconds a write waits for a baton's lock before :class:`~heartbeat.errors.Busy` (the daemon shortens it)."""
         self._cache: dict[str, tuple[tuple[int, ...], Entry]] = {}
@@ -130,7 +125,7 @@ class FileStore:
         agent's next update under the lock skips the parse when the file is still exactly that."""
 
     def path_of(self, task_id: str) -> str:
-        return os.path.join(self.batons_dir, f"{task_id}.toml")
+        return self.layout.baton(task_id)
 
     # -- reading ---------------------------------------------------------------------
 
@@ -212,7 +207,7 @@ class FileStore:
                     entries.append(cached[1])
                     continue
                 changed = True
-                entry = Entry(id=task_id, path=de.path, mtime=st.st_mtime)
+                entry = Entry(id=task_id, path=de.path)
                 try:
                     check_id(task_id)
                     entry.baton, _ = self._read(task_id)
@@ -252,7 +247,7 @@ class FileStore:
 
     @contextmanager
     def _locked(self, task_id: str) -> Iterator[None]:
-        lock_path = os.path.join(self.locks_dir, f"{task_id}.lock")
+        lock_path = self.layout.lock(task_id)
         try:
             fd = open_regular(lock_path, os.O_RDWR | os.O_CREAT, 0o600)  # a FIFO, a link: refused
         except UnsafePath as exc:
@@ -285,13 +280,11 @@ class FileStore:
         with self._locked(task_id):
             if os.path.lexists(self.path_of(task_id)):
                 raise AlreadyExists("a task with this id exists already", task=task_id)
-            new = baton.copy()
+            new = start_create(baton, now)
             meta = new.meta
             # A task id used before (its baton deleted) continues above its history's revisions.
             meta.revision = self._highest_revision(task_id, "") + 1
-            meta.created_at = meta.updated_at = meta.touched_at = meta.progress_at = now
-            meta.world = _fingerprint(new)
-            events = [Event(task=task_id, kind="created", ts=now, actor=actor, epoch=meta.epoch,
+            events = [Event(task=task_id, kind=EventKind.CREATED, ts=now, actor=actor, epoch=meta.epoch,
                             revision=meta.revision, data=created_data(new))]
             self._write(task_id, new, events, base="")
         return new
@@ -317,7 +310,7 @@ class FileStore:
             yield ed
             if ed.cancelled:
                 return
-            events = finish_edit(ed, _fingerprint)
+            events = finish_edit(ed)
             continue_above(ed, events, highest)
             self._write(task_id, ed.baton, events, base=base)
 
@@ -337,20 +330,19 @@ class FileStore:
                 f"the baton would be {len(data)} bytes; a baton may be at most {defaults.MAX_BATON_BYTES}",
                 task=task_id,
             )
-        tmp = os.path.join(self.batons_dir, f".{task_id}.toml.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        name = os.path.basename(path)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            dir_fd = open_parent(path)
+        except OSError as exc:
+            raise StoreError(f"cannot write the baton: {exc.strerror}; the previous baton is kept", path=path) from None
+        tmp = ""
+        try:
+            tmp = write_temp(dir_fd, name, data)  # ".<id>.toml.<pid>.<rand>.tmp": no reader looks at it
             # The event goes in before the rename: a baton on disk always has its event.
             write = PendingWrite(task_id, base, write_identity(baton))
             self.ledger.append(events, write=write)
-            os.replace(tmp, path)
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            tmp = ""
             try:
                 self.ledger.landed(write)
             except StoreError:
@@ -359,16 +351,17 @@ class FileStore:
                 self._written[task_id] = (data, baton.copy())
             else:
                 self._written.pop(task_id, None)
+            try:
+                os.fsync(dir_fd)
+            except OSError as exc:
+                raise StoreError(f"wrote the baton but could not fsync its directory: {exc.strerror}",
+                                 path=path) from None
         except OSError as exc:
-            _unlink_quietly(tmp)
             raise StoreError(f"cannot write the baton: {exc.strerror}; the previous baton is kept", path=path) from None
-        except BaseException:
-            _unlink_quietly(tmp)
-            raise
-        try:
-            _fsync_dir(self.batons_dir)
-        except OSError as exc:
-            raise StoreError(f"wrote the baton but could not fsync its directory: {exc.strerror}", path=path) from None
+        finally:
+            if tmp:
+                _unlink_quietly(tmp, dir_fd)
+            os.close(dir_fd)
 
     def put_text(self, task_id: str, text: str) -> bool:
         """Write a baton's text verbatim (import, migrate) unless the id is taken; True when written."""
@@ -379,25 +372,43 @@ class FileStore:
         with self._locked(task_id):
             if os.path.lexists(path):
                 return False
-            tmp = os.path.join(self.batons_dir, f".{task_id}.toml.{os.getpid()}.{os.urandom(4).hex()}.tmp")
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, path)
-                _fsync_dir(self.batons_dir)
+                write_file_atomic(path, data, fsync_dir=True)
             except OSError as exc:
-                _unlink_quietly(tmp)
                 raise StoreError(f"cannot write the baton: {exc.strerror}", path=path) from None
         return True
 
     def record(self, events: list[Event]) -> None:
         self.ledger.append(events)
+
+    def watch(self, callback: Callable[[str | None], None]) -> Unwatch:
+        """Call ``callback(task_id)`` when a baton file is written, replaced or removed (inotify,
+        through watchdog, from its thread), by anyone: a hand edit too. Returns ``stop``."""
+        from watchdog.events import FileSystemEvent, FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        batons_dir = self.batons_dir
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event: FileSystemEvent) -> None:
+                if event.event_type not in ("created", "modified", "moved", "closed", "deleted"):
+                    return
+                for raw in (event.src_path, getattr(event, "dest_path", "")):
+                    path = os.fsdecode(raw) if raw else ""
+                    directory, name = os.path.split(path)
+                    # Temp files (".<id>.toml.<pid>.<rand>.tmp") are no baton: their rename is.
+                    if directory == batons_dir and not name.startswith(".") and name.endswith(".toml"):
+                        callback(name[:-5])
+
+        observer = Observer()
+        observer.schedule(Handler(), batons_dir, recursive=False)
+        observer.start()
+
+        def stop_watching(timeout: float = 5.0) -> None:
+            observer.stop()
+            observer.join(timeout=timeout)
+
+        return stop_watching
 
     def close(self) -> None:
         self.ledger.close()
@@ -424,8 +435,8 @@ def _plain(value: object) -> bool:
     return isinstance(value, (str, int, bool, datetime))
 
 
-def _unlink_quietly(path: str) -> None:
+def _unlink_quietly(name: str, dir_fd: int) -> None:
     try:
-        os.unlink(path)
+        os.unlink(name, dir_fd=dir_fd)
     except OSError:
         pass
