@@ -157,7 +157,7 @@ WITH host AS (
     UPDATE heartbeat_batons b
     SET lease_expires = now() + %(ttl)s * interval '1 second', lease_renewed = now()
     FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS s(id, epoch)
-    WHERE b.id = s.id AND b.epoch = s.epoch AND b.owner_host = %(me)s
+    WHERE b.id = s.id AND (s.epoch IS NULL OR b.epoch = s.epoch) AND b.owner_host = %(me)s
     RETURNING b.id
 )
 SELECT id FROM renewed
@@ -209,7 +209,8 @@ class Lease:
         self.stop_agent = stop_agent
         self.started = datetime.now().astimezone()
         self._lock = threading.Lock()
-        self._supervised: dict[str, tuple[int, Owner]] = {}
+        self._supervised: dict[str, tuple[int | None, Owner | None]] = {}
+        """Task id -> (epoch, owner) of this host's agents; (None, None) for a task claimed and not yet dispatched."""
         self._renewed_at: float | None = None
         """Monotonic time at which the last successful renewal *started* (its leases last ttl from after it)."""
         self._unreachable = False
@@ -223,7 +224,7 @@ class Lease:
 
     def observe(self, entries: Iterable[Entry]) -> None:
         """After a full scan: the tasks whose agent this host runs are the ones it renews."""
-        found: dict[str, tuple[int, Owner]] = {}
+        found: dict[str, tuple[int | None, Owner | None]] = {}
         for entry in entries:
             baton = entry.baton
             if baton is not None and baton.meta.owner is not None and baton.meta.owner.host == self.host:
@@ -336,7 +337,9 @@ class Lease:
             for task_id, (epoch, owner) in lost.items():
                 self._fence(task_id, epoch, owner, why="this host could not renew its lease")
 
-    def _fence(self, task_id: str, epoch: int, owner: Owner, *, why: str) -> None:
+    def _fence(self, task_id: str, epoch: int | None, owner: Owner | None, *, why: str) -> None:
+        if owner is None or epoch is None:
+            return  # claimed, never dispatched: no agent to stop
         if owner.how != "dispatch":
             return  # a claimed agent (a person's session) is fenced by its epoch, never killed
         try:
@@ -370,6 +373,9 @@ class Lease:
         except StoreError as exc:
             self.unreachable(exc)
             return []
+        with self._lock:  # renewed from now on: the launches of a batch may outlast the claim's lease
+            for task_id in got:
+                self._supervised.setdefault(task_id, (None, None))
         return [i for i in ids if i in got]
 
     def take_over(self, limit: int) -> list[TakenOver]:
@@ -417,7 +423,7 @@ class Lease:
                  from_epoch=old.meta.epoch, pid=previous.pid if previous is not None else None)
         if meta.status is Status.ACTIVE:
             ed.event("stalled", why="owner_dead")
-        events: list[Event] = finish_edit(ed, None)
+        events: list[Event] = finish_edit(ed, world=False)  # nothing but bookkeeping changes: no world to fingerprint
         continue_above(ed, events, pg.highest_revision(conn, task_id))
         cur = conn.execute(
             "UPDATE heartbeat_batons SET body = %s, status = %s, revision = %s, epoch = %s, owned = false, "

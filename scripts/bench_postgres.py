@@ -129,7 +129,7 @@ def bench_leases(url: str, bare: psycopg.Connection[Any], count: int) -> list[tu
         out.append((f"renew {count} leases + the host row (one statement), p50 / p99",
                     f"{p(renews, 0.5):.2f} / {p(renews, 0.99):.2f} ms",
                     f"bare UPDATE of the same rows: {p(bare_renews, 0.5):.2f} / {p(bare_renews, 0.99):.2f} ms"))
-        daemon._pool.shutdown(wait=True)
+        daemon.shared.pool.shutdown(wait=True)
         daemon.store.close()
     store.close()
     return out

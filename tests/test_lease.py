@@ -281,10 +281,13 @@ class TestTakeOver:
         try:
             for task_id in ("t1", "t2", "t3", "gpu"):
                 a.store.create(_baton(task_id, host_labels=["gpu"]) if task_id == "gpu" else _baton(task_id))
-            a.lease.renew()
+            before = _Host(pg_url, "host-a")  # host-a's daemon before it died: it claimed and dispatched them
+            before.lease.renew()
             for task_id in ("t1", "t2", "t3"):
-                a.lease.claim([task_id])
-                _dispatch(a.store, task_id, "host-a")
+                before.lease.claim([task_id])
+                _dispatch(before.store, task_id, "host-a")
+            before.close()
+            for task_id in ("t1", "t2", "t3"):
                 _age_lease(pg_url, task_id, 1.0)
             with a.store.edit("gpu", actor="daemon") as ed:  # owned by host-a, no lease of host-b's labels
                 ed.baton.meta.owner = Owner(pid=1, host="host-a", how="dispatch")
@@ -484,3 +487,17 @@ class TestCli:
             store.close()
         r = _cli("new", "u", "--task", "x", "--step", "y", "--host-label", "not ok", url=pg_url, cwd=tmp_path)
         assert r.code == 2 and r.err.count("\n") == 1 and "host_labels" in r.err
+
+
+class TestFileStore:
+    def test_the_file_store_daemon_has_no_lease_and_judges_every_task(self, state_dir: Path) -> None:
+        """On the file store (one host) the daemon builds no lease part: no claim, no renewal, no host filter."""
+        from heartbeat.daemon import Daemon
+
+        config = parse_config(f'[daemon]\nstate_dir = "{state_dir}"\n\n[launchers.agent]\ntype = "null"\n')
+        daemon = Daemon(config, dry_run=True)
+        try:
+            assert daemon.lease is None and daemon.shared.lease is None
+        finally:
+            daemon.shared.pool.shutdown(wait=True)
+            daemon.store.close()
