@@ -501,3 +501,21 @@ class TestFileStore:
         finally:
             daemon.shared.pool.shutdown(wait=True)
             daemon.store.close()
+
+    def test_a_reload_applies_labels_capacity_and_ttl_to_the_leases(self, pg_url: str, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+        """On a shared store a reloaded config's labels, max_concurrent and lease_ttl reach the lease part."""
+        from heartbeat.daemon import Daemon
+
+        monkeypatch.setenv("HEARTBEAT_HOST", "host-r")
+        base = f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n%s\n[store]\nurl = "{pg_url}"\n\n' \
+               '[launchers.agent]\ntype = "null"\n'
+        daemon = Daemon(parse_config(base % 'labels = ["cpu"]\n'), dry_run=True)
+        try:
+            assert daemon.lease is not None and daemon.lease.lease.labels == ["cpu"]
+            daemon.apply_config(parse_config(base % 'labels = ["gpu"]\nmax_concurrent = 9\nlease_ttl = "12s"\n'))
+            lease = daemon.lease.lease
+            assert (lease.labels, lease.capacity, lease.ttl) == (["gpu"], 9, 12.0)
+        finally:
+            daemon.shared.pool.shutdown(wait=True)
+            daemon.store.close()

@@ -216,6 +216,8 @@ class Core:
         for mem in self.memory.values():
             mem.quiet_entry = None  # decisions may differ under the new config
         self.gates.checks = dict(new.checks)
+        if self.lease is not None:
+            self.lease.reconfigure()
 
     def _forget(self, task_id: str) -> None:
         """A task no longer in the store: every part drops its record of it."""

@@ -26,7 +26,7 @@ from typing import Any
 
 from heartbeat.baton import Baton, Gate, Owner
 from heartbeat.daemon.shared import Shared
-from heartbeat.lease import Lease, for_store
+from heartbeat.lease import Lease, for_store, resolve_host
 
 __all__ = ["LeasePart", "lease_part", "renew_interval"]
 
@@ -78,6 +78,17 @@ class LeasePart:
         self.lease.supervise(task_id, epoch, owner)
 
     # -- the service's calls ----------------------------------------------------------------
+
+    def reconfigure(self) -> None:
+        """A reload: labels, capacity and lease_ttl apply from the next renewal; the host id stays
+        (it names this daemon's leases: changing it needs a restart)."""
+        d = self.shared.config.daemon
+        lease = self.lease
+        lease.labels, lease.capacity, lease.ttl = sorted(set(d.labels)), d.max_concurrent, d.lease_ttl
+        lease.interval = renew_interval(self.shared)
+        if resolve_host(d.host) != self.shared.host:
+            self.shared.log.error("reload_partial", key="daemon.host", keeping=self.shared.host,
+                                  reason="the host id names this daemon's leases: restart the daemon to change it")
 
     def start(self) -> None:
         """Register this host (the first renewal: claims wait for one)."""
