@@ -18,10 +18,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from daemon_harness import TOY, DaemonHarness
 
 from heartbeat import tasks
+from heartbeat.baton import Gate
 from heartbeat.ledger import Event
 from heartbeat.store.postgres import PostgresStore
 from tests.pg import Cluster, start_cluster
@@ -299,3 +301,32 @@ class TestPartition:
             assert len(h.lines("store_reachable")) == 1, h.host
             assert not h.lines("tick_failed") and not h.lines("non-json"), h.host
             assert h.proc is not None and h.proc.returncode == 0  # stopped by close(), not crashed
+
+
+class TestGatesByHost:
+    def test_a_file_gate_naming_a_host_is_opened_by_that_hosts_daemon_only(self, pair: tuple[Host, Host],
+                                                                            tmp_path: Path) -> None:
+        """Two daemons see the same file (one machine here); a `file:host-b:PATH` gate is evaluated and opened
+        by host-b's daemon only, and a `file:PATH` gate by the task's owner host only."""
+        a, b = pair
+        flag = tmp_path / "flag"
+        flag.touch()
+        tasks.new_task(a.store, "named", task="t", step="s", workdir=str(tmp_path), blocked_on="the flag",
+                       gate=Gate.parse(f"file:host-b:{flag}"))
+        tasks.new_task(a.store, "owned", task="t", step="s", workdir=str(tmp_path), blocked_on="the flag",
+                       gate=Gate.parse(f"file:{flag}"))
+        with psycopg.connect(a.url, autocommit=True) as conn:  # host-a last held "owned"
+            conn.execute("UPDATE heartbeat_batons SET owner_host = 'host-a' WHERE id = 'owned'")
+        a.start()
+        b.start()
+
+        def unblocked(task_id: str) -> bool:
+            return bool(a.store.ledger.events(task_id, kinds=["unblocked"]))
+
+        a.wait(lambda: unblocked("named") and unblocked("owned"), "both gates opened", timeout=30)
+
+        def opened(h: Host, task_id: str) -> bool:
+            return any(e.get("task") == task_id and e.get("action") == "unblock" for e in h.lines("decision"))
+
+        assert opened(b, "named") and not opened(a, "named")
+        assert opened(a, "owned") and not opened(b, "owned")
