@@ -102,7 +102,7 @@ def bench_leases(url: str, bare: psycopg.Connection[Any], count: int) -> list[tu
         out.append((f"dispatch of a due task (evaluate: claim + 2-phase write + brief), p50 / p99, n={count}",
                     f"{p(dispatch, 0.5):.2f} / {p(dispatch, 0.99):.2f} ms",
                     f"SELECT id, body of the same row: {p(selects, 0.5):.2f} / {p(selects, 0.99):.2f} ms"))
-        lease = daemon.lease
+        lease = daemon.lease.lease  # the primitives under the daemon's lease part
         claims = [timed(lambda t=t: lease.claim([t]), 1)[0] for t in spare]  # type: ignore[misc]
 
         def bare_claim(task_id: str) -> None:
