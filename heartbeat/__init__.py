@@ -6,12 +6,14 @@ README's "Code map"). Importing this package is cheap: nothing heavy is loaded u
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+TYPE_CHECKING = False  # not typing's: importing typing costs an agent's touch more than its write
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "open_task", "Task", "Baton", "HeartbeatError"]
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from heartbeat.api import Task, open_task
     from heartbeat.baton import Baton
     from heartbeat.errors import HeartbeatError

@@ -1,5 +1,5 @@
-"""``python -m heartbeat`` is the CLI."""
+"""``python -m heartbeat`` is the CLI (an agent's touch is answered from its pulse first)."""
 
-from heartbeat.cli import main
+from heartbeat.pulse import main
 
 raise SystemExit(main())

@@ -4,7 +4,6 @@ they use: no scheduler, no watcher, no structlog, no psutil (except ``claim``)."
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import math
 import os
@@ -18,29 +17,32 @@ from heartbeat.errors import EXIT_BAD_INPUT, EXIT_ERROR, BadInput, HeartbeatErro
 __all__ = ["main", "build_parser"]
 
 
-def _lazy_module(name: str) -> types.ModuleType:
-    """``name``, loaded on first attribute access (importlib's LazyLoader).
+class _Deferred(types.ModuleType):
+    """Stands in for a module in ``sys.modules`` until one of its attributes is used, then imports it.
 
-    argparse (with gettext and locale) costs an agent's ``touch`` a few milliseconds it
-    never uses: the hot writes below are parsed without it.
+    Unlike importlib's LazyLoader it survives a plain ``import``: the import system reads
+    ``__spec__`` from every module it finds in ``sys.modules``, which makes a lazy module load.
     """
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.loader is None:
-        raise ImportError(name)
-    loader = importlib.util.LazyLoader(spec.loader)
-    spec.loader = loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    loader.exec_module(module)
-    return module
+
+    def __getattr__(self, attr: str) -> Any:
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        __import__(self.__name__)
+        module = sys.modules[self.__name__]
+        self.__dict__.update(module.__dict__)  # whoever bound the stand-in now reads the module's own names
+        return getattr(module, attr)
 
 
 if TYPE_CHECKING:
     import argparse
 else:
-    argparse = _lazy_module("argparse")
+    # argparse (with gettext and locale) costs an agent's write a few milliseconds it never
+    # uses: the hot writes are parsed without it (_hot_args).
+    argparse = _Deferred("argparse")
+    if "dataclasses" not in sys.modules and "inspect" not in sys.modules:
+        # dataclasses imports inspect (with ast, dis and tokenize: more than an interpreter start)
+        # for one call, made only for a class without a docstring: an agent's set or add never uses it.
+        sys.modules["inspect"] = _Deferred("inspect")
 
 
 # -- helpers ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@
     logs/<id>/<epoch>.brief.md         the brief the daemon wrote for that dispatch
     logs/<id>/<epoch>.pid              the agent's pid and create time (the launcher's shim)
     logs/<id>/<epoch>.exit             the agent's exit status (the shim)
+    logs/<id>/<epoch>.pulse            the agent's fast touches (its mtime; :mod:`heartbeat.pulse`)
     ledger.sqlite3                     the ledger (the file store)
     daemon.lock                        one daemon per state dir (an flock)
     daemon.json                        the daemon's vitals for ``/metrics``
@@ -108,6 +109,11 @@ class StateLayout:
     def exit(self, task_id: str, epoch: int) -> str:
         """``logs/<id>/<epoch>.exit``."""
         return os.path.join(self.task_logs(task_id), f"{epoch}.exit")
+
+    def pulse(self, task_id: str, epoch: int) -> str:
+        """``logs/<id>/<epoch>.pulse``. :mod:`heartbeat.pulse`, on the agent's hottest path, opens it
+        relative to the task's log directory itself (``pulse_name``; a test pins the two equal)."""
+        return os.path.join(self.task_logs(task_id), f"{epoch}.pulse")
 
 
 def log_name(epoch: int) -> str:

@@ -2,7 +2,7 @@
 
 Three things, each safe against a running daemon and running agents:
 
-- **Old epochs' files.** ``logs/<id>/<epoch>.{log,log.1,brief.md,exit,pid}`` of all but the
+- **Old epochs' files.** ``logs/<id>/<epoch>.{log,log.1,brief.md,exit,pid,pulse}`` of all but the
   ``keep_epochs`` latest epochs of a task are removed. The current epoch's files are never
   touched (nor any epoch at or above it: epochs only grow), and a task whose baton is not
   readable keeps everything. Entries are listed and removed through a directory descriptor
@@ -72,7 +72,7 @@ __all__ = [
 RETENTION_KINDS = frozenset({"archived", "compacted"})
 """Ledger event kinds gc writes; ``heartbeat report`` does not replay them."""
 
-EPOCH_FILE = re.compile(r"(\d{1,18})\.(log|log\.1|brief\.md|exit|pid)")
+EPOCH_FILE = re.compile(r"(\d{1,18})\.(log|log\.1|brief\.md|exit|pid|pulse)")
 """The names of an epoch's files under ``logs/<id>/``; nothing else there is ever removed."""
 
 _ARCHIVE_NAME = re.compile(r"\d{8}T\d{6}\d{6}Z\.jsonl\.gz")

@@ -160,6 +160,7 @@ def set_fields(
     with store.edit(task_id, expect_revision=expect_revision, epoch=epoch, actor=actor) as ed:
         for name, value in values.items():
             setattr(ed.baton, name, value)
+    _arm_pulse(store, task_id, epoch)
     return ed.baton
 
 
@@ -203,6 +204,7 @@ def add_items(
             raise BadInput("items must be non-empty text", task=task_id, field=name)
     with store.edit(task_id, expect_revision=expect_revision, epoch=epoch, actor=actor) as ed:
         getattr(ed.baton, name).extend(items)
+    _arm_pulse(store, task_id, epoch)
     return ed.baton
 
 
@@ -242,10 +244,22 @@ def add_guarantee(
 
 
 def touch(store: Store, task_id: str, *, epoch: int | None = None, actor: str = "") -> Baton:
-    """A heartbeat: "alive, still on this step". Not progress."""
+    """A heartbeat: "alive, still on this step". Not progress.
+
+    An agent's touch, ``set`` or ``add`` (``epoch`` given) on a file store then arms its
+    pulse, so that its next touches in the coalescing window need no baton write
+    (:mod:`heartbeat.pulse`)."""
     with store.edit(task_id, epoch=epoch, actor=actor, touch=True) as ed:
         pass
+    _arm_pulse(store, task_id, epoch)
     return ed.baton
+
+
+def _arm_pulse(store: Store, task_id: str, epoch: int | None) -> None:
+    """After an agent's own write (``epoch`` given): its next touches may be pulses (file store only)."""
+    arm = getattr(store, "arm_pulse", None)
+    if epoch is not None and arm is not None:
+        arm(task_id, epoch)
 
 
 def _require(ed: Edit, allowed: set[Status] | frozenset[Status], verb: str) -> None:

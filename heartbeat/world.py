@@ -8,7 +8,6 @@ has been superseded (5), the task is not active (4), the world changed (3), else
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from collections.abc import Mapping
@@ -19,6 +18,14 @@ from typing import TYPE_CHECKING, Any
 from heartbeat import defaults
 from heartbeat.errors import EXIT_CONFLICT, EXIT_NOT_ACTIVE, EXIT_OK, EXIT_STALE, UnsafePath
 from heartbeat.safefile import open_regular, read_regular
+
+try:  # hashlib's own built-in SHA-256: importing hashlib loads OpenSSL, a third of an interpreter start
+    from _sha256 import sha256 as _sha256  # Python 3.11
+except ImportError:
+    try:
+        from _sha2 import sha256 as _sha256  # Python 3.12+
+    except ImportError:
+        from hashlib import sha256 as _sha256
 
 if TYPE_CHECKING:
     from heartbeat.baton import Baton
@@ -88,7 +95,7 @@ def fingerprint(path: str, *, hash_limit: int = defaults.FINGERPRINT_HASH_LIMIT)
         return f"other:{stat.S_IFMT(st.st_mode):o}"
     if st.st_size > hash_limit:
         return f"stat:{st.st_size}:{st.st_mtime_ns}"
-    digest = hashlib.sha256()
+    digest = _sha256()
     try:
         # Swapped for a FIFO, a device or a link between the stat and the open: refused, never waited on.
         fd = open_regular(path)

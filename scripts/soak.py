@@ -684,7 +684,9 @@ timeout = "5s"
 
         new = self.checker.hand_edit(task, change)
         if new is not None:
-            self.checker.drops.setdefault(task, []).append(int(tomllib.loads(new.decode())["meta"]["revision"]))
+            revision = int(tomllib.loads(new.decode())["meta"]["revision"])
+            self.checker.drops.setdefault(task, []).append(revision)
+            self.checker.drops_found.setdefault(task, []).append(revision)
             self.counts["hand_edits"] += 1
             self.counts["blocks_dropped_by_hand"] += 1
 
@@ -1106,6 +1108,7 @@ timeout = "5s"
         self.restored_tasks.add(task)
         if dropped:
             self.checker.drops.setdefault(task, []).extend(dropped)
+            self.checker.drops_found.setdefault(task, []).append(int(old["meta"]["revision"]))
             self.counts["restores_dropping_a_block"] += 1
         expected = self.checker.expected_keys.get(task, {})
         for key in [k for k, v in expected.items() if old.get(k) != v]:
@@ -1567,7 +1570,7 @@ timeout = "5s"
             c.extend(check_dispatch_epochs(evs, final, c.seen_epochs.get(task, ())))
             c.extend(check_fencing(evs, writes))
             c.extend(check_group_starts(c.groups_of(task), evs))
-            c.extend(check_bypasses(evs, c.drops.get(task, ())))
+            c.extend(check_bypasses(evs, c.drops.get(task, ()), c.drops_found.get(task, ())))
         self.counts["agents_alive_when_their_task_left_active"] = len(outlived)
         self.counts["longest_such_agent_ms"] = round(1000 * max(outlived, default=0.0))
         c.check_sampled_blocks()

@@ -447,29 +447,43 @@ def check_dispatch_epochs(events: Sequence[LedgerEvent], baton: dict[str, Any] |
     return out
 
 
-def check_bypasses(events: Sequence[LedgerEvent], drops: Iterable[int]) -> list[Violation]:
+def check_bypasses(events: Sequence[LedgerEvent], drops: Iterable[int],
+                   found: Iterable[int] = ()) -> list[Violation]:
     """A ``bypass`` only follows a block that a hand edit dropped.
 
     ``drops`` are the revisions at which the soak dropped a block by hand (its edits keep the
     revision). A bypass must come after a block start (not after an ``unblocked``), and the soak
     must have dropped that block: a drop at a revision from the block's to the bypass's.
+
+    After a restore the baton's revision is behind the ledger's until the next write continues
+    above it (with a ``restored`` event naming the revision it found). ``found`` are the baton
+    revisions the soak's drops left on disk (a plain drop keeps the revision; a restore leaves the
+    copy's): a bypass is also accounted for by a ``restored`` event since its block that found an
+    unblocked baton at one of them.
     """
     out = []
     task = events[0].task if events else ""
     drop_revisions = sorted(drops)
+    found_revisions = set(found)
     last: LedgerEvent | None = None
+    restored_since: list[LedgerEvent] = []
     for event in events:
+        if event.kind == "restored":
+            restored_since.append(event)
         if event.kind == "bypass":
             if last is None or last.kind == "unblocked":
                 word = f"{last.kind} (id {last.id})" if last else "none"
                 out.append(Violation("blocks-hold", task, f"bypass (id {event.id}, revision {event.revision}) with no "
                                                           f"block to bypass: the last word was {word}"))
-            elif not any(last.revision <= r < event.revision for r in drop_revisions):
+            elif not any(last.revision <= r < event.revision for r in drop_revisions) and not any(
+                    r.data.get("status") != "blocked" and r.data.get("found_revision") in found_revisions
+                    for r in restored_since):
                 out.append(Violation("blocks-hold", task, f"bypass (id {event.id}, revision {event.revision}) of the "
                                                           f"block at revision {last.revision}, which no hand edit "
                                                           f"dropped (drops at {drop_revisions})"))
         if _is_block_start(event) or event.kind == "unblocked":
             last = event
+            restored_since = []
     return out
 
 
@@ -646,6 +660,8 @@ class Checker:
         self.expected_keys: dict[str, dict[str, Any]] = {}
         self.drops: dict[str, list[int]] = {}
         """Revisions at which the soak dropped a task's block by hand."""
+        self.drops_found: dict[str, list[int]] = {}
+        """The baton revision each of those drops left on disk (a restore leaves its copy's)."""
         self.latest: dict[str, dict[str, Any]] = {}
         """The last parsed baton per task."""
         self._stat: dict[str, tuple[int, ...]] = {}

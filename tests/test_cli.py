@@ -521,10 +521,11 @@ class TestBadBatonFiles:
             state_dir.chmod(0o700)
 
 
-def _imports_of(args: list[str], state_dir: Path) -> set[str]:
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "heartbeat", *args],
-                          env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir)), capture_output=True, text=True,
-                          cwd=str(ROOT), timeout=60)
+def _imports_of(args: list[str], state_dir: Path, env: dict[str, str] | None = None, code: str = "") -> set[str]:
+    program = ["-c", code] if code else ["-m", "heartbeat", *args]
+    proc = subprocess.run([sys.executable, "-X", "importtime", *program],
+                          env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir), **(env or {})), capture_output=True,
+                          text=True, cwd=str(ROOT), timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
 
@@ -543,6 +544,31 @@ class TestHotPath:
         roots = {name.split(".")[0] for name in modules}
         assert not roots & set(self.HEAVY), sorted(roots & set(self.HEAVY))
         assert "heartbeat.config" not in modules
+
+    @pytest.mark.parametrize("args", [["set", "hot", "step=next"], ["add", "hot", "done", "x"]])
+    def test_agent_writes_load_no_inspect_or_openssl(self, hb: Hb, state_dir: Path, args: list[str]) -> None:
+        """An agent's set or add (key files hashed) loads neither inspect (with ast, dis, tokenize), which
+        dataclasses imports for a call it does not make here, nor hashlib's OpenSSL, nor argparse."""
+        (state_dir / "k.txt").write_text("k")
+        epoch = hb("new", "hot", "--task", "t", "--step", "s", "--claim", "--workdir", str(state_dir),
+                   "--key-file", "k.txt").out.strip()
+        env = {"HEARTBEAT_EPOCH": epoch, "HEARTBEAT_TASK": "hot"}
+        modules = _imports_of(args, state_dir, env) - _imports_of([], state_dir, env, code="pass")
+        assert "heartbeat.world" in modules and "dataclasses" in modules  # the measurement works
+        assert not modules & {"inspect", "ast", "dis", "tokenize", "_hashlib", "argparse", "importlib.util"}
+
+    def test_an_agents_touch_loads_only_the_pulse(self, hb: Hb, state_dir: Path) -> None:
+        """An agent's touch with its pulse armed (heartbeat.pulse) loads heartbeat and heartbeat.pulse, and of
+        the rest of Python nothing that parses, types or stores: no TOML, typing, re, sqlite3 or dataclasses."""
+        epoch = hb("new", "hot", "--task", "t", "--step", "s", "--claim").out.strip()
+        env = {"HEARTBEAT_EPOCH": epoch, "HEARTBEAT_TASK": "hot"}
+        assert hb("touch", "hot", env=env).code == 0  # arms the pulse
+        modules = _imports_of(["touch", "hot"], state_dir, env)
+        assert {name for name in modules if name.startswith("heartbeat")} == {"heartbeat", "heartbeat.pulse"}
+        modules -= _imports_of([], state_dir, env, code="pass")  # what this interpreter loads at start (an
+        # editable install's finder loads re and pathlib for every program)
+        heavy = {*self.HEAVY, "tomllib", "typing", "re", "sqlite3", "dataclasses", "json", "argparse", "datetime"}
+        assert not {name.split(".")[0] for name in modules} & heavy
 
     @pytest.mark.parametrize("argv", [
         ["touch", "t"], ["set", "t", "step=a"], ["set", "t", "step=a=b", "intent=", "next_step=x y"],

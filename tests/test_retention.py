@@ -173,6 +173,16 @@ class TestEpochFiles:
         assert {"3.log", "3.exit", "3.pid", "3.brief.md", "9.log", "10.log"} <= names
         assert not any(n.startswith(("1.", "2.")) for n in names)
 
+    def test_old_epochs_pulses_go_with_their_logs(self, store: FileStore) -> None:
+        """An agent's pulse (logs/<id>/<epoch>.pulse, heartbeat.pulse) is an epoch file: kept for the
+        latest epochs, removed with the older ones."""
+        make_task(store, "a", T0, epochs=4, finish="active", log_bytes=10)
+        for epoch in range(1, 5):
+            (Path(store.logs_dir) / "a" / f"{epoch}.pulse").write_text("p")
+        run_gc(store, RetentionConfig(keep_epochs=2), now=T0 + timedelta(days=1))
+        names = epoch_files(store, "a")
+        assert {"3.pulse", "4.pulse"} <= names and not names & {"1.pulse", "2.pulse"}
+
     def test_hostile_entries_are_never_followed_or_opened(self, hb: Callable[..., Result], state_dir: Path,
                                                            tmp_path: Path) -> None:
         """A symlink and a FIFO named like old epoch files are removed as names (the link's target is

@@ -109,6 +109,18 @@ class TestLedgerChecks:
         assert "which no hand edit dropped" in check_bypasses(held, [])[0].evidence
         assert check_bypasses(held, [5]) == []
 
+    def test_bypass_after_a_restore_is_accounted_for_by_the_restored_event(self) -> None:
+        """A restore leaves the baton behind the ledger: its bypass is credited through the ``restored``
+        event that found an unblocked copy the soak put back, and only through that one."""
+        events = [ev(1, "blocked", rev=4), ev(2, "restored", rev=5, found_revision=3, status="active"),
+                  ev(3, "bypass", rev=5), ev(4, "restored", rev=6, found_revision=4, status="blocked"),
+                  ev(5, "restored", rev=7, found_revision=3, status="active"), ev(6, "bypass", rev=7)]
+        assert check_bypasses(events, [4, 4], [3, 3]) == []
+        assert "which no hand edit dropped" in check_bypasses(events, [4, 4], [])[0].evidence
+        blocked_copy = [ev(1, "blocked", rev=6), ev(2, "restored", rev=7, found_revision=3, status="blocked"),
+                        ev(3, "bypass", rev=7)]
+        assert len(check_bypasses(blocked_copy, [], [3])) == 1
+
     def test_escalation_without_notify_is_caught(self) -> None:
         """An escalated event with no notified event after it, or a run with no line in the file, is caught."""
         events = [ev(1, "escalated", rev=5, reason="spinning")]

@@ -4,7 +4,7 @@ Layout under the state dir (created 0700; refused when others can write to it)::
 
     batons/<id>.toml     one baton per task (0600)
     locks/<id>.lock      flock(2) target per baton, so writers of one task serialize
-    logs/<id>/           agents' output, written by launchers
+    logs/<id>/           agents' output, written by launchers; ``<epoch>.pulse``: agents' touches (heartbeat.pulse)
     ledger.sqlite3       the ledger (WAL)
 
 A write is: temp file in ``batons/`` (named ``.<id>.toml.<pid>.<rand>.tmp``, which no
@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from datetime import datetime
 
 from heartbeat import defaults
-from heartbeat.baton import Baton, check_id, dump_baton, parse_baton
+from heartbeat.baton import Baton, Status, check_id, dump_baton, parse_baton
 from heartbeat.errors import (
     AlreadyExists,
     BadInput,
@@ -39,6 +39,8 @@ from heartbeat.errors import (
 )
 from heartbeat.layout import StateLayout
 from heartbeat.ledger import Event, EventKind, Ledger, PendingWrite, SqliteLedger
+from heartbeat.pulse import apply_pulse
+from heartbeat.pulse import arm as _arm_pulse
 from heartbeat.safefile import check_not_special, open_parent, open_regular, write_file_atomic, write_temp
 from heartbeat.store.base import (
     Edit,
@@ -123,6 +125,8 @@ class FileStore:
         self._written: dict[str, tuple[bytes, Baton]] = {}
         """The last bytes this process wrote per baton, and the baton they came from: an
         agent's next update under the lock skips the parse when the file is still exactly that."""
+        self._last_write: tuple[str, bytes, Baton] | None = None
+        """The id, bytes and baton of this process's last baton write, for :meth:`arm_pulse`."""
 
     def path_of(self, task_id: str) -> str:
         return self.layout.baton(task_id)
@@ -131,7 +135,9 @@ class FileStore:
 
     def load(self, task_id: str) -> Baton:
         check_id(task_id)
-        return self._read(task_id)[0]
+        baton = self._read(task_id)[0]
+        apply_pulse(baton, self.logs_dir)  # an agent's fast touches count as touches (heartbeat.pulse)
+        return baton
 
     def _read(self, task_id: str) -> tuple[Baton, os.stat_result]:
         path = self.path_of(task_id)
@@ -204,6 +210,8 @@ class FileStore:
                 key = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_mode)
                 cached = cache.get(task_id)
                 if cached is not None and cached[0] == key:
+                    if cached[1].baton is not None:  # a pulse moves on without the baton changing
+                        apply_pulse(cached[1].baton, self.logs_dir)
                     entries.append(cached[1])
                     continue
                 changed = True
@@ -211,6 +219,7 @@ class FileStore:
                 try:
                     check_id(task_id)
                     entry.baton, _ = self._read(task_id)
+                    apply_pulse(entry.baton, self.logs_dir)
                 except NotFound:
                     continue
                 except HeartbeatError as exc:
@@ -347,6 +356,7 @@ class FileStore:
                 self.ledger.landed(write)
             except StoreError:
                 pass  # still pending: the next write finds this baton, the write's ``new``, and keeps its events
+            self._last_write = (task_id, data, baton)
             if _plain(baton.extra) and _plain(baton.meta.extra):
                 self._written[task_id] = (data, baton.copy())
             else:
@@ -362,6 +372,20 @@ class FileStore:
             if tmp:
                 _unlink_quietly(tmp, dir_fd)
             os.close(dir_fd)
+
+    def arm_pulse(self, task_id: str, epoch: int) -> bool:
+        """Just after this process wrote ``task_id`` for the agent of ``epoch``: let that agent's
+        next touches be pulses (:mod:`heartbeat.pulse`) while the baton stays exactly as written.
+        Only for an active task with an owner, at the baton's epoch; True when armed."""
+        last = self._last_write
+        if last is None or last[0] != task_id:
+            return False
+        _, data, baton = last
+        meta = baton.meta
+        if meta.epoch != epoch or meta.status is not Status.ACTIVE or meta.owner is None or meta.touched_at is None:
+            return False
+        touched = meta.touched_at.timestamp()
+        return _arm_pulse(self.state_dir, task_id, epoch, data, touched, touched + defaults.TOUCH_COALESCE)
 
     def put_text(self, task_id: str, text: str) -> bool:
         """Write a baton's text verbatim (import, migrate) unless the id is taken; True when written."""
