@@ -42,6 +42,9 @@ __all__ = [
 
 ID_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
+HOST_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""A host id or a host label: ``daemon.host``, ``daemon.labels``, ``host_labels``, ``file:HOST:PATH``."""
+
 SCALAR_FIELDS = ("task", "intent", "step", "next_step", "blocked_on", "workdir", "launcher", "handoff")
 """Top-level string fields, in the order a baton is written."""
 
@@ -161,8 +164,28 @@ class Gate:
             for upstream in target.split(","):
                 check_id(upstream)
         elif kind is GateKind.FILE and not target.startswith("/"):
-            raise BadInput("a file gate needs an absolute path", field="gate")
+            host, _, path = target.partition(":")
+            if not HOST_PATTERN.fullmatch(host) or not path.startswith("/"):
+                raise BadInput("a file gate needs an absolute path (file:PATH or file:HOST:PATH)", field="gate")
+        elif kind is GateKind.CHECK and ":" in target:
+            host, _, name = target.partition(":")
+            if not HOST_PATTERN.fullmatch(host) or not name:
+                raise BadInput("a check gate names a check (check:NAME or check:HOST:NAME)", field="gate")
         return cls(kind, target)
+
+    @property
+    def host(self) -> str:
+        """The host that evaluates a ``file:HOST:PATH`` or ``check:HOST:NAME`` gate ("" when none is named)."""
+        if self.kind is GateKind.FILE and not self.target.startswith("/") and ":" in self.target:
+            return self.target.partition(":")[0]
+        if self.kind is GateKind.CHECK and ":" in self.target:
+            return self.target.partition(":")[0]
+        return ""
+
+    @property
+    def local(self) -> str:
+        """The target without its host: the path of a file gate, the name of a check gate."""
+        return self.target.partition(":")[2] if self.host else self.target
 
     def spec(self) -> str:
         """The CLI form of this gate."""

@@ -147,6 +147,7 @@ def cmd_new(args: argparse.Namespace) -> int:
         after=after,
         guarantees=_guarantees(args.guarantee or []),
         on_broken=args.on_broken or "",
+        host_labels=args.host_label or [],
         actor=_actor(args),
     )
     if args.claim:
@@ -335,8 +336,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from heartbeat.timeparse import utcnow
 
-    entries = _store(args, read=True).scan()
+    store = _store(args, read=True)
+    entries = store.scan()
     now = utcnow()
+    leases = _lease_rows(store)
     rows = []
     for entry in entries:
         if entry.baton is None:
@@ -358,13 +361,19 @@ def cmd_status(args: argparse.Namespace) -> int:
             "error": None,
             "after": list(entry.baton.after),
         })
+        if leases is not None:
+            held = leases.get(entry.id)
+            rows[-1]["host"] = held.host if held else (meta.owner.host if meta.owner else "")
+            rows[-1]["lease_s"] = round(held.left, 1) if held and held.left is not None else None
     if args.json:
         _print_json({"tasks": rows})
         return 0
     if not rows:
         print("no tasks")
         return 0
-    header = ("ID", "STATUS", "ATTEMPT", "EPOCH", "AGE", "STEP")
+    header: tuple[str, ...] = ("ID", "STATUS", "ATTEMPT", "EPOCH", "AGE", "STEP")
+    if leases is not None:  # a shared store: which host holds each task, and for how long
+        header = ("ID", "STATUS", "ATTEMPT", "EPOCH", "AGE", "HOST", "LEASE", "STEP")
     table = [header]
     cells = {id(r): r["id"] for r in rows}
     if any(r.get("after") for r in rows):  # pipelines as trees: each downstream under its upstream
@@ -375,12 +384,58 @@ def cmd_status(args: argparse.Namespace) -> int:
     for r in rows:
         step = r["error"] if r["status"] == "invalid" else (
             f"{r['step']}  [blocked on: {r['blocked_on']}]" if r["blocked_on"] else r["step"])
-        table.append((cells[id(r)], r["status"], "-" if r["attempt"] is None else str(r["attempt"]),
-                      "-" if r["epoch"] is None else str(r["epoch"]),
-                      "-" if r["age_s"] is None else _age(r["age_s"]), " ".join(str(step).split())))
-    widths = [max(len(row[i]) for row in table) for i in range(5)]
+        cols = [cells[id(r)], r["status"], "-" if r["attempt"] is None else str(r["attempt"]),
+                "-" if r["epoch"] is None else str(r["epoch"]), "-" if r["age_s"] is None else _age(r["age_s"])]
+        if leases is not None:
+            cols += [r.get("host") or "-", _lease_cell(r.get("lease_s"))]
+        table.append((*cols, " ".join(str(step).split())))
+    n = len(header) - 1
+    widths = [max(len(row[i]) for row in table) for i in range(n)]
     for row in table:
-        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:5])) + "  " + row[5][:100])
+        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:n])) + "  " + row[n][:100])
+    return 0
+
+
+def _lease_rows(store: Any) -> dict[str, Any] | None:
+    """Each task's owner host and lease on a shared store; None on the file store (one host, no leases)."""
+    from heartbeat.lease import for_store, lease_rows
+
+    return lease_rows(store) if for_store(store) else None
+
+
+def _lease_cell(left: float | None) -> str:
+    if left is None:
+        return "-"
+    return _age(left) if left >= 0 else f"expired {_age(-left)} ago"
+
+
+def cmd_hosts(args: argparse.Namespace) -> int:
+    """``heartbeat hosts``: the daemons sharing this database and their last renewal."""
+    from heartbeat.lease import for_store, list_hosts
+
+    store = _store(args, read=True)
+    if not for_store(store):
+        raise BadInput("hosts are a shared store's: set [store] url or $HEARTBEAT_STORE_URL "
+                       "(the file store has one host and no leases)")
+    hosts = list_hosts(store)
+    if args.json:
+        _print_json({"hosts": [{"host": h.host, "state": h.state, "pid": h.pid, "labels": list(h.labels),
+                                "capacity": h.capacity, "running": h.running, "lease_ttl_s": h.lease_ttl,
+                                "renewed_at": h.renewed_at.isoformat(), "renewed_s_ago": round(h.age, 1),
+                                "started_at": h.started_at.isoformat(),
+                                "stopped_at": h.stopped_at.isoformat() if h.stopped_at else None}
+                               for h in hosts]})
+        return 0
+    if not hosts:
+        print("no daemon has run on this database")
+        return 0
+    table = [("HOST", "STATE", "PID", "RUNNING", "RENEWED", "LEASE_TTL", "LABELS")]
+    for h in hosts:
+        table.append((h.host, h.state, str(h.pid), f"{h.running}/{h.capacity}", f"{_age(h.age)} ago",
+                      _age(h.lease_ttl), ",".join(h.labels) or "-"))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
     return 0
 
 
@@ -844,7 +899,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--constraint", action="append", help="a constraint (repeatable)")
     p.add_argument("--plan", action="append", help="a plan step, in order (repeatable)")
     p.add_argument("--blocked-on", help="start blocked on this")
-    p.add_argument("--gate", help="how the block clears: human|file:PATH|time:ISO8601|task:ID|check:NAME")
+    p.add_argument("--gate", help="how the block clears: human|file:[HOST:]PATH|time:ISO8601|task:ID|"
+                   "check:[HOST:]NAME")
     p.add_argument("--claim", action="store_true", help="claim it for the calling process; prints the epoch")
     p.add_argument("--pid", type=_int64, help="with --claim: the owner's pid (default: the caller's parent)")
     p.add_argument("--after", action="append", help="an upstream task: held until it is done, then briefed with "
@@ -853,6 +909,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                    "TEXT::CHECK, CHECK a [checks.NAME] that `done` and the consumers' `verify` run (repeatable)")
     p.add_argument("--on-broken", help="when an upstream's guarantee breaks: reopen (default), escalate or "
                    "fallback:LAUNCHER")
+    p.add_argument("--host-label", action="append", help="on a shared store, only a daemon whose daemon.labels "
+                   "include this label dispatches the task (repeatable)")
 
     p = command("show", cmd_show, "print a baton", json_=True)
     p = command("set", cmd_set, "set scalar fields", write=True)
@@ -930,6 +988,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     p = command("db", cmd_db, "the PostgreSQL store's schema: upgrade (idempotent) or status", task=False)
     p.add_argument("action", choices=["upgrade", "status"])
+    command("hosts", cmd_hosts, "the daemons sharing a PostgreSQL store: state, agents, last lease renewal",
+            task=False, json_=True)
     p = command("export", cmd_export, "write the store's batons (verbatim) and ledger as JSON Lines", task=False)
     p.add_argument("--to", help="file to write (default: stdout)")
     p = command("import", cmd_import, "read an export into the store; ids it has already are kept", task=False)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from heartbeat import defaults
-from heartbeat.baton import ID_PATTERN, load_toml
+from heartbeat.baton import HOST_PATTERN, ID_PATTERN, load_toml
 from heartbeat.errors import BadInput, ConfigError
 from heartbeat.timeparse import parse_duration
 
@@ -69,6 +69,12 @@ class DaemonConfig:
     inactive_grace: float = defaults.INACTIVE_GRACE
     log_format: str = "auto"
     log_level: str = "info"
+    host: str = ""
+    """This daemon's host id in a shared store (empty: ``$HEARTBEAT_HOST``, else the hostname)."""
+    labels: tuple[str, ...] = ()
+    """What this host offers; a baton's ``host_labels`` must all be among them for it to dispatch there."""
+    lease_ttl: float = defaults.LEASE_TTL
+    """How long a lease on a task lasts without renewal (shared store only)."""
 
 
 @dataclass(frozen=True)
@@ -468,7 +474,20 @@ class _Parser:
             inactive_grace=self.duration(doc, "inactive_grace", p, defaults.INACTIVE_GRACE, positive=False),
             log_format=self.string(doc, "log_format", p, "auto", ("auto", "json", "console")),
             log_level=self.string(doc, "log_level", p, "info", ("debug", "info", "warning", "error")),
+            **self.parse_lease_keys(doc),
         )
+
+    def parse_lease_keys(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """``daemon.host``, ``daemon.labels`` and ``daemon.lease_ttl`` (leased daemons on many hosts)."""
+        p = "daemon."
+        host = self.string(doc, "host", p, "")
+        if host and not HOST_PATTERN.fullmatch(host):
+            raise self.error("daemon.host", f"bad host id {host[:64]!r}: use letters, digits and . _ -")
+        labels = doc.get("labels", [])
+        if not isinstance(labels, list) or not all(isinstance(x, str) and HOST_PATTERN.fullmatch(x) for x in labels):
+            raise self.error("daemon.labels", "expected a list of labels (letters, digits and . _ -)")
+        lease_ttl = self.duration(doc, "lease_ttl", p, defaults.LEASE_TTL)
+        return {"host": host, "labels": tuple(dict.fromkeys(labels)), "lease_ttl": lease_ttl}
 
     def parse_launcher(self, name: str, doc: dict[str, Any]) -> LauncherConfig:
         p = f"launchers.{name}."

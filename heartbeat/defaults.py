@@ -55,6 +55,14 @@ then SIGKILL). Short: an agent that wrote the status itself is already exiting (
 command), and SIGTERM is itself a request to wind down; anything longer keeps a task the
 user stopped running and a concurrency slot taken. Well under any sensible ``max_runtime``."""
 
+LEASE_TTL = 30.0
+"""Seconds a daemon's lease on a task lasts in a shared (PostgreSQL) store. The daemon renews
+the leases of the tasks it supervises every tick; a task whose owner host has not renewed
+within this is taken over by another host's daemon. Keep it well above the tick."""
+
+HOST_ENV = "HEARTBEAT_HOST"
+"""The environment variable naming this host for leases and owners; wins over ``daemon.host``."""
+
 CHECK_TIMEOUT = 30.0
 """Seconds a gate's check command may run before it counts as closed."""
 

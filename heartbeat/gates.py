@@ -1,12 +1,18 @@
 """Gates: what lifts a block, evaluated by the daemon at the edge.
 
 - ``human``: only ``heartbeat unblock --by NAME``;
-- ``file:PATH``: the file exists;
+- ``file:PATH``: the file exists (``file:HOST:PATH``: on that host, evaluated only by its daemon);
 - ``time:ISO8601``: the time has come;
 - ``task:ID``: that task is done;
 - ``after:A,B``: every upstream task is done (a downstream waiting for its packages);
 - ``check:NAME``: the ``[checks.NAME]`` command exits 0 (run in the background with its
-  timeout; the tick reads the last finished result, so a slow check never stalls it).
+  timeout; the tick reads the last finished result, so a slow check never stalls it);
+  ``check:HOST:NAME`` runs it only on that host.
+
+On a shared store (leased daemons on many hosts) ``time:``, ``task:``, ``after:`` and
+``human`` open the same everywhere; a ``file:`` or ``check:`` gate is local to one machine,
+so only one daemon evaluates it: the host it names, else the task's owner host (the host
+whose daemon last held the task), else (no host known) any daemon. :meth:`GateEvaluator.evaluates`.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ class GateEvaluator:
         if kind is GateKind.HUMAN:
             return False
         if kind is GateKind.FILE:
-            return bool(gate.target) and os.path.lexists(gate.target)
+            return bool(gate.local) and os.path.lexists(gate.local)
         if kind is GateKind.TIME:
             try:
                 return now >= parse_instant(gate.target)
@@ -60,10 +66,18 @@ class GateEvaluator:
         if kind is GateKind.TASK:
             return task_status(gate.target) is Status.DONE
         if kind is GateKind.CHECK:
-            return self._check(task_id, gate.target, workdir)
+            return self._check(task_id, gate.local, workdir)
         if kind is GateKind.AFTER:
             return bool(gate.target) and all(task_status(t) is Status.DONE for t in gate.target.split(","))
         return False
+
+    def evaluates(self, gate: Gate, *, here: str, owner_host: str = "") -> bool:
+        """Whether the daemon on host ``here`` evaluates ``gate``: a file or check gate only on
+        the host it names, else on ``owner_host`` (when known); every other gate everywhere."""
+        if gate.kind not in (GateKind.FILE, GateKind.CHECK):
+            return True
+        host = gate.host or owner_host
+        return not host or host == here
 
     def _check(self, task_id: str, name: str, workdir: str) -> bool:
         config = self.checks.get(name)

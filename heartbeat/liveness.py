@@ -19,7 +19,9 @@ _CREATE_TIME_SLACK = 0.05  # psutil's create_time is derived from jiffies: allow
 
 
 def this_host() -> str:
-    return socket.gethostname()
+    """This host's id: ``$HEARTBEAT_HOST`` when set (a daemon exports its ``daemon.host`` there,
+    so its launchers and agents agree with it), else the hostname."""
+    return os.environ.get("HEARTBEAT_HOST", "").strip() or socket.gethostname()
 
 
 def identify(pid: int) -> tuple[int, float] | None:

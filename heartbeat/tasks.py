@@ -77,6 +77,7 @@ def new_task(
     after: Sequence[str] = (),
     guarantees: Sequence[Guarantee] = (),
     on_broken: str = "",
+    host_labels: Sequence[str] = (),
     actor: str = "",
     now: datetime | None = None,
 ) -> Baton:
@@ -130,6 +131,11 @@ def new_task(
         on_broken=on_broken,
         meta=meta,
     )
+    if host_labels:  # a top-level key of the baton: only daemons offering every label dispatch it
+        from heartbeat.lease import host_labels as check_labels
+
+        baton.extra["host_labels"] = list(host_labels)
+        baton.extra["host_labels"] = check_labels(baton)
     return store.create(baton, actor=actor, now=now)
 
 

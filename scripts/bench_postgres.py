@@ -10,9 +10,17 @@ blocked, as scripts/bench_daemon.py):
 1. A scan as the daemon's tick does it (``store.scan()``): cold (every row parsed) and
    quiet (nothing changed), against a bare ``SELECT id, body`` of the same rows and a bare
    ``SELECT id, revision`` (what a quiet scan must read at least).
-2. A daemon tick (``Daemon.tick``, dry run) over the same store, cold and quiet.
+2. A daemon tick (``Daemon.tick``, dry run) over the same store, cold and quiet (with leases:
+   the takeover query and the supervised set are part of every tick on this store).
 3. One write's latency (``store.edit``: lock, parse, bookkeeping, CAS ``UPDATE``, event,
    NOTIFY, commit), p50 and p99, against a bare autocommit ``UPDATE`` of the same row.
+4. Leases (the tick above already runs with them: a takeover query and the supervised set):
+   the dispatch latency of a due task (``Daemon.evaluate``: load, decide, the claim with
+   ``FOR UPDATE SKIP LOCKED``, the two-phase dispatch write, the brief; the null launcher),
+   p50 and p99, against a bare ``SELECT id, body`` of the same row; the claim alone against
+   the same ``SELECT ... FOR UPDATE SKIP LOCKED`` and ``UPDATE`` run bare; one renewal of
+   the leases of ``--dispatches`` supervised tasks (one statement) against a bare ``UPDATE``
+   of the same rows.
 
 The throwaway cluster runs with ``fsync=off`` (as the tests' does): the figures are the
 store's CPU and round trips, not a disk's flush. Prints a markdown table.
@@ -29,6 +37,7 @@ import tomllib
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -64,6 +73,68 @@ def fill(url: str, count: int) -> None:
                         rows)
 
 
+def bench_leases(url: str, bare: psycopg.Connection[Any], count: int) -> list[tuple[str, str, str]]:
+    """Dispatch latency, claim and renewal on the filled database (section 4 of the docstring)."""
+    from heartbeat.config import parse_config
+    from heartbeat.daemon import Daemon
+
+    store = PostgresStore(url)
+    due = [f"due-{i:05d}" for i in range(count)]
+    spare = [f"spare-{i:05d}" for i in range(count)]
+    out: list[tuple[str, str, str]] = []
+    with tempfile.TemporaryDirectory() as state:
+        config = parse_config(f'[daemon]\nstate_dir = "{state}"\nhost = "bench"\nmax_concurrent = 1000000\n'
+                              'dispatches_per_minute = 1000000\n\n[launchers.agent]\ntype = "null"\n')
+        daemon = Daemon(config, store=PostgresStore(url), dry_run=True)
+        daemon.initialize()
+        daemon.tick()
+        assert daemon.lease is not None
+        for task_id in due + spare:  # due now: each is dispatched by its own evaluate below, not by a tick
+            store.create(Baton(task=f"due {task_id}", step="start", intent="bench", workdir="/tmp",
+                               meta=Meta(id=task_id)))
+        dispatch = [timed(lambda t=t: daemon.evaluate(t), 1)[0] for t in due]  # type: ignore[misc]
+        assert all(store.load(t).meta.epoch == 1 for t in due), "every due task was dispatched"
+
+        def select_row(task_id: str) -> None:
+            bare.execute("SELECT id, body FROM heartbeat_batons WHERE id = %s", (task_id,)).fetchall()
+
+        selects = [timed(lambda t=t: select_row(t), 1)[0] for t in due]  # type: ignore[misc]
+        out.append((f"dispatch of a due task (evaluate: claim + 2-phase write + brief), p50 / p99, n={count}",
+                    f"{p(dispatch, 0.5):.2f} / {p(dispatch, 0.99):.2f} ms",
+                    f"SELECT id, body of the same row: {p(selects, 0.5):.2f} / {p(selects, 0.99):.2f} ms"))
+        lease = daemon.lease.lease  # the primitives under the daemon's lease part
+        claims = [timed(lambda t=t: lease.claim([t]), 1)[0] for t in spare]  # type: ignore[misc]
+
+        def bare_claim(task_id: str) -> None:
+            with bare.transaction():
+                bare.execute("SELECT id FROM heartbeat_batons WHERE id = ANY(%s) FOR UPDATE SKIP LOCKED LIMIT 1",
+                             ([task_id],)).fetchall()
+                bare.execute("UPDATE heartbeat_batons SET lease_expires = now() + interval '30 seconds' "
+                             "WHERE id = %s", (task_id,))
+
+        bare_claims = [timed(lambda t=t: bare_claim(t), 1)[0] for t in spare]  # type: ignore[misc]
+        out.append(("claim one task (FOR UPDATE SKIP LOCKED + lease), p50 / p99",
+                    f"{p(claims, 0.5):.2f} / {p(claims, 0.99):.2f} ms",
+                    f"the same SELECT and UPDATE bare: {p(bare_claims, 0.5):.2f} / {p(bare_claims, 0.99):.2f} ms"))
+        lease.observe(daemon.store.scan())  # the supervised set: every task dispatched above
+        assert lease.running() == count, lease.running()
+        renews = timed(lease.renew, 50)
+        ids = list(due)
+
+        def bare_renew() -> None:
+            bare.execute("UPDATE heartbeat_batons SET lease_expires = now() + interval '30 seconds' "
+                         "WHERE id = ANY(%s)", (ids,))
+
+        bare_renews = timed(bare_renew, 50)
+        out.append((f"renew {count} leases + the host row (one statement), p50 / p99",
+                    f"{p(renews, 0.5):.2f} / {p(renews, 0.99):.2f} ms",
+                    f"bare UPDATE of the same rows: {p(bare_renews, 0.5):.2f} / {p(bare_renews, 0.99):.2f} ms"))
+        daemon.shared.pool.shutdown(wait=True)
+        daemon.store.close()
+    store.close()
+    return out
+
+
 def timed(fn: Callable[[], object], repeat: int) -> list[float]:
     out = []
     for _ in range(repeat):
@@ -83,6 +154,7 @@ def main() -> int:
     ap.add_argument("--tasks", type=int, default=10_000)
     ap.add_argument("--url", help="an empty database to use (default: a throwaway cluster)")
     ap.add_argument("--writes", type=int, default=300)
+    ap.add_argument("--dispatches", type=int, default=200, help="due tasks dispatched for the dispatch latency")
     args = ap.parse_args()
     cluster = None
     url = args.url
@@ -163,6 +235,7 @@ def main() -> int:
                      f"bare UPDATE: {p(updates, 0.5):.2f} / {p(updates, 0.99):.2f} ms; the same statements bare "
                      f"(SELECT FOR UPDATE, UPDATE, INSERT, NOTIFY in one transaction): "
                      f"{p(transactions, 0.5):.2f} / {p(transactions, 0.99):.2f} ms"))
+        rows.extend(bench_leases(url, bare, args.dispatches))
         bare.close()
         store.close()
     finally:

@@ -356,30 +356,34 @@ class TestConfig:
 
 
 class TestDaemonLock:
-    def test_a_second_daemon_on_one_database_is_refused(self, pg_url: str) -> None:
-        """claim_daemon holds a lock for the store's life: a second claim is refused in one line, and works once released."""
-        first, second = PostgresStore(pg_url), PostgresStore(pg_url)
+    def test_a_second_daemon_with_the_same_host_id_is_refused(self, pg_url: str) -> None:
+        """claim_daemon holds a lock per host id for the store's life: a second claim with the same id is refused
+        in one line (another id is welcome: leased daemons share the database), and works once released."""
+        first, second, other = PostgresStore(pg_url), PostgresStore(pg_url), PostgresStore(pg_url)
         try:
-            first.claim_daemon()
-            with pytest.raises(StoreError, match="another heartbeat daemon is running on the database"):
-                second.claim_daemon()
+            first.claim_daemon("host-a")
+            with pytest.raises(StoreError, match="another heartbeat daemon with host id 'host-a' is running"):
+                second.claim_daemon("host-a")
+            other.claim_daemon("host-b")
             first.close()
-            second.claim_daemon()
+            second.claim_daemon("host-a")
         finally:
             first.close()
             second.close()
+            other.close()
 
-    def test_heartbeat_run_refuses_a_second_daemon(self, pg_url: str, tmp_path: Path) -> None:
-        """`heartbeat run` on a database another daemon holds exits 1 with one line."""
+    def test_heartbeat_run_refuses_a_second_daemon_with_its_host_id(self, pg_url: str, tmp_path: Path) -> None:
+        """`heartbeat run` on a database where a daemon of the same host id runs exits 1 with one line."""
         holder = PostgresStore(pg_url)
         try:
-            holder.claim_daemon()
+            holder.claim_daemon("host-a")
             config = tmp_path / "heartbeat.toml"
-            config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n\n[store]\nurl = "{pg_url}"\n')
+            config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nhost = "host-a"\n\n'
+                              f'[store]\nurl = "{pg_url}"\n')
             config.chmod(0o644)
             r = _run_cli("--config", str(config), "run", "--once", env={}, cwd=tmp_path)
             assert r.code == 1, r.err
-            assert r.err.count("\n") == 1 and "another heartbeat daemon is running" in r.err
+            assert r.err.count("\n") == 1 and "another heartbeat daemon with host id 'host-a'" in r.err
         finally:
             holder.close()
 

@@ -370,7 +370,7 @@ class Actor:
                 m.owner = Owner(how=OwnerKind.DISPATCH, launcher=launcher_name, host=sh.host, started_at=now)
                 m.session, m.session_resumes = plan.session, plan.resumes
                 ed.event(EventKind.DISPATCHED, reason=decision.reason, attempt=m.attempt, launcher=launcher_name,
-                         resume=resume, stalled_at=stalled_at, pid=None, unit="", session=plan.session,
+                         host=sh.host, resume=resume, stalled_at=stalled_at, pid=None, unit="", session=plan.session,
                          session_resumed=plan.resume)
         except (Conflict, NotFound, NotActive) as exc:
             sh.log.info("raced", task=task_id, action="dispatch", reason=str(exc))
@@ -443,6 +443,8 @@ class Actor:
         except HeartbeatError as exc:
             sh.log.error("dispatch_unrecorded", task=task_id, epoch=epoch, error=str(exc))
         sh.running[task_id] = launcher_name
+        if sh.lease is not None:  # renewed from now on (the claim's lease covers it until then)
+            sh.lease.launched(task_id, epoch, owner)
         sh.log.info("dispatched", task=task_id, epoch=epoch, attempt=pending.meta.attempt,
                     reason=decision.reason, launcher=launcher_name, pid=owner.pid, unit=owner.unit)
         return True

@@ -27,6 +27,7 @@ from heartbeat import policy as pol
 from heartbeat.baton import Baton, GateKind, Status
 from heartbeat.config import Config
 from heartbeat.daemon.act import Actor
+from heartbeat.daemon.leased import lease_part
 from heartbeat.daemon.observe import EntryStatuses, Observer, StatusLookup
 from heartbeat.daemon.shared import Shared
 from heartbeat.daemon.watch import Watcher
@@ -93,11 +94,16 @@ class Core:
         from heartbeat.daemon.service import logger, open_store
         from heartbeat.liveness import this_host
 
+        if config.daemon.host and not os.environ.get("HEARTBEAT_HOST", "").strip():
+            os.environ["HEARTBEAT_HOST"] = config.daemon.host  # this_host(), the launchers and the agents agree
         store = store if store is not None else open_store(config, claim=not dry_run)
         if hasattr(store, "lock_wait"):  # a held baton lock must not stall every task
             store.lock_wait = defaults.DAEMON_LOCK_WAIT
         log = log if log is not None else logger()
         self.shared = Shared(config, store, dry_run=dry_run, log=log, host=this_host())
+        self.lease = lease_part(self.shared)
+        """Leases on a store shared by daemons on many hosts (:mod:`.leased`); None on the file store."""
+        self.shared.lease = self.lease
         self.observer = Observer(self.shared)
         self.actor = Actor(self.shared)
         self._stop = threading.Event()
@@ -160,6 +166,8 @@ class Core:
         """Seed the dispatch budget from the ledger, so a restart does not relaunch everything at once."""
         now = now or utcnow()
         self.actor.seed_budget(now)
+        if self.lease is not None:
+            self.lease.start()
         self.log.info("started", state_dir=self.config.state_dir, tick=self.config.daemon.tick,
                       launchers=sorted(self.launchers), dry_run=self.dry_run, pid=os.getpid())
 
@@ -177,6 +185,8 @@ class Core:
         self.watcher.stop(timeout=min(5.0, deadline - time.monotonic()))
         self.shared.pool.shutdown(wait=False, cancel_futures=True)
         self.gates.close()
+        if self.lease is not None:
+            self.lease.close()
         lock = self.shared.lock
         if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             self.log.error("shutdown_stuck", pid=os.getpid(),
@@ -206,6 +216,8 @@ class Core:
         for mem in self.memory.values():
             mem.quiet_entry = None  # decisions may differ under the new config
         self.gates.checks = dict(new.checks)
+        if self.lease is not None:
+            self.lease.reconfigure()
 
     def _forget(self, task_id: str) -> None:
         """A task no longer in the store: every part drops its record of it."""
@@ -232,7 +244,11 @@ class Core:
             now = now or utcnow()
             for launcher in self.launchers.values():
                 launcher.reap()
+            if self.lease is not None:  # a dead host's tasks: taken over here, then looked at in this pass
+                self.lease.before_pass()
             entries = self.store.scan()
+            if self.lease is not None:
+                self.lease.after_scan(entries)
             statuses = EntryStatuses(entries)
             running_batons: list[Baton] = []
             wants: list[Want] = []
@@ -277,8 +293,8 @@ class Core:
                 if baton is not None and entry.id in sh.running:
                     running_batons.append(baton)  # (a quiet task never has a live agent)
                 if baton is not None and baton.meta.status is Status.BLOCKED and baton.meta.gate is not None \
-                        and baton.meta.gate.kind is GateKind.FILE and baton.meta.gate.target:
-                    gate_paths.setdefault(baton.meta.gate.target, set()).add(entry.id)
+                        and baton.meta.gate.kind is GateKind.FILE and baton.meta.gate.local:
+                    gate_paths.setdefault(baton.meta.gate.local, set()).add(entry.id)
             if not fast:
                 known = set(self.memory) | set(self.observer.memory) | set(self.actor.stops) | set(sh.running)
                 for gone in known - seen:
@@ -330,8 +346,8 @@ class Core:
             if want is not None:
                 self.dispatch([want], now)
             gate = entry.baton.meta.gate if entry.baton is not None else None
-            watch_new_gate = gate is not None and gate.kind is GateKind.FILE and bool(gate.target) \
-                and self.watcher.add_gate_path(gate.target, task_id)
+            watch_new_gate = gate is not None and gate.kind is GateKind.FILE and bool(gate.local) \
+                and self.watcher.add_gate_path(gate.local, task_id)
         if watch_new_gate:
             self.watcher.update_gate_watches()
 
@@ -361,6 +377,12 @@ class Core:
             return "invalid", None
         mem.invalid_reported = ""
         baton = entry.baton
+        held = self.lease.held_elsewhere(baton) if self.lease is not None else ""
+        if held:  # liveness is local: the host running the agent judges it, while its lease lasts
+            if held != mem.last_reason:
+                self.log.debug("decision", task=baton.id, epoch=baton.meta.epoch, action="nothing", reason=held)
+                mem.last_reason = held
+            return baton.meta.status.value, None
         self.actor.escalation_seen(baton)
         for _ in range(4):  # settle / wake / unblock change the baton; then look again
             decision = self.decide(baton, now, statuses)
@@ -456,12 +478,20 @@ class Core:
             dispatches_per_minute=self.config.daemon.dispatches_per_minute,
         )
         by_id = {w.task_id: w for w in wants}
-        for adm in pol.admit([(w.task_id, w.launcher, w.since) for w in wants], capacity):
+        admissions = pol.admit([(w.task_id, w.launcher, w.since) for w in wants], capacity)
+        claimed = None
+        if self.lease is not None:  # a shared store: only what this host's claim took (SKIP LOCKED)
+            claimed = self.lease.claimed([a.task_id for a in admissions if a.admitted])
+        for adm in admissions:
             mem = self._mem(adm.task_id)
             if not adm.admitted:
                 if mem.last_reason != adm.reason:
                     self.log.info("waiting", task=adm.task_id, reason=adm.reason)
                     mem.last_reason = adm.reason
+                continue
+            if claimed is not None and adm.task_id not in claimed:
+                self.log.debug("not_claimed", task=adm.task_id,
+                               reason="another host holds it, its host_labels are not this host's, or no lease")
                 continue
             want = by_id[adm.task_id]
             try:

@@ -121,7 +121,8 @@ class Observer:
         else:
             sh.running.pop(baton.id, None)
         gate_open = False
-        if meta.status is Status.BLOCKED and meta.gate is not None:
+        if meta.status is Status.BLOCKED and meta.gate is not None and (
+                sh.lease is None or sh.lease.gate_here(baton.id, meta.gate)):  # a file/check gate: one host's
             gate_open = sh.gates.is_open(baton.id, meta.gate, now, workdir=baton.workdir,
                                          task_status=statuses.get)
         block_dropped = False

@@ -23,8 +23,10 @@ from typing import Any
 from heartbeat import defaults, systemd
 from heartbeat.config import Config, load_config
 from heartbeat.daemon.core import Core
-from heartbeat.errors import HeartbeatError
+from heartbeat.daemon.leased import renew_interval
+from heartbeat.errors import HeartbeatError, StoreError
 from heartbeat.layout import StateLayout
+from heartbeat.liveness import this_host
 from heartbeat.store.base import Store
 from heartbeat.timeparse import utcnow
 
@@ -114,6 +116,9 @@ class Daemon(Core):
             self._scheduler.add_job(self._safe_gc, "interval", seconds=retention.every, id="gc",
                                     next_run_time=datetime.now().astimezone() + timedelta(
                                         seconds=min(retention.every, defaults.GC_FIRST_DELAY_MAX)))
+        if self.lease is not None:  # renewals in a job of their own: a long pass must not starve them
+            self._scheduler.add_job(self.lease.renew, "interval", seconds=renew_interval(self.shared), id="lease")
+            self.lease.start_watch()
         systemd.notify("READY=1", "STATUS=started")
         self._scheduler.start()
         interval = systemd.watchdog_interval()
@@ -176,6 +181,11 @@ class Daemon(Core):
     def _safe_tick(self) -> None:
         try:
             self.tick()
+        except StoreError as exc:
+            if self.lease is None:
+                self.log.exception("tick_failed", error=repr(exc))
+            else:  # a shared store out of reach: the lease part says so once, and once when it is back
+                self.lease.unreachable(exc)
         except Exception as exc:  # the clock must keep ticking whatever one pass hit
             self.log.exception("tick_failed", error=repr(exc))
 
@@ -235,7 +245,7 @@ def open_store(config: Config, *, claim: bool = True) -> Store:
         claim_daemon = getattr(store, "claim_daemon", None)
         if claim and claim_daemon is not None:
             try:
-                claim_daemon()  # one daemon per database until leased daemons exist
+                claim_daemon(this_host())  # one daemon per host id; other hosts share it through leases
             except BaseException:
                 store.close()
                 raise

@@ -46,6 +46,9 @@ class Shared:
         """Task id -> launcher name of the live agents this daemon dispatched (under :attr:`lock`):
         written by observing (alive or not) and acting (launched, settled); admission counts it."""
         self.poke: Callable[[str], None] = lambda task_id: None
+        self.lease: Any = None
+        """The lease part (:class:`~heartbeat.daemon.leased.LeasePart`) on a store shared by many
+        hosts, set by the loop; None on the file store."""
         """Ask for a task to be looked at soon, off the tick (set by the watcher; thread-safe)."""
         self.build_launchers()
 

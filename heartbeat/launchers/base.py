@@ -189,7 +189,7 @@ def build_env(
     (``inherit_env = ["PATH", ...]``) or nothing (``false``); then the config's ``env``;
     then ``HEARTBEAT_TASK``, ``HEARTBEAT_EPOCH``, ``HEARTBEAT_BRIEF``,
     ``HEARTBEAT_CONFIG``, ``HEARTBEAT_STATE_DIR`` (and ``HEARTBEAT_STORE_URL`` when the
-    daemon's store is a database). ``HEARTBEAT_*`` variables of the
+    daemon's store is a database, ``HEARTBEAT_HOST`` when the daemon has a host id). ``HEARTBEAT_*`` variables of the
     daemon's environment are never inherited (they describe the daemon, not this
     dispatch), and systemd's plumbing variables are always removed.
     """
@@ -210,6 +210,8 @@ def build_env(
     )
     if base.get("HEARTBEAT_STORE_URL"):
         env["HEARTBEAT_STORE_URL"] = base["HEARTBEAT_STORE_URL"]  # the daemon's database store
+    if base.get("HEARTBEAT_HOST"):
+        env["HEARTBEAT_HOST"] = base["HEARTBEAT_HOST"]  # the daemon's host id: a claim names the same host
     if req.config_path:
         env["HEARTBEAT_CONFIG"] = req.config_path
     else:

@@ -8,8 +8,11 @@ URL is configured, so the file store's CLI never loads psycopg.
 A baton is one row of ``heartbeat_batons``: its TOML text kept verbatim (``body``, so
 unknown keys and the file format survive export and import) plus indexed columns the
 daemon can query without parsing: id, status, revision, epoch, owner host, lease expiry
-and next wake (the lease columns are there from schema version 1 for leased daemons on
-many hosts, which are not built yet: nothing sets a lease today).
+and next wake; from schema version 2, whether an agent owns it (``owned``), the baton's
+``host_labels``, and ``heartbeat_hosts``, one row per daemon. Leases (claim, renewal,
+takeover) are :mod:`heartbeat.lease`'s; a write here keeps them coherent: ``owner_host``
+is the host whose daemon holds (or last held) the task, and a write that gives the task
+an owner on another host drops the old host's lease.
 
 A write is one transaction: lock the row (``SELECT ... FOR UPDATE``), check the fence,
 apply the bookkeeping of :func:`heartbeat.store.base.finish_edit`, ``UPDATE`` guarded by
@@ -66,7 +69,7 @@ CHANNEL = "heartbeat_batons"
 """The LISTEN/NOTIFY channel; the payload is the id of the task written."""
 
 _UPGRADE_LOCK = 0x68620001  # pg_advisory_xact_lock key: one `db upgrade` at a time
-_DAEMON_LOCK = 0x68620002  # pg_advisory_lock key: one daemon per database until leases exist
+_DAEMON_LOCK = 0x68620002  # pg_advisory_lock key (with the host id's hash): one daemon per host id
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -96,6 +99,24 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         )""",
         "CREATE INDEX heartbeat_events_task ON heartbeat_events (task, id)",
         "CREATE INDEX heartbeat_events_ts ON heartbeat_events (ts)",
+    ),
+    2: (  # leased daemons on many hosts (heartbeat.lease)
+        "ALTER TABLE heartbeat_batons ADD COLUMN owned boolean NOT NULL DEFAULT false",
+        "ALTER TABLE heartbeat_batons ADD COLUMN host_labels text[] NOT NULL DEFAULT '{}'",
+        "ALTER TABLE heartbeat_batons ADD COLUMN lease_renewed timestamptz",
+        "UPDATE heartbeat_batons SET owned = owner_host <> ''",
+        "CREATE INDEX heartbeat_batons_lease_expires ON heartbeat_batons (lease_expires) WHERE owned",
+        """CREATE TABLE heartbeat_hosts (
+            host text PRIMARY KEY,
+            pid integer NOT NULL DEFAULT 0,
+            labels text[] NOT NULL DEFAULT '{}',
+            capacity integer NOT NULL DEFAULT 0,
+            running integer NOT NULL DEFAULT 0,
+            lease_ttl double precision NOT NULL DEFAULT 30,
+            started_at timestamptz NOT NULL DEFAULT now(),
+            renewed_at timestamptz NOT NULL DEFAULT now(),
+            stopped_at timestamptz
+        )""",
     ),
 }
 """Schema version -> the statements that bring version-1 to it. Append, never edit."""
@@ -210,14 +231,35 @@ def upgrade(url: str) -> tuple[int, int]:
 
 
 def _columns(baton: Baton) -> dict[str, Any]:
+    from heartbeat.lease import host_labels
+
     meta = baton.meta
     return {
         "status": meta.status.value,
         "revision": meta.revision,
         "epoch": meta.epoch,
         "owner_host": meta.owner.host if meta.owner is not None else "",
+        "owned": meta.owner is not None,
+        "host_labels": host_labels(baton),
         "next_wake": meta.snooze_until,
     }
+
+
+_INSERT = (
+    "INSERT INTO heartbeat_batons (id, body, status, revision, epoch, owner_host, owned, host_labels, next_wake) "
+    "VALUES (%(id)s, %(body)s, %(status)s, %(revision)s, %(epoch)s, %(owner_host)s, %(owned)s, %(host_labels)s, "
+    "%(next_wake)s) ON CONFLICT (id) DO NOTHING"
+)
+
+_UPDATE = (
+    # owner_host is sticky (the host that last held the task evaluates its local gates); an
+    # owner on another host drops the old host's lease, so it can neither renew nor lose it.
+    "UPDATE heartbeat_batons SET body = %(body)s, status = %(status)s, revision = %(revision)s, epoch = %(epoch)s, "
+    "lease_expires = CASE WHEN %(owner_host)s IN ('', owner_host) THEN lease_expires END, "
+    "owner_host = CASE WHEN %(owner_host)s = '' THEN owner_host ELSE %(owner_host)s END, "
+    "owned = %(owned)s, host_labels = %(host_labels)s, next_wake = %(next_wake)s, written_at = now() "
+    "WHERE id = %(id)s AND revision = %(old_revision)s"
+)
 
 
 class PostgresLedger:
@@ -331,6 +373,8 @@ class PostgresStore:
         self.ledger: Ledger = PostgresLedger(self)
         self.scan_unchanged = False
         """Whether the last :meth:`scan` found exactly the rows of the one before it."""
+        self.owner_hosts: dict[str, str] = {}
+        """Task id -> the host whose daemon holds or last held it, as the last :meth:`scan` read it."""
         self._cache: dict[str, tuple[tuple[int, str], Entry]] = {}
         self._sorted: list[Entry] = []
         self._daemon_conn: psycopg.Connection[Any] | None = None
@@ -420,7 +464,7 @@ class PostgresStore:
     def scan(self) -> list[Entry]:
         """Every row; re-parses only rows written since the last scan (by revision and ``xmin``)."""
         with self._conn() as conn:
-            keys = conn.execute("SELECT id, revision, xmin::text FROM heartbeat_batons").fetchall()
+            keys = conn.execute("SELECT id, revision, xmin::text, owner_host FROM heartbeat_batons").fetchall()
             cache = self._cache
             stale = [r[0] for r in keys if (c := cache.get(r[0])) is None or c[0] != (r[1], r[2])]
             bodies: list[tuple[str, int, str, str]] = []
@@ -437,6 +481,7 @@ class PostgresStore:
                 entry.error = exc
             cache[task_id] = ((revision, xmin), entry)
         present = {r[0] for r in keys}
+        self.owner_hosts = {r[0]: r[3] for r in keys if r[3]}
         unchanged = not stale and len(keys) == len(self._sorted)
         self.scan_unchanged = unchanged
         if unchanged:
@@ -464,11 +509,7 @@ class PostgresStore:
                 event.revision = meta.revision
             body = self._body(new)
             cols = _columns(new)
-            cur = conn.execute(
-                "INSERT INTO heartbeat_batons (id, body, status, revision, epoch, owner_host, next_wake) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
-                (task_id, body, cols["status"], meta.revision, cols["epoch"], cols["owner_host"], cols["next_wake"]),
-            )
+            cur = conn.execute(_INSERT, {**cols, "id": task_id, "body": body, "revision": meta.revision})
             if cur.rowcount != 1:
                 raise AlreadyExists("a task with this id exists already", task=task_id)
             append_events(conn, events)
@@ -514,12 +555,7 @@ class PostgresStore:
             continue_above(ed, events, highest_revision(conn, task_id))
             body = self._body(ed.baton)
             cols = _columns(ed.baton)
-            cur = conn.execute(
-                "UPDATE heartbeat_batons SET body = %s, status = %s, revision = %s, epoch = %s, owner_host = %s, "
-                "next_wake = %s, written_at = now() WHERE id = %s AND revision = %s",
-                (body, cols["status"], cols["revision"], cols["epoch"], cols["owner_host"], cols["next_wake"],
-                 task_id, old.meta.revision),
-            )
+            cur = conn.execute(_UPDATE, {**cols, "id": task_id, "body": body, "old_revision": old.meta.revision})
             if cur.rowcount != 1:  # the row lock makes this unreachable; the revision guard is the contract
                 raise Conflict(f"the baton moved on from revision {old.meta.revision} during the write", task=task_id)
             append_events(conn, events)
@@ -531,11 +567,7 @@ class PostgresStore:
         baton = parse_baton(text, path=self._path(task_id), expected_id=task_id)
         cols = _columns(baton)
         with self._conn() as conn, conn.transaction():
-            cur = conn.execute(
-                "INSERT INTO heartbeat_batons (id, body, status, revision, epoch, owner_host, next_wake) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
-                (task_id, text, cols["status"], cols["revision"], cols["epoch"], cols["owner_host"], cols["next_wake"]),
-            )
+            cur = conn.execute(_INSERT, {**cols, "id": task_id, "body": text})
             if cur.rowcount == 1:
                 conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, task_id))
             return cur.rowcount == 1
@@ -591,19 +623,21 @@ class PostgresStore:
 
         return stop_watching
 
-    def claim_daemon(self) -> None:
-        """Hold, for this store's life, the lock that says a daemon runs on this database.
+    def claim_daemon(self, host: str = "") -> None:
+        """Hold, for this store's life, the lock that says a daemon with host id ``host`` runs
+        on this database. Daemons on many hosts share one database through leases
+        (:mod:`heartbeat.lease`), but two with one host id would each take the other's tasks
+        for their own: the second is refused."""
+        from heartbeat.liveness import this_host
 
-        Leased daemons on many hosts are not built yet, so two daemons on one database
-        would dispatch the same tasks twice: the second is refused.
-        """
+        host = host or this_host()
         conn = connect(self.url, autocommit=True)
-        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_DAEMON_LOCK,)).fetchone()
+        row = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (_DAEMON_LOCK, host)).fetchone()
         if not row or not row[0]:
             conn.close()
             raise StoreError(
-                f"another heartbeat daemon is running on the database {self.label}: "
-                "one daemon per database until leased daemons exist"
+                f"another heartbeat daemon with host id {host!r} is running on the database {self.label}: "
+                "give each daemon its own daemon.host (or $HEARTBEAT_HOST)"
             )
         self._daemon_conn = conn
 

@@ -1,0 +1,332 @@
+"""Leased daemons on many hosts, for real: daemons with different host ids sharing one throwaway
+PostgreSQL database, real agents, real signals, tiny intervals.
+
+Each "host" is a daemon with its own state dir and ``daemon.host``; its agents are told apart in
+the process table by their ``HEARTBEAT_STATE_DIR``. Twins are looked for twice over: in the
+process table (never two live agents for one task, across hosts) and in the ledger (every
+dispatch after the first follows the end or the takeover of the one before).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from daemon_harness import TOY, DaemonHarness
+
+from heartbeat import tasks
+from heartbeat.baton import Gate
+from heartbeat.ledger import Event
+from heartbeat.store.postgres import PostgresStore
+from tests.pg import Cluster, start_cluster
+
+pytestmark = pytest.mark.slow
+
+TICK = 0.2
+TTL = 2.0
+
+
+class Host(DaemonHarness):
+    """A daemon with its own host id and state dir, on a shared PostgreSQL store."""
+
+    def __init__(self, root: Path, url: str, host: str, *, max_concurrent: int = 10, agent: list[str] | None = None,
+                 stall_after: str = "1h") -> None:
+        self.url = url
+        self.host = host
+        root.mkdir(mode=0o700, exist_ok=True)
+        super().__init__(root, tick=f"{int(TICK * 1000)}ms", stall_after=stall_after, max_concurrent=max_concurrent,
+                         dispatches_per_minute=6000, agent=agent, extra=f"[store]\nurl = {json.dumps(url)}\n")
+        self.store.close()
+        self.store = PostgresStore(url)  # type: ignore[assignment]
+
+    def config_text(self) -> str:
+        return super().config_text().replace(
+            'log_level = "debug"\n', f'log_level = "debug"\nhost = "{self.host}"\nlease_ttl = "{TTL}s"\n', 1)
+
+    def lines(self, event: str) -> list[dict[str, Any]]:
+        return [e for e in self.log() if e.get("event") == event]
+
+
+class Twins:
+    """Samples the process table of every host until stopped: the most live agents any one task had."""
+
+    def __init__(self, hosts: list[Host]) -> None:
+        self.hosts = hosts
+        self.worst: dict[str, list[tuple[str, int]]] = {}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            seen: dict[str, list[tuple[str, int]]] = {}
+            for h in self.hosts:
+                for task, groups in h.live_agents().items():
+                    seen.setdefault(task, []).extend((h.host, g) for g in groups)
+            for task, groups in seen.items():
+                if len(groups) > len(self.worst.get(task, [])):
+                    self.worst[task] = groups
+            self.samples += 1
+            self._stop.wait(0.05)
+
+    def stop(self) -> dict[str, list[tuple[str, int]]]:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        return {task: groups for task, groups in self.worst.items() if len(groups) > 1}
+
+
+def ledger_twins(events: list[Event]) -> list[str]:
+    """Dispatches that came while the previous agent of the task had neither ended nor been taken over."""
+    bad: list[str] = []
+    live = False
+    for e in events:
+        if e.kind == "dispatched":
+            if live:
+                bad.append(f"epoch {e.epoch} dispatched at {e.ts.isoformat()} with the previous agent unsettled")
+            live = True
+        elif e.kind in ("exited", "taken_over"):
+            live = False
+    return bad
+
+
+def new_tasks(store: PostgresStore, ids: list[str], workdir: Path, plan: int = 1) -> None:
+    for task_id in ids:
+        tasks.new_task(store, task_id, task=f"task {task_id}", step="start", workdir=str(workdir),
+                       plan=[f"step {i + 1}" for i in range(plan)])
+
+
+def hosts_of(store: PostgresStore, task_id: str) -> list[str]:
+    return [e.data.get("host", "") for e in store.ledger.events(task_id, kinds=["dispatched"])]
+
+
+@pytest.fixture
+def pair(pg_url: str, tmp_path: Path) -> Iterator[tuple[Host, Host]]:
+    tmp_path.chmod(0o700)
+    hang = [*TOY, "--mode", "hang"]
+    a = Host(tmp_path / "a", pg_url, "host-a", agent=hang, max_concurrent=4)
+    b = Host(tmp_path / "b", pg_url, "host-b", agent=hang, max_concurrent=4)
+    yield a, b
+    for h in (a, b):
+        if h.proc is not None and h.proc.poll() is None:
+            h.proc.send_signal(signal.SIGCONT)  # a paused daemon must be able to hear SIGTERM
+        h.close()
+
+
+class TestSharing:
+    def test_two_hosts_share_fifty_tasks_without_twins(self, pg_url: str, tmp_path: Path) -> None:
+        """Two daemons with different host ids on one database run 50 tasks to done: both take a share, and no
+        task ever has two live agents (process table, sampled throughout) nor a dispatch over a live one (ledger)."""
+        tmp_path.chmod(0o700)
+        agent = [*TOY, "--step-time", "0.2"]
+        a = Host(tmp_path / "a", pg_url, "host-a", agent=agent, max_concurrent=8, stall_after="30s")
+        b = Host(tmp_path / "b", pg_url, "host-b", agent=agent, max_concurrent=8, stall_after="30s")
+        ids = [f"job-{i:02d}" for i in range(50)]
+        new_tasks(a.store, ids, tmp_path, plan=2)  # type: ignore[arg-type]
+        twins = Twins([a, b])
+        try:
+            a.start()
+            b.start()
+
+            def all_done() -> bool:
+                return all(a.store.load(t).meta.status.value == "done" for t in ids)
+
+            a.wait(all_done, "all 50 tasks done", timeout=300, interval=0.5)
+        finally:
+            found = twins.stop()
+            for h in (a, b):
+                h.stop()
+                h.kill_agents()
+        assert twins.samples > 10
+        assert found == {}, f"tasks with two live agents: {found}"
+        store = a.store
+        for task_id in ids:
+            events = store.ledger.events(task_id)  # type: ignore[attr-defined]
+            assert ledger_twins(events) == [], task_id
+            epochs = [e.epoch for e in events if e.kind == "dispatched"]
+            assert epochs == sorted(set(epochs)), task_id
+        by_host = [h for t in ids for h in hosts_of(store, t)]  # type: ignore[arg-type]
+        assert set(by_host) == {"host-a", "host-b"}, by_host
+        assert not store.ledger.events(kinds=["taken_over"])
+        for h in (a, b):
+            assert not h.lines("tick_failed") and not h.lines("task_failed")
+            h.close()
+
+
+class TestDeadHost:
+    def test_a_dead_hosts_tasks_are_taken_over_within_lease_ttl_and_two_ticks(self, pair: tuple[Host, Host],
+                                                                              tmp_path: Path) -> None:
+        """SIGKILL one daemon and its agents (a host dies): the other daemon takes each task over (epoch+1,
+        ``taken_over`` from that host) within lease_ttl + 2 ticks, and dispatches it on its own host."""
+        a, b = pair
+        ids = ["t1", "t2", "t3"]
+        new_tasks(a.store, ids, tmp_path)  # type: ignore[arg-type]
+        a.start()
+        a.wait(lambda: len(a.live_agents()) == 3, "host-a running all three")
+        b.start()
+        before = {t: a.store.load(t).meta.epoch for t in ids}
+        time.sleep(TTL)  # host-b leaves host-a's renewed tasks alone meanwhile
+        assert b.live_agents() == {} and not a.store.ledger.events(kinds=["taken_over"])
+        a.kill(signal.SIGKILL)
+        a.kill_agents()
+        killed = datetime.now(UTC)
+
+        def taken() -> list[Event]:
+            found = a.store.ledger.events(kinds=["taken_over"])
+            return found if len(found) == 3 else []
+
+        events = a.wait(taken, "three takeovers", timeout=30)
+        for e in events:
+            assert e.data["from_host"] == "host-a" and e.data["to_host"] == "host-b"
+            assert e.epoch == before[e.task] + 1
+            late = (e.ts - killed).total_seconds()
+            assert late <= TTL + 2 * TICK, f"{e.task} taken over {late:.2f}s after the host died"
+        b.wait(lambda: len(b.live_agents()) == 3, "host-b running all three")
+        for t in ids:
+            baton = b.store.load(t)
+            assert baton.meta.owner is not None and baton.meta.owner.host == "host-b"
+            assert baton.meta.epoch == before[t] + 2
+            assert hosts_of(b.store, t) == ["host-a", "host-b"]  # type: ignore[arg-type]
+
+
+class TestPausedHost:
+    def test_a_resumed_host_stops_its_fenced_agents_and_writes_nothing(self, pair: tuple[Host, Host],
+                                                                       tmp_path: Path) -> None:
+        """A SIGSTOPped daemon resumed after its tasks were taken over stops its (fenced) agents and writes
+        nothing for them; the new host's agents run on; the fenced agent's own write is refused (exit 5)."""
+        a, b = pair
+        ids = ["p1", "p2"]
+        new_tasks(a.store, ids, tmp_path)  # type: ignore[arg-type]
+        a.start()
+        a.wait(lambda: len(a.live_agents()) == 2, "host-a running both")
+        old = {t: a.store.load(t) for t in ids}
+        old_groups = {g for groups in a.live_agents().values() for g in groups}
+        b.start()
+        assert a.proc is not None
+        a.proc.send_signal(signal.SIGSTOP)
+
+        def launched_on_b() -> bool:
+            owners = [b.store.load(t).meta.owner for t in ids]
+            return all(o is not None and o.host == "host-b" and o.pid for o in owners) and len(b.live_agents()) == 2
+
+        b.wait(launched_on_b, "host-b running both after the takeover", timeout=30)
+        assert {g for groups in a.live_agents().values() for g in groups} == old_groups  # fenced, still alive
+        r = a.cli("touch", "p1", env={"HEARTBEAT_EPOCH": str(old["p1"].meta.epoch), "HEARTBEAT_STORE_URL": a.url})
+        assert r.returncode == 5 and "superseded" in r.stderr
+        revisions = {t: a.store.load(t).meta.revision for t in ids}
+        last_event = max(e.id or 0 for e in a.store.ledger.events())
+        resumed = len(a.log())
+        a.proc.send_signal(signal.SIGCONT)
+        a.wait(lambda: a.live_agents() == {}, "host-a's fenced agents stopped", timeout=20)
+        time.sleep(3 * TICK)  # a resumed daemon that wanted to write would have by now
+        after = [e for e in a.store.ledger.events() if (e.id or 0) > last_event]
+        assert after == [], [(e.task, e.kind, e.data) for e in after]
+        assert {t: a.store.load(t).meta.revision for t in ids} == revisions
+        fenced = [e for e in a.log()[resumed:] if e.get("event") == "fenced_agent_stopped"]
+        assert sorted({e["task"] for e in fenced}) == ids
+        assert not [e for e in a.log()[resumed:] if e.get("event") in ("dispatched", "exited", "tick_failed")]
+        assert len(b.live_agents()) == 2
+        for t in ids:
+            owner = b.store.load(t).meta.owner
+            assert owner is not None and owner.host == "host-b"
+        assert a.proc is not None and a.proc.poll() is None
+
+
+@pytest.fixture(scope="module")
+def own_cluster() -> Iterator[Cluster]:
+    """A cluster of this module's own, stopped and started by the partition test."""
+    try:
+        cluster = start_cluster()
+    except RuntimeError as exc:
+        pytest.fail(f"cannot start a throwaway PostgreSQL cluster: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.remove()
+
+
+class TestPartition:
+    def test_no_dispatch_while_the_database_is_gone_and_every_daemon_recovers(self, own_cluster: Cluster,
+                                                                               tmp_path: Path) -> None:
+        """The database stopped for longer than the lease: no daemon launches an agent while it cannot renew
+        (their agents stop as the leases run out), each says so in one line and, the database back, one line
+        again, neither crashes nor hangs, and every task runs again, still without twins."""
+        from heartbeat.store.postgres import upgrade
+
+        url = own_cluster.create_db("partition")
+        upgrade(url)
+        tmp_path.chmod(0o700)
+        hang = [*TOY, "--mode", "hang"]
+        a = Host(tmp_path / "a", url, "host-a", agent=hang, max_concurrent=2)
+        b = Host(tmp_path / "b", url, "host-b", agent=hang, max_concurrent=2)
+        ids = ["n1", "n2", "n3", "n4"]
+        new_tasks(a.store, ids, tmp_path)  # type: ignore[arg-type]
+        twins = Twins([a, b])
+        try:
+            a.start()
+            b.start()
+            a.wait(lambda: len(a.live_agents()) + len(b.live_agents()) == 4, "four agents over two hosts")
+            assert len(a.live_agents()) == 2 and len(b.live_agents()) == 2
+            before = {g for h in (a, b) for groups in h.live_agents().values() for g in groups}
+            own_cluster.stop("fast")
+            down_until = time.monotonic() + TTL + 3.0
+            new_groups: set[int] = set()
+            while time.monotonic() < down_until:
+                now = {g for h in (a, b) for groups in h.live_agents().values() for g in groups}
+                new_groups |= now - before
+                time.sleep(0.1)
+            assert new_groups == set(), "an agent was launched while the database was gone"
+            assert a.live_agents() == {} and b.live_agents() == {}, "agents outlived their unrenewable leases"
+            own_cluster.start()
+            for h in (a, b):
+                h.wait(lambda h=h: h.lines("store_reachable"), f"{h.host} back", timeout=60)
+            a.wait(lambda: len(a.live_agents()) + len(b.live_agents()) == 4, "four agents again", timeout=60)
+        finally:
+            found = twins.stop()
+            for h in (a, b):
+                h.close()
+            if not (Path(own_cluster.data) / "postmaster.pid").exists():
+                own_cluster.start()
+        assert found == {}, f"tasks with two live agents: {found}"
+        for h in (a, b):
+            assert len(h.lines("store_unreachable")) == 1, h.host
+            assert len(h.lines("store_reachable")) == 1, h.host
+            assert not h.lines("tick_failed") and not h.lines("non-json"), h.host
+            assert h.proc is not None and h.proc.returncode == 0  # stopped by close(), not crashed
+
+
+class TestGatesByHost:
+    def test_a_file_gate_naming_a_host_is_opened_by_that_hosts_daemon_only(self, pair: tuple[Host, Host],
+                                                                            tmp_path: Path) -> None:
+        """Two daemons see the same file (one machine here); a `file:host-b:PATH` gate is evaluated and opened
+        by host-b's daemon only, and a `file:PATH` gate by the task's owner host only."""
+        a, b = pair
+        flag = tmp_path / "flag"
+        flag.touch()
+        tasks.new_task(a.store, "named", task="t", step="s", workdir=str(tmp_path), blocked_on="the flag",
+                       gate=Gate.parse(f"file:host-b:{flag}"))
+        tasks.new_task(a.store, "owned", task="t", step="s", workdir=str(tmp_path), blocked_on="the flag",
+                       gate=Gate.parse(f"file:{flag}"))
+        with psycopg.connect(a.url, autocommit=True) as conn:  # host-a last held "owned"
+            conn.execute("UPDATE heartbeat_batons SET owner_host = 'host-a' WHERE id = 'owned'")
+        a.start()
+        b.start()
+
+        def unblocked(task_id: str) -> bool:
+            return bool(a.store.ledger.events(task_id, kinds=["unblocked"]))
+
+        a.wait(lambda: unblocked("named") and unblocked("owned"), "both gates opened", timeout=30)
+
+        def opened(h: Host, task_id: str) -> bool:
+            return any(e.get("task") == task_id and e.get("action") == "unblock" for e in h.lines("decision"))
+
+        assert opened(b, "named") and not opened(a, "named")
+        assert opened(a, "owned") and not opened(b, "owned")
