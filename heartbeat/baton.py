@@ -116,7 +116,7 @@ def check_id(task_id: object) -> str:
     return task_id
 
 
-@dataclass
+@dataclass(slots=True)
 class Gate:
     """What lifts a block: a human, a file appearing, a time, another task done, a check."""
 
@@ -159,7 +159,7 @@ class Gate:
         return self.kind.value if self.kind is GateKind.HUMAN else f"{self.kind.value}:{self.target}"
 
 
-@dataclass
+@dataclass(slots=True)
 class Guarantee:
     """What a task's producer promises its consumers: a sentence, and the ``[checks.NAME]`` that proves it."""
 
@@ -175,7 +175,7 @@ class Guarantee:
         return out
 
 
-@dataclass
+@dataclass(slots=True)
 class Owner:
     """The agent holding a task: enough to tell whether it is still alive, and how it started."""
 
@@ -190,7 +190,7 @@ class Owner:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class Meta:
     """The part of a baton heartbeat manages; agents do not edit it."""
 
@@ -222,7 +222,7 @@ class Meta:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class Baton:
     """A task's state note. ``extra`` holds top-level keys heartbeat does not know."""
 
@@ -453,7 +453,7 @@ def baton_from_dict(doc: dict[str, Any], *, path: str, expected_id: str | None =
     values["guarantees"] = _guarantees(r, data)
     values["rederived"] = r.strings(data, "rederived", "rederived")
     values["on_broken"] = r.string(data, "on_broken", "on_broken")
-    baton = Baton(meta=meta, extra=data, **values)
+    baton = Baton(meta=meta, extra=dict(data), **values)  # a fresh dict: the popped one keeps its size
     for i, upstream in enumerate(baton.after):
         if not ID_PATTERN.fullmatch(upstream):
             raise r.fail(f"after[{i}]", f"bad task id {upstream[:64]!r}")
@@ -494,7 +494,7 @@ def _guarantees(r: _Reader, data: dict[str, Any]) -> list[Guarantee]:
         check = r.string(item, "check", f"{name}.check")
         if check and not ID_PATTERN.fullmatch(check):
             raise r.fail(f"{name}.check", f"bad check name {check[:40]!r}")
-        out.append(Guarantee(text, check, extra=item))
+        out.append(Guarantee(text, check, extra=dict(item)))
     return out
 
 
@@ -541,7 +541,7 @@ def _meta_from_dict(r: _Reader, doc: dict[str, Any], expected_id: str | None) ->
             session=r.string(owner_doc, "session", "meta.owner.session"),
             how=r.string(owner_doc, "how", "meta.owner.how"),
             started_at=r.time(owner_doc, "started_at", "meta.owner.started_at"),
-            extra=owner_doc,
+            extra=dict(owner_doc),
         )
     gate_doc = r.table(doc, "gate", "meta.gate")
     if gate_doc is not None:
@@ -550,14 +550,14 @@ def _meta_from_dict(r: _Reader, doc: dict[str, Any], expected_id: str | None) ->
             kind = GateKind(kind_text)
         except ValueError:
             raise r.fail("meta.gate.kind", f"unknown gate kind {kind_text[:40]!r}") from None
-        meta.gate = Gate(kind, r.string(gate_doc, "target", "meta.gate.target"), extra=gate_doc)
+        meta.gate = Gate(kind, r.string(gate_doc, "target", "meta.gate.target"), extra=dict(gate_doc))
     world_doc = r.table(doc, "world", "meta.world")
     if world_doc is not None:
         for key, value in world_doc.items():
             if not isinstance(value, str):
                 raise r.fail(f"meta.world.{key}", f"expected a string, got {_describe(value)}")
         meta.world = world_doc
-    meta.extra = doc
+    meta.extra = dict(doc)  # a fresh dict: the one its known keys were popped from keeps its size
     return meta
 
 
