@@ -59,11 +59,12 @@ class ChangeFeed:
             self._lost, self.lost_reason = True, "no watcher runs"
 
     def take(self, now: float) -> set[str] | None:
-        """The tasks to look at this tick, or None for a full sweep; ``now`` is monotonic seconds."""
+        """The tasks to look at this tick, or None for a full sweep; ``now`` in seconds (a clock
+        that went back since the last sweep makes this one a sweep)."""
         with self._lock:
             changed, self._changed = self._changed, set()
             due = (not self._watching or self._lost or self._last_sweep is None
-                   or now - self._last_sweep >= self.sweep_every)
+                   or not 0 <= now - self._last_sweep < self.sweep_every)
             if not due:
                 return changed
             self._last_sweep = now

@@ -59,9 +59,10 @@ class ExitWatch:
             self._thread.start()
 
     def watch(self, task_id: str, owner: Owner) -> bool:
-        """Watch ``owner``'s process for ``task_id`` (idempotent); False when it cannot be watched."""
+        """Watch ``owner``'s process for ``task_id`` (idempotent); False when it cannot be watched
+        (no pidfds, not started, no pid, another host's process, or not the process the owner names)."""
         pid = owner.pid
-        if not self.enabled or pid is None or pid <= 0 or (owner.host and owner.host != this_host()):
+        if self._thread is None or pid is None or pid <= 0 or (owner.host and owner.host != this_host()):
             return False
         with self._lock:
             held = self._watched.get(task_id)

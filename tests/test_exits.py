@@ -149,6 +149,13 @@ class TestChangeFeed:
         feed.watching()  # restarted
         assert feed.take(3.0) is None
 
+    def test_a_clock_gone_back_sweeps(self) -> None:
+        """A tick whose time is before the last sweep's (the clock was set back) sweeps."""
+        feed = ChangeFeed(sweep_every=60)
+        feed.watching()
+        feed.take(100.0)
+        assert feed.take(50.0) is None
+
     def test_sweep_every_zero_sweeps_every_tick(self) -> None:
         """``sweep_every = 0`` keeps the stat sweep at every tick even with a watcher."""
         feed = ChangeFeed(sweep_every=0)
