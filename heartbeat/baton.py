@@ -14,7 +14,7 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 from heartbeat import defaults
 from heartbeat.errors import BadInput, InvalidBaton
@@ -34,6 +34,7 @@ __all__ = [
     "Meta",
     "Baton",
     "check_id",
+    "decision_view",
     "load_toml",
     "parse_baton",
     "dump_baton",
@@ -289,6 +290,26 @@ class Baton:
             doc[key] = value
         doc["meta"] = _meta_to_dict(self.meta)
         return doc
+
+
+_NO_ITEMS = cast(list[str], ())
+"""The lists a decision view leaves out: one empty tuple for all of them (appending to it raises)."""
+
+
+def decision_view(baton: Baton) -> Baton:
+    """What the daemon's decisions read of ``baton``, for the thousands it keeps between looks:
+    ``meta``, ``step``, ``blocked_on``, ``workdir``, ``launcher``, ``after`` and ``on_broken``.
+
+    The note's prose and lists (``task``, ``intent``, ``plan``, ``done``, ``constraints``, ...)
+    are left out: the daemon renders a brief from a fresh read at dispatch, and every write
+    re-reads the baton under its lock, so a view is only ever looked at, never written back
+    (its left-out lists are one shared empty tuple: appending to one raises).
+    """
+    return Baton(task="", step=baton.step, blocked_on=baton.blocked_on, workdir=baton.workdir,
+                 launcher=baton.launcher, after=baton.after, on_broken=baton.on_broken, meta=baton.meta,
+                 key_files=_NO_ITEMS, constraints=_NO_ITEMS, done=_NO_ITEMS, plan=_NO_ITEMS,
+                 decisions=_NO_ITEMS, rejected=_NO_ITEMS, unknowns=_NO_ITEMS, rederived=_NO_ITEMS,
+                 guarantees=cast(list[Guarantee], ()), extra=baton.extra if not baton.extra else {})
 
 
 def _deep(value: Any) -> Any:

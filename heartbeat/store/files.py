@@ -22,7 +22,7 @@ import fcntl
 import os
 import stat
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
@@ -110,8 +110,11 @@ def _pid_alive(pid: int) -> bool:
 class FileStore:
     """Batons as files in ``<state_dir>/batons``; see the module docstring."""
 
-    def __init__(self, state_dir: str) -> None:
+    def __init__(self, state_dir: str, *, scan_view: Callable[[Baton], Baton] | None = None) -> None:
         self.state_dir = os.path.abspath(state_dir)
+        self.scan_view = scan_view
+        """What :meth:`scan` keeps and lists of each baton (the daemon's: :func:`heartbeat.baton.decision_view`);
+        None: the whole baton. :meth:`load` and :meth:`edit` always read the whole baton."""
         ensure_private_dir(self.state_dir)
         self.batons_dir = os.path.join(self.state_dir, "batons")
         self.locks_dir = os.path.join(self.state_dir, "locks")
@@ -287,7 +290,8 @@ class FileStore:
         entry = Entry(id=task_id, path=path, mtime=st.st_mtime)
         try:
             check_id(task_id)
-            entry.baton, _ = self._read(task_id)
+            baton, _ = self._read(task_id)
+            entry.baton = baton if self.scan_view is None else self.scan_view(baton)
         except NotFound:
             return None
         except HeartbeatError as exc:
