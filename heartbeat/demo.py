@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from heartbeat.errors import HeartbeatError
+from heartbeat.layout import StateLayout
 
 __all__ = ["run_demo"]
 
@@ -167,7 +168,7 @@ def _story(demo: _Demo) -> int:
     meta = after["meta"]
     say(f"The daemon saw the agent was gone and dispatched a successor: pid {_owner_pid(after)}, "
         f"epoch {meta['epoch']}, attempt {meta['attempt']}.")
-    brief_path = os.path.join(demo.state, "logs", "fix-fallback", f"{meta['epoch']}.brief.md")
+    brief_path = StateLayout(demo.state).brief("fix-fallback", meta["epoch"])
     if os.path.exists(brief_path):
         with open(brief_path, encoding="utf-8") as handle:
             head = [line for line in handle.read().splitlines() if line.strip()][:6]
@@ -231,7 +232,7 @@ def _second_act(demo: _Demo) -> None:
         handle.write(PIPELINE)
     demo.hb("pipeline", "new", "feature", "--from", path)
     say("`heartbeat pipeline new feature --from feature.toml`: the critic is held until the builder is done.")
-    brief_path = os.path.join(demo.state, "logs", "feature.critic", "1.brief.md")
+    brief_path = StateLayout(demo.state).brief("feature.critic", 1)
     demo.wait("the critic's dispatch", lambda: os.path.exists(brief_path), timeout=40)
     artifact = os.path.join(demo.root, "cache.built")
     if os.path.exists(artifact):
@@ -285,7 +286,7 @@ def _redone_steps(demo: _Demo) -> list[str]:
 
 
 def _stop_leftover_agents(demo: _Demo) -> None:
-    batons = os.path.join(demo.state, "batons")
+    batons = StateLayout(demo.state).batons_dir
     if not os.path.isdir(batons):
         return
     for name in os.listdir(batons):

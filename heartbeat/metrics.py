@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from heartbeat.baton import STORED_STATUSES, Status
+from heartbeat.layout import VITALS_NAME, StateLayout
 
 __all__ = ["TICK_BUCKETS", "LATENCY_BUCKETS", "VITALS_FILE", "METRIC_NAMES", "Histogram", "Vitals",
            "HeartbeatCollector", "OpenState", "open_state", "run_from_cli", "make_registry", "exposition", "write_textfile"]
@@ -45,7 +46,7 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 """Upper bounds (seconds) of the write→decision latency histogram: the watcher reacts within
 tens of milliseconds; a missed event waits for the next tick (30 s by default)."""
 
-VITALS_FILE = "daemon.json"
+VITALS_FILE = VITALS_NAME
 """The daemon's vitals in its state dir, rewritten atomically after every tick."""
 
 _MAX_VITALS_BYTES = 64 * 1024
@@ -156,7 +157,7 @@ class Vitals:
 
     def save(self, state_dir: str) -> None:
         """Write ``<state_dir>/daemon.json`` atomically (0600, temp file + rename)."""
-        path = os.path.join(state_dir, VITALS_FILE)
+        path = StateLayout(state_dir).vitals_file
         tmp = f"{path}.{os.getpid()}.tmp"
         data = json.dumps(self.to_json(), sort_keys=True).encode()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -170,7 +171,7 @@ class Vitals:
     def load(cls, state_dir: str) -> Vitals | None:
         """The vitals the daemon last wrote, or None (no daemon ever ran here, or the file is not a
         regular file or not ours to trust: a symlink or FIFO placed there is never followed or read)."""
-        path = os.path.join(state_dir, VITALS_FILE)
+        path = StateLayout(state_dir).vitals_file
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:

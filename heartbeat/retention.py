@@ -57,6 +57,7 @@ from typing import Any
 from heartbeat.baton import Baton, Status, parse_baton
 from heartbeat.config import RetentionConfig
 from heartbeat.errors import HeartbeatError, StoreError
+from heartbeat.layout import StateLayout
 from heartbeat.ledger import Event
 
 __all__ = [
@@ -73,7 +74,6 @@ RETENTION_KINDS = frozenset({"archived", "compacted"})
 EPOCH_FILE = re.compile(r"(\d{1,18})\.(log|log\.1|brief\.md|exit|pid)")
 """The names of an epoch's files under ``logs/<id>/``; nothing else there is ever removed."""
 
-ARCHIVE_DIR = "archive"
 _ARCHIVE_NAME = re.compile(r"\d{8}T\d{6}\d{6}Z\.jsonl\.gz")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_ARCHIVE_LINE = 64 * 1024 * 1024
@@ -179,7 +179,7 @@ def _gc_lock(state_dir: str, dry_run: bool) -> Iterator[None]:
     if dry_run:
         yield
         return
-    path = os.path.join(state_dir, "locks", ".gc.lock")
+    path = StateLayout(state_dir).gc_lock
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
@@ -352,7 +352,7 @@ def _archive(store: Any, batons: list[Baton], result: GcResult, *, now: datetime
             result.archived_rows += len(c.events)
             result.archived_bytes += len(c.raw) + _logs_bytes(store.logs_dir, c.task)
         return set(result.archived)
-    archive_dir = os.path.join(store.state_dir, ARCHIVE_DIR)
+    archive_dir = StateLayout(store.state_dir).archive_dir
     from heartbeat.store.files import ensure_private_dir
 
     ensure_private_dir(archive_dir, what="archive dir")
@@ -485,7 +485,7 @@ def read_archived(store: Any) -> dict[str, tuple[Baton | None, list[Event]]]:
     for name in wanted:
         if not _ARCHIVE_NAME.fullmatch(name):
             raise StoreError(f"the ledger names an archive {name!r} that is not an archive file name")
-        path = os.path.join(state_dir, ARCHIVE_DIR, name)
+        path = os.path.join(StateLayout(state_dir).archive_dir, name)
         for doc in _read_archive(path):
             records[(name, str(doc.get("task")), str(doc.get("baton_sha256")))] = doc
     found: dict[str, tuple[Baton | None, list[Event]]] = {}

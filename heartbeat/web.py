@@ -38,6 +38,7 @@ from urllib.parse import urlencode
 from heartbeat import defaults
 from heartbeat.baton import Baton, Status, check_id, dump_baton
 from heartbeat.errors import BadInput, HeartbeatError, NotFound
+from heartbeat.layout import LOGS_DIR, StateLayout, log_name
 from heartbeat.ledger import Event
 from heartbeat.timeparse import format_duration, utcnow
 
@@ -131,15 +132,14 @@ def read_log_tail(state_dir: str, task_id: str, epoch: int, limit: int = LOG_TAI
     is bounded whatever the file's size.
     """
     check_id(task_id)
-    rel = os.path.join("logs", task_id, f"{epoch}.log")
-    tail = LogTail(path=os.path.join(state_dir, rel))
+    tail = LogTail(path=StateLayout(state_dir).log(task_id, epoch))
     fds: list[int] = []
     try:
         try:
             fds.append(os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
-            for part in ("logs", task_id):
+            for part in (LOGS_DIR, task_id):
                 fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1]))
-            fd = os.open(f"{epoch}.log", os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1])
+            fd = os.open(log_name(epoch), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1])
             fds.append(fd)
         except FileNotFoundError:
             tail.problem = "no log yet"

@@ -132,7 +132,7 @@ def main() -> int:
             daemon.initialize()
             first = timed(daemon.tick, 1)[0]
             ticks = timed(daemon.tick, 10)
-            daemon._pool.shutdown(wait=True)
+            daemon.shared.pool.shutdown(wait=True)
             tick_store.close()
         rows.append(("daemon tick, first (dry run)", f"{first:.0f} ms", ""))
         rows.append(("daemon tick, quiet (median of 10)", f"{statistics.median(ticks):.1f} ms",

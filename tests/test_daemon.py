@@ -451,7 +451,7 @@ class TestRacesBetweenLookAndAct:
             assert d.store.load("spin").meta.epoch == 1
             later = now + timedelta(seconds=30)
             d.tick(later)  # spinning: the stop starts in the background
-            wait_for(lambda: d.launchers["agent"].stops and not d._memory["spin"].stopping, message="the stop")
+            wait_for(lambda: d.launchers["agent"].stops and not d.actor.is_stopping("spin"), message="the stop")
             d.store.race = "touch"
             d.tick(later)  # the settle is refused: someone wrote the baton meanwhile
             d.tick(later)
@@ -494,7 +494,7 @@ command = {toml_list([sys.executable, "-c", script, "{id}"])}
             wait_for(lambda: d.store.ledger.events("lost", kinds=["notified"]), message="the notifier for 'lost'")
             d.tick()
             d.tick()
-            d._pool.shutdown(wait=True)
+            d.shared.pool.shutdown(wait=True)
             assert out.read_text().splitlines() == ["lost"]
             assert len(d.store.ledger.events("lost", kinds=["notified"])) == 1
         finally:
@@ -519,14 +519,14 @@ class TestGateWatchRace:
         for task_id in ids:
             tasks.new_task(d.store, task_id, task="t", step="s", blocked_on="a file",
                            gate=Gate.parse(f"file:{gates / task_id}"))
-        d._start_watcher()
+        d.watcher.start()
         errors: list[BaseException] = []
         stop = threading.Event()
 
         def update() -> None:
             while not stop.is_set():
                 try:
-                    d._update_gate_watches()
+                    d.watcher.update_gate_watches()
                 except BaseException as exc:
                     errors.append(exc)
                     return
@@ -536,8 +536,7 @@ class TestGateWatchRace:
         try:
             deadline = time.monotonic() + 3.0
             while time.monotonic() < deadline and not errors:
-                with d._lock:
-                    d._gate_paths = {}  # what a tick does: a fresh map, filled again by the watcher's looks
+                d.watcher.set_gate_paths({})  # what a tick does: a fresh map, filled again by the watcher's looks
                 for task_id in ids:
                     d.evaluate(task_id)
         finally:
@@ -592,7 +591,7 @@ type = "null"
         held, release = threading.Event(), threading.Event()
 
         def a_long_pass() -> None:
-            with d._lock:
+            with d.shared.lock:
                 held.set()
                 release.wait(30)
 

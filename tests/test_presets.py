@@ -614,10 +614,10 @@ class TestCompactionHeavySessions:
             compacted(UUID1)
             compacted(UUID1)
             compacted(UUID2)
-            plan = d._session_plan(store.load("c"), config.launchers["a"])
+            plan = d.actor.session_plan(store.load("c"), config.launchers["a"])
             assert plan.resume and plan.session == UUID1
             compacted(UUID1)
-            plan = d._session_plan(store.load("c"), config.launchers["a"])
+            plan = d.actor.session_plan(store.load("c"), config.launchers["a"])
             assert not plan.resume and plan.session != UUID1 and "compacted 3 times" in plan.why
         finally:
             d.shutdown()

@@ -29,6 +29,7 @@ from typing import Protocol, runtime_checkable
 from heartbeat.baton import Baton, Owner
 from heartbeat.config import LauncherConfig, expand_argv
 from heartbeat.errors import HeartbeatError, UnsafePath
+from heartbeat.layout import LOGS_DIR, log_name
 from heartbeat.safefile import open_dir, open_regular, read_regular, write_atomic
 from heartbeat.systemd import PLUMBING_ENV
 
@@ -446,11 +447,11 @@ def cap_running_logs(
         limit = config.max_log_bytes if config is not None else defaults.MAX_LOG_BYTES
         epoch = baton.meta.epoch
         try:  # never through a symlinked logs/<id>: the tail's copy would land outside the state dir
-            dir_fd = open_dir(state_dir, "logs", baton.id, create=False)
+            dir_fd = open_dir(state_dir, LOGS_DIR, baton.id, create=False)
         except (OSError, UnsafePath):
             continue
         try:
-            size = cap_log(f"{epoch}.log", limit, dir_fd=dir_fd)
+            size = cap_log(log_name(epoch), limit, dir_fd=dir_fd)
         finally:
             os.close(dir_fd)
         if size is not None:

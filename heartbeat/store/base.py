@@ -10,7 +10,13 @@ keep, and that ``tests/test_store_contract.py`` checks against each one:
 - a write that names an expected revision, or an epoch, that has moved on is refused
   with :class:`~heartbeat.errors.Conflict` and changes nothing;
 - an invalid baton is reported, never deleted or overwritten;
-- every write appends its events to the ledger.
+- every write appends its events to the ledger;
+- :meth:`Store.watch` reports every committed write by task id (or says writes may have
+  been missed), so the daemon answers a write between ticks without knowing where or how
+  the store keeps batons.
+
+This protocol is the cut: the daemon, the CLI and the API use only what is declared here
+(no path of one backend, no ``getattr`` for a backend's private shortcut).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from heartbeat.errors import Conflict, HeartbeatError, UnsafePath
 from heartbeat.ledger import Event, Ledger
 from heartbeat.timeparse import utcnow
 
-__all__ = ["Entry", "Edit", "Store", "check_fence", "finish_edit", "content_changes", "created_data",
+__all__ = ["Entry", "Edit", "Store", "Unwatch", "check_fence", "finish_edit", "content_changes", "created_data",
            "continue_above", "fingerprint", "write_identity"]
 
 
@@ -67,10 +73,19 @@ class Edit:
         self.cancelled = True
 
 
+class Unwatch(Protocol):
+    """Stops a :meth:`Store.watch`: no callback runs once it has returned (waits at most ``timeout`` s)."""
+
+    def __call__(self, timeout: float = 5.0) -> None: ...
+
+
 class Store(Protocol):
     """A place batons live. See the module docstring for the rules."""
 
     ledger: Ledger
+    scan_unchanged: bool
+    """Whether the last :meth:`scan` returned exactly the entries of the one before it (the same
+    objects, nothing added, removed or rewritten). A store that cannot tell cheaply says False."""
 
     def create(self, baton: Baton, *, actor: str = "", now: datetime | None = None) -> Baton:
         """Write a new baton (revision 1) and its ``created`` event; :class:`AlreadyExists` if taken."""
@@ -99,6 +114,11 @@ class Store(Protocol):
 
     def record(self, events: list[Event]) -> None:
         """Append events that come with no baton write (an agent's exit, an invalid baton found)."""
+
+    def watch(self, callback: Callable[[str | None], None]) -> Unwatch:
+        """Call ``callback(task_id)`` after each write to a baton (by anyone), from a thread of the
+        store's; ``callback(None)`` when writes may have been missed (rescan everything). The
+        callback must be quick and thread-safe. Returns the function that stops the watch."""
 
     def close(self) -> None:
         """Release files, connections and locks."""

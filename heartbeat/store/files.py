@@ -38,11 +38,13 @@ from heartbeat.errors import (
     StoreError,
     UnsafePath,
 )
+from heartbeat.layout import StateLayout
 from heartbeat.ledger import Event, Ledger, PendingWrite, SqliteLedger
 from heartbeat.safefile import check_not_special, open_regular
 from heartbeat.store.base import (
     Edit,
     Entry,
+    Unwatch,
     check_fence,
     continue_above,
     created_data,
@@ -116,13 +118,14 @@ class FileStore:
         """What :meth:`scan` keeps and lists of each baton (the daemon's: :func:`heartbeat.baton.decision_view`);
         None: the whole baton. :meth:`load` and :meth:`edit` always read the whole baton."""
         ensure_private_dir(self.state_dir)
-        self.batons_dir = os.path.join(self.state_dir, "batons")
-        self.locks_dir = os.path.join(self.state_dir, "locks")
-        self.logs_dir = os.path.join(self.state_dir, "logs")
+        self.layout = StateLayout(self.state_dir)
+        self.batons_dir = self.layout.batons_dir
+        self.locks_dir = self.layout.locks_dir
+        self.logs_dir = self.layout.logs_dir
         for sub, what in ((self.batons_dir, "batons dir"), (self.locks_dir, "locks dir")):
             ensure_private_dir(sub, what=what)
-        _refuse_special_ledger(os.path.join(self.state_dir, "ledger.sqlite3"))
-        self.ledger: Ledger = SqliteLedger(os.path.join(self.state_dir, "ledger.sqlite3"))
+        _refuse_special_ledger(self.layout.ledger_file)
+        self.ledger: Ledger = SqliteLedger(self.layout.ledger_file)
         self.lock_wait = defaults.LOCK_TIMEOUT
         """Seconds a write waits for a baton's lock before :class:`~heartbeat.errors.Busy` (the daemon shortens it)."""
         self._cache: dict[str, tuple[tuple[int, ...], Entry]] = {}
@@ -136,7 +139,7 @@ class FileStore:
         agent's next update under the lock skips the parse when the file is still exactly that."""
 
     def path_of(self, task_id: str) -> str:
-        return os.path.join(self.batons_dir, f"{task_id}.toml")
+        return self.layout.baton(task_id)
 
     # -- reading ---------------------------------------------------------------------
 
@@ -317,7 +320,7 @@ class FileStore:
 
     @contextmanager
     def _locked(self, task_id: str) -> Iterator[None]:
-        lock_path = os.path.join(self.locks_dir, f"{task_id}.lock")
+        lock_path = self.layout.lock(task_id)
         try:
             fd = open_regular(lock_path, os.O_RDWR | os.O_CREAT, 0o600)  # a FIFO, a link: refused
         except UnsafePath as exc:
@@ -463,6 +466,35 @@ class FileStore:
 
     def record(self, events: list[Event]) -> None:
         self.ledger.append(events)
+
+    def watch(self, callback: Callable[[str | None], None]) -> Unwatch:
+        """Call ``callback(task_id)`` when a baton file is written, replaced or removed (inotify,
+        through watchdog, from its thread), by anyone: a hand edit too. Returns ``stop``."""
+        from watchdog.events import FileSystemEvent, FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        batons_dir = self.batons_dir
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event: FileSystemEvent) -> None:
+                if event.event_type not in ("created", "modified", "moved", "closed", "deleted"):
+                    return
+                for raw in (event.src_path, getattr(event, "dest_path", "")):
+                    path = os.fsdecode(raw) if raw else ""
+                    directory, name = os.path.split(path)
+                    # Temp files (".<id>.toml.<pid>.<rand>.tmp") are no baton: their rename is.
+                    if directory == batons_dir and not name.startswith(".") and name.endswith(".toml"):
+                        callback(name[:-5])
+
+        observer = Observer()
+        observer.schedule(Handler(), batons_dir, recursive=False)
+        observer.start()
+
+        def stop_watching(timeout: float = 5.0) -> None:
+            observer.stop()
+            observer.join(timeout=timeout)
+
+        return stop_watching
 
     def close(self) -> None:
         self.ledger.close()

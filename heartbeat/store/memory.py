@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
 from heartbeat.baton import Baton, check_id
 from heartbeat.errors import AlreadyExists, NotFound
 from heartbeat.ledger import Event, Ledger, MemoryLedger
-from heartbeat.store.base import Edit, Entry, check_fence, created_data, finish_edit, now_or
+from heartbeat.store.base import Edit, Entry, Unwatch, check_fence, created_data, finish_edit, now_or
 
 __all__ = ["MemoryStore"]
 
@@ -22,6 +22,9 @@ class MemoryStore:
         self.ledger: Ledger = MemoryLedger()
         self._batons: dict[str, Baton] = {}
         self._lock = threading.RLock()
+        self._watchers: list[Callable[[str | None], None]] = []
+        self.scan_unchanged = False
+        """Always False: a scan copies every baton, so there is no cheaper quiet pass to allow."""
 
     def create(self, baton: Baton, *, actor: str = "", now: datetime | None = None) -> Baton:
         task_id = check_id(baton.meta.id)
@@ -35,6 +38,7 @@ class MemoryStore:
             self.ledger.append([Event(task=task_id, kind="created", ts=now, actor=actor, epoch=new.meta.epoch,
                                       revision=1, data=created_data(new))])
             self._batons[task_id] = new
+        self._changed(task_id)
         return new.copy()
 
     def load(self, task_id: str) -> Baton:
@@ -65,6 +69,7 @@ class MemoryStore:
             events = finish_edit(ed, None)
             self.ledger.append(events)
             self._batons[task_id] = ed.baton.copy()
+        self._changed(task_id)
 
     def scan(self, only: Collection[str] | None = None) -> list[Entry]:
         """Every baton (``only`` is ignored: there is nothing to stat)."""
@@ -80,10 +85,29 @@ class MemoryStore:
             if task_id in self._batons:
                 return False
             self._batons[task_id] = baton
+        self._changed(task_id)
         return True
 
     def record(self, events: list[Event]) -> None:
         self.ledger.append(events)
+
+    def watch(self, callback: Callable[[str | None], None]) -> Unwatch:
+        """Call ``callback(task_id)`` after each write, in the writer's thread; returns ``stop``."""
+        with self._lock:
+            self._watchers.append(callback)
+
+        def stop_watching(timeout: float = 5.0) -> None:
+            with self._lock:
+                if callback in self._watchers:
+                    self._watchers.remove(callback)
+
+        return stop_watching
+
+    def _changed(self, task_id: str) -> None:
+        with self._lock:
+            watchers = list(self._watchers)
+        for callback in watchers:
+            callback(task_id)
 
     def close(self) -> None:
         pass

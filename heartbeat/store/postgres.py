@@ -44,6 +44,7 @@ from heartbeat.ledger import Event, Ledger, PendingWrite, _minute
 from heartbeat.store.base import (
     Edit,
     Entry,
+    Unwatch,
     check_fence,
     continue_above,
     created_data,
@@ -547,7 +548,7 @@ class PostgresStore:
 
     # -- change notification and the daemon's lock -------------------------------------
 
-    def watch(self, callback: Callable[[str | None], None]) -> Callable[[], None]:
+    def watch(self, callback: Callable[[str | None], None]) -> Unwatch:
         """Call ``callback(task_id)`` after each committed write, from a thread; returns ``stop``.
 
         LISTEN on its own connection. When that connection is lost it reconnects and
@@ -585,9 +586,9 @@ class PostgresStore:
         thread = threading.Thread(target=run, name="heartbeat-pg-listen", daemon=True)
         thread.start()
 
-        def stop_watching() -> None:
+        def stop_watching(timeout: float = 5.0) -> None:
             stop.set()
-            thread.join(timeout=5)
+            thread.join(timeout=timeout)
             for c in holder:
                 c.close()
 

@@ -1,0 +1,18 @@
+"""The clock: ``heartbeat run``, split into its parts.
+
+- :mod:`.core`: the loop, look → decide → act, over every task (a tick) or one (evaluate);
+- :mod:`.observe`: liveness, exit status, gates, adoption, bypass detection;
+- :mod:`.act`: settle, wake, unblock, escalate and notify, restore a block, stop, the two-phase launch;
+- :mod:`.watch`: changes from the store and gate files, answered between ticks;
+- :mod:`.service`: the scheduler, signals, sd_notify, reload, ``[http]``, gc and :func:`run_from_cli`;
+- :mod:`.shared`: the config, store, launchers and look lock every part reads.
+
+Each part owns its per-task records (:class:`~.core.LookMemory`,
+:class:`~.observe.BlockMemory`, :class:`~.act.StopMemory`), all under the look lock.
+"""
+
+from __future__ import annotations
+
+from heartbeat.daemon.service import Daemon, hold_daemon_lock, run_from_cli
+
+__all__ = ["Daemon", "hold_daemon_lock", "run_from_cli"]

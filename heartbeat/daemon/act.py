@@ -1,0 +1,519 @@
+"""Acting on a decision: settle an exit, wake, unblock, escalate and notify, restore a
+dropped block, stop an agent, and the two-phase launch.
+
+Every write is fenced (on the revision the decision saw, or on the epoch) so a write
+that raced the look is refused by the store, never applied over it. Stopping an agent
+(grace, then SIGKILL) and running notifiers happen in the worker pool; a stop's
+successor is dispatched only once the agent is gone (the stop pokes the task).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from heartbeat import policy as pol
+from heartbeat import tasks
+from heartbeat.baton import Baton, Gate, GateKind, Owner, Status
+from heartbeat.config import LauncherConfig, expand_argv
+from heartbeat.daemon.shared import Shared
+from heartbeat.errors import Busy, Conflict, HeartbeatError, NotActive, NotFound
+from heartbeat.ledger import Event
+from heartbeat.timeparse import utcnow
+
+if TYPE_CHECKING:
+    from heartbeat.presets import ResultInfo, SessionPlan
+
+__all__ = ["Actor", "StopMemory", "judge_result"]
+
+
+@dataclass(slots=True)
+class StopMemory:
+    """A stop of one task's agent under way, and what to do once it has exited.
+
+    Set by :meth:`Actor.start_stop` and cleared by the stop's worker thread or the settle,
+    always under the look lock. Its intent (why, escalate after) is forgotten only once the
+    exit is recorded: a settle refused by a racing write must not turn an escalation into a retry.
+    """
+
+    stopping: bool = False
+    reason: str = ""
+    why: str = ""
+    escalate_after: bool = False
+
+
+class Actor:
+    """Writes for decisions, and what acting must remember per task (under the look lock)."""
+
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
+        self.stops: dict[str, StopMemory] = {}
+        """Per task: the stop under way (or the intent of the last one, until its exit is settled)."""
+        self.spinning_reported: dict[str, datetime | None] = {}
+        """Per task: the ``progress_at`` a spinning report was made for (reported once per stretch)."""
+        self.escalation_notified: set[str] = set()
+        """Tasks whose current escalation's notifiers this daemon ran (or checked the ledger for)."""
+        self.dispatch_times: deque[datetime] = deque()
+        """When each dispatch of the last minute was made (the per-minute budget; under the look lock)."""
+
+    def forget(self, task_id: str) -> None:
+        self.stops.pop(task_id, None)
+        self.spinning_reported.pop(task_id, None)
+        self.escalation_notified.discard(task_id)
+
+    def is_stopping(self, task_id: str) -> bool:
+        stop = self.stops.get(task_id)
+        return stop is not None and stop.stopping
+
+    def seed_budget(self, now: datetime) -> None:
+        """Count the dispatches of the last minute from the ledger, so a restart does not relaunch everything."""
+        since = now - timedelta(seconds=60)
+        for event in self.shared.store.ledger.events(since=since, kinds=["dispatched"]):
+            self.dispatch_times.append(event.ts)
+
+    def dispatched_last_minute(self, now: datetime) -> int:
+        while self.dispatch_times and (now - self.dispatch_times[0]).total_seconds() >= 60:
+            self.dispatch_times.popleft()
+        return len(self.dispatch_times)
+
+    # -- the decision's act --------------------------------------------------------------
+
+    def act(self, baton: Baton, d: pol.Decision, now: datetime, last_blocked: dict[str, Any]) -> Baton | None:
+        """Carry out a decision other than a dispatch; the baton as written, or None when nothing was.
+
+        Raises the store's refusals (:class:`Busy`, :class:`Conflict`, ...) for the caller to judge.
+        """
+        a = pol.Action
+        store = self.shared.store
+        if d.action is a.SETTLE:
+            return self.settle(baton, d, now)
+        if d.action is a.WAKE:
+            with store.edit(baton.id, expect_revision=baton.meta.revision, actor="daemon", now=now) as ed:
+                ed.baton.meta.status = Status.ACTIVE
+                ed.baton.meta.snooze_until = None
+                ed.event("woke")
+            return ed.baton
+        if d.action is a.UNBLOCK:
+            gate = baton.meta.gate.spec() if baton.meta.gate else "human"
+            new = tasks.unblock(store, baton.id, by=f"gate:{gate}", note=d.reason, gate_opened=gate)
+            self.shared.gates.forget(baton.id)
+            return new
+        if d.action is a.ESCALATE:
+            return self.escalate(baton, d.reason, now)
+        if d.action is a.RESTORE_BLOCK:
+            return self.restore_block(baton, last_blocked, now)
+        if d.action is a.REPORT_SPINNING:
+            self.spinning_reported[baton.id] = baton.meta.progress_at
+            self.shared.record(Event(task=baton.id, kind="spinning", ts=now, epoch=baton.meta.epoch, actor="daemon",
+                                     data={"step": baton.step, "since": (baton.meta.progress_at or now).isoformat()}))
+            return None
+        if d.action in (a.STOP_THEN_DISPATCH, a.STOP_THEN_ESCALATE, a.STOP):
+            self.start_stop(baton, d, now)
+            return None
+        return None
+
+    def settle(self, baton: Baton, d: pol.Decision, now: datetime) -> Baton:
+        """Record the exit of the task's agent: its code or signal, how long it ran, what kind of end."""
+        sh = self.shared
+        meta = baton.meta
+        owner = meta.owner
+        obs_code = None
+        obs_signal = None
+        launcher = sh.launcher_named(owner.launcher) if owner else None
+        if launcher is not None and owner is not None and owner.how == "dispatch":
+            status = launcher.exit_status(owner, sh.layout.exit(baton.id, meta.epoch))
+            if status is not None:
+                obs_code, obs_signal = status.code, status.signal
+        stop = self.stops.get(baton.id) or StopMemory()
+        kind = d.exit_kind or pol.ExitKind.FAILED
+        if stop.why == "inactive":  # stopped because its task was no longer active: not a failed attempt
+            kind = pol.ExitKind.FINISHED
+        started = (owner.started_at if owner else None) or meta.dispatched_at
+        duration = (now - started).total_seconds() if started else None
+        progressed = kind is pol.ExitKind.SHIFT_END
+        if stop.reason:
+            reason = f"stopped: {stop.reason}"
+        elif obs_signal is not None:
+            reason = f"killed by signal {obs_signal}"
+        elif obs_code is not None:
+            reason = f"exit {obs_code}"
+        else:
+            reason = d.reason
+        info = self.result_of(baton)
+        kind, reason, blocked_on = judge_result(info, kind, reason, owner.launcher if owner else "")
+        if duration is not None and duration >= 1:
+            from heartbeat.timeparse import format_duration
+
+            reason = f"{reason} after {format_duration(duration)}"
+        escalate = stop.escalate_after
+        stop_why = stop.why
+        stop_reason = stop.reason
+        stop.stopping = False
+        # The stop's intent (why, escalate after) is forgotten only once the exit is recorded: a
+        # settle refused by a racing write must not turn a spinning agent's escalation into a retry.
+        with sh.store.edit(baton.id, expect_revision=meta.revision, actor="daemon", now=now) as ed:
+            m = ed.baton.meta
+            m.owner = None
+            m.ended_at = now
+            # A run whose result says it failed counts as failed even with exit 0 (so backoff applies).
+            m.last_exit = None if info is not None and info.is_error and obs_code == 0 else obs_code
+            if info is not None and info.session_id:
+                m.session = info.session_id
+            if info is not None and info.resume_failed:
+                m.session, m.session_resumes = "", 0
+            ed.event("exited", code=obs_code, signal=obs_signal, pid=owner.pid if owner else None,
+                     duration_s=round(duration, 3) if duration is not None else None, progress=progressed,
+                     kind=kind.value, **(info.event_data() if info is not None else {}))
+            if kind is pol.ExitKind.IDLE:
+                m.idle_resumes += 1
+                m.last_failure = f"ended without moving the step ({reason})"
+            elif kind is pol.ExitKind.FAILED:
+                m.last_failure = reason
+            elif kind is pol.ExitKind.NON_RETRYABLE and m.status is not Status.ACTIVE:
+                m.last_failure = reason  # stopped already (by the agent or a human): keep their status and reason
+            elif kind is pol.ExitKind.NON_RETRYABLE:
+                ed.baton.blocked_on = blocked_on or f"the agent exited {obs_code}, which the launcher marks " \
+                                                    "non-retryable: a human is needed"
+                m.status = Status.BLOCKED
+                m.gate = Gate(GateKind.HUMAN)
+                m.blocked_at = now
+                m.last_failure = reason
+                ed.event("blocked", on=ed.baton.blocked_on, gate="human")
+            if kind is not pol.ExitKind.FINISHED and m.status is Status.ACTIVE:
+                ed.event("stalled", why=stop_why or d.stalled_why or "exited")
+        stop.reason = ""
+        stop.why = ""
+        stop.escalate_after = False
+        sh.running.pop(baton.id, None)
+        sh.log.info("exited", task=baton.id, epoch=meta.epoch, attempt=meta.attempt, kind=kind.value,
+                    code=obs_code, signal=obs_signal, reason=reason)
+        new = ed.baton
+        if escalate and new.meta.status is Status.ACTIVE:
+            return self.escalate(new, stop_reason or d.reason, now)
+        return new
+
+    # -- escalating and notifying ----------------------------------------------------------
+
+    def escalate(self, baton: Baton, reason: str, now: datetime) -> Baton:
+        sh = self.shared
+        with sh.store.edit(baton.id, expect_revision=baton.meta.revision, actor="daemon", now=now) as ed:
+            ed.baton.meta.status = Status.ESCALATED
+            ed.event("escalated", reason=reason)
+        sh.log.warning("escalated", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
+                       reason=reason)
+        self.escalation_notified.add(baton.id)
+        self.notify(ed.baton, reason)
+        return ed.baton
+
+    def escalation_seen(self, baton: Baton) -> None:
+        """At each look: an escalation this daemon has not notified yet (it escalated before a
+        restart) gets the notifiers the ledger says never ran."""
+        if baton.meta.status is not Status.ESCALATED:
+            self.escalation_notified.discard(baton.id)
+        elif baton.id not in self.escalation_notified:
+            self.escalation_notified.add(baton.id)
+            self.notify_if_lost(baton)
+
+    def notify_if_lost(self, baton: Baton) -> None:
+        """Run the notifiers an escalation never recorded: the daemon that escalated was stopped
+        (SIGKILL, or SIGTERM with the notifier still queued) before they ran. At least once."""
+        sh = self.shared
+        if not sh.config.notify:
+            return
+        events = sh.store.ledger.events(baton.id, kinds=["escalated", "notified"])
+        last = max((i for i, e in enumerate(events) if e.kind == "escalated"), default=None)
+        if last is None:
+            return
+        done = {e.data.get("name") for e in events[last + 1:]}
+        missing = [name for name in sh.config.notify if name not in done]
+        if missing:
+            reason = str(events[last].data.get("reason", ""))
+            sh.log.warning("notify_resent", task=baton.id, epoch=baton.meta.epoch, notifiers=missing,
+                           reason="the escalation's notifiers never reported (the daemon stopped first)")
+            self.notify(baton, reason, names=missing)
+
+    def notify(self, baton: Baton, reason: str, names: list[str] | None = None) -> None:
+        """Run the ``[notify.*]`` commands in the worker pool; each records a ``notified`` event."""
+        from heartbeat.commands import run_command
+
+        sh = self.shared
+        values = {"id": baton.id, "reason": reason, "status": baton.meta.status.value,
+                  "epoch": baton.meta.epoch, "attempt": baton.meta.attempt}
+        for name, nc in sh.config.notify.items():
+            if names is not None and name not in names:
+                continue
+            argv = expand_argv(nc.command, values)
+
+            def run(name: str = name, argv: list[str] = argv, timeout: float = nc.timeout) -> None:
+                result = run_command(argv, timeout=timeout)
+                sh.record(Event(task=baton.id, kind="notified", ts=utcnow(), epoch=baton.meta.epoch,
+                                actor="daemon", data={"name": name, "code": result.code,
+                                                      "error": result.error}))
+                log = sh.log.info if result.ok else sh.log.error
+                log("notified", task=baton.id, notifier=name, code=result.code, error=result.error,
+                    output=result.output[-500:])
+
+            sh.pool.submit(run)
+
+    def restore_block(self, baton: Baton, last_blocked: dict[str, Any], now: datetime) -> Baton:
+        """Hold blocked a task whose block a hand edit dropped (``last_blocked``: the ledger's block)."""
+        sh = self.shared
+        data = last_blocked
+        on = str(data.get("on") or data.get("was_on") or "(restored: the block was removed by a hand edit)")
+        try:
+            gate = Gate.parse(str(data.get("gate") or "human"))
+        except HeartbeatError:
+            gate = Gate(GateKind.HUMAN)
+        with sh.store.edit(baton.id, expect_revision=baton.meta.revision, actor="daemon", now=now) as ed:
+            ed.baton.blocked_on = on
+            ed.baton.meta.status = Status.BLOCKED
+            ed.baton.meta.gate = gate
+            ed.baton.meta.blocked_at = now
+            ed.event("bypass", was_on=on, gate=gate.spec(), on=on)
+        sh.log.warning("bypass", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
+                       reason="a hand edit dropped the block; it is held blocked", blocked_on=on)
+        return ed.baton
+
+    # -- stopping --------------------------------------------------------------------------
+
+    def start_stop(self, baton: Baton, d: pol.Decision, now: datetime) -> None:
+        """Stop the task's agent in the worker pool (grace, then SIGKILL); the task is poked once it is gone."""
+        sh = self.shared
+        stop = self.stops.get(baton.id)
+        if stop is None:
+            stop = self.stops[baton.id] = StopMemory()
+        if stop.stopping:
+            return
+        owner = baton.meta.owner
+        if owner is None:
+            return
+        launcher = sh.launcher_named(owner.launcher)
+        stop.stopping = True
+        stop.reason = d.reason
+        stop.why = d.stalled_why or "hung"
+        stop.escalate_after = d.action is pol.Action.STOP_THEN_ESCALATE
+        if d.stalled_why == "spinning":
+            sh.record(Event(task=baton.id, kind="spinning", ts=now, epoch=baton.meta.epoch, actor="daemon",
+                            data={"step": baton.step, "since": (baton.meta.progress_at or now).isoformat()}))
+        lc = sh.config.launchers.get(owner.launcher)
+        grace = lc.stop_grace if lc else 10.0
+        why = {"never_wrote": "hung", "silent": "hung"}.get(stop.why, stop.why)
+
+        def run() -> None:
+            gone = True
+            try:
+                if launcher is not None:
+                    gone = bool(launcher.stop(owner, grace=grace))
+                else:
+                    from heartbeat.liveness import stop_process_group
+
+                    gone = bool(stop_process_group(owner.pid or 0, owner.create_time, grace))
+            except Exception as exc:  # a stop must never kill the worker thread
+                sh.log.error("stop_failed", task=baton.id, error=repr(exc))
+                gone = False
+            sh.record(Event(task=baton.id, kind="stopped", ts=utcnow(), epoch=baton.meta.epoch,
+                            actor="daemon", data={"why": why, "pid": owner.pid, "gone": gone,
+                                                  "reason": d.reason}))
+            sh.log.info("stopped", task=baton.id, epoch=baton.meta.epoch, pid=owner.pid, why=why, gone=gone)
+            with sh.lock:
+                stop.stopping = False  # not gone: try again next look
+                if not gone:
+                    return
+            sh.poke(baton.id)
+
+        sh.log.warning("stopping", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
+                       pid=owner.pid, reason=d.reason)
+        sh.pool.submit(run)
+
+    # -- launching -------------------------------------------------------------------------
+
+    def launch(self, task_id: str, launcher_name: str, decision: pol.Decision, decided: int, now: datetime) -> bool:
+        """Dispatch a task admitted on revision ``decided``, in two phases; True once phase 1 is written.
+
+        Phase 1 records the dispatch (new epoch, owner pending) before anything runs, so a
+        daemon killed mid-launch finds it on restart and adopts the agent, never duplicates it.
+        Phase 2 records who the agent is. Raises :class:`Busy` when phase 1 meets a held lock.
+        """
+        sh = self.shared
+        launcher = sh.launchers.get(launcher_name)
+        try:
+            baton = sh.store.load(task_id)
+        except HeartbeatError:
+            return False
+        decided = decided or baton.meta.revision
+        if baton.meta.revision != decided or not dispatchable(baton):
+            self.dispatch_aborted(task_id, baton)  # written since the decision (a block, a done)
+            return False
+        if launcher is None:
+            self.escalate(baton, f"launcher {launcher_name!r} is not in the config", now)
+            return False
+        from heartbeat.brief import render_brief
+        from heartbeat.launchers.base import LaunchRequest, write_private_file
+
+        stalled = sh.store.ledger.events(task_id, kinds=["stalled", "dispatched"])
+        stalled_at = stalled[-1].ts.isoformat() if stalled and stalled[-1].kind == "stalled" else None
+        resume = baton.meta.dispatches > 0 or baton.meta.epoch > 0
+        plan = self.session_plan(baton, sh.config.launchers.get(launcher_name))
+        try:
+            with sh.store.edit(task_id, expect_revision=decided, actor="daemon", now=now) as ed:
+                m = ed.baton.meta
+                if not dispatchable(ed.baton):
+                    ed.cancel()
+                    self.dispatch_aborted(task_id, ed.baton)
+                    return False
+                m.epoch += 1
+                m.attempt += 1
+                m.dispatches += 1
+                m.dispatched_at = now
+                m.owner = Owner(how="dispatch", launcher=launcher_name, host=sh.host, started_at=now)
+                m.session, m.session_resumes = plan.session, plan.resumes
+                ed.event("dispatched", reason=decision.reason, attempt=m.attempt, launcher=launcher_name,
+                         resume=resume, stalled_at=stalled_at, pid=None, unit="", session=plan.session,
+                         session_resumed=plan.resume)
+        except (Conflict, NotFound, NotActive) as exc:
+            sh.log.info("raced", task=task_id, action="dispatch", reason=str(exc))
+            sh.poke(task_id)
+            return False
+        except Busy:
+            raise
+        except HeartbeatError as exc:  # the disk is full, the state dir unwritable: the next tick tries again
+            sh.log.error("dispatch_failed", task=task_id, error=str(exc))
+            return False
+        pending = ed.baton
+        epoch = pending.meta.epoch
+        self.dispatch_times.append(now)
+        layout = sh.layout
+        upstream: tuple[dict[str, Any], ...] = ()
+        if pending.after:
+            from heartbeat.handoff import load_packages
+
+            upstream = tuple(load_packages(sh.store, pending))
+        brief = render_brief(pending, max_attempts=sh.config.daemon.max_attempts, now=now, upstream=upstream)
+        for warning in brief.warnings:
+            sh.log.warning("brief_warning", task=task_id, epoch=epoch, warning=warning)
+        brief_file = layout.brief(task_id, epoch)
+        brief_text = brief.text
+        if plan.resume:
+            from heartbeat.presets import resume_note
+
+            how = baton.meta.last_failure or f"exit {baton.meta.last_exit}"
+            brief_text = resume_note(how) + brief_text
+        try:  # logs/<id> is checked (no symlink, ours) before the brief is written in it
+            write_private_file(brief_file, brief_text, state_dir=sh.config.state_dir, task=task_id)
+        except HeartbeatError as exc:
+            self.launch_failed(pending, str(exc), now)
+            return True
+        except OSError as exc:
+            self.launch_failed(pending, f"cannot write the brief {brief_file}: {exc.strerror or exc}", now)
+            return True
+        request = LaunchRequest(
+            task_id=task_id, epoch=epoch, attempt=pending.meta.attempt,
+            workdir=pending.workdir or sh.config.state_dir, brief_text=brief_text, brief_file=brief_file,
+            log_file=layout.log(task_id, epoch), exit_file=layout.exit(task_id, epoch),
+            state_dir=sh.config.state_dir, config_path=sh.config.path,
+            session=plan.session, resume=plan.resume,
+        )
+        try:
+            owner = launcher.launch(request)
+        except HeartbeatError as exc:
+            self.launch_failed(pending, str(exc), now)
+            return True
+        except OSError as exc:
+            self.launch_failed(pending, f"cannot start the agent: {exc.strerror or exc}", now)
+            return True
+        # Phase 2: the agent runs; record who it is. The agent may have written already
+        # (same epoch), so this is fenced by epoch, not by revision.
+        try:
+            with sh.store.edit(task_id, epoch=epoch, actor="daemon") as ed:
+                owner.how = "dispatch"
+                owner.launcher = launcher_name
+                owner.started_at = owner.started_at or now
+                ed.baton.meta.owner = owner
+                if ed.baton.meta.touched_at is not None and ed.old.meta.touched_at == ed.old.meta.dispatched_at:
+                    ed.baton.meta.dispatched_at = ed.now  # "never wrote since dispatch" counts from here
+                ed.event("launched", pid=owner.pid, unit=owner.unit)
+        except Busy as exc:
+            # Someone holds the baton's lock: the new epoch (phase 1) guards the task, and the
+            # shim's pid file lets the next look adopt the agent, as after a daemon crash here.
+            sh.log.warning("dispatch_recorded_later", task=task_id, epoch=epoch, error=str(exc),
+                           hint="the baton's lock is held; the agent is adopted from its pid file")
+            sh.poke(task_id)
+        except HeartbeatError as exc:
+            sh.log.error("dispatch_unrecorded", task=task_id, epoch=epoch, error=str(exc))
+        sh.running[task_id] = launcher_name
+        sh.log.info("dispatched", task=task_id, epoch=epoch, attempt=pending.meta.attempt,
+                    reason=decision.reason, launcher=launcher_name, pid=owner.pid, unit=owner.unit)
+        return True
+
+    def dispatch_aborted(self, task_id: str, baton: Baton) -> None:
+        """The baton changed between the decision and the dispatch write: no agent; look again soon."""
+        sh = self.shared
+        sh.log.info("raced", task=task_id, action="dispatch", status=baton.meta.status.value,
+                    revision=baton.meta.revision, reason="the baton changed after the dispatch decision")
+        sh.poke(task_id)
+
+    def launch_failed(self, baton: Baton, error: str, now: datetime) -> None:
+        sh = self.shared
+        sh.log.error("launch_failed", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
+                     reason=error)
+        try:
+            with sh.store.edit(baton.id, epoch=baton.meta.epoch, actor="daemon", now=now) as ed:
+                ed.baton.meta.owner = None
+                ed.baton.meta.ended_at = now
+                ed.baton.meta.last_exit = None
+                ed.baton.meta.last_failure = f"launch failed: {error}"
+                ed.event("exited", code=None, signal=None, pid=None, duration_s=0, progress=False, kind="failed",
+                         error=error)
+        except HeartbeatError:
+            pass
+
+    # -- what presets add ------------------------------------------------------------------
+
+    def result_of(self, baton: Baton) -> ResultInfo | None:
+        """What a preset launcher's output says about the run that just ended (None: no preset)."""
+        sh = self.shared
+        owner = baton.meta.owner
+        lc = sh.config.launchers.get(owner.launcher) if owner is not None else None
+        if lc is None or not lc.preset or owner is None or owner.how != "dispatch" or sh.dry_run:
+            return None
+        from heartbeat.presets import parse_result, read_log_tail
+
+        return parse_result(lc.preset, read_log_tail(sh.layout.log(baton.id, baton.meta.epoch)))
+
+    def session_plan(self, baton: Baton, lc: LauncherConfig | None) -> SessionPlan:
+        """The session of the next dispatch (:func:`heartbeat.presets.plan_session`)."""
+        from heartbeat.presets import PRESETS, PresetName, plan_session
+
+        if lc is None:
+            return plan_session("fresh", previous="", previous_resumes=0, retry=False)
+        meta = baton.meta
+        retry = meta.attempt > 0 and meta.last_exit != 0
+        compactions = 0
+        if lc.session == "resume" and retry and meta.session:
+            compactions = sum(1 for e in self.shared.store.ledger.events(baton.id, kinds=["compacting"])
+                              if meta.session in (e.data.get("session_id"), e.data.get("session")))
+        return plan_session(lc.session, previous=meta.session, previous_resumes=meta.session_resumes, retry=retry,
+                            compactions=compactions, max_resumes=lc.max_resumes_per_session,
+                            pins_session=PRESETS[PresetName(lc.preset)].pins_session if lc.preset else True)
+
+
+def judge_result(info: ResultInfo | None, kind: pol.ExitKind, reason: str, launcher: str) -> tuple[pol.ExitKind, str, str]:
+    """The exit kind and reason once a preset's result is read, and the block reason of a
+    non-retryable one: a result that says it failed is a failed attempt even after exit 0."""
+    if info is None or kind is pol.ExitKind.FINISHED:
+        return kind, reason, ""
+    if info.non_retryable:
+        said = info.reason or "an authentication error"
+        return (pol.ExitKind.NON_RETRYABLE, f"{reason}: {said}",
+                f"launcher {launcher} reports: {said} (not retryable: a human is needed)")
+    if info.is_error and kind in (pol.ExitKind.SHIFT_END, pol.ExitKind.IDLE, pol.ExitKind.FAILED):
+        return pol.ExitKind.FAILED, f"{reason}: {info.reason or 'the agent reported an error'}", ""
+    return kind, reason, ""
+
+
+def dispatchable(baton: Baton) -> bool:
+    """What a dispatch decision saw and its write must still find: active (so not blocked, done,
+    snoozed or paused, and with no gate to wait on) and no owner."""
+    return baton.meta.status is Status.ACTIVE and baton.meta.owner is None

@@ -1,0 +1,475 @@
+"""The loop: look → decide → act, over every task (a tick) or one poked task (evaluate).
+
+A small loop class in the manner of huey's consumer: :meth:`Core.initialize`,
+:meth:`Core.tick` (one pass over every baton; ``now`` is a parameter so tests never patch
+time), :meth:`Core.shutdown`. Per task, a look is: observe (:mod:`.observe`) →
+:func:`heartbeat.policy.decide` → act (:mod:`.act`). Dispatches of one pass are admitted
+together (:func:`heartbeat.policy.admit`) so capacity and the per-minute budget are
+respected, oldest-waiting first.
+
+A pass skips the tasks whose last decision was "nothing" while their baton is unchanged
+and their decision's time has not come; when the store says the whole scan is unchanged
+(:attr:`heartbeat.store.base.Store.scan_unchanged`) and no quiet task is due, only the
+others are looked at.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from heartbeat import policy as pol
+from heartbeat import systemd
+from heartbeat.baton import Baton, GateKind, Status
+from heartbeat.config import Config
+from heartbeat.daemon.act import Actor
+from heartbeat.daemon.observe import EntryStatuses, Observer, StatusLookup
+from heartbeat.daemon.shared import Shared
+from heartbeat.daemon.watch import Watcher
+from heartbeat.errors import Busy, Conflict, HeartbeatError, InvalidBaton, NotActive, NotFound, UnsafePath
+from heartbeat.ledger import Event
+from heartbeat.metrics import VITALS_FILE, Vitals
+from heartbeat.store.base import Entry, Store
+from heartbeat.timeparse import utcnow
+
+__all__ = ["Core", "LookMemory", "Want"]
+
+
+@dataclass(slots=True)
+class LookMemory:
+    """What the loop remembers of one task between looks (under the look lock; never the truth)."""
+
+    last_reason: str = ""
+    """The last decision or admission reason logged: a repeated one is logged at debug level."""
+    invalid_reported: str = ""
+    """The error of an invalid baton already reported (once per error)."""
+    quiet_entry: Entry | None = None
+    """The scanned entry whose decision was "nothing"; while the scan returns this very entry
+    (the file is unchanged) and ``quiet_until`` has not come, the task is not looked at again."""
+    quiet_until: datetime | None = None
+    quiet_status: str = ""
+    lock_busy: bool = False
+    """The daemon found the baton's lock held (and said so once); cleared by its next write."""
+    measured_revision: int = 0
+    """The baton revision whose write→decision latency was last measured (each write counts once)."""
+
+
+class Want(NamedTuple):
+    """A dispatch decision waiting for admission."""
+
+    task_id: str
+    launcher: str
+    since: datetime
+    decision: pol.Decision
+    revision: int
+    """The baton revision the decision was made on: the dispatch write is fenced on it."""
+
+
+@dataclass
+class _Partition:
+    """The last full pass split in two: tasks to look at every time, and quiet ones (counted by status)."""
+
+    active: list[Entry]
+    quiet_counts: dict[str, int]
+    quiet_end: datetime
+    """The earliest time a quiet task's decision may change: a full pass is due then."""
+
+
+class Core:
+    """The decision loop over one store. See the module docstring."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        store: Store | None = None,
+        dry_run: bool = False,
+        log: Any = None,
+    ) -> None:
+        from heartbeat.daemon.service import logger, open_store
+        from heartbeat.liveness import this_host
+
+        store = store if store is not None else open_store(config, claim=not dry_run)
+        if hasattr(store, "lock_wait"):  # a held baton lock must not stall every task
+            from heartbeat import defaults
+
+            store.lock_wait = defaults.DAEMON_LOCK_WAIT
+        log = log if log is not None else logger()
+        self.shared = Shared(config, store, dry_run=dry_run, log=log, host=this_host())
+        self.observer = Observer(self.shared)
+        self.actor = Actor(self.shared)
+        self._stop = threading.Event()
+        self.watcher = Watcher(self.shared, self.evaluate, self._stop)
+        self.memory: dict[str, LookMemory] = {}
+        """Per task (under the look lock)."""
+        self._staged_config: Config | None = None
+        self._policies: dict[str, pol.Policy] = {}
+        self._partition: _Partition | None = None
+        self.counts: dict[str, int] = {}
+        self.ticks = 0
+        if hasattr(store.ledger, "on_unreadable"):  # a corrupt row is skipped, and logged once
+            store.ledger.on_unreadable = lambda row, why: log.warning(
+                "ledger_row_unreadable", row=row, error=why, hint="the row is skipped; the ledger is not changed")
+        self.vitals = Vitals.start()
+        self.vitals_dir: str | None = None
+        """Where :meth:`tick` writes the vitals for ``/metrics`` (set by ``serve``; tests leave it unset)."""
+
+    # -- what the parts share, by their old names ---------------------------------------
+
+    @property
+    def config(self) -> Config:
+        return self.shared.config
+
+    @config.setter
+    def config(self, value: Config) -> None:
+        self.shared.config = value
+
+    @property
+    def store(self) -> Store:
+        return self.shared.store
+
+    @property
+    def log(self) -> Any:
+        return self.shared.log
+
+    @property
+    def dry_run(self) -> bool:
+        return self.shared.dry_run
+
+    @property
+    def host(self) -> str:
+        return self.shared.host
+
+    @property
+    def launchers(self) -> dict[str, Any]:
+        return self.shared.launchers
+
+    @property
+    def gates(self) -> Any:
+        return self.shared.gates
+
+    def poke(self, task_id: str) -> None:
+        """Ask for ``task_id`` to be looked at soon (debounced), off the tick."""
+        self.watcher.poke(task_id)
+
+    # -- life cycle --------------------------------------------------------------------
+
+    def initialize(self, now: datetime | None = None) -> None:
+        """Seed the dispatch budget from the ledger, so a restart does not relaunch everything at once."""
+        now = now or utcnow()
+        self.actor.seed_budget(now)
+        self.log.info("started", state_dir=self.config.state_dir, tick=self.config.daemon.tick,
+                      launchers=sorted(self.launchers), dry_run=self.dry_run, pid=os.getpid())
+
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Stop the scheduler and watchers; agents keep running (they are re-adopted on the next start).
+
+        Waits at most ``timeout`` seconds (default :meth:`stop_grace`) for a look in progress
+        to finish, never for ever: a thread stuck in a tick must not keep the daemon from
+        stopping. Returns False when one is still stuck (the store is then left open to it).
+        """
+        deadline = time.monotonic() + (self.stop_grace() if timeout is None else timeout)
+        self._stop.set()
+        self.watcher.wake_all()
+        self._stop_service()
+        self.watcher.stop(timeout=min(5.0, deadline - time.monotonic()))
+        self.shared.pool.shutdown(wait=False, cancel_futures=True)
+        self.gates.close()
+        lock = self.shared.lock
+        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            self.log.error("shutdown_stuck", pid=os.getpid(),
+                           reason="a look is still running after the grace; stopping without it")
+            return False
+        try:
+            self.store.close()
+        finally:
+            lock.release()
+        self.log.info("stopped", pid=os.getpid())
+        return True
+
+    def _stop_service(self) -> None:
+        """What the service adds to stop first (its scheduler); nothing for a bare loop."""
+
+    def stop_grace(self) -> float:
+        """How long a stop may wait for work in flight: the longest ``stop_grace`` of the launchers."""
+        from heartbeat import defaults
+
+        return max((lc.stop_grace for lc in self.config.launchers.values()), default=defaults.STOP_GRACE)
+
+    def apply_config(self, new: Config) -> None:
+        """Swap in a reloaded config (under the look lock, between passes)."""
+        self._staged_config = None
+        self.shared.config = new
+        self._policies = {}
+        self._partition = None
+        self.shared.build_launchers()
+        for mem in self.memory.values():
+            mem.quiet_entry = None  # decisions may differ under the new config
+        self.gates.checks = dict(new.checks)
+
+    def _forget(self, task_id: str) -> None:
+        """A task no longer in the store: every part drops its record of it."""
+        self.memory.pop(task_id, None)
+        self.observer.forget(task_id)
+        self.actor.forget(task_id)
+        self.shared.running.pop(task_id, None)
+
+    def _mem(self, task_id: str) -> LookMemory:
+        mem = self.memory.get(task_id)
+        if mem is None:
+            mem = self.memory[task_id] = LookMemory()
+        return mem
+
+    # -- one pass ------------------------------------------------------------------------
+
+    def tick(self, now: datetime | None = None) -> dict[str, int]:
+        """Look at every task once; returns counts by status (and ``running``)."""
+        started = time.monotonic()
+        sh = self.shared
+        with sh.lock:
+            if self._staged_config is not None:  # a SIGHUP during the previous pass
+                self.apply_config(self._staged_config)
+            now = now or utcnow()
+            for launcher in self.launchers.values():
+                launcher.reap()
+            entries = self.store.scan()
+            statuses = EntryStatuses(entries)
+            running_batons: list[Baton] = []
+            wants: list[Want] = []
+            gate_paths: dict[str, set[str]] = {}
+            seen: set[str] = set()
+            if self.ticks == 0:
+                self.observer.load_block_seed()
+            # Fast path: nothing changed in the store since the last full pass and no quiet
+            # task's time has come, so only the tasks that were not quiet need a look.
+            part = self._partition
+            fast = part is not None and self.store.scan_unchanged and now < part.quiet_end
+            if fast:
+                assert part is not None
+                loop_entries, counts = part.active, dict(part.quiet_counts)
+            else:
+                loop_entries, counts = entries, {}
+            quiet_counts: dict[str, int] = {}
+            active: list[Entry] = []
+            quiet_end = pol.FOREVER
+            for entry in loop_entries:
+                mem = self.memory.get(entry.id)
+                if mem is not None and mem.quiet_entry is entry and mem.quiet_until is not None \
+                        and now < mem.quiet_until:
+                    counts[mem.quiet_status] = counts.get(mem.quiet_status, 0) + 1
+                    if not fast:
+                        seen.add(entry.id)
+                        quiet_counts[mem.quiet_status] = quiet_counts.get(mem.quiet_status, 0) + 1
+                        quiet_end = min(quiet_end, mem.quiet_until)
+                    continue
+                if not fast:
+                    seen.add(entry.id)
+                    active.append(entry)
+                try:
+                    status, want = self.look(entry, now, statuses)
+                except Exception as exc:  # one task's trouble must not stop the others being served
+                    self.log.exception("task_failed", task=entry.id, error=repr(exc))
+                    status, want = "error", None
+                counts[status] = counts.get(status, 0) + 1
+                if want is not None:
+                    wants.append(want)
+                baton = entry.baton
+                if baton is not None and entry.id in sh.running:
+                    running_batons.append(baton)  # (a quiet task never has a live agent)
+                if baton is not None and baton.meta.status is Status.BLOCKED and baton.meta.gate is not None \
+                        and baton.meta.gate.kind is GateKind.FILE and baton.meta.gate.target:
+                    gate_paths.setdefault(baton.meta.gate.target, set()).add(entry.id)
+            if not fast:
+                known = set(self.memory) | set(self.observer.memory) | set(self.actor.stops) | set(sh.running)
+                for gone in known - seen:
+                    self._forget(gone)
+                self._partition = _Partition(active, quiet_counts, quiet_end)
+            self.dispatch(wants, now)
+            from heartbeat.launchers.base import cap_running_logs  # an agent printing without end
+
+            for task_id, epoch, size in cap_running_logs(self.config.state_dir, self.config.launchers,
+                                                         running_batons, sh.running):
+                self.log.warning("log_capped", task=task_id, epoch=epoch, size=size)
+            counts["running"] = len(sh.running)
+            self.counts = counts
+            self.watcher.set_gate_paths(gate_paths)
+            self.observer.block_seed = None
+            self.ticks += 1
+        self.watcher.update_gate_watches()
+        systemd.notify("WATCHDOG=1", f"STATUS={systemd.status_line(counts)}")
+        seconds = time.monotonic() - started
+        self.vitals.tick_done(seconds)
+        self._save_vitals()
+        self.log.debug("tick", tasks=len(entries), seconds=round(seconds, 4), **counts)
+        return counts
+
+    def _save_vitals(self) -> None:
+        if self.vitals_dir is None:
+            return
+        try:
+            self.vitals.save(self.vitals_dir)
+        except OSError as exc:  # metrics are a report: a full disk must not stop the clock
+            self.log.warning("vitals_write_failed", file=VITALS_FILE, error=str(exc))
+
+    def evaluate(self, task_id: str, now: datetime | None = None) -> None:
+        """Look at one task now (the watcher's path); dispatch it if due and admitted."""
+        with self.shared.lock:
+            if self._staged_config is not None:
+                self.apply_config(self._staged_config)
+            now = now or utcnow()
+            try:
+                baton = self.store.load(task_id)
+                entry = Entry(id=task_id, baton=baton)
+            except NotFound:
+                return
+            except HeartbeatError as exc:
+                entry = Entry(id=task_id, error=exc)
+            if entry.baton is not None:
+                self._measure_latency(entry.baton)
+            _, want = self.look(entry, now, StatusLookup(self.store))
+            if want is not None:
+                self.dispatch([want], now)
+            gate = entry.baton.meta.gate if entry.baton is not None else None
+            watch_new_gate = gate is not None and gate.kind is GateKind.FILE and bool(gate.target) \
+                and self.watcher.add_gate_path(gate.target, task_id)
+        if watch_new_gate:
+            self.watcher.update_gate_watches()
+
+    def _measure_latency(self, baton: Baton) -> None:
+        """Observe write→decision latency once per revision: from the write (its updated/touched
+        time) to this look, which the watcher started because the baton changed."""
+        mem = self._mem(baton.id)
+        if baton.meta.revision == mem.measured_revision:
+            return
+        mem.measured_revision = baton.meta.revision
+        written = max((t for t in (baton.meta.updated_at, baton.meta.touched_at) if t is not None), default=None)
+        if written is not None:
+            self.vitals.latency_seconds.observe((utcnow() - written).total_seconds())
+
+    # -- one task: look → decide → act --------------------------------------------------
+
+    def look(self, entry: Entry, now: datetime, statuses: Any) -> tuple[str, Want | None]:
+        """Look at one task, act on what is decided; its status, and a dispatch wanted (for admission)."""
+        mem = self._mem(entry.id)
+        if entry.baton is None:
+            error = str(entry.error)
+            if mem.invalid_reported != error:
+                mem.invalid_reported = error
+                self.log.error("invalid_baton", task=entry.id, error=error)
+                self.shared.record(Event(task=entry.id, kind="invalid", ts=now, actor="daemon",
+                                         data={"error": error}))
+            return "invalid", None
+        mem.invalid_reported = ""
+        baton = entry.baton
+        self.actor.escalation_seen(baton)
+        for _ in range(4):  # settle / wake / unblock change the baton; then look again
+            decision = self.decide(baton, now, statuses)
+            if decision.action in (pol.Action.NOTHING, pol.Action.WAIT_LAUNCH):
+                if baton is entry.baton and not self.actor.is_stopping(baton.id):
+                    mem.quiet_entry = entry
+                    mem.quiet_until = pol.stands_until(baton, decision)
+                    mem.quiet_status = baton.meta.status.value
+                if decision.reason != mem.last_reason:
+                    self.log.debug("decision", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
+                                   action=decision.action.value, reason=decision.reason)
+                    mem.last_reason = decision.reason
+                break
+            mem.last_reason = decision.reason
+            self.log.info("decision", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
+                          action=decision.action.value, reason=decision.reason)
+            if decision.action is pol.Action.DISPATCH:
+                launcher = baton.launcher or self.config.daemon.default_launcher
+                since = baton.meta.ended_at or baton.meta.updated_at or now
+                return baton.meta.status.value, Want(baton.id, launcher, since, decision, baton.meta.revision)
+            try:
+                new = self.actor.act(baton, decision, now, self.observer.last_blocked(baton.id))
+            except Busy as exc:
+                self._lock_busy(baton.id, mem, decision.action.value, exc)
+                break
+            except (Conflict, NotFound, NotActive, InvalidBaton, UnsafePath) as exc:
+                # Someone wrote the baton (or broke it: the next look reports it invalid)
+                # between our look and our act: look again next time.
+                self.log.info("raced", task=baton.id, action=decision.action.value, reason=str(exc))
+                break
+            mem.lock_busy = False
+            if decision.action is pol.Action.RESTORE_BLOCK:
+                self.observer.block_restored(baton.id)
+            if new is None:
+                break
+            self.observer.wrote(baton.id)  # our own write (an unblock, a restore) is newer than the seed
+            baton = new
+        return baton.meta.status.value, None
+
+    def decide(self, baton: Baton, now: datetime, statuses: Any) -> pol.Decision:
+        obs = self.observer.observe(baton, now, statuses, stopping=self.actor.is_stopping(baton.id),
+                                    spinning_reported_for=self.actor.spinning_reported.get(baton.id))
+        return pol.decide(baton, obs, now, self.policy(baton))
+
+    def policy(self, baton: Baton) -> pol.Policy:
+        name = baton.launcher or self.config.daemon.default_launcher
+        policy = self._policies.get(name)
+        if policy is None:
+            policy = self._policies[name] = self._make_policy(name)
+        return policy
+
+    def _make_policy(self, launcher: str) -> pol.Policy:
+        d = self.config.daemon
+        lc = self.config.launchers.get(launcher)
+        return pol.Policy(
+            stall_after=d.stall_after,
+            progress_after=d.progress_after,
+            max_attempts=d.max_attempts,
+            max_idle_resumes=d.max_idle_resumes,
+            backoff_initial=d.backoff_initial,
+            backoff_max=d.backoff_max,
+            max_runtime=lc.max_runtime if lc else None,
+            non_retryable_exit_codes=frozenset(lc.non_retryable_exit_codes) if lc else frozenset(),
+            on_spinning=d.on_spinning,
+            launch_timeout=10.0,
+            inactive_grace=d.inactive_grace,
+        )
+
+    def _lock_busy(self, task_id: str, mem: LookMemory, action: str, exc: Busy) -> None:
+        """Another writer holds the baton's lock: skip the task until its next look, saying so once."""
+        if not mem.lock_busy:
+            mem.lock_busy = True
+            self.log.warning("baton_locked", task=task_id, action=action, error=str(exc),
+                             hint="skipped until its next look; the other tasks are served meanwhile")
+        mem.quiet_entry = None
+
+    # -- admission -----------------------------------------------------------------------
+
+    def dispatch(self, wants: list[Want], now: datetime) -> None:
+        """Admit this pass's dispatches together (capacity, budget, oldest first) and launch them."""
+        if not wants:
+            return
+        sh = self.shared
+        by_launcher: dict[str, int] = {}
+        for launcher in sh.running.values():
+            by_launcher[launcher] = by_launcher.get(launcher, 0) + 1
+        capacity = pol.Capacity(
+            running=len(sh.running),
+            running_by_launcher=by_launcher,
+            max_concurrent=self.config.daemon.max_concurrent,
+            launcher_limits={n: lc.max_concurrent for n, lc in self.config.launchers.items()},
+            dispatched_last_minute=self.actor.dispatched_last_minute(now),
+            dispatches_per_minute=self.config.daemon.dispatches_per_minute,
+        )
+        by_id = {w.task_id: w for w in wants}
+        for adm in pol.admit([(w.task_id, w.launcher, w.since) for w in wants], capacity):
+            mem = self._mem(adm.task_id)
+            if not adm.admitted:
+                if mem.last_reason != adm.reason:
+                    self.log.info("waiting", task=adm.task_id, reason=adm.reason)
+                    mem.last_reason = adm.reason
+                continue
+            want = by_id[adm.task_id]
+            try:
+                if self.actor.launch(adm.task_id, want.launcher, want.decision, want.revision, now):
+                    mem.lock_busy = False
+            except Busy as exc:
+                self._lock_busy(adm.task_id, mem, "dispatch", exc)

@@ -1,0 +1,222 @@
+"""Looking at one task: liveness, exit status, gates, adoption and bypass detection.
+
+:meth:`Observer.observe` turns a baton and the world around it into the plain
+:class:`~heartbeat.policy.Observation` the pure decision reads. It writes only to adopt
+an agent whose pid never reached its baton (the daemon died mid-launch).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from heartbeat import policy as pol
+from heartbeat.baton import Baton, Owner, Status
+from heartbeat.daemon.shared import Shared
+from heartbeat.errors import HeartbeatError, UnsafePath
+from heartbeat.ledger import Event
+
+__all__ = ["BLOCK_KINDS", "BlockMemory", "Observer"]
+
+BLOCK_KINDS = ("created", "blocked", "unblocked", "bypass")
+"""The ledger events that say whether a task is (or was last) held blocked."""
+
+
+@dataclass(slots=True)
+class BlockMemory:
+    """What observing remembers of one task between looks (under the look lock; never the truth).
+
+    The ledger's word on a block is read once per baton state, not once per look, and an
+    agent still alive on a task that is no longer active is timed from when it was first seen.
+    """
+
+    checked: tuple[int, str, str] | None = None
+    """(revision, status, blocked_on) the ledger was last consulted for; None: ask again."""
+    dropped: bool = False
+    """The ledger says the task is blocked, yet the baton is not: a hand edit dropped the block."""
+    last_blocked: dict[str, Any] = field(default_factory=dict)
+    """The data of that block's event, to restore it from."""
+    skip_seed: bool = False
+    """The first pass's block seed no longer speaks for this task: it was consulted once, or the
+    daemon wrote the baton since it was loaded (its own unblock or restore is newer than the seed)."""
+    inactive_seen: tuple[str, int, datetime] | None = None
+    """(status, epoch, first seen): when the daemon first saw the task not active with its agent alive."""
+
+
+class Observer:
+    """Observations of tasks, and the per-task :class:`BlockMemory` they need."""
+
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
+        self.memory: dict[str, BlockMemory] = {}
+        """Per task (under the look lock)."""
+        self.block_seed: dict[str, Event] | None = None
+        """During the first pass only: the latest block event of every task, from one query."""
+
+    def forget(self, task_id: str) -> None:
+        self.memory.pop(task_id, None)
+
+    def _mem(self, task_id: str) -> BlockMemory:
+        mem = self.memory.get(task_id)
+        if mem is None:
+            mem = self.memory[task_id] = BlockMemory()
+        return mem
+
+    def wrote(self, task_id: str) -> None:
+        """The daemon wrote this baton (an unblock, a restore): the block seed is older than it."""
+        self._mem(task_id).skip_seed = True
+
+    def block_restored(self, task_id: str) -> None:
+        """A dropped block was restored: ask the ledger again at the next look."""
+        self._mem(task_id).checked = None
+
+    def last_blocked(self, task_id: str) -> dict[str, Any]:
+        return self._mem(task_id).last_blocked
+
+    def load_block_seed(self) -> None:
+        """The latest block-related event of every task, in one query: the first pass over
+        thousands of batons must not ask the ledger once per task."""
+        latest: dict[str, Event] = {}
+        for event in self.shared.store.ledger.events(kinds=BLOCK_KINDS):
+            latest[event.task] = event
+        self.block_seed = latest
+
+    def observe(
+        self, baton: Baton, now: datetime, statuses: Any, *, stopping: bool, spinning_reported_for: datetime | None
+    ) -> pol.Observation:
+        """What the decision needs to know of ``baton`` now (``stopping``: a stop of its agent is under way)."""
+        sh = self.shared
+        mem = self._mem(baton.id)
+        meta = baton.meta
+        alive = False
+        exit_code: int | None = None
+        exit_signal: int | None = None
+        owner = meta.owner
+        if owner is not None:
+            if stopping:
+                alive = True  # a stop is under way: treat as alive until it reports
+            else:
+                launcher = sh.launcher_named(owner.launcher)
+                if owner.pid is None and not owner.unit and owner.how == "dispatch":
+                    adopted = self.adopt_pending(baton)
+                    alive = adopted is not None
+                    if adopted is not None:
+                        owner = adopted
+                elif launcher is not None and owner.how == "dispatch":
+                    alive = bool(launcher.alive(owner))
+                    if not alive:
+                        status = launcher.exit_status(owner, sh.layout.exit(baton.id, meta.epoch))
+                        if status is not None:
+                            exit_code, exit_signal = status.code, status.signal
+                else:
+                    from heartbeat.liveness import is_alive
+
+                    alive = is_alive(owner, host=sh.host)
+            if alive and owner.how == "dispatch":
+                sh.running[baton.id] = owner.launcher or baton.launcher or sh.config.daemon.default_launcher
+            else:
+                sh.running.pop(baton.id, None)
+        else:
+            sh.running.pop(baton.id, None)
+        gate_open = False
+        if meta.status is Status.BLOCKED and meta.gate is not None:
+            gate_open = sh.gates.is_open(baton.id, meta.gate, now, workdir=baton.workdir,
+                                         task_status=statuses.get)
+        block_dropped = False
+        if meta.status in (Status.ACTIVE, Status.SNOOZED, Status.PAUSED):
+            # Keyed on more than the revision: a hand edit can change the file and keep the revision.
+            key = (meta.revision, meta.status.value, baton.blocked_on)
+            if mem.checked != key:
+                if mem.checked is None and self.block_seed is not None and not mem.skip_seed:
+                    mem.skip_seed = True
+                    latest = self.block_seed.get(baton.id)
+                else:
+                    found = sh.store.ledger.events(baton.id, kinds=BLOCK_KINDS)
+                    latest = found[-1] if found else None
+                mem.checked = key
+                held = latest is not None and (latest.kind in ("blocked", "bypass") or (
+                    latest.kind == "created" and latest.data.get("status") == Status.BLOCKED.value))
+                mem.dropped = held
+                mem.last_blocked = dict(latest.data) if held and latest is not None else {}
+                if held and latest is not None and latest.kind == "created":
+                    mem.last_blocked = {"on": latest.data.get("blocked_on", ""), "gate": latest.data.get("gate")}
+            block_dropped = mem.dropped
+        else:
+            mem.checked = None
+        spinning_reported = spinning_reported_for is not None and spinning_reported_for == meta.progress_at
+        inactive_since: datetime | None = None
+        if alive and meta.status is not Status.ACTIVE:
+            seen = mem.inactive_seen
+            if seen is None or seen[:2] != (meta.status.value, meta.epoch):
+                seen = mem.inactive_seen = (meta.status.value, meta.epoch, now)
+            inactive_since = seen[2]
+        else:
+            mem.inactive_seen = None
+        pending: tuple[str, ...] = ()
+        if baton.after and meta.status is Status.ACTIVE and owner is None:
+            from heartbeat.handoff import pending_upstreams
+
+            pending = tuple(pending_upstreams(baton, statuses.get))
+        return pol.Observation(alive=alive, exit_code=exit_code, exit_signal=exit_signal, gate_open=gate_open,
+                               block_dropped=block_dropped, spinning_reported=spinning_reported,
+                               inactive_since=inactive_since, upstream_pending=pending)
+
+    def adopt_pending(self, baton: Baton) -> Owner | None:
+        """A dispatch whose pid never reached the baton (the daemon died mid-launch): find its agent
+        through the pid file the launcher's shim writes, and record it."""
+        from heartbeat.safefile import read_regular
+
+        sh = self.shared
+        path = sh.layout.pid(baton.id, baton.meta.epoch)
+        try:
+            data = json.loads(read_regular(path, 4096))  # a FIFO there is refused, never waited on
+            pid, create_time = int(data["pid"]), float(data["create_time"])
+        except UnsafePath as exc:
+            sh.log.warning("file_refused", task=baton.id, path=path, error=exc.message)
+            return None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        owner = Owner(pid=pid, create_time=create_time, host=sh.host,
+                      launcher=baton.meta.owner.launcher if baton.meta.owner else "", how="dispatch",
+                      started_at=baton.meta.dispatched_at)
+        from heartbeat.liveness import is_alive
+
+        if not is_alive(owner, host=sh.host):
+            return None
+        try:
+            with sh.store.edit(baton.id, epoch=baton.meta.epoch, actor="daemon") as ed:
+                ed.baton.meta.owner = owner
+                ed.event("adopted", pid=pid)
+        except HeartbeatError:
+            return None
+        sh.log.info("adopted", task=baton.id, epoch=baton.meta.epoch, pid=pid)
+        return owner
+
+
+class EntryStatuses:
+    """``task:ID`` gates during a pass: the statuses of this pass's entries, indexed on first use
+    (most passes have no task gate to open, and indexing thousands of entries is not free)."""
+
+    def __init__(self, entries: list[Any]) -> None:
+        self._entries = entries
+        self._index: dict[str, Status] | None = None
+
+    def get(self, task_id: str) -> Status | None:
+        if self._index is None:
+            self._index = {e.id: e.baton.meta.status for e in self._entries if e.baton is not None}
+        return self._index.get(task_id)
+
+
+class StatusLookup:
+    """``task:ID`` gates outside a full pass: look the other task up in the store."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def get(self, task_id: str) -> Status | None:
+        try:
+            return self.store.load(task_id).meta.status
+        except HeartbeatError:
+            return None

@@ -1,0 +1,73 @@
+"""What every part of the daemon reads: the config, the store, the launchers and the look lock.
+
+One :class:`Shared` per daemon. The parts (:mod:`.observe`, :mod:`.act`, :mod:`.watch`,
+:mod:`.core`, :mod:`.service`) each keep their own per-task records; this holds only what
+is truly common. Threads: the tick (the scheduler's thread, or the caller's), the watch
+worker (looks at one poked task), the worker pool (stops, notifiers, checks) and the
+watchers' threads (inotify, LISTEN). Every per-task record of every part, and ``running``
+here, is read and written only under :attr:`Shared.lock` (the look lock), unless its
+docstring says otherwise.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from heartbeat.config import Config, LauncherConfig
+from heartbeat.gates import GateEvaluator
+from heartbeat.layout import StateLayout
+from heartbeat.ledger import Event
+from heartbeat.store.base import Store
+
+__all__ = ["Shared"]
+
+
+class Shared:
+    """The config (swapped on reload), store, launchers, pool, look lock and the running agents."""
+
+    def __init__(self, config: Config, store: Store, *, dry_run: bool, log: Any, host: str) -> None:
+        self.config = config
+        """Swapped whole by a reload, under :attr:`lock` between passes: read it afresh each time."""
+        self.store = store
+        self.dry_run = dry_run
+        self.log = log
+        self.host = host
+        self.layout = StateLayout(config.state_dir)
+        self.lock = threading.RLock()
+        """The look lock: one look (a pass, or one poked task) at a time; guards every per-task record."""
+        self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="heartbeat-worker")
+        self.gates = GateEvaluator(config.checks, self.pool)
+        self.launchers: dict[str, Any] = {}
+        self.running: dict[str, str] = {}
+        """Task id -> launcher name of the live agents this daemon dispatched (under :attr:`lock`):
+        written by observing (alive or not) and acting (launched, settled); admission counts it."""
+        self.poke: Callable[[str], None] = lambda task_id: None
+        """Ask for a task to be looked at soon, off the tick (set by the watcher; thread-safe)."""
+        self.build_launchers()
+
+    def build_launchers(self) -> None:
+        """The launchers of the current config (null ones in a dry run)."""
+        from heartbeat.launchers import make_launcher
+
+        launchers: dict[str, Any] = {}
+        for name, lc in self.config.launchers.items():
+            if self.dry_run:
+                lc = LauncherConfig(name=name, type="null", command=lc.command,
+                                    non_retryable_exit_codes=lc.non_retryable_exit_codes)
+            launchers[name] = make_launcher(lc)
+        self.launchers = launchers
+
+    def launcher_named(self, name: str) -> Any:
+        return self.launchers.get(name) if name else None
+
+    def record(self, event: Event) -> None:
+        """Append an event with no baton write; a failure is logged, never raised (any thread)."""
+        from heartbeat.errors import HeartbeatError
+
+        try:
+            self.store.record([event])
+        except HeartbeatError as exc:
+            self.log.error("ledger_write_failed", task=event.task, kind=event.kind, error=str(exc))

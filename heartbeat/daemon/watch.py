@@ -1,0 +1,170 @@
+"""Reacting between ticks: changes from the store, and the files ``file:`` gates wait for.
+
+The store says which task was written (:meth:`heartbeat.store.base.Store.watch`: inotify
+for the file store, LISTEN/NOTIFY for PostgreSQL); a gate file appearing in a watched
+directory names the blocked tasks waiting on it. Either way the task is *poked*: queued,
+debounced (:data:`heartbeat.defaults.WATCH_DEBOUNCE`) and looked at by one worker thread
+through the core's ``evaluate``, so a write is answered within a fraction of a second
+instead of at the next tick.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from heartbeat.daemon.shared import Shared
+
+__all__ = ["Watcher"]
+
+
+class Watcher:
+    """Pokes, the worker that answers them, the store's change feed and the gate-file watches."""
+
+    def __init__(self, shared: Shared, evaluate: Callable[[str], None], stop: threading.Event) -> None:
+        self.shared = shared
+        self._evaluate = evaluate
+        self._stop = stop
+        self._wake = threading.Condition()
+        self._pending: dict[str, float] = {}
+        """Task id -> monotonic time of its last poke (under ``_wake``)."""
+        self._gates_lock = threading.Lock()
+        self._gate_paths: dict[str, set[str]] = {}
+        """Gate file path -> the blocked tasks waiting on it (under ``_gates_lock``): replaced by
+        each pass, added to by single looks, read by the inotify thread."""
+        self._watch_lock = threading.Lock()
+        """The tick's thread and the watch worker both update the gate watches: one at a time."""
+        self._fs: Any = None
+        self._handler: Any = None
+        self._watched_dirs: dict[str, Any] = {}
+        self._unwatch_store: Any = None
+        self.on_missed: Callable[[], None] = lambda: None
+        """Called when the store's feed may have missed writes (a lost LISTEN connection)."""
+        shared.poke = self.poke
+
+    # -- pokes -------------------------------------------------------------------------
+
+    def poke(self, task_id: str) -> None:
+        """Ask for ``task_id`` to be looked at soon (debounced), off the tick. Any thread."""
+        with self._wake:
+            self._pending[task_id] = time.monotonic()
+            self._wake.notify()
+
+    def wake_all(self) -> None:
+        with self._wake:
+            self._wake.notify_all()
+
+    def run_worker(self) -> None:
+        """The watch worker's loop: look at each poked task once its debounce has passed."""
+        from heartbeat import defaults
+
+        debounce = defaults.WATCH_DEBOUNCE
+        while not self._stop.is_set():
+            with self._wake:
+                if not self._pending:
+                    self._wake.wait(timeout=5.0)
+                    continue
+                now_m = time.monotonic()
+                ready = [t for t, at in self._pending.items() if now_m - at >= debounce]
+                if not ready:
+                    wait = min(debounce - (now_m - at) for at in self._pending.values())
+                    self._wake.wait(timeout=max(wait, 0.001))
+                    continue
+                for task_id in ready:
+                    del self._pending[task_id]
+            for task_id in ready:
+                try:
+                    self._evaluate(task_id)
+                except Exception as exc:
+                    self.shared.log.exception("evaluate_failed", task=task_id, error=repr(exc))
+
+    # -- watches -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Subscribe to the store's changes and start the gate-file observer."""
+        from watchdog.events import FileSystemEvent, FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        watcher = self
+
+        class GateHandler(FileSystemEventHandler):
+            def on_any_event(self, event: FileSystemEvent) -> None:
+                if event.event_type not in ("created", "modified", "moved", "closed", "deleted"):
+                    return
+                for raw in (event.src_path, getattr(event, "dest_path", "")):
+                    path = os.fsdecode(raw) if raw else ""
+                    if path:
+                        watcher.gate_path_changed(path)
+
+        self._unwatch_store = self.shared.store.watch(self._store_changed)
+        self._handler = GateHandler()
+        self._fs = Observer()
+        self._fs.start()
+
+    def _store_changed(self, task_id: str | None) -> None:
+        if task_id is None:
+            self.on_missed()
+        else:
+            self.poke(task_id)
+
+    def stop(self, timeout: float) -> None:
+        """Stop both feeds, waiting at most ``timeout`` seconds for each."""
+        if self._unwatch_store is not None:
+            self._unwatch_store(timeout=max(0.0, timeout))
+            self._unwatch_store = None
+        if self._fs is not None:
+            self._fs.stop()
+            self._fs.join(timeout=max(0.0, timeout))
+
+    def gate_path_changed(self, path: str) -> None:
+        with self._gates_lock:
+            task_ids = list(self._gate_paths.get(path, ()))
+        for task_id in task_ids:
+            self.poke(task_id)
+
+    def set_gate_paths(self, gate_paths: dict[str, set[str]]) -> None:
+        """A full pass's map of gate file -> waiting tasks."""
+        with self._gates_lock:
+            self._gate_paths = gate_paths
+
+    def add_gate_path(self, path: str, task_id: str) -> bool:
+        """A single look found a task waiting on ``path``; True when that is new."""
+        with self._gates_lock:
+            ids = self._gate_paths.setdefault(path, set())
+            if task_id in ids:
+                return False
+            ids.add(task_id)
+            return True
+
+    def update_gate_watches(self) -> None:
+        """Watch the directories of the gate files waiting tasks name, and no others."""
+        if self._fs is None:
+            return
+        with self._watch_lock:
+            self._update_gate_watches_locked()
+
+    def _update_gate_watches_locked(self) -> None:
+        with self._gates_lock:  # the watcher's look adds gate paths while the tick's thread gets here
+            gate_paths = {path: set(ids) for path, ids in self._gate_paths.items()}
+        wanted = {os.path.dirname(p) for p in gate_paths}
+        wanted = {d for d in wanted if os.path.isdir(d)}
+        for directory in set(self._watched_dirs) - wanted:
+            try:
+                self._fs.unschedule(self._watched_dirs.pop(directory))
+            except (KeyError, ValueError):
+                pass
+        for directory in wanted - set(self._watched_dirs):
+            try:
+                self._watched_dirs[directory] = self._fs.schedule(self._handler, directory, recursive=False)
+            except OSError as exc:
+                self.shared.log.warning("gate_watch_failed", directory=directory, error=str(exc))
+                continue
+            self.shared.log.debug("watching", directory=directory)
+            # A gate file created before the watch existed raised no event: look once more now.
+            for path, task_ids in gate_paths.items():
+                if os.path.dirname(path) == directory:
+                    for task_id in task_ids:
+                        self.poke(task_id)
