@@ -26,6 +26,7 @@ __all__ = [
     "LIST_FIELDS",
     "Status",
     "GateKind",
+    "OwnerKind",
     "Gate",
     "Guarantee",
     "HANDOFF_FIELDS",
@@ -73,6 +74,15 @@ class Status(StrEnum):
 
 STORED_STATUSES = frozenset(s for s in Status if s is not Status.INVALID)
 FINISHED_STATUSES = frozenset({Status.DONE, Status.FAILED})
+
+
+class OwnerKind(StrEnum):
+    """``meta.owner.how``: who started the agent that owns a task (stored as these strings)."""
+
+    DISPATCH = "dispatch"
+    """The daemon dispatched it: the daemon supervises it (liveness, stop, exit)."""
+    CLAIM = "claim"
+    """It started itself (an interactive session) and claimed the task."""
 
 
 class GateKind(StrEnum):

@@ -149,3 +149,17 @@ FINISHED_AFTER = 30 * 86400.0
 
 GC_EVERY = 86400.0
 """``[retention] every``: seconds between the daemon's gc runs (a job beside the tick, never in it)."""
+
+LAUNCH_TIMEOUT = 10.0
+"""Seconds a recorded dispatch may wait for its agent's pid (from the launch, or the shim's pid file)
+before the launch counts as failed. Ten, as every daemon has run with: the shim writes its pid file
+as it starts, so this only bounds the recovery of a daemon that died mid-launch."""
+
+WORKER_THREADS = 4
+"""Threads of the daemon's worker pool: agent stops and notify commands run there, off the tick."""
+
+CHECK_THREADS = 2
+"""Threads that run ``check:`` gate commands when the caller gives no pool of its own."""
+
+GC_FIRST_DELAY_MAX = 300.0
+"""Seconds after start, at most, before the daemon's first gc run (``[retention] every`` if shorter)."""

@@ -22,7 +22,6 @@ __all__ = [
     "AlreadyExists",
     "NotActive",
     "Conflict",
-    "Stale",
     "StoreError",
     "DaemonRunning",
     "GuaranteeFailed",
@@ -128,12 +127,6 @@ class Conflict(HeartbeatError):
     """The revision or epoch the caller expected has moved on: the write is refused."""
 
     exit_code = EXIT_CONFLICT
-
-
-class Stale(HeartbeatError):
-    """The world the baton describes has changed since it was written."""
-
-    exit_code = EXIT_STALE
 
 
 class StoreError(HeartbeatError):

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 
+from heartbeat import defaults
 from heartbeat.baton import Gate, GateKind, Status
 from heartbeat.commands import CommandResult, run_command
 from heartbeat.config import CommandConfig, expand_argv
@@ -31,7 +32,7 @@ class GateEvaluator:
 
     def __init__(self, checks: Mapping[str, CommandConfig], pool: ThreadPoolExecutor | None = None) -> None:
         self.checks = dict(checks)
-        self._pool = pool or ThreadPoolExecutor(max_workers=2, thread_name_prefix="heartbeat-check")
+        self._pool = pool or ThreadPoolExecutor(max_workers=defaults.CHECK_THREADS, thread_name_prefix="heartbeat-check")
         self._own_pool = pool is None
         self._lock = threading.Lock()
         self._results: dict[tuple[str, str], CommandResult] = {}
@@ -83,10 +84,6 @@ class GateEvaluator:
         with self._lock:
             self._results[key] = result
         return result
-
-    def last_result(self, name: str, task_id: str) -> CommandResult | None:
-        with self._lock:
-            return self._results.get((name, task_id))
 
     def forget(self, task_id: str) -> None:
         """Drop cached check results of a task (it was unblocked or removed)."""

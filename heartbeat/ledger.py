@@ -17,12 +17,59 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any, Protocol
 
 from heartbeat import defaults
 from heartbeat.errors import StoreError
 
-__all__ = ["Event", "Ledger", "SqliteLedger", "MemoryLedger", "PendingWrite"]
+__all__ = ["Event", "EventKind", "Ledger", "SqliteLedger", "MemoryLedger", "PendingWrite"]
+
+
+class EventKind(StrEnum):
+    """The closed set of words the ledger records as an event's ``kind`` (stored as these strings).
+
+    :attr:`Event.kind` stays a plain ``str``: a ledger written by a newer heartbeat may hold a
+    kind this one does not know, and it is carried, never refused.
+    """
+
+    CREATED = "created"
+    UPDATED = "updated"
+    TOUCHED = "touched"
+    RESTORED = "restored"
+    REDERIVED = "rederived"
+    CLAIMED = "claimed"
+    RELEASED = "released"
+    SNOOZED = "snoozed"
+    WOKE = "woke"
+    BLOCKED = "blocked"
+    UNBLOCKED = "unblocked"
+    BYPASS = "bypass"
+    DONE = "done"
+    HANDED_OFF = "handed_off"
+    FAILED = "failed"
+    RETRIED = "retried"
+    REOPENED = "reopened"
+    VERIFIED = "verified"
+    GUARANTEE_FAILED = "guarantee_failed"
+    GUARANTEE_BROKEN = "guarantee_broken"
+    DISPATCHED = "dispatched"
+    LAUNCHED = "launched"
+    ADOPTED = "adopted"
+    EXITED = "exited"
+    STALLED = "stalled"
+    SPINNING = "spinning"
+    STOPPED = "stopped"
+    ESCALATED = "escalated"
+    NOTIFIED = "notified"
+    INVALID = "invalid"
+    SESSION_STARTED = "session_started"
+    COMPACTING = "compacting"
+    SESSION_ENDED = "session_ended"
+    STOP_ALLOWED = "stop_allowed"
+    STOP_BLOCKED = "stop_blocked"
+    ARCHIVED = "archived"
+    COMPACTED = "compacted"
 
 
 @dataclass

@@ -55,10 +55,6 @@ def is_alive(owner: Owner | None, *, host: str | None = None) -> bool:
     return abs(found[1] - owner.create_time) <= _CREATE_TIME_SLACK
 
 
-def parent_pid() -> int:
-    return os.getppid()
-
-
 _CONFIRM_AFTER_KILL = 2.0
 """Seconds to wait after SIGKILL for the kernel to take the processes away."""
 

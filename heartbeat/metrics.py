@@ -157,15 +157,11 @@ class Vitals:
 
     def save(self, state_dir: str) -> None:
         """Write ``<state_dir>/daemon.json`` atomically (0600, temp file + rename)."""
-        path = StateLayout(state_dir).vitals_file
-        tmp = f"{path}.{os.getpid()}.tmp"
+        from heartbeat.safefile import write_file_atomic
+
         data = json.dumps(self.to_json(), sort_keys=True).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        # Not fsynced: a report rewritten every tick, whose loss in a crash costs nothing.
+        write_file_atomic(StateLayout(state_dir).vitals_file, data, fsync=False)
 
     @classmethod
     def load(cls, state_dir: str) -> Vitals | None:

@@ -19,19 +19,20 @@ Vocabulary (DESIGN.md, "Ownership, progress, attempts"):
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from enum import StrEnum
 
 from heartbeat import defaults
-from heartbeat.baton import Baton, GateKind, Status
+from heartbeat.baton import Baton, GateKind, OwnerKind, Status
 from heartbeat.errors import BadInput
 from heartbeat.timeparse import format_duration, parse_instant
 
 __all__ = [
     "Action",
     "ExitKind",
+    "StallReason",
     "Policy",
     "Observation",
     "Decision",
@@ -55,11 +56,23 @@ class Action(StrEnum):
     UNBLOCK = "unblock"
     WAKE = "wake"
     ESCALATE = "escalate"
-    BLOCK = "block"  # a non-retryable exit: hold the task for a human
     RESTORE_BLOCK = "restore-block"  # a hand edit dropped a block: put it back, record a bypass
     REPORT_SPINNING = "report-spinning"
     WAIT_LAUNCH = "wait-launch"  # a dispatch was recorded but its agent's pid is not yet known
     STOP = "stop"  # the task is no longer active but its agent still runs: stop it, dispatch nothing
+
+
+class StallReason(StrEnum):
+    """Why an agent counts as gone or is stopped (the ``why`` of ``stalled`` and ``stopped`` events)."""
+
+    OWNER_DEAD = "owner_dead"  # its process is gone with no exit recorded (or the launch never reported one)
+    EXITED = "exited"  # it exited (an exit status was recorded)
+    SILENT = "silent"  # alive but no write or touch for stall_after
+    NEVER_WROTE = "never_wrote"  # alive but no write since its dispatch, for stall_after
+    HUNG = "hung"  # stopped for not writing (silent or never_wrote, as the stop records it)
+    SPINNING = "spinning"  # alive and touching, but the step did not move for progress_after
+    MAX_RUNTIME = "max_runtime"  # ran past its launcher's max_runtime
+    INACTIVE = "inactive"  # its task is no longer active (blocked, done, snoozed, paused) past the grace
 
 
 class ExitKind(StrEnum):
@@ -77,16 +90,16 @@ class ExitKind(StrEnum):
 class Policy:
     """The knobs :func:`decide` reads; the daemon builds one per task from the config."""
 
-    stall_after: float = 600.0
-    progress_after: float = 3600.0
-    max_attempts: int = 5
-    max_idle_resumes: int = 3
-    backoff_initial: float = 30.0
-    backoff_max: float = 1800.0
+    stall_after: float = defaults.STALL_AFTER
+    progress_after: float = defaults.PROGRESS_AFTER
+    max_attempts: int = defaults.MAX_ATTEMPTS
+    max_idle_resumes: int = defaults.MAX_IDLE_RESUMES
+    backoff_initial: float = defaults.BACKOFF_INITIAL
+    backoff_max: float = defaults.BACKOFF_MAX
     max_runtime: float | None = None
     non_retryable_exit_codes: frozenset[int] = frozenset()
     on_spinning: str = "escalate"
-    launch_timeout: float = 30.0
+    launch_timeout: float = defaults.LAUNCH_TIMEOUT
     inactive_grace: float = defaults.INACTIVE_GRACE
 
 
@@ -121,12 +134,8 @@ class Decision:
     exit_kind: ExitKind | None = None
     not_before: datetime | None = None
     """For a dispatch held back by backoff: when it becomes due."""
-    stalled_why: str = ""
+    stalled_why: StallReason | None = None
     """owner_dead | silent | never_wrote | exited: why the previous agent counts as gone."""
-
-    @property
-    def wants_dispatch(self) -> bool:
-        return self.action in (Action.DISPATCH, Action.WAKE, Action.UNBLOCK)
 
 
 def _ago(now: datetime, then: datetime | None) -> float:
@@ -182,20 +191,20 @@ def decide(baton: Baton, obs: Observation, now: datetime, policy: Policy) -> Dec
         return Decision(Action.RESTORE_BLOCK, "the block was removed by editing the baton, not by unblock or a gate")
 
     # An owner recorded but not yet known by pid: a dispatch is (or was) in flight.
-    if owner is not None and owner.how == "dispatch" and owner.pid is None and not owner.unit:
+    if owner is not None and owner.how == OwnerKind.DISPATCH and owner.pid is None and not owner.unit:
         if _ago(now, meta.dispatched_at) < policy.launch_timeout:
             return Decision(Action.WAIT_LAUNCH, "launch in progress")
         return Decision(Action.SETTLE, "the launch never reported a process", exit_kind=ExitKind.FAILED,
-                        stalled_why="owner_dead")
+                        stalled_why=StallReason.OWNER_DEAD)
 
     # The owner is gone: settle its exit first (record it, clear the owner), then decide again.
     if owner is not None and not obs.alive:
         kind = classify_exit(baton, obs, policy)
         if obs.exit_code is not None or obs.exit_signal is not None:
             how = f"exit {obs.exit_code}" if obs.exit_signal is None else f"killed by signal {obs.exit_signal}"
-            why = "exited"
+            why = StallReason.EXITED
         else:
-            how, why = "its process is gone", "owner_dead"
+            how, why = "its process is gone", StallReason.OWNER_DEAD
         return Decision(Action.SETTLE, f"agent ended ({how})", exit_kind=kind, stalled_why=why)
 
     # No longer active, yet its agent runs: a grace to end on its own, then it is stopped.
@@ -250,16 +259,16 @@ def _judge_inactive(baton: Baton, obs: Observation, now: datetime, policy: Polic
     owner = meta.owner
     assert owner is not None
     what = f"task {meta.status.value}"
-    if owner.how != "dispatch":
+    if owner.how != OwnerKind.DISPATCH:
         return Decision(Action.NOTHING, f"{what}; its claimed agent is left to end on its own")
     started = owner.started_at or meta.dispatched_at
     if policy.max_runtime is not None and _ago(now, started) > policy.max_runtime:
         return Decision(Action.STOP, f"{what}: agent ran past max_runtime ({format_duration(policy.max_runtime)})",
-                        stalled_why="inactive")
+                        stalled_why=StallReason.INACTIVE)
     since = obs.inactive_since or now
     if _ago(now, since) >= policy.inactive_grace:
         return Decision(Action.STOP, f"{what}: agent still running after grace "
-                        f"({format_duration(policy.inactive_grace)})", stalled_why="inactive")
+                        f"({format_duration(policy.inactive_grace)})", stalled_why=StallReason.INACTIVE)
     return Decision(Action.NOTHING, f"{what}; its agent may end on its own until "
                     f"{(since + timedelta(seconds=policy.inactive_grace)).isoformat()}")
 
@@ -269,14 +278,14 @@ def _judge_running(baton: Baton, obs: Observation, now: datetime, policy: Policy
     owner = meta.owner
     assert owner is not None
     started = owner.started_at or meta.dispatched_at
-    if policy.max_runtime is not None and owner.how == "dispatch" and _ago(now, started) > policy.max_runtime:
+    if policy.max_runtime is not None and owner.how == OwnerKind.DISPATCH and _ago(now, started) > policy.max_runtime:
         return Decision(Action.STOP_THEN_DISPATCH, f"ran past max_runtime ({format_duration(policy.max_runtime)})",
-                        exit_kind=ExitKind.FAILED, stalled_why="max_runtime")
+                        exit_kind=ExitKind.FAILED, stalled_why=StallReason.MAX_RUNTIME)
     last_signal = max((t for t in (meta.touched_at, meta.dispatched_at) if t is not None), default=None)
     silent = _ago(now, last_signal)
     if silent > policy.stall_after:
         never = meta.dispatched_at is not None and (meta.touched_at is None or meta.touched_at <= meta.dispatched_at)
-        why = "never_wrote" if never else "silent"
+        why = StallReason.NEVER_WROTE if never else StallReason.SILENT
         text = "never wrote since its dispatch" if never else "alive but silent"
         return Decision(Action.STOP_THEN_DISPATCH, f"hung: {text} for {format_duration(silent)}",
                         exit_kind=ExitKind.FAILED, stalled_why=why)
@@ -284,9 +293,9 @@ def _judge_running(baton: Baton, obs: Observation, now: datetime, policy: Policy
     if since_progress > policy.progress_after:
         text = f"spinning: alive and touching, step unchanged for {format_duration(since_progress)}"
         if policy.on_spinning == "escalate":
-            return Decision(Action.STOP_THEN_ESCALATE, text, exit_kind=ExitKind.FAILED, stalled_why="spinning")
+            return Decision(Action.STOP_THEN_ESCALATE, text, exit_kind=ExitKind.FAILED, stalled_why=StallReason.SPINNING)
         if policy.on_spinning == "restart":
-            return Decision(Action.STOP_THEN_DISPATCH, text, exit_kind=ExitKind.FAILED, stalled_why="spinning")
+            return Decision(Action.STOP_THEN_DISPATCH, text, exit_kind=ExitKind.FAILED, stalled_why=StallReason.SPINNING)
         if not obs.spinning_reported:
             return Decision(Action.REPORT_SPINNING, text)
     return Decision(Action.NOTHING, "running")
@@ -358,10 +367,10 @@ class Capacity:
 
     running: int = 0
     running_by_launcher: Mapping[str, int] = field(default_factory=dict)
-    max_concurrent: int = 4
+    max_concurrent: int = defaults.MAX_CONCURRENT
     launcher_limits: Mapping[str, int | None] = field(default_factory=dict)
     dispatched_last_minute: int = 0
-    dispatches_per_minute: int = 30
+    dispatches_per_minute: int = defaults.DISPATCHES_PER_MINUTE
 
 
 def admit(wanting: Sequence[tuple[str, str, datetime]], capacity: Capacity) -> list[Admission]:
@@ -389,7 +398,3 @@ def admit(wanting: Sequence[tuple[str, str, datetime]], capacity: Capacity) -> l
             by_launcher[launcher] = by_launcher.get(launcher, 0) + 1
     return out
 
-
-def count_recent(times: Iterable[datetime], now: datetime, window: float = 60.0) -> int:
-    """How many of ``times`` fall within ``window`` seconds before ``now``."""
-    return sum(1 for t in times if 0 <= (now - t).total_seconds() < window)

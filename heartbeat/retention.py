@@ -59,6 +59,7 @@ from heartbeat.config import RetentionConfig
 from heartbeat.errors import HeartbeatError, StoreError
 from heartbeat.layout import StateLayout
 from heartbeat.ledger import Event
+from heartbeat.safefile import fsync_dir, write_file_atomic
 
 __all__ = [
     "RETENTION_KINDS",
@@ -389,28 +390,9 @@ def _logs_bytes(logs_dir: str, task: str) -> int:
 
 
 def _write_durably(path: str, data: bytes) -> None:
-    directory = os.path.dirname(path)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-        dfd = os.open(directory, _DIR_FLAGS)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_file_atomic(path, data, fsync_dir=True, follow=False)
     except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise StoreError(f"cannot write the archive: {exc.strerror}; nothing was archived", path=path) from None
 
 
@@ -459,11 +441,7 @@ def _retire(store: Any, c: _Candidate, archive_name: str, now: datetime) -> str:
             })
             store.ledger.fold(c.task, [e.id for e in c.events], [summary])
             os.unlink(store.path_of(c.task))
-            dfd = os.open(store.batons_dir, _DIR_FLAGS)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            fsync_dir(store.batons_dir, follow=False)
     except HeartbeatError as exc:
         return str(exc)
     return ""

@@ -13,8 +13,10 @@ goes through this module:
 - :func:`open_dir` walks a directory below a trusted root one component at a time with
   ``O_DIRECTORY | O_NOFOLLOW`` relative to the previous one, creating missing ones 0700,
   so a symlinked ``logs`` or ``logs/<id>`` is refused *before* anything is written;
-- :func:`write_atomic` writes a file inside such a directory descriptor: a fresh temp file
-  (exclusive), fsync, rename, all relative to the descriptor.
+- :func:`write_temp`, :func:`write_atomic` and :func:`write_file_atomic` are the one way
+  heartbeat writes a file whole: a fresh temp file (exclusive, never through a link, exact
+  mode), fsync, rename, optionally a directory fsync, all relative to one directory
+  descriptor; no temp file outlives a failed write.
 
 Every refusal is an :class:`~heartbeat.errors.UnsafePath` whose one line names the file.
 """
@@ -25,11 +27,12 @@ import errno
 import fcntl
 import os
 import stat
+from collections.abc import Iterable
 
 from heartbeat.errors import UnsafePath
 
-__all__ = ["NOFOLLOW_READ", "open_regular", "read_regular", "check_not_special", "open_dir", "write_atomic",
-           "kind_of"]
+__all__ = ["NOFOLLOW_READ", "open_regular", "read_regular", "check_not_special", "open_dir", "write_temp",
+           "write_atomic", "write_file_atomic", "open_parent", "fsync_dir", "kind_of"]
 
 NOFOLLOW_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 """The flags of a read that neither waits for a FIFO's writer nor follows a planted link."""
@@ -156,23 +159,80 @@ def open_dir(root: str, *parts: str, create: bool = True) -> int:
     return fd
 
 
-def write_atomic(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
-    """Write ``data`` to ``name`` in the directory ``dir_fd``: an exclusive temp file (never a
-    planted one), fsync, rename over ``name``. No temp file outlives a failed write."""
+def write_temp(dir_fd: int, name: str, data: bytes | Iterable[bytes], mode: int = 0o600, *,
+               fsync: bool = True) -> str:
+    """Write ``data`` (bytes, or chunks of it) to a fresh temp file beside ``name`` in the directory
+    ``dir_fd`` and return the temp file's name (relative to ``dir_fd``), for the caller to rename.
+
+    The temp file is ``.<name>.<pid>.<random>.tmp``: created exclusively (``O_EXCL``, never a
+    file someone planted at the name, never through a link), given exactly ``mode`` (whatever
+    the umask), written in full and fsynced (unless ``fsync`` is False: a report rewritten every
+    few seconds). It is removed again when any step fails.
+    """
     tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
+            os.fchmod(fd, mode)
+            for chunk in (data,) if isinstance(data, bytes) else data:
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+            if fsync:
+                os.fsync(fd)
         finally:
             os.close(fd)
+    except BaseException:
+        _unlink_quietly(tmp, dir_fd)
+        raise
+    return tmp
+
+
+def write_atomic(dir_fd: int, name: str, data: bytes | Iterable[bytes], mode: int = 0o600, *,
+                 fsync: bool = True, fsync_dir: bool = False) -> None:
+    """Write ``data`` to ``name`` in the directory ``dir_fd``: :func:`write_temp`, then rename over
+    ``name`` (a reader sees the old file or the new one), then fsync the directory when
+    ``fsync_dir`` (the rename itself survives a crash). No temp file outlives a failed write."""
+    tmp = write_temp(dir_fd, name, data, mode, fsync=fsync)
+    try:
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
+        _unlink_quietly(tmp, dir_fd)
         raise
+    if fsync_dir:
+        os.fsync(dir_fd)
+
+
+def write_file_atomic(path: str, data: bytes | Iterable[bytes], mode: int = 0o600, *,
+                      fsync: bool = True, fsync_dir: bool = False, follow: bool = True) -> None:
+    """:func:`write_atomic` for a path whose directory is trusted (the state dir, a config's
+    directory): the directory is opened once (not through a link when ``follow`` is False) and
+    everything happens relative to it."""
+    dir_fd = open_parent(path, follow=follow)
+    try:
+        write_atomic(dir_fd, os.path.basename(path), data, mode, fsync=fsync, fsync_dir=fsync_dir)
+    finally:
+        os.close(dir_fd)
+
+
+def open_parent(path: str, *, follow: bool = True) -> int:
+    """A descriptor of the directory ``path`` is in (for the ``dir_fd`` of the functions above);
+    with ``follow`` False a symlink in its place is refused (``ELOOP``)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    return os.open(os.path.dirname(path) or ".", flags)
+
+
+def fsync_dir(path: str, *, follow: bool = True) -> None:
+    """fsync a directory: the renames and unlinks in it survive a crash."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(name: str, dir_fd: int | None) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass

@@ -52,17 +52,14 @@ def write_starter(directory: str, *, force: bool = False) -> str:
     if os.path.lexists(path) and not force:
         raise BadInput(f"{path} exists already (pass --force to overwrite it)")
     state_dir = os.path.join(directory, "state")
+    from heartbeat.safefile import write_file_atomic
     from heartbeat.store.files import ensure_private_dir
 
     try:
         os.makedirs(directory, exist_ok=True)
         ensure_private_dir(state_dir)
-        tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"  # never a file (a FIFO) planted at the name
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(STARTER.format(state_dir=json.dumps(state_dir)))  # a JSON string is a TOML string
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        text = STARTER.format(state_dir=json.dumps(state_dir))  # a JSON string is a TOML string
+        write_file_atomic(path, text.encode("utf-8"), mode=0o644)  # never into a file (a FIFO) planted there
     except OSError as exc:
         raise StoreError(f"cannot write the starter config: {exc.strerror}", path=path) from None
     return path

@@ -29,6 +29,7 @@ from heartbeat.baton import (
     parse_on_broken,
 )
 from heartbeat.errors import BadInput, Conflict, NotActive
+from heartbeat.ledger import EventKind
 from heartbeat.store.base import Edit, Store
 from heartbeat.timeparse import utcnow
 
@@ -210,7 +211,7 @@ def _add_handoff_items(store: Store, task_id: str, name: str, items: Sequence[st
         values = getattr(ed.baton, name)
         values.extend(i for i in items if name != "after" or i not in values)
         if name == "rederived":
-            ed.event("rederived", items=list(items))
+            ed.event(EventKind.REDERIVED, items=list(items))
     return ed.baton
 
 
@@ -279,7 +280,7 @@ def claim(
         meta.owner = owner
         meta.status = Status.ACTIVE
         meta.snooze_until = None
-        ed.event("claimed", pid=owner.pid, host=owner.host, previous_pid=current.pid if current else None)
+        ed.event(EventKind.CLAIMED, pid=owner.pid, host=owner.host, previous_pid=current.pid if current else None)
     return ed.baton
 
 
@@ -288,7 +289,7 @@ def release(store: Store, task_id: str, *, epoch: int | None = None, actor: str 
     with store.edit(task_id, epoch=epoch, actor=actor) as ed:
         previous = ed.old.meta.owner
         ed.baton.meta.owner = None
-        ed.event("released", pid=previous.pid if previous else None)
+        ed.event(EventKind.RELEASED, pid=previous.pid if previous else None)
     return ed.baton
 
 
@@ -298,7 +299,7 @@ def snooze(store: Store, task_id: str, until: datetime, *, epoch: int | None = N
         _require(ed, {Status.ACTIVE, Status.SNOOZED}, "snooze")
         ed.baton.meta.status = Status.SNOOZED
         ed.baton.meta.snooze_until = until
-        ed.event("snoozed", until=until.isoformat())
+        ed.event(EventKind.SNOOZED, until=until.isoformat())
     return ed.baton
 
 
@@ -317,7 +318,7 @@ def block(
         meta.gate = gate
         meta.blocked_at = ed.now
         meta.snooze_until = None
-        ed.event("blocked", on=on, gate=gate.spec())
+        ed.event(EventKind.BLOCKED, on=on, gate=gate.spec())
     return ed.baton
 
 
@@ -335,7 +336,7 @@ def unblock(store: Store, task_id: str, *, by: str, note: str = "", gate_opened:
         meta.blocked_at = None
         meta.attempt = 0
         meta.idle_resumes = 0
-        ed.event("unblocked", by=by, note=note, was_on=was_on, gate=gate.spec() if gate else "human",
+        ed.event(EventKind.UNBLOCKED, by=by, note=note, was_on=was_on, gate=gate.spec() if gate else "human",
                  gate_opened=gate_opened)
     return ed.baton
 
@@ -362,7 +363,7 @@ def finish(store: Store, task_id: str, *, note: str = "", epoch: int | None = No
         _require(ed, {Status.ACTIVE, Status.SNOOZED, Status.PAUSED, Status.ESCALATED}, "mark done")
         ed.baton.meta.status = Status.DONE
         ed.baton.meta.snooze_until = None
-        ed.event("done", note=note)
+        ed.event(EventKind.DONE, note=note)
         ed.event(handoff.HANDED_OFF, **handoff.build_package(store, ed.baton, note=note))
     return ed.baton
 
@@ -376,7 +377,7 @@ def fail(store: Store, task_id: str, *, reason: str, epoch: int | None = None, a
             raise NotActive(f"cannot fail: the task is {ed.old.meta.status.value}", task=task_id)
         ed.baton.meta.status = Status.FAILED
         ed.baton.meta.last_failure = reason
-        ed.event("failed", reason=reason)
+        ed.event(EventKind.FAILED, reason=reason)
     return ed.baton
 
 
@@ -390,7 +391,7 @@ def retry(store: Store, task_id: str, *, by: str, note: str = "") -> Baton:
         meta.status = Status.ACTIVE
         meta.attempt = 0
         meta.idle_resumes = 0
-        ed.event("retried", by=by, note=note, was=ed.old.meta.status.value)
+        ed.event(EventKind.RETRIED, by=by, note=note, was=ed.old.meta.status.value)
     return ed.baton
 
 

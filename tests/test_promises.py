@@ -405,7 +405,7 @@ class TestPendingWrites:
     class Died(Exception):
         pass
 
-    def _die(self, *args: object) -> None:
+    def _die(self, *args: object, **kwargs: object) -> None:
         raise self.Died
 
     def test_a_write_killed_after_its_rename_keeps_its_events(

@@ -269,3 +269,48 @@ class TestStoreContract:
             ed.baton.step = "another"
         loaded = store.load("t")
         assert loaded.extra == {"custom": {"nested": [1, 2]}} and loaded.meta.extra == {"vendor": "x"}
+
+
+class TestChangeFeed:
+    """``Store.watch`` and ``scan_unchanged``: what the daemon reads instead of reaching into a store."""
+
+    def test_a_write_is_reported_by_task_id_until_the_watch_stops(self, store: Store) -> None:
+        """Every store calls the watcher with the id of a baton written, and stops calling once unwatched."""
+        import threading
+
+        from conftest import wait_for
+
+        from heartbeat import tasks
+
+        heard: list[str | None] = []
+        lock = threading.Lock()
+
+        def hear(task_id: str | None) -> None:
+            with lock:
+                heard.append(task_id)
+
+        stop = store.watch(hear)
+        try:
+            store.create(_baton("fed"))
+            tasks.set_fields(store, "fed", {"step": "next"})
+            wait_for(lambda: "fed" in heard, message="the store's change feed to report 'fed'")
+        finally:
+            stop(timeout=5.0)
+        with lock:
+            heard.clear()
+        tasks.set_fields(store, "fed", {"step": "after the watch"})
+        store.load("fed")  # (a file store's inotify would have had time to report by the next write)
+        assert "fed" not in heard
+
+    def test_scan_unchanged_never_claims_a_changed_scan(self, store: Store) -> None:
+        """A scan after a write is never "unchanged"; a store may say so of a quiet one, or never."""
+        from heartbeat import tasks
+
+        store.create(_baton("q"))
+        store.scan()
+        tasks.set_fields(store, "q", {"step": "moved"})
+        store.scan()
+        assert store.scan_unchanged is False
+        first = store.scan()
+        again = store.scan()
+        assert [e.id for e in again] == [e.id for e in first] == ["q"]

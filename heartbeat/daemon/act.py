@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from heartbeat import defaults, tasks
 from heartbeat import policy as pol
-from heartbeat import tasks
-from heartbeat.baton import Baton, Gate, GateKind, Owner, Status
+from heartbeat.baton import Baton, Gate, GateKind, Owner, OwnerKind, Status
 from heartbeat.config import LauncherConfig, expand_argv
 from heartbeat.daemon.shared import Shared
 from heartbeat.errors import Busy, Conflict, HeartbeatError, NotActive, NotFound
-from heartbeat.ledger import Event
+from heartbeat.ledger import Event, EventKind
 from heartbeat.timeparse import utcnow
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class StopMemory:
 
     stopping: bool = False
     reason: str = ""
-    why: str = ""
+    why: pol.StallReason | None = None
     escalate_after: bool = False
 
 
@@ -70,7 +70,7 @@ class Actor:
     def seed_budget(self, now: datetime) -> None:
         """Count the dispatches of the last minute from the ledger, so a restart does not relaunch everything."""
         since = now - timedelta(seconds=60)
-        for event in self.shared.store.ledger.events(since=since, kinds=["dispatched"]):
+        for event in self.shared.store.ledger.events(since=since, kinds=[EventKind.DISPATCHED]):
             self.dispatch_times.append(event.ts)
 
     def dispatched_last_minute(self, now: datetime) -> int:
@@ -93,7 +93,7 @@ class Actor:
             with store.edit(baton.id, expect_revision=baton.meta.revision, actor="daemon", now=now) as ed:
                 ed.baton.meta.status = Status.ACTIVE
                 ed.baton.meta.snooze_until = None
-                ed.event("woke")
+                ed.event(EventKind.WOKE)
             return ed.baton
         if d.action is a.UNBLOCK:
             gate = baton.meta.gate.spec() if baton.meta.gate else "human"
@@ -106,7 +106,7 @@ class Actor:
             return self.restore_block(baton, last_blocked, now)
         if d.action is a.REPORT_SPINNING:
             self.spinning_reported[baton.id] = baton.meta.progress_at
-            self.shared.record(Event(task=baton.id, kind="spinning", ts=now, epoch=baton.meta.epoch, actor="daemon",
+            self.shared.record(Event(task=baton.id, kind=EventKind.SPINNING, ts=now, epoch=baton.meta.epoch, actor="daemon",
                                      data={"step": baton.step, "since": (baton.meta.progress_at or now).isoformat()}))
             return None
         if d.action in (a.STOP_THEN_DISPATCH, a.STOP_THEN_ESCALATE, a.STOP):
@@ -122,13 +122,13 @@ class Actor:
         obs_code = None
         obs_signal = None
         launcher = sh.launcher_named(owner.launcher) if owner else None
-        if launcher is not None and owner is not None and owner.how == "dispatch":
+        if launcher is not None and owner is not None and owner.how == OwnerKind.DISPATCH:
             status = launcher.exit_status(owner, sh.layout.exit(baton.id, meta.epoch))
             if status is not None:
                 obs_code, obs_signal = status.code, status.signal
         stop = self.stops.get(baton.id) or StopMemory()
         kind = d.exit_kind or pol.ExitKind.FAILED
-        if stop.why == "inactive":  # stopped because its task was no longer active: not a failed attempt
+        if stop.why is pol.StallReason.INACTIVE:  # stopped because its task was no longer active: not a failed attempt
             kind = pol.ExitKind.FINISHED
         started = (owner.started_at if owner else None) or meta.dispatched_at
         duration = (now - started).total_seconds() if started else None
@@ -163,7 +163,7 @@ class Actor:
                 m.session = info.session_id
             if info is not None and info.resume_failed:
                 m.session, m.session_resumes = "", 0
-            ed.event("exited", code=obs_code, signal=obs_signal, pid=owner.pid if owner else None,
+            ed.event(EventKind.EXITED, code=obs_code, signal=obs_signal, pid=owner.pid if owner else None,
                      duration_s=round(duration, 3) if duration is not None else None, progress=progressed,
                      kind=kind.value, **(info.event_data() if info is not None else {}))
             if kind is pol.ExitKind.IDLE:
@@ -180,11 +180,11 @@ class Actor:
                 m.gate = Gate(GateKind.HUMAN)
                 m.blocked_at = now
                 m.last_failure = reason
-                ed.event("blocked", on=ed.baton.blocked_on, gate="human")
+                ed.event(EventKind.BLOCKED, on=ed.baton.blocked_on, gate="human")
             if kind is not pol.ExitKind.FINISHED and m.status is Status.ACTIVE:
-                ed.event("stalled", why=stop_why or d.stalled_why or "exited")
+                ed.event(EventKind.STALLED, why=stop_why or d.stalled_why or pol.StallReason.EXITED)
         stop.reason = ""
-        stop.why = ""
+        stop.why = None
         stop.escalate_after = False
         sh.running.pop(baton.id, None)
         sh.log.info("exited", task=baton.id, epoch=meta.epoch, attempt=meta.attempt, kind=kind.value,
@@ -200,7 +200,7 @@ class Actor:
         sh = self.shared
         with sh.store.edit(baton.id, expect_revision=baton.meta.revision, actor="daemon", now=now) as ed:
             ed.baton.meta.status = Status.ESCALATED
-            ed.event("escalated", reason=reason)
+            ed.event(EventKind.ESCALATED, reason=reason)
         sh.log.warning("escalated", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
                        reason=reason)
         self.escalation_notified.add(baton.id)
@@ -222,8 +222,8 @@ class Actor:
         sh = self.shared
         if not sh.config.notify:
             return
-        events = sh.store.ledger.events(baton.id, kinds=["escalated", "notified"])
-        last = max((i for i, e in enumerate(events) if e.kind == "escalated"), default=None)
+        events = sh.store.ledger.events(baton.id, kinds=[EventKind.ESCALATED, EventKind.NOTIFIED])
+        last = max((i for i, e in enumerate(events) if e.kind == EventKind.ESCALATED), default=None)
         if last is None:
             return
         done = {e.data.get("name") for e in events[last + 1:]}
@@ -248,7 +248,7 @@ class Actor:
 
             def run(name: str = name, argv: list[str] = argv, timeout: float = nc.timeout) -> None:
                 result = run_command(argv, timeout=timeout)
-                sh.record(Event(task=baton.id, kind="notified", ts=utcnow(), epoch=baton.meta.epoch,
+                sh.record(Event(task=baton.id, kind=EventKind.NOTIFIED, ts=utcnow(), epoch=baton.meta.epoch,
                                 actor="daemon", data={"name": name, "code": result.code,
                                                       "error": result.error}))
                 log = sh.log.info if result.ok else sh.log.error
@@ -271,7 +271,7 @@ class Actor:
             ed.baton.meta.status = Status.BLOCKED
             ed.baton.meta.gate = gate
             ed.baton.meta.blocked_at = now
-            ed.event("bypass", was_on=on, gate=gate.spec(), on=on)
+            ed.event(EventKind.BYPASS, was_on=on, gate=gate.spec(), on=on)
         sh.log.warning("bypass", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
                        reason="a hand edit dropped the block; it is held blocked", blocked_on=on)
         return ed.baton
@@ -292,14 +292,14 @@ class Actor:
         launcher = sh.launcher_named(owner.launcher)
         stop.stopping = True
         stop.reason = d.reason
-        stop.why = d.stalled_why or "hung"
+        stop.why = d.stalled_why or pol.StallReason.HUNG
         stop.escalate_after = d.action is pol.Action.STOP_THEN_ESCALATE
-        if d.stalled_why == "spinning":
-            sh.record(Event(task=baton.id, kind="spinning", ts=now, epoch=baton.meta.epoch, actor="daemon",
+        if d.stalled_why is pol.StallReason.SPINNING:
+            sh.record(Event(task=baton.id, kind=EventKind.SPINNING, ts=now, epoch=baton.meta.epoch, actor="daemon",
                             data={"step": baton.step, "since": (baton.meta.progress_at or now).isoformat()}))
         lc = sh.config.launchers.get(owner.launcher)
-        grace = lc.stop_grace if lc else 10.0
-        why = {"never_wrote": "hung", "silent": "hung"}.get(stop.why, stop.why)
+        grace = lc.stop_grace if lc else defaults.STOP_GRACE
+        why = pol.StallReason.HUNG if stop.why in (pol.StallReason.NEVER_WROTE, pol.StallReason.SILENT) else stop.why
 
         def run() -> None:
             gone = True
@@ -313,7 +313,7 @@ class Actor:
             except Exception as exc:  # a stop must never kill the worker thread
                 sh.log.error("stop_failed", task=baton.id, error=repr(exc))
                 gone = False
-            sh.record(Event(task=baton.id, kind="stopped", ts=utcnow(), epoch=baton.meta.epoch,
+            sh.record(Event(task=baton.id, kind=EventKind.STOPPED, ts=utcnow(), epoch=baton.meta.epoch,
                             actor="daemon", data={"why": why, "pid": owner.pid, "gone": gone,
                                                   "reason": d.reason}))
             sh.log.info("stopped", task=baton.id, epoch=baton.meta.epoch, pid=owner.pid, why=why, gone=gone)
@@ -352,8 +352,8 @@ class Actor:
         from heartbeat.brief import render_brief
         from heartbeat.launchers.base import LaunchRequest, write_private_file
 
-        stalled = sh.store.ledger.events(task_id, kinds=["stalled", "dispatched"])
-        stalled_at = stalled[-1].ts.isoformat() if stalled and stalled[-1].kind == "stalled" else None
+        stalled = sh.store.ledger.events(task_id, kinds=[EventKind.STALLED, EventKind.DISPATCHED])
+        stalled_at = stalled[-1].ts.isoformat() if stalled and stalled[-1].kind == EventKind.STALLED else None
         resume = baton.meta.dispatches > 0 or baton.meta.epoch > 0
         plan = self.session_plan(baton, sh.config.launchers.get(launcher_name))
         try:
@@ -367,9 +367,9 @@ class Actor:
                 m.attempt += 1
                 m.dispatches += 1
                 m.dispatched_at = now
-                m.owner = Owner(how="dispatch", launcher=launcher_name, host=sh.host, started_at=now)
+                m.owner = Owner(how=OwnerKind.DISPATCH, launcher=launcher_name, host=sh.host, started_at=now)
                 m.session, m.session_resumes = plan.session, plan.resumes
-                ed.event("dispatched", reason=decision.reason, attempt=m.attempt, launcher=launcher_name,
+                ed.event(EventKind.DISPATCHED, reason=decision.reason, attempt=m.attempt, launcher=launcher_name,
                          resume=resume, stalled_at=stalled_at, pid=None, unit="", session=plan.session,
                          session_resumed=plan.resume)
         except (Conflict, NotFound, NotActive) as exc:
@@ -427,13 +427,13 @@ class Actor:
         # (same epoch), so this is fenced by epoch, not by revision.
         try:
             with sh.store.edit(task_id, epoch=epoch, actor="daemon") as ed:
-                owner.how = "dispatch"
+                owner.how = OwnerKind.DISPATCH
                 owner.launcher = launcher_name
                 owner.started_at = owner.started_at or now
                 ed.baton.meta.owner = owner
                 if ed.baton.meta.touched_at is not None and ed.old.meta.touched_at == ed.old.meta.dispatched_at:
                     ed.baton.meta.dispatched_at = ed.now  # "never wrote since dispatch" counts from here
-                ed.event("launched", pid=owner.pid, unit=owner.unit)
+                ed.event(EventKind.LAUNCHED, pid=owner.pid, unit=owner.unit)
         except Busy as exc:
             # Someone holds the baton's lock: the new epoch (phase 1) guards the task, and the
             # shim's pid file lets the next look adopt the agent, as after a daemon crash here.
@@ -464,7 +464,7 @@ class Actor:
                 ed.baton.meta.ended_at = now
                 ed.baton.meta.last_exit = None
                 ed.baton.meta.last_failure = f"launch failed: {error}"
-                ed.event("exited", code=None, signal=None, pid=None, duration_s=0, progress=False, kind="failed",
+                ed.event(EventKind.EXITED, code=None, signal=None, pid=None, duration_s=0, progress=False, kind="failed",
                          error=error)
         except HeartbeatError:
             pass
@@ -476,7 +476,7 @@ class Actor:
         sh = self.shared
         owner = baton.meta.owner
         lc = sh.config.launchers.get(owner.launcher) if owner is not None else None
-        if lc is None or not lc.preset or owner is None or owner.how != "dispatch" or sh.dry_run:
+        if lc is None or not lc.preset or owner is None or owner.how != OwnerKind.DISPATCH or sh.dry_run:
             return None
         from heartbeat.presets import parse_result, read_log_tail
 
@@ -492,7 +492,7 @@ class Actor:
         retry = meta.attempt > 0 and meta.last_exit != 0
         compactions = 0
         if lc.session == "resume" and retry and meta.session:
-            compactions = sum(1 for e in self.shared.store.ledger.events(baton.id, kinds=["compacting"])
+            compactions = sum(1 for e in self.shared.store.ledger.events(baton.id, kinds=[EventKind.COMPACTING])
                               if meta.session in (e.data.get("session_id"), e.data.get("session")))
         return plan_session(lc.session, previous=meta.session, previous_resumes=meta.session_resumes, retry=retry,
                             compactions=compactions, max_resumes=lc.max_resumes_per_session,

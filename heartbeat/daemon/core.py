@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from heartbeat import defaults, systemd
 from heartbeat import policy as pol
-from heartbeat import systemd
 from heartbeat.baton import Baton, GateKind, Status
 from heartbeat.config import Config
 from heartbeat.daemon.act import Actor
@@ -31,7 +31,7 @@ from heartbeat.daemon.observe import EntryStatuses, Observer, StatusLookup
 from heartbeat.daemon.shared import Shared
 from heartbeat.daemon.watch import Watcher
 from heartbeat.errors import Busy, Conflict, HeartbeatError, InvalidBaton, NotActive, NotFound, UnsafePath
-from heartbeat.ledger import Event
+from heartbeat.ledger import Event, EventKind
 from heartbeat.metrics import VITALS_FILE, Vitals
 from heartbeat.store.base import Entry, Store
 from heartbeat.timeparse import utcnow
@@ -95,8 +95,6 @@ class Core:
 
         store = store if store is not None else open_store(config, claim=not dry_run)
         if hasattr(store, "lock_wait"):  # a held baton lock must not stall every task
-            from heartbeat import defaults
-
             store.lock_wait = defaults.DAEMON_LOCK_WAIT
         log = log if log is not None else logger()
         self.shared = Shared(config, store, dry_run=dry_run, log=log, host=this_host())
@@ -196,8 +194,6 @@ class Core:
 
     def stop_grace(self) -> float:
         """How long a stop may wait for work in flight: the longest ``stop_grace`` of the launchers."""
-        from heartbeat import defaults
-
         return max((lc.stop_grace for lc in self.config.launchers.values()), default=defaults.STOP_GRACE)
 
     def apply_config(self, new: Config) -> None:
@@ -360,7 +356,7 @@ class Core:
             if mem.invalid_reported != error:
                 mem.invalid_reported = error
                 self.log.error("invalid_baton", task=entry.id, error=error)
-                self.shared.record(Event(task=entry.id, kind="invalid", ts=now, actor="daemon",
+                self.shared.record(Event(task=entry.id, kind=EventKind.INVALID, ts=now, actor="daemon",
                                          data={"error": error}))
             return "invalid", None
         mem.invalid_reported = ""
@@ -429,7 +425,7 @@ class Core:
             max_runtime=lc.max_runtime if lc else None,
             non_retryable_exit_codes=frozenset(lc.non_retryable_exit_codes) if lc else frozenset(),
             on_spinning=d.on_spinning,
-            launch_timeout=10.0,
+            launch_timeout=defaults.LAUNCH_TIMEOUT,
             inactive_grace=d.inactive_grace,
         )
 

@@ -13,14 +13,14 @@ from datetime import datetime
 from typing import Any
 
 from heartbeat import policy as pol
-from heartbeat.baton import Baton, Owner, Status
+from heartbeat.baton import Baton, Owner, OwnerKind, Status
 from heartbeat.daemon.shared import Shared
 from heartbeat.errors import HeartbeatError, UnsafePath
-from heartbeat.ledger import Event
+from heartbeat.ledger import Event, EventKind
 
 __all__ = ["BLOCK_KINDS", "BlockMemory", "Observer"]
 
-BLOCK_KINDS = ("created", "blocked", "unblocked", "bypass")
+BLOCK_KINDS = (EventKind.CREATED, EventKind.BLOCKED, EventKind.UNBLOCKED, EventKind.BYPASS)
 """The ledger events that say whether a task is (or was last) held blocked."""
 
 
@@ -99,12 +99,12 @@ class Observer:
                 alive = True  # a stop is under way: treat as alive until it reports
             else:
                 launcher = sh.launcher_named(owner.launcher)
-                if owner.pid is None and not owner.unit and owner.how == "dispatch":
+                if owner.pid is None and not owner.unit and owner.how == OwnerKind.DISPATCH:
                     adopted = self.adopt_pending(baton)
                     alive = adopted is not None
                     if adopted is not None:
                         owner = adopted
-                elif launcher is not None and owner.how == "dispatch":
+                elif launcher is not None and owner.how == OwnerKind.DISPATCH:
                     alive = bool(launcher.alive(owner))
                     if not alive:
                         status = launcher.exit_status(owner, sh.layout.exit(baton.id, meta.epoch))
@@ -114,7 +114,7 @@ class Observer:
                     from heartbeat.liveness import is_alive
 
                     alive = is_alive(owner, host=sh.host)
-            if alive and owner.how == "dispatch":
+            if alive and owner.how == OwnerKind.DISPATCH:
                 sh.running[baton.id] = owner.launcher or baton.launcher or sh.config.daemon.default_launcher
             else:
                 sh.running.pop(baton.id, None)
@@ -136,11 +136,11 @@ class Observer:
                     found = sh.store.ledger.events(baton.id, kinds=BLOCK_KINDS)
                     latest = found[-1] if found else None
                 mem.checked = key
-                held = latest is not None and (latest.kind in ("blocked", "bypass") or (
-                    latest.kind == "created" and latest.data.get("status") == Status.BLOCKED.value))
+                held = latest is not None and (latest.kind in (EventKind.BLOCKED, EventKind.BYPASS) or (
+                    latest.kind == EventKind.CREATED and latest.data.get("status") == Status.BLOCKED.value))
                 mem.dropped = held
                 mem.last_blocked = dict(latest.data) if held and latest is not None else {}
-                if held and latest is not None and latest.kind == "created":
+                if held and latest is not None and latest.kind == EventKind.CREATED:
                     mem.last_blocked = {"on": latest.data.get("blocked_on", ""), "gate": latest.data.get("gate")}
             block_dropped = mem.dropped
         else:
@@ -179,7 +179,7 @@ class Observer:
         except (OSError, ValueError, KeyError, TypeError):
             return None
         owner = Owner(pid=pid, create_time=create_time, host=sh.host,
-                      launcher=baton.meta.owner.launcher if baton.meta.owner else "", how="dispatch",
+                      launcher=baton.meta.owner.launcher if baton.meta.owner else "", how=OwnerKind.DISPATCH,
                       started_at=baton.meta.dispatched_at)
         from heartbeat.liveness import is_alive
 
@@ -188,7 +188,7 @@ class Observer:
         try:
             with sh.store.edit(baton.id, epoch=baton.meta.epoch, actor="daemon") as ed:
                 ed.baton.meta.owner = owner
-                ed.event("adopted", pid=pid)
+                ed.event(EventKind.ADOPTED, pid=pid)
         except HeartbeatError:
             return None
         sh.log.info("adopted", task=baton.id, epoch=baton.meta.epoch, pid=pid)

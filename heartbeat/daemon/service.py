@@ -20,7 +20,7 @@ import time
 from datetime import datetime, timedelta
 from typing import Any
 
-from heartbeat import systemd
+from heartbeat import defaults, systemd
 from heartbeat.config import Config, load_config
 from heartbeat.daemon.core import Core
 from heartbeat.errors import HeartbeatError
@@ -113,7 +113,7 @@ class Daemon(Core):
         if retention.enabled and not self.dry_run and self._keeps_files():
             self._scheduler.add_job(self._safe_gc, "interval", seconds=retention.every, id="gc",
                                     next_run_time=datetime.now().astimezone() + timedelta(
-                                        seconds=min(retention.every, 300.0)))
+                                        seconds=min(retention.every, defaults.GC_FIRST_DELAY_MAX)))
         systemd.notify("READY=1", "STATUS=started")
         self._scheduler.start()
         interval = systemd.watchdog_interval()

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from heartbeat import defaults
 from heartbeat.config import Config, LauncherConfig
 from heartbeat.gates import GateEvaluator
 from heartbeat.layout import StateLayout
@@ -38,7 +39,7 @@ class Shared:
         self.layout = StateLayout(config.state_dir)
         self.lock = threading.RLock()
         """The look lock: one look (a pass, or one poked task) at a time; guards every per-task record."""
-        self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="heartbeat-worker")
+        self.pool = ThreadPoolExecutor(max_workers=defaults.WORKER_THREADS, thread_name_prefix="heartbeat-worker")
         self.gates = GateEvaluator(config.checks, self.pool)
         self.launchers: dict[str, Any] = {}
         self.running: dict[str, str] = {}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -30,7 +30,7 @@ from heartbeat.baton import Baton, Owner
 from heartbeat.config import LauncherConfig, expand_argv
 from heartbeat.errors import HeartbeatError, UnsafePath
 from heartbeat.layout import LOGS_DIR, log_name
-from heartbeat.safefile import open_dir, open_regular, read_regular, write_atomic
+from heartbeat.safefile import open_dir, open_regular, read_regular, write_atomic, write_file_atomic
 from heartbeat.systemd import PLUMBING_ENV
 
 __all__ = [
@@ -398,35 +398,23 @@ def cap_log(path: str, max_bytes: int, *, dir_fd: int | None = None) -> int | No
 
 
 def _copy_tail(fd: int, size: int, keep: int, dest: str, dir_fd: int | None) -> bool:
-    tmp = f"{dest}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    try:
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                      dir_fd=dir_fd)
-    except OSError:
-        return False
-    try:
+    def chunks() -> Iterator[bytes]:
         offset = max(size - keep, 0)
         while offset < size:
             chunk = os.pread(fd, min(_COPY_CHUNK, size - offset), offset)
             if not chunk:
                 break
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(out, view):]
+            yield chunk
             offset += len(chunk)
-        os.close(out)
-        out = -1
-        os.replace(tmp, dest, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        return True
+
+    try:
+        if dir_fd is None:
+            write_file_atomic(dest, chunks())
+        else:
+            write_atomic(dir_fd, dest, chunks())
     except OSError:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
         return False
-    finally:
-        if out >= 0:
-            os.close(out)
+    return True
 
 
 def cap_running_logs(

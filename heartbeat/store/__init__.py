@@ -6,9 +6,9 @@ import os
 from collections.abc import Callable
 
 from heartbeat.baton import Baton
-from heartbeat.store.base import Edit, Entry, Store, update
+from heartbeat.store.base import Edit, Entry, Store
 
-__all__ = ["Edit", "Entry", "Store", "open_store", "store_url", "update"]
+__all__ = ["Edit", "Entry", "Store", "open_store", "store_url"]
 
 URL_ENV = "HEARTBEAT_STORE_URL"
 """The environment variable naming a database store; it wins over ``[store] url``."""

@@ -21,7 +21,7 @@ This protocol is the cut: the daemon, the CLI and the API use only what is decla
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -29,11 +29,11 @@ from typing import Any, Protocol
 
 from heartbeat.baton import HANDOFF_FIELDS, LIST_FIELDS, SCALAR_FIELDS, Baton
 from heartbeat.errors import Conflict, HeartbeatError, UnsafePath
-from heartbeat.ledger import Event, Ledger
+from heartbeat.ledger import Event, EventKind, Ledger
 from heartbeat.timeparse import utcnow
 
-__all__ = ["Entry", "Edit", "Store", "Unwatch", "check_fence", "finish_edit", "content_changes", "created_data",
-           "continue_above", "fingerprint", "write_identity"]
+__all__ = ["Entry", "Edit", "Store", "Unwatch", "check_fence", "start_create", "finish_edit", "content_changes",
+           "created_data", "continue_above", "fingerprint", "write_identity"]
 
 
 @dataclass(slots=True)
@@ -44,7 +44,6 @@ class Entry:
     baton: Baton | None = None
     error: HeartbeatError | None = None
     path: str = ""
-    mtime: float = 0.0
 
 
 @dataclass
@@ -124,13 +123,6 @@ class Store(Protocol):
         """Release files, connections and locks."""
 
 
-def update(store: Store, task_id: str, mutate: Callable[[Edit], None], **kwargs: Any) -> Baton:
-    """Apply ``mutate`` to one baton inside an edit and return the baton as written."""
-    with store.edit(task_id, **kwargs) as ed:
-        mutate(ed)
-    return ed.baton
-
-
 def check_fence(current: Baton, *, expect_revision: int | None, epoch: int | None) -> None:
     """Refuse a write whose expected revision or epoch has moved on."""
     meta = current.meta
@@ -174,11 +166,23 @@ def made_progress(old: Baton, new: Baton) -> bool:
     return new.step != old.step or len(new.done) > len(old.done)
 
 
-def finish_edit(ed: Edit, fingerprint: Callable[[Baton], dict[str, str]] | None) -> list[Event]:
+def start_create(baton: Baton, now: datetime, *, world: bool = True) -> Baton:
+    """The baton a create writes (before the store sets its revision): a copy with its times
+    stamped and, unless ``world`` is False (the memory store: no files), its world fingerprinted."""
+    new = baton.copy()
+    meta = new.meta
+    meta.created_at = meta.updated_at = meta.touched_at = meta.progress_at = now
+    if world:
+        meta.world = fingerprint(new)
+    return new
+
+
+def finish_edit(ed: Edit, *, world: bool = True) -> list[Event]:
     """Apply the bookkeeping of a write and return the events to record.
 
     Bumps the revision, stamps times, resets the attempt counters on progress and
-    re-fingerprints the world (not on a bare touch: a touch says "still on this step").
+    re-fingerprints the world (not on a bare touch: a touch says "still on this step";
+    never when ``world`` is False: the memory store has no files).
     """
     old, new, now = ed.old, ed.baton, ed.now
     meta = new.meta
@@ -195,11 +199,11 @@ def finish_edit(ed: Edit, fingerprint: Callable[[Baton], dict[str, str]] | None)
     # The world is re-fingerprinted only when the note itself changes. A touch or a
     # bookkeeping write (claim, dispatch, owner, block/unblock) keeps the old fingerprints,
     # so a world that changed across a handoff still reads as stale to the successor's verify.
-    if fingerprint is not None and any(name != "blocked_on" for name in changed):
+    if world and any(name != "blocked_on" for name in changed):
         meta.world = fingerprint(new)
     events = ed.events
     if not events:
-        kind = "touched" if ed.touch and not changed else "updated"
+        kind = EventKind.TOUCHED if ed.touch and not changed else EventKind.UPDATED
         events = [Event(task=meta.id, kind=kind, ts=now, actor=ed.actor)]
     if meta.world != old.meta.world:
         events[0].data.setdefault("world", dict(meta.world))  # report: stale resumes from the ledger
@@ -230,7 +234,7 @@ def continue_above(ed: Edit, events: list[Event], highest: int) -> None:
         return
     found = ed.old.meta.revision
     ed.baton.meta.revision = highest + 1
-    events.insert(0, Event(task=ed.old.id, kind="restored", ts=ed.now, actor=ed.actor, epoch=ed.baton.meta.epoch,
+    events.insert(0, Event(task=ed.old.id, kind=EventKind.RESTORED, ts=ed.now, actor=ed.actor, epoch=ed.baton.meta.epoch,
                            data={"found_revision": found, "highest_revision": highest,
                                  "status": ed.old.meta.status.value}))
     for event in events:
@@ -252,6 +256,3 @@ def fingerprint(baton: Baton) -> dict[str, str]:
 def now_or(now: datetime | None) -> datetime:
     return now if now is not None else utcnow()
 
-
-def iter_ids(entries: list[Entry]) -> Iterator[str]:
-    return (e.id for e in entries)

@@ -39,8 +39,8 @@ from heartbeat.errors import (
     UnsafePath,
 )
 from heartbeat.layout import StateLayout
-from heartbeat.ledger import Event, Ledger, PendingWrite, SqliteLedger
-from heartbeat.safefile import check_not_special, open_regular
+from heartbeat.ledger import Event, EventKind, Ledger, PendingWrite, SqliteLedger
+from heartbeat.safefile import check_not_special, open_parent, open_regular, write_file_atomic, write_temp
 from heartbeat.store.base import (
     Edit,
     Entry,
@@ -50,9 +50,9 @@ from heartbeat.store.base import (
     created_data,
     finish_edit,
     now_or,
+    start_create,
     write_identity,
 )
-from heartbeat.store.base import fingerprint as _fingerprint
 
 __all__ = ["FileStore", "ensure_private_dir"]
 
@@ -89,14 +89,6 @@ def ensure_private_dir(path: str, *, what: str = "state dir") -> None:
             f"(e.g. sudo -u {owner} heartbeat ...), or if this user should own it: chown {os.geteuid()} {path}",
             path=path,
         )
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -225,7 +217,7 @@ class FileStore:
                     entries.append(cached[1])
                     continue
                 changed = True
-                entry = self._entry(task_id, de.path, st)
+                entry = self._entry(task_id, de.path)
                 if entry is None:
                     continue
                 cache[task_id] = (key, entry)
@@ -272,7 +264,7 @@ class FileStore:
         fresh one (re-read) otherwise, None when there is no such file (or a name no scan lists)."""
         if not task_id or task_id[0] == ".":
             return None
-        path = os.path.join(self.batons_dir, f"{task_id}.toml")
+        path = self.path_of(task_id)
         try:
             st = os.lstat(path)
         except FileNotFoundError:
@@ -283,14 +275,14 @@ class FileStore:
         cached = self._cache.get(task_id)
         if cached is not None and cached[0] == key:
             return cached[1]
-        entry = self._entry(task_id, path, st)
+        entry = self._entry(task_id, path)
         if entry is not None:
             self._cache[task_id] = (key, entry)
         return entry
 
-    def _entry(self, task_id: str, path: str, st: os.stat_result) -> Entry | None:
+    def _entry(self, task_id: str, path: str) -> Entry | None:
         """A fresh entry for the baton file at ``path``: its baton, or the error that makes it invalid."""
-        entry = Entry(id=task_id, path=path, mtime=st.st_mtime)
+        entry = Entry(id=task_id, path=path)
         try:
             check_id(task_id)
             baton, _ = self._read(task_id)
@@ -353,13 +345,11 @@ class FileStore:
         with self._locked(task_id):
             if os.path.lexists(self.path_of(task_id)):
                 raise AlreadyExists("a task with this id exists already", task=task_id)
-            new = baton.copy()
+            new = start_create(baton, now)
             meta = new.meta
             # A task id used before (its baton deleted) continues above its history's revisions.
             meta.revision = self._highest_revision(task_id, "") + 1
-            meta.created_at = meta.updated_at = meta.touched_at = meta.progress_at = now
-            meta.world = _fingerprint(new)
-            events = [Event(task=task_id, kind="created", ts=now, actor=actor, epoch=meta.epoch,
+            events = [Event(task=task_id, kind=EventKind.CREATED, ts=now, actor=actor, epoch=meta.epoch,
                             revision=meta.revision, data=created_data(new))]
             self._write(task_id, new, events, base="")
         return new
@@ -385,7 +375,7 @@ class FileStore:
             yield ed
             if ed.cancelled:
                 return
-            events = finish_edit(ed, _fingerprint)
+            events = finish_edit(ed)
             continue_above(ed, events, highest)
             self._write(task_id, ed.baton, events, base=base)
 
@@ -405,20 +395,19 @@ class FileStore:
                 f"the baton would be {len(data)} bytes; a baton may be at most {defaults.MAX_BATON_BYTES}",
                 task=task_id,
             )
-        tmp = os.path.join(self.batons_dir, f".{task_id}.toml.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        name = os.path.basename(path)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            dir_fd = open_parent(path)
+        except OSError as exc:
+            raise StoreError(f"cannot write the baton: {exc.strerror}; the previous baton is kept", path=path) from None
+        tmp = ""
+        try:
+            tmp = write_temp(dir_fd, name, data)  # ".<id>.toml.<pid>.<rand>.tmp": no reader looks at it
             # The event goes in before the rename: a baton on disk always has its event.
             write = PendingWrite(task_id, base, write_identity(baton))
             self.ledger.append(events, write=write)
-            os.replace(tmp, path)
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            tmp = ""
             try:
                 self.ledger.landed(write)
             except StoreError:
@@ -427,16 +416,17 @@ class FileStore:
                 self._written[task_id] = (data, baton.copy())
             else:
                 self._written.pop(task_id, None)
+            try:
+                os.fsync(dir_fd)
+            except OSError as exc:
+                raise StoreError(f"wrote the baton but could not fsync its directory: {exc.strerror}",
+                                 path=path) from None
         except OSError as exc:
-            _unlink_quietly(tmp)
             raise StoreError(f"cannot write the baton: {exc.strerror}; the previous baton is kept", path=path) from None
-        except BaseException:
-            _unlink_quietly(tmp)
-            raise
-        try:
-            _fsync_dir(self.batons_dir)
-        except OSError as exc:
-            raise StoreError(f"wrote the baton but could not fsync its directory: {exc.strerror}", path=path) from None
+        finally:
+            if tmp:
+                _unlink_quietly(tmp, dir_fd)
+            os.close(dir_fd)
 
     def put_text(self, task_id: str, text: str) -> bool:
         """Write a baton's text verbatim (import, migrate) unless the id is taken; True when written."""
@@ -447,20 +437,9 @@ class FileStore:
         with self._locked(task_id):
             if os.path.lexists(path):
                 return False
-            tmp = os.path.join(self.batons_dir, f".{task_id}.toml.{os.getpid()}.{os.urandom(4).hex()}.tmp")
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, path)
-                _fsync_dir(self.batons_dir)
+                write_file_atomic(path, data, fsync_dir=True)
             except OSError as exc:
-                _unlink_quietly(tmp)
                 raise StoreError(f"cannot write the baton: {exc.strerror}", path=path) from None
         return True
 
@@ -525,8 +504,8 @@ def _plain(value: object) -> bool:
     return isinstance(value, (str, int, bool, datetime))
 
 
-def _unlink_quietly(path: str) -> None:
+def _unlink_quietly(name: str, dir_fd: int) -> None:
     try:
-        os.unlink(path)
+        os.unlink(name, dir_fd=dir_fd)
     except OSError:
         pass

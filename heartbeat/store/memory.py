@@ -9,8 +9,17 @@ from datetime import datetime
 
 from heartbeat.baton import Baton, check_id
 from heartbeat.errors import AlreadyExists, NotFound
-from heartbeat.ledger import Event, Ledger, MemoryLedger
-from heartbeat.store.base import Edit, Entry, Unwatch, check_fence, created_data, finish_edit, now_or
+from heartbeat.ledger import Event, EventKind, Ledger, MemoryLedger
+from heartbeat.store.base import (
+    Edit,
+    Entry,
+    Unwatch,
+    check_fence,
+    created_data,
+    finish_edit,
+    now_or,
+    start_create,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -32,10 +41,9 @@ class MemoryStore:
         with self._lock:
             if task_id in self._batons:
                 raise AlreadyExists("a task with this id exists already", task=task_id)
-            new = baton.copy()
+            new = start_create(baton, now, world=False)
             new.meta.revision = 1
-            new.meta.created_at = new.meta.updated_at = new.meta.touched_at = new.meta.progress_at = now
-            self.ledger.append([Event(task=task_id, kind="created", ts=now, actor=actor, epoch=new.meta.epoch,
+            self.ledger.append([Event(task=task_id, kind=EventKind.CREATED, ts=now, actor=actor, epoch=new.meta.epoch,
                                       revision=1, data=created_data(new))])
             self._batons[task_id] = new
         self._changed(task_id)
@@ -66,7 +74,7 @@ class MemoryStore:
             yield ed
             if ed.cancelled:
                 return
-            events = finish_edit(ed, None)
+            events = finish_edit(ed, world=False)
             self.ledger.append(events)
             self._batons[task_id] = ed.baton.copy()
         self._changed(task_id)

@@ -40,7 +40,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from heartbeat import defaults
 from heartbeat.baton import Baton, check_id, dump_baton, parse_baton
 from heartbeat.errors import AlreadyExists, BadInput, Conflict, HeartbeatError, NotFound, StoreError
-from heartbeat.ledger import Event, Ledger, PendingWrite, _minute
+from heartbeat.ledger import Event, EventKind, Ledger, PendingWrite, _minute
 from heartbeat.store.base import (
     Edit,
     Entry,
@@ -48,9 +48,9 @@ from heartbeat.store.base import (
     check_fence,
     continue_above,
     created_data,
-    fingerprint,
     finish_edit,
     now_or,
+    start_create,
 )
 
 __all__ = [
@@ -453,12 +453,10 @@ class PostgresStore:
     def create(self, baton: Baton, *, actor: str = "", now: datetime | None = None) -> Baton:
         task_id = check_id(baton.meta.id)
         now = now_or(now)
-        new = baton.copy()
+        new = start_create(baton, now)
         meta = new.meta
         meta.revision = 1
-        meta.created_at = meta.updated_at = meta.touched_at = meta.progress_at = now
-        meta.world = fingerprint(new)
-        events = [Event(task=task_id, kind="created", ts=now, actor=actor, epoch=meta.epoch, revision=1,
+        events = [Event(task=task_id, kind=EventKind.CREATED, ts=now, actor=actor, epoch=meta.epoch, revision=1,
                         data=created_data(new))]
         with self._conn() as conn, conn.transaction():
             # A re-created id continues above its history: no two histories of one revision.
@@ -512,7 +510,7 @@ class PostgresStore:
             yield ed
             if ed.cancelled:
                 return
-            events = finish_edit(ed, fingerprint)
+            events = finish_edit(ed)
             # A row restored from a backup (its revision below the ledger's) continues above it.
             continue_above(ed, events, highest_revision(conn, task_id))
             body = self._body(ed.baton)

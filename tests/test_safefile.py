@@ -1,0 +1,89 @@
+"""The one way heartbeat writes a file whole (``heartbeat.safefile.write_*``), and the state dir's layout."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from heartbeat.launchers import shim
+from heartbeat.layout import StateLayout
+from heartbeat.safefile import open_parent, write_atomic, write_file_atomic, write_temp
+
+
+class TestAtomicWrites:
+    """Temp file, exact mode, rename; nothing planted is followed or written into; nothing left behind."""
+
+    def test_write_replaces_the_file_with_the_exact_mode_whatever_the_umask(self, tmp_path: Path) -> None:
+        """A write lands whole, with the mode asked for even under a restrictive umask, and leaves no temp file."""
+        target = tmp_path / "config.toml"
+        target.write_text("old")
+        old = os.umask(0o077)
+        try:
+            write_file_atomic(str(target), b"new", mode=0o644, fsync_dir=True)
+        finally:
+            os.umask(old)
+        assert target.read_bytes() == b"new"
+        assert stat.S_IMODE(target.stat().st_mode) == 0o644
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]
+
+    def test_chunks_are_written_in_order(self, tmp_path: Path) -> None:
+        """Data given as chunks (a log's tail copied piece by piece) is written whole, in order."""
+        fd = open_parent(str(tmp_path / "x"))
+        try:
+            write_atomic(fd, "x", iter([b"a" * 70_000, b"b", b"c"]))
+        finally:
+            os.close(fd)
+        assert (tmp_path / "x").read_bytes() == b"a" * 70_000 + b"bc"
+
+    def test_a_symlink_at_the_name_is_replaced_not_followed(self, tmp_path: Path) -> None:
+        """A symlink planted at the target's name is replaced by the file; what it pointed to is untouched."""
+        victim = tmp_path / "victim"
+        victim.write_text("keep")
+        (tmp_path / "out").symlink_to(victim)
+        write_file_atomic(str(tmp_path / "out"), b"data")
+        assert victim.read_text() == "keep"
+        assert not (tmp_path / "out").is_symlink() and (tmp_path / "out").read_bytes() == b"data"
+
+    def test_a_failed_write_leaves_no_temp_file(self, tmp_path: Path) -> None:
+        """A chunk source that fails midway raises, and the temp file is removed."""
+        def failing() -> object:
+            yield b"part"
+            raise OSError(28, "No space left on device")
+
+        fd = open_parent(str(tmp_path / "x"))
+        try:
+            with pytest.raises(OSError):
+                write_temp(fd, "x", failing())  # type: ignore[arg-type]
+        finally:
+            os.close(fd)
+        assert list(tmp_path.iterdir()) == []
+
+    def test_no_follow_parent_refuses_a_symlinked_directory(self, tmp_path: Path) -> None:
+        """With follow=False a directory that is a symlink is refused before anything is written."""
+        real = tmp_path / "real"
+        real.mkdir()
+        (tmp_path / "link").symlink_to(real)
+        with pytest.raises(OSError):
+            write_file_atomic(str(tmp_path / "link" / "f"), b"x", follow=False)
+        assert list(real.iterdir()) == []
+
+
+class TestStateLayout:
+    """Every path under the state dir comes from one place, and the shim's own copy agrees with it."""
+
+    def test_epoch_files_sit_in_the_tasks_logs_dir(self, tmp_path: Path) -> None:
+        """log, brief, pid and exit of an epoch are ``logs/<id>/<epoch>.*``."""
+        layout = StateLayout(str(tmp_path))
+        assert layout.log("t", 3) == str(tmp_path / "logs" / "t" / "3.log")
+        assert layout.brief("t", 3) == str(tmp_path / "logs" / "t" / "3.brief.md")
+        assert layout.pid("t", 3) == str(tmp_path / "logs" / "t" / "3.pid")
+        assert layout.exit("t", 3) == str(tmp_path / "logs" / "t" / "3.exit")
+        assert layout.baton("t") == str(tmp_path / "batons" / "t.toml")
+
+    def test_the_shims_pid_file_is_the_layouts(self, tmp_path: Path) -> None:
+        """The shim (which imports nothing from heartbeat) writes its pid file where the daemon looks for it."""
+        layout = StateLayout(str(tmp_path))
+        assert shim.pid_file_for(layout.exit("t", 7)) == layout.pid("t", 7)
