@@ -44,19 +44,29 @@ class ExitWatch:
 
     def __init__(self, on_exit: Callable[[str], None]) -> None:
         self.on_exit = on_exit
-        self.enabled = pidfds_available()
         self._lock = threading.Lock()
-        self._selector = selectors.DefaultSelector()
         self._watched: dict[str, tuple[int, int]] = {}  # task id -> (pid, pidfd)
-        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._selector: selectors.BaseSelector | None = None
+        self._wake_r = self._wake_w = -1
         self._stop = False
         self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        if self.enabled and self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="heartbeat-exits", daemon=True)
-            self._thread.start()
+    def start(self) -> bool:
+        """Start the thread (once); False where pidfds are not available (then nothing is watched)."""
+        if self._thread is not None:
+            return True
+        if not pidfds_available():
+            return False
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._thread = threading.Thread(target=self._run, name="heartbeat-exits", daemon=True)
+        self._thread.start()
+        return True
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
 
     def watch(self, task_id: str, owner: Owner) -> bool:
         """Watch ``owner``'s process for ``task_id`` (idempotent); False when it cannot be watched
@@ -80,6 +90,9 @@ class ExitWatch:
             old = self._watched.pop(task_id, None)
             if old is not None:
                 self._unregister(old[1])
+            if self._selector is None or self._stop:
+                os.close(fd)
+                return False
             self._watched[task_id] = (pid, fd)
             self._selector.register(fd, selectors.EVENT_READ, task_id)
         self._wake()
@@ -97,10 +110,12 @@ class ExitWatch:
             return set(self._watched)
 
     def close(self) -> None:
+        """Stop the thread and close every descriptor (nothing to do when it never started)."""
+        if self._thread is None or self._selector is None:
+            return
         self._stop = True
         self._wake()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
+        self._thread.join(timeout=5.0)
         with self._lock:
             for _, fd in self._watched.values():
                 self._unregister(fd)
@@ -111,8 +126,9 @@ class ExitWatch:
         self._selector.close()
 
     def _unregister(self, fd: int) -> None:
-        with contextlib.suppress(KeyError, ValueError, OSError):
-            self._selector.unregister(fd)
+        if self._selector is not None:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._selector.unregister(fd)
         with contextlib.suppress(OSError):
             os.close(fd)
 
@@ -121,9 +137,11 @@ class ExitWatch:
             os.write(self._wake_w, b"!")
 
     def _run(self) -> None:
+        selector = self._selector
+        assert selector is not None
         while not self._stop:
             try:
-                ready = self._selector.select(timeout=30.0)
+                ready = selector.select(timeout=30.0)
             except (OSError, ValueError):  # a descriptor closed under us: look again
                 continue
             ended: list[str] = []

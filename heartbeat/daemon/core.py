@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 from heartbeat import defaults, systemd
 from heartbeat import policy as pol
 from heartbeat.baton import Baton, GateKind, Status
+from heartbeat.changes import ChangeFeed
 from heartbeat.config import Config
 from heartbeat.daemon.act import Actor
 from heartbeat.daemon.observe import EntryStatuses, Observer, StatusLookup
@@ -93,7 +94,7 @@ class Core:
         from heartbeat.daemon.service import logger, open_store
         from heartbeat.liveness import this_host
 
-        store = store if store is not None else open_store(config, claim=not dry_run)
+        store = store if store is not None else open_store(config, claim=not dry_run, decisions=True)
         if hasattr(store, "lock_wait"):  # a held baton lock must not stall every task
             store.lock_wait = defaults.DAEMON_LOCK_WAIT
         log = log if log is not None else logger()
@@ -101,7 +102,9 @@ class Core:
         self.observer = Observer(self.shared)
         self.actor = Actor(self.shared)
         self._stop = threading.Event()
-        self.watcher = Watcher(self.shared, self.evaluate, self._stop)
+        self.changes = ChangeFeed(config.daemon.sweep_every)
+        """Which tasks the watcher reported since the last pass, and when a pass sweeps every baton."""
+        self.watcher = Watcher(self.shared, self.evaluate, self._stop, self.changes)
         self.memory: dict[str, LookMemory] = {}
         """Per task (under the look lock)."""
         self._staged_config: Config | None = None
@@ -206,6 +209,7 @@ class Core:
         for mem in self.memory.values():
             mem.quiet_entry = None  # decisions may differ under the new config
         self.gates.checks = dict(new.checks)
+        self.changes.sweep_every = new.daemon.sweep_every
 
     def _forget(self, task_id: str) -> None:
         """A task no longer in the store: every part drops its record of it."""
@@ -213,6 +217,7 @@ class Core:
         self.observer.forget(task_id)
         self.actor.forget(task_id)
         self.shared.running.pop(task_id, None)
+        self.shared.exits.forget(task_id)
 
     def _mem(self, task_id: str) -> LookMemory:
         mem = self.memory.get(task_id)
@@ -232,7 +237,8 @@ class Core:
             now = now or utcnow()
             for launcher in self.launchers.values():
                 launcher.reap()
-            entries = self.store.scan()
+            # Between sweeps only the batons the watcher reported are stat'ed (see heartbeat.changes).
+            entries = self.store.scan(only=self.changes.take(now.timestamp()))
             statuses = EntryStatuses(entries)
             running_batons: list[Baton] = []
             wants: list[Want] = []

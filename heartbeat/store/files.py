@@ -465,6 +465,8 @@ class FileStore:
                     if directory == batons_dir and not name.startswith(".") and name.endswith(".toml"):
                         callback(name[:-5])
 
+        attach_alarm, detach_alarm = _overflow_alarm(callback)
+        attach_alarm()
         observer = Observer()
         observer.schedule(Handler(), batons_dir, recursive=False)
         observer.start()
@@ -472,11 +474,42 @@ class FileStore:
         def stop_watching(timeout: float = 5.0) -> None:
             observer.stop()
             observer.join(timeout=timeout)
+            detach_alarm()
 
         return stop_watching
 
     def close(self) -> None:
         self.ledger.close()
+
+
+def _overflow_alarm(callback: Callable[[str | None], None]) -> tuple[Callable[[], None], Callable[[], None]]:
+    """watchdog says that the kernel's inotify queue overflowed (events were lost) only by logging
+    it: that record becomes ``callback(None)``, "writes may have been missed", so the daemon
+    sweeps. Returns (attach, detach). (``logging`` is imported here: not on a CLI write's path.)"""
+    import logging
+
+    logger = logging.getLogger("watchdog.observers.inotify_c")
+
+    class Alarm(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            try:
+                overflowed = "overflow" in record.getMessage().lower()
+            except Exception:  # a malformed record is not ours to fail on
+                return
+            if overflowed:
+                callback(None)
+
+    alarm = Alarm(logging.WARNING)
+
+    def attach() -> None:
+        if not logger.isEnabledFor(logging.WARNING):
+            logger.setLevel(logging.WARNING)  # the warning must reach the alarm whatever the root says
+        logger.addHandler(alarm)
+
+    def detach() -> None:
+        logger.removeHandler(alarm)
+
+    return attach, detach
 
 
 def _entry_id(entry: Entry) -> str:
