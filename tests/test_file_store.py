@@ -535,6 +535,13 @@ class TestScanOnly:
         (entry,) = file_store.scan(only=["a"])
         assert entry.baton is None and isinstance(entry.error, InvalidBaton)
 
+    def test_an_empty_directory_s_scan_counts_as_the_full_scan(self, file_store: FileStore, state_dir: Path) -> None:
+        """A first full scan that found nothing is trusted like any other: a later unreported baton waits."""
+        assert file_store.scan() == []
+        _new(file_store, "a")
+        assert file_store.scan(only=[]) == []
+        assert [e.id for e in file_store.scan()] == ["a"]
+
     def test_before_any_full_scan_everything_is_looked_at(self, file_store: FileStore, state_dir: Path) -> None:
         """The first scan looks at every file even when told only some changed (it has nothing to trust yet)."""
         _new(file_store, "a")

@@ -223,6 +223,7 @@ class FileStore:
                 cache[task_id] = (key, entry)
                 entries.append(entry)
         self.scan_unchanged = not changed and len(entries) == len(self._sorted)
+        self._scanned = True
         if self.scan_unchanged:
             return list(self._sorted)  # the same entries as last time, hence the same order
         if len(cache) != len(entries):
@@ -231,7 +232,6 @@ class FileStore:
                 del cache[gone]
         entries.sort(key=lambda e: e.id)
         self._sorted = entries
-        self._scanned = True
         return list(entries)
 
     def _scan_only(self, only: Collection[str]) -> list[Entry]:
