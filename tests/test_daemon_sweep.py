@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import wait_for
@@ -132,6 +133,30 @@ type = "null"
             assert dispatched(d, "late")
         finally:
             d.shutdown(timeout=5)
+
+
+class TestQuietPasses:
+    def test_counts_stay_right_as_tasks_turn_quiet_between_sweeps(self, loop: Daemon) -> None:
+        """Passes that look at no baton (nothing reported, no sweep due) count every task by status,
+        while the tasks first looked at move to the quiet side and are not looked at again."""
+        for task_id, blocked in (("a", ""), ("b", "a human"), ("c", "a human")):
+            tasks.new_task(loop.store, task_id, task="t", step="s", blocked_on=blocked)
+        tasks.finish(loop.store, "a")
+        loop.tick(now=at(0))
+        tasks.new_task(loop.store, "d", task="t", step="s", blocked_on="a human")
+        swept = loop.tick(now=at(60))  # a sweep: a, b, c quiet already, d looked at for the first time
+        looks: list[str] = []
+        original = loop.look
+
+        def counting_look(entry: Any, *args: Any, **kwargs: Any) -> Any:
+            looks.append(entry.id)
+            return original(entry, *args, **kwargs)
+
+        loop.look = counting_look  # type: ignore[method-assign]
+        later = [loop.tick(now=at(second)) for second in (61, 62, 63)]
+        assert swept["blocked"] == 3 and swept["done"] == 1
+        assert all(counts == swept for counts in later)
+        assert looks == []
 
 
 @pytest.mark.skipif(not pidfds_available(), reason="this kernel gives no pidfds")

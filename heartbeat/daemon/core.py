@@ -265,12 +265,13 @@ class Core:
                     counts[mem.quiet_status] = counts.get(mem.quiet_status, 0) + 1
                     if not fast:
                         seen.add(entry.id)
-                        quiet_counts[mem.quiet_status] = quiet_counts.get(mem.quiet_status, 0) + 1
-                        quiet_end = min(quiet_end, mem.quiet_until)
+                    # (on the fast path: a task that turned quiet since the last pass moves out of ``active``)
+                    quiet_counts[mem.quiet_status] = quiet_counts.get(mem.quiet_status, 0) + 1
+                    quiet_end = min(quiet_end, mem.quiet_until)
                     continue
                 if not fast:
                     seen.add(entry.id)
-                    active.append(entry)
+                active.append(entry)
                 try:
                     status, want = self.look(entry, now, statuses)
                 except Exception as exc:  # one task's trouble must not stop the others being served
@@ -290,6 +291,11 @@ class Core:
                 for gone in known - seen:
                     self._forget(gone)
                 self._partition = _Partition(active, quiet_counts, quiet_end)
+            else:
+                assert part is not None
+                for status, n in part.quiet_counts.items():
+                    quiet_counts[status] = quiet_counts.get(status, 0) + n
+                self._partition = _Partition(active, quiet_counts, min(quiet_end, part.quiet_end))
             self.dispatch(wants, now)
             from heartbeat.launchers.base import cap_running_logs  # an agent printing without end
 
