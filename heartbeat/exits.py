@@ -20,6 +20,7 @@ import contextlib
 import os
 import selectors
 import threading
+import time
 from collections.abc import Callable
 
 from heartbeat.baton import Owner
@@ -142,7 +143,8 @@ class ExitWatch:
         while not self._stop:
             try:
                 ready = selector.select(timeout=30.0)
-            except (OSError, ValueError):  # a descriptor closed under us: look again
+            except (OSError, ValueError):  # a descriptor closed under us: look again (never spin)
+                time.sleep(0.05)
                 continue
             ended: list[str] = []
             for key, _ in ready:
