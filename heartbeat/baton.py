@@ -14,7 +14,7 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 from heartbeat import defaults
 from heartbeat.errors import BadInput, InvalidBaton
@@ -35,6 +35,7 @@ __all__ = [
     "Meta",
     "Baton",
     "check_id",
+    "decision_view",
     "load_toml",
     "parse_baton",
     "dump_baton",
@@ -129,7 +130,7 @@ def check_id(task_id: object) -> str:
     return task_id
 
 
-@dataclass
+@dataclass(slots=True)
 class Gate:
     """What lifts a block: a human, a file appearing, a time, another task done, a check."""
 
@@ -192,7 +193,7 @@ class Gate:
         return self.kind.value if self.kind is GateKind.HUMAN else f"{self.kind.value}:{self.target}"
 
 
-@dataclass
+@dataclass(slots=True)
 class Guarantee:
     """What a task's producer promises its consumers: a sentence, and the ``[checks.NAME]`` that proves it."""
 
@@ -208,7 +209,7 @@ class Guarantee:
         return out
 
 
-@dataclass
+@dataclass(slots=True)
 class Owner:
     """The agent holding a task: enough to tell whether it is still alive, and how it started."""
 
@@ -223,7 +224,7 @@ class Owner:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class Meta:
     """The part of a baton heartbeat manages; agents do not edit it."""
 
@@ -255,7 +256,7 @@ class Meta:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class Baton:
     """A task's state note. ``extra`` holds top-level keys heartbeat does not know."""
 
@@ -322,6 +323,26 @@ class Baton:
             doc[key] = value
         doc["meta"] = _meta_to_dict(self.meta)
         return doc
+
+
+_NO_ITEMS = cast(list[str], ())
+"""The lists a decision view leaves out: one empty tuple for all of them (appending to it raises)."""
+
+
+def decision_view(baton: Baton) -> Baton:
+    """What the daemon's decisions read of ``baton``, for the thousands it keeps between looks:
+    ``meta``, ``step``, ``blocked_on``, ``workdir``, ``launcher``, ``after`` and ``on_broken``.
+
+    The note's prose and lists (``task``, ``intent``, ``plan``, ``done``, ``constraints``, ...)
+    are left out: the daemon renders a brief from a fresh read at dispatch, and every write
+    re-reads the baton under its lock, so a view is only ever looked at, never written back
+    (its left-out lists are one shared empty tuple: appending to one raises).
+    """
+    return Baton(task="", step=baton.step, blocked_on=baton.blocked_on, workdir=baton.workdir,
+                 launcher=baton.launcher, after=baton.after, on_broken=baton.on_broken, meta=baton.meta,
+                 key_files=_NO_ITEMS, constraints=_NO_ITEMS, done=_NO_ITEMS, plan=_NO_ITEMS,
+                 decisions=_NO_ITEMS, rejected=_NO_ITEMS, unknowns=_NO_ITEMS, rederived=_NO_ITEMS,
+                 guarantees=cast(list[Guarantee], ()), extra=baton.extra if not baton.extra else {})
 
 
 def _deep(value: Any) -> Any:
@@ -486,7 +507,7 @@ def baton_from_dict(doc: dict[str, Any], *, path: str, expected_id: str | None =
     values["guarantees"] = _guarantees(r, data)
     values["rederived"] = r.strings(data, "rederived", "rederived")
     values["on_broken"] = r.string(data, "on_broken", "on_broken")
-    baton = Baton(meta=meta, extra=data, **values)
+    baton = Baton(meta=meta, extra=dict(data), **values)  # a fresh dict: the popped one keeps its size
     for i, upstream in enumerate(baton.after):
         if not ID_PATTERN.fullmatch(upstream):
             raise r.fail(f"after[{i}]", f"bad task id {upstream[:64]!r}")
@@ -527,7 +548,7 @@ def _guarantees(r: _Reader, data: dict[str, Any]) -> list[Guarantee]:
         check = r.string(item, "check", f"{name}.check")
         if check and not ID_PATTERN.fullmatch(check):
             raise r.fail(f"{name}.check", f"bad check name {check[:40]!r}")
-        out.append(Guarantee(text, check, extra=item))
+        out.append(Guarantee(text, check, extra=dict(item)))
     return out
 
 
@@ -574,7 +595,7 @@ def _meta_from_dict(r: _Reader, doc: dict[str, Any], expected_id: str | None) ->
             session=r.string(owner_doc, "session", "meta.owner.session"),
             how=r.string(owner_doc, "how", "meta.owner.how"),
             started_at=r.time(owner_doc, "started_at", "meta.owner.started_at"),
-            extra=owner_doc,
+            extra=dict(owner_doc),
         )
     gate_doc = r.table(doc, "gate", "meta.gate")
     if gate_doc is not None:
@@ -583,14 +604,14 @@ def _meta_from_dict(r: _Reader, doc: dict[str, Any], expected_id: str | None) ->
             kind = GateKind(kind_text)
         except ValueError:
             raise r.fail("meta.gate.kind", f"unknown gate kind {kind_text[:40]!r}") from None
-        meta.gate = Gate(kind, r.string(gate_doc, "target", "meta.gate.target"), extra=gate_doc)
+        meta.gate = Gate(kind, r.string(gate_doc, "target", "meta.gate.target"), extra=dict(gate_doc))
     world_doc = r.table(doc, "world", "meta.world")
     if world_doc is not None:
         for key, value in world_doc.items():
             if not isinstance(value, str):
                 raise r.fail(f"meta.world.{key}", f"expected a string, got {_describe(value)}")
         meta.world = world_doc
-    meta.extra = doc
+    meta.extra = dict(doc)  # a fresh dict: the one its known keys were popped from keeps its size
     return meta
 
 

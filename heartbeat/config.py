@@ -67,6 +67,7 @@ class DaemonConfig:
     default_launcher: str = defaults.DEFAULT_LAUNCHER
     on_spinning: str = defaults.ON_SPINNING
     inactive_grace: float = defaults.INACTIVE_GRACE
+    sweep_every: float = defaults.SWEEP_EVERY
     log_format: str = "auto"
     log_level: str = "info"
     host: str = ""
@@ -472,6 +473,7 @@ class _Parser:
             default_launcher=launcher,
             on_spinning=self.string(doc, "on_spinning", p, defaults.ON_SPINNING, ("escalate", "restart", "report")),
             inactive_grace=self.duration(doc, "inactive_grace", p, defaults.INACTIVE_GRACE, positive=False),
+            sweep_every=self.duration(doc, "sweep_every", p, defaults.SWEEP_EVERY, positive=False),
             log_format=self.string(doc, "log_format", p, "auto", ("auto", "json", "console")),
             log_level=self.string(doc, "log_level", p, "info", ("debug", "info", "warning", "error")),
             **self.parse_lease_keys(doc),

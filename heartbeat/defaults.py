@@ -14,6 +14,10 @@ CONFIG_PATHS = ("./heartbeat.toml", "/etc/heartbeat/heartbeat.toml")
 TICK = 30.0
 """Seconds between daemon ticks."""
 
+SWEEP_EVERY = 60.0
+"""Seconds between the daemon's full stat sweeps over every baton; between them it trusts the
+watcher's reports (it sweeps at once after the watcher lost events or restarted). 0: every tick."""
+
 STALL_AFTER = 600.0
 """Seconds without a write or touch (or since dispatch) after which a task is stalled."""
 

@@ -98,6 +98,12 @@ def group_leftovers(pgid: int, create_time: float | None) -> list[int]:
     """
     if identify(pgid) is not None:
         return []
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []  # no process at all is left in the group: no need to read the process table
+    except PermissionError:
+        pass
     return _orphans(pgid, create_time)
 
 

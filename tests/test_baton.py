@@ -24,6 +24,7 @@ from heartbeat.baton import (
     Meta,
     Status,
     check_id,
+    decision_view,
     dump_baton,
     parse_baton,
 )
@@ -352,3 +353,36 @@ class TestIds:
         """A malformed gate is refused with what a good one looks like."""
         with pytest.raises(BadInput, match=message):
             Gate.parse(spec)
+
+
+class TestDecisionView:
+    def test_a_view_keeps_what_decisions_read_and_drops_the_prose(self) -> None:
+        """A decision view keeps meta, step, blocked_on, workdir, launcher, after, on_broken; none of the prose."""
+        meta = Meta(id="t1", status=Status.BLOCKED, revision=4, gate=Gate(GateKind.FILE, "/tmp/go"))
+        full = Baton(task="Ship it", step="build", intent="why", blocked_on="the build", workdir="/srv/x",
+                     launcher="claude", after=["up"], on_broken="reopen", plan=["build", "ship"], done=["read"],
+                     constraints=["no prod"], extra={"mine": 1}, meta=meta)
+        view = decision_view(full)
+        assert (view.step, view.blocked_on, view.workdir, view.launcher, view.after, view.on_broken) == \
+            ("build", "the build", "/srv/x", "claude", ["up"], "reopen")
+        assert view.meta is full.meta
+        assert (view.task, view.intent, list(view.plan), list(view.done), list(view.constraints), view.extra) == \
+            ("", "", [], [], [], {})
+        with pytest.raises(AttributeError):
+            view.plan.append("more")  # one shared empty tuple: a view is never written to
+
+    def test_a_store_with_a_view_lists_views_and_loads_whole_batons(self, tmp_path: Path) -> None:
+        """A file store built with a scan view lists views; load and edit still give the whole baton."""
+        store = FileStore(str(tmp_path / "state"), scan_view=decision_view)
+        try:
+            store.create(Baton(task="Ship it", step="build", plan=["build"], meta=Meta(id="t1")))
+            (entry,) = store.scan()
+            assert entry.baton is not None and entry.baton.task == "" and entry.baton.step == "build"
+            assert store.load("t1").task == "Ship it" and store.load("t1").plan == ["build"]
+            with store.edit("t1") as ed:
+                ed.baton.step = "ship"
+            assert store.load("t1").plan == ["build"]
+            (entry,) = store.scan(only=["t1"])
+            assert entry.baton is not None and entry.baton.step == "ship" and entry.baton.task == ""
+        finally:
+            store.close()

@@ -496,6 +496,62 @@ class TestScanCache:
         assert _step_in_scan(file_store, "a") == "edited by hand, longer"
 
 
+class TestScanOnly:
+    def test_only_the_named_files_are_looked_at(self, file_store: FileStore, state_dir: Path) -> None:
+        """A scan given the changed tasks re-reads those alone: a change to another file waits for a full scan."""
+        for task_id in ("a", "b", "c"):
+            _new(file_store, task_id)
+        first = {e.id: e for e in file_store.scan()}
+        for task_id in ("a", "b"):
+            with file_store.edit(task_id) as ed:
+                ed.baton.step = f"moved {task_id}"
+        second = {e.id: e for e in file_store.scan(only=["a"])}
+        assert second["a"].baton is not None and second["a"].baton.step == "moved a"
+        assert second["b"] is first["b"] and second["c"] is first["c"]  # b's change is not looked for
+        assert not file_store.scan_unchanged
+        assert _step_in_scan(file_store, "b") == "moved b"  # the full scan finds it
+
+    def test_new_and_removed_files_among_the_named(self, file_store: FileStore, state_dir: Path) -> None:
+        """A named file that appeared is added in id order; one that is gone leaves the listing."""
+        _new(file_store, "b")
+        _new(file_store, "d")
+        file_store.scan()
+        _new(file_store, "a")
+        _new(file_store, "c")
+        (state_dir / "batons" / "d.toml").unlink()
+        assert [e.id for e in file_store.scan(only=["c", "a", "d"])] == ["a", "b", "c"]
+        assert [e.id for e in file_store.scan()] == ["a", "b", "c"]
+
+    def test_unchanged_named_file_keeps_the_listing_unchanged(self, file_store: FileStore, state_dir: Path) -> None:
+        """A named file whose stat did not change keeps its entry, and the scan says nothing changed."""
+        _new(file_store, "a")
+        first = file_store.scan()
+        again = file_store.scan(only=["a", "no-such-task"])
+        assert again == first and again[0] is first[0]
+        assert file_store.scan_unchanged
+
+    def test_invalid_named_file_is_listed_with_its_error(self, file_store: FileStore, state_dir: Path) -> None:
+        """A named file that no longer parses is listed as invalid, as a full scan lists it."""
+        _new(file_store, "a")
+        file_store.scan()
+        (state_dir / "batons" / "a.toml").write_text("not toml [")
+        (entry,) = file_store.scan(only=["a"])
+        assert entry.baton is None and isinstance(entry.error, InvalidBaton)
+
+    def test_an_empty_directory_s_scan_counts_as_the_full_scan(self, file_store: FileStore, state_dir: Path) -> None:
+        """A first full scan that found nothing is trusted like any other: a later unreported baton waits."""
+        assert file_store.scan() == []
+        _new(file_store, "a")
+        assert file_store.scan(only=[]) == []
+        assert [e.id for e in file_store.scan()] == ["a"]
+
+    def test_before_any_full_scan_everything_is_looked_at(self, file_store: FileStore, state_dir: Path) -> None:
+        """The first scan looks at every file even when told only some changed (it has nothing to trust yet)."""
+        _new(file_store, "a")
+        _new(file_store, "b")
+        assert [e.id for e in file_store.scan(only=[])] == ["a", "b"]
+
+
 def _step_in_scan(store: FileStore, task_id: str) -> str | None:
     for entry in store.scan():
         if entry.id == task_id and entry.baton is not None:

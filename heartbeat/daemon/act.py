@@ -21,6 +21,7 @@ from heartbeat.config import LauncherConfig, expand_argv
 from heartbeat.daemon.shared import Shared
 from heartbeat.errors import Busy, Conflict, HeartbeatError, NotActive, NotFound
 from heartbeat.ledger import Event, EventKind
+from heartbeat.liveness import is_alive
 from heartbeat.timeparse import utcnow
 
 if TYPE_CHECKING:
@@ -187,6 +188,7 @@ class Actor:
         stop.why = None
         stop.escalate_after = False
         sh.running.pop(baton.id, None)
+        sh.exits.forget(baton.id)
         sh.log.info("exited", task=baton.id, epoch=meta.epoch, attempt=meta.attempt, kind=kind.value,
                     code=obs_code, signal=obs_signal, reason=reason)
         new = ed.baton
@@ -423,6 +425,8 @@ class Actor:
         except OSError as exc:
             self.launch_failed(pending, f"cannot start the agent: {exc.strerror or exc}", now)
             return True
+        if not sh.exits.watch(task_id, owner) and sh.exits.started and owner.pid and not is_alive(owner):
+            sh.exited(task_id)  # it ended before it could be watched: look again at once, not at the tick
         # Phase 2: the agent runs; record who it is. The agent may have written already
         # (same epoch), so this is fenced by epoch, not by revision.
         try:

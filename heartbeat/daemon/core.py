@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 from heartbeat import defaults, systemd
 from heartbeat import policy as pol
 from heartbeat.baton import Baton, GateKind, Status
+from heartbeat.changes import ChangeFeed
 from heartbeat.config import Config
 from heartbeat.daemon.act import Actor
 from heartbeat.daemon.leased import lease_part
@@ -96,7 +97,7 @@ class Core:
 
         if config.daemon.host and not os.environ.get("HEARTBEAT_HOST", "").strip():
             os.environ["HEARTBEAT_HOST"] = config.daemon.host  # this_host(), the launchers and the agents agree
-        store = store if store is not None else open_store(config, claim=not dry_run)
+        store = store if store is not None else open_store(config, claim=not dry_run, decisions=True)
         if hasattr(store, "lock_wait"):  # a held baton lock must not stall every task
             store.lock_wait = defaults.DAEMON_LOCK_WAIT
         log = log if log is not None else logger()
@@ -107,7 +108,9 @@ class Core:
         self.observer = Observer(self.shared)
         self.actor = Actor(self.shared)
         self._stop = threading.Event()
-        self.watcher = Watcher(self.shared, self.evaluate, self._stop)
+        self.changes = ChangeFeed(config.daemon.sweep_every)
+        """Which tasks the watcher reported since the last pass, and when a pass sweeps every baton."""
+        self.watcher = Watcher(self.shared, self.evaluate, self._stop, self.changes)
         self.memory: dict[str, LookMemory] = {}
         """Per task (under the look lock)."""
         self._staged_config: Config | None = None
@@ -218,6 +221,7 @@ class Core:
         self.gates.checks = dict(new.checks)
         if self.lease is not None:
             self.lease.reconfigure()
+        self.changes.sweep_every = new.daemon.sweep_every
 
     def _forget(self, task_id: str) -> None:
         """A task no longer in the store: every part drops its record of it."""
@@ -225,6 +229,7 @@ class Core:
         self.observer.forget(task_id)
         self.actor.forget(task_id)
         self.shared.running.pop(task_id, None)
+        self.shared.exits.forget(task_id)
 
     def _mem(self, task_id: str) -> LookMemory:
         mem = self.memory.get(task_id)
@@ -246,7 +251,8 @@ class Core:
                 launcher.reap()
             if self.lease is not None:  # a dead host's tasks: taken over here, then looked at in this pass
                 self.lease.before_pass()
-            entries = self.store.scan()
+            # Between sweeps only the batons the watcher reported are stat'ed (see heartbeat.changes).
+            entries = self.store.scan(only=self.changes.take(now.timestamp()))
             if self.lease is not None:
                 self.lease.after_scan(entries)
             statuses = EntryStatuses(entries)
@@ -275,12 +281,13 @@ class Core:
                     counts[mem.quiet_status] = counts.get(mem.quiet_status, 0) + 1
                     if not fast:
                         seen.add(entry.id)
-                        quiet_counts[mem.quiet_status] = quiet_counts.get(mem.quiet_status, 0) + 1
-                        quiet_end = min(quiet_end, mem.quiet_until)
+                    # (on the fast path: a task that turned quiet since the last pass moves out of ``active``)
+                    quiet_counts[mem.quiet_status] = quiet_counts.get(mem.quiet_status, 0) + 1
+                    quiet_end = min(quiet_end, mem.quiet_until)
                     continue
                 if not fast:
                     seen.add(entry.id)
-                    active.append(entry)
+                active.append(entry)
                 try:
                     status, want = self.look(entry, now, statuses)
                 except Exception as exc:  # one task's trouble must not stop the others being served
@@ -300,6 +307,11 @@ class Core:
                 for gone in known - seen:
                     self._forget(gone)
                 self._partition = _Partition(active, quiet_counts, quiet_end)
+            else:
+                assert part is not None
+                for status, n in part.quiet_counts.items():
+                    quiet_counts[status] = quiet_counts.get(status, 0) + n
+                self._partition = _Partition(active, quiet_counts, min(quiet_end, part.quiet_end))
             self.dispatch(wants, now)
             from heartbeat.launchers.base import cap_running_logs  # an agent printing without end
 

@@ -116,6 +116,7 @@ class Observer:
                     alive = is_alive(owner, host=sh.host)
             if alive and owner.how == OwnerKind.DISPATCH:
                 sh.running[baton.id] = owner.launcher or baton.launcher or sh.config.daemon.default_launcher
+                sh.exits.watch(baton.id, owner)
             else:
                 sh.running.pop(baton.id, None)
         else:

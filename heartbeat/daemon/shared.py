@@ -18,6 +18,7 @@ from typing import Any
 
 from heartbeat import defaults
 from heartbeat.config import Config, LauncherConfig
+from heartbeat.exits import ExitWatch
 from heartbeat.gates import GateEvaluator
 from heartbeat.layout import StateLayout
 from heartbeat.ledger import Event
@@ -50,6 +51,11 @@ class Shared:
         """The lease part (:class:`~heartbeat.daemon.leased.LeasePart`) on a store shared by many
         hosts, set by the loop; None on the file store."""
         """Ask for a task to be looked at soon, off the tick (set by the watcher; thread-safe)."""
+        self.exits = ExitWatch(lambda task_id: self.exited(task_id))
+        """Exit notices of the live agents' processes: the observer and the actor say whom to watch
+        (under :attr:`lock`), the watcher starts and stops it."""
+        self.exited: Callable[[str], None] = lambda task_id: None
+        """An agent's process ended: look at its task at once, no debounce (set by the watcher)."""
         self.build_launchers()
 
     def build_launchers(self) -> None:

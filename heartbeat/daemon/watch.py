@@ -1,11 +1,16 @@
-"""Reacting between ticks: changes from the store, and the files ``file:`` gates wait for.
+"""Reacting between ticks: changes from the store, agents' exits, and the files ``file:`` gates wait for.
 
 The store says which task was written (:meth:`heartbeat.store.base.Store.watch`: inotify
 for the file store, LISTEN/NOTIFY for PostgreSQL); a gate file appearing in a watched
 directory names the blocked tasks waiting on it. Either way the task is *poked*: queued,
 debounced (:data:`heartbeat.defaults.WATCH_DEBOUNCE`) and looked at by one worker thread
 through the core's ``evaluate``, so a write is answered within a fraction of a second
-instead of at the next tick.
+instead of at the next tick. An agent's process ending (:mod:`heartbeat.exits`, a pidfd per
+live agent) pokes its task with no debounce: its successor starts at once, whatever the tick.
+
+The store's reports also feed :class:`heartbeat.changes.ChangeFeed`: between full sweeps a
+tick stats only the batons reported; a feed that says it missed writes (an inotify queue
+overflow, a lost LISTEN connection) makes the next tick a full sweep.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from heartbeat.changes import ChangeFeed
 from heartbeat.daemon.shared import Shared
 
 __all__ = ["Watcher"]
@@ -24,8 +30,10 @@ __all__ = ["Watcher"]
 class Watcher:
     """Pokes, the worker that answers them, the store's change feed and the gate-file watches."""
 
-    def __init__(self, shared: Shared, evaluate: Callable[[str], None], stop: threading.Event) -> None:
+    def __init__(self, shared: Shared, evaluate: Callable[[str], None], stop: threading.Event,
+                 changes: ChangeFeed) -> None:
         self.shared = shared
+        self.changes = changes
         self._evaluate = evaluate
         self._stop = stop
         self._wake = threading.Condition()
@@ -44,6 +52,7 @@ class Watcher:
         self.on_missed: Callable[[], None] = lambda: None
         """Called when the store's feed may have missed writes (a lost LISTEN connection)."""
         shared.poke = self.poke
+        shared.exited = self.poke_now
 
     # -- pokes -------------------------------------------------------------------------
 
@@ -51,6 +60,14 @@ class Watcher:
         """Ask for ``task_id`` to be looked at soon (debounced), off the tick. Any thread."""
         with self._wake:
             self._pending[task_id] = time.monotonic()
+            self._wake.notify()
+
+    def poke_now(self, task_id: str) -> None:
+        """Ask for ``task_id`` to be looked at at once, without the debounce (an agent's exit). Any thread."""
+        from heartbeat import defaults
+
+        with self._wake:
+            self._pending[task_id] = time.monotonic() - defaults.WATCH_DEBOUNCE
             self._wake.notify()
 
     def wake_all(self) -> None:
@@ -100,14 +117,18 @@ class Watcher:
                         watcher.gate_path_changed(path)
 
         self._unwatch_store = self.shared.store.watch(self._store_changed)
+        self.changes.watching()  # what was written before the watch began raised no event: sweep once
+        self.shared.exits.start()
         self._handler = GateHandler()
         self._fs = Observer()
         self._fs.start()
 
     def _store_changed(self, task_id: str | None) -> None:
         if task_id is None:
+            self.changes.lost("the store's change feed may have missed writes")
             self.on_missed()
         else:
+            self.changes.changed(task_id)
             self.poke(task_id)
 
     def stop(self, timeout: float) -> None:
@@ -115,6 +136,8 @@ class Watcher:
         if self._unwatch_store is not None:
             self._unwatch_store(timeout=max(0.0, timeout))
             self._unwatch_store = None
+            self.changes.stopped()
+        self.shared.exits.close()
         if self._fs is not None:
             self._fs.stop()
             self._fs.join(timeout=max(0.0, timeout))

@@ -89,8 +89,12 @@ def group_members(pgid: int, *, exclude: int | None = None) -> list[int]:
 
 def descendants(pid: int) -> list[int]:
     """Pids of the living descendants of ``pid`` (children, their children, ...), from ``/proc``."""
+    return _descendants_in(_proc_table() or [], pid)
+
+
+def _descendants_in(table: list[tuple[int, int, int]], pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
-    for child, parent, _ in _proc_table() or []:
+    for child, parent, _ in table:
         children.setdefault(parent, []).append(child)
     found: list[int] = []
     todo = list(children.get(pid, []))
@@ -248,10 +252,17 @@ def _reap() -> None:
 
 
 def _leftovers(me: int, own_group: bool) -> list[int]:
-    """What the agent left behind: the rest of our group (when we lead it) and our descendants."""
-    found = set(descendants(me))
-    if own_group:
-        found.update(group_members(me, exclude=me))
+    """What the agent left behind: the rest of our group (when we lead it) and our descendants,
+    from one read of the process table (the agent's successor waits for this)."""
+    table = _proc_table()
+    if table is None:
+        found = set(descendants(me))
+        if own_group:
+            found.update(group_members(me, exclude=me))
+    else:
+        found = set(_descendants_in(table, me))
+        if own_group:
+            found.update(pid for pid, _, group in table if group == me)
     found.discard(me)
     return sorted(found)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
+from heartbeat.baton import Baton
 from heartbeat.store.base import Edit, Entry, Store
 
 __all__ = ["Edit", "Entry", "Store", "open_store", "store_url"]
@@ -17,18 +19,19 @@ def store_url(configured: str = "") -> str:
     return os.environ.get(URL_ENV, "").strip() or configured.strip()
 
 
-def open_store(state_dir: str, url: str = "") -> Store:
+def open_store(state_dir: str, url: str = "", *, scan_view: Callable[[Baton], Baton] | None = None) -> Store:
     """The store named by ``url`` (see :func:`store_url`), else the file store in ``state_dir``.
 
     A ``postgresql://`` (or ``postgres://``) URL opens the PostgreSQL store, which needs
-    the extra ``heartbeat[postgres]``; psycopg is imported only then.
+    the extra ``heartbeat[postgres]``; psycopg is imported only then. ``scan_view``: what the
+    file store's scans keep of each baton (a database store keeps whole batons).
     """
     url = store_url(url)
     if url:
         return _open_url(url)
     from heartbeat.store.files import FileStore
 
-    return FileStore(state_dir)
+    return FileStore(state_dir, scan_view=scan_view)
 
 
 def _open_url(url: str) -> Store:

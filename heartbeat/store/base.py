@@ -21,7 +21,7 @@ This protocol is the cut: the daemon, the CLI and the API use only what is decla
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -36,7 +36,7 @@ __all__ = ["Entry", "Edit", "Store", "Unwatch", "check_fence", "start_create", "
            "created_data", "continue_above", "fingerprint", "write_identity"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     """One task as a listing sees it: its baton, or the error that makes it invalid."""
 
@@ -104,8 +104,12 @@ class Store(Protocol):
     ) -> AbstractContextManager[Edit]:
         """Lock one baton, check the fence, yield an :class:`Edit`, write it on a clean exit."""
 
-    def scan(self) -> list[Entry]:
-        """Every task, valid or not, sorted by id. Cheap when little changed since the last scan."""
+    def scan(self, only: Collection[str] | None = None) -> list[Entry]:
+        """Every task, valid or not, sorted by id. Cheap when little changed since the last scan.
+
+        ``only`` names the tasks a change notification reported since the last scan: a store
+        may then look at those alone and give every other task back as the last scan saw it
+        (the caller vouches that nothing else changed), or ignore it and look at everything."""
 
     def record(self, events: list[Event]) -> None:
         """Append events that come with no baton write (an agent's exit, an invalid baton found)."""

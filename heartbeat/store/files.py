@@ -16,12 +16,13 @@ is gone.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import fcntl
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
@@ -105,8 +106,11 @@ def _pid_alive(pid: int) -> bool:
 class FileStore:
     """Batons as files in ``<state_dir>/batons``; see the module docstring."""
 
-    def __init__(self, state_dir: str) -> None:
+    def __init__(self, state_dir: str, *, scan_view: Callable[[Baton], Baton] | None = None) -> None:
         self.state_dir = os.path.abspath(state_dir)
+        self.scan_view = scan_view
+        """What :meth:`scan` keeps and lists of each baton (the daemon's: :func:`heartbeat.baton.decision_view`);
+        None: the whole baton. :meth:`load` and :meth:`edit` always read the whole baton."""
         ensure_private_dir(self.state_dir)
         self.layout = StateLayout(self.state_dir)
         self.batons_dir = self.layout.batons_dir
@@ -120,8 +124,12 @@ class FileStore:
         """Seconds a write waits for a baton's lock before :class:`~heartbeat.errors.Busy` (the daemon shortens it)."""
         self._cache: dict[str, tuple[tuple[int, ...], Entry]] = {}
         self._sorted: list[Entry] = []
+        self._owned: set[str] = set()
+        """Scanned tasks whose baton names an owner: the ones whose pulses a trusted scan reads."""
         self.scan_unchanged = False
         """Whether the last :meth:`scan` found exactly the entries of the one before it."""
+        self._scanned = False
+        """A full scan has filled the cache (a scan with ``only`` before it looks at everything)."""
         self._written: dict[str, tuple[bytes, Baton]] = {}
         """The last bytes this process wrote per baton, and the baton they came from: an
         agent's next update under the lock skips the parse when the file is still exactly that."""
@@ -180,12 +188,16 @@ class FileStore:
             return mine[1].copy(), st
         return parse_baton(data, path=path, expected_id=task_id), st
 
-    def scan(self) -> list[Entry]:
+    def scan(self, only: Collection[str] | None = None) -> list[Entry]:
         """Every baton in the directory; re-parses only files whose stat changed since the last scan.
 
         A quiet directory (every file unchanged, none added or removed) costs one ``stat`` per
-        baton and gives back the previous pass's sorted list.
+        baton and gives back the previous pass's sorted list. With ``only`` (the tasks a watcher
+        reported since the last scan) just those files are stat'ed, and every other entry is
+        the last scan's: a quiet directory then costs nothing per baton.
         """
+        if only is not None and self._scanned:
+            return self._scan_only(only)
         entries: list[Entry] = []
         changed = False
         cache = self._cache
@@ -215,29 +227,97 @@ class FileStore:
                     entries.append(cached[1])
                     continue
                 changed = True
-                entry = Entry(id=task_id, path=de.path)
-                try:
-                    check_id(task_id)
-                    entry.baton, _ = self._read(task_id)
-                    apply_pulse(entry.baton, self.logs_dir)
-                except NotFound:
+                entry = self._entry(task_id, de.path)
+                if entry is None:
                     continue
-                except HeartbeatError as exc:
-                    if isinstance(exc, BadInput) and not exc.path:
-                        exc = InvalidBaton("file name is not a valid task id", path=de.path)
-                    entry.error = exc
                 cache[task_id] = (key, entry)
                 entries.append(entry)
         self.scan_unchanged = not changed and len(entries) == len(self._sorted)
+        self._scanned = True
         if self.scan_unchanged:
             return list(self._sorted)  # the same entries as last time, hence the same order
         if len(cache) != len(entries):
             present = {e.id for e in entries}
             for gone in [task_id for task_id in cache if task_id not in present]:
                 del cache[gone]
+                self._owned.discard(gone)
         entries.sort(key=lambda e: e.id)
         self._sorted = entries
         return list(entries)
+
+    def _scan_only(self, only: Collection[str]) -> list[Entry]:
+        """:meth:`scan` trusting that no file but those of ``only`` changed since the last scan."""
+        changed = False
+        ordered = self._sorted
+        for task_id in only:
+            cached = self._cache.get(task_id)
+            entry = self._look_again(task_id)
+            at = bisect.bisect_left(ordered, task_id, key=_entry_id)
+            present = at < len(ordered) and ordered[at].id == task_id
+            if entry is None:
+                if present:
+                    del ordered[at]
+                    changed = True
+                self._cache.pop(task_id, None)
+                self._owned.discard(task_id)
+                continue
+            if cached is not None and entry is cached[1]:
+                continue
+            changed = True
+            if present:
+                ordered[at] = entry
+            else:
+                ordered.insert(at, entry)
+        for task_id in self._owned:
+            # An owned task's agent may have pulsed (heartbeat.pulse) without its baton changing:
+            # the feed reports no pulse, so every owned entry looks at its pulse here.
+            cached = self._cache.get(task_id)
+            if cached is not None and cached[1].baton is not None:
+                apply_pulse(cached[1].baton, self.logs_dir)
+        self.scan_unchanged = not changed
+        return list(ordered)
+
+    def _look_again(self, task_id: str) -> Entry | None:
+        """The entry of ``<task_id>.toml`` now: the cached one while its stat is unchanged, a
+        fresh one (re-read) otherwise, None when there is no such file (or a name no scan lists)."""
+        if not task_id or task_id[0] == ".":
+            return None
+        path = self.path_of(task_id)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return self._cache[task_id][1] if task_id in self._cache else None
+        key = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_mode)
+        cached = self._cache.get(task_id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        entry = self._entry(task_id, path)
+        if entry is not None:
+            self._cache[task_id] = (key, entry)
+        return entry
+
+    def _entry(self, task_id: str, path: str) -> Entry | None:
+        """A fresh entry for the baton file at ``path``: its baton, or the error that makes it invalid."""
+        entry = Entry(id=task_id, path=path)
+        try:
+            check_id(task_id)
+            baton, _ = self._read(task_id)
+            entry.baton = baton if self.scan_view is None else self.scan_view(baton)
+            apply_pulse(entry.baton, self.logs_dir)
+        except NotFound:
+            self._owned.discard(task_id)
+            return None
+        except HeartbeatError as exc:
+            if isinstance(exc, BadInput) and not exc.path:
+                exc = InvalidBaton("file name is not a valid task id", path=path)
+            entry.error = exc
+        if entry.baton is not None and entry.baton.meta.owner is not None:
+            self._owned.add(task_id)
+        else:
+            self._owned.discard(task_id)
+        return entry
 
     def _reap_temp(self, path: str, name: str) -> None:
         # ".<id>.toml.<pid>.<rand>.tmp": the writer's pid tells whether it may still rename it.
@@ -424,6 +504,8 @@ class FileStore:
                     if directory == batons_dir and not name.startswith(".") and name.endswith(".toml"):
                         callback(name[:-5])
 
+        attach_alarm, detach_alarm = _overflow_alarm(callback)
+        attach_alarm()
         observer = Observer()
         observer.schedule(Handler(), batons_dir, recursive=False)
         observer.start()
@@ -431,11 +513,46 @@ class FileStore:
         def stop_watching(timeout: float = 5.0) -> None:
             observer.stop()
             observer.join(timeout=timeout)
+            detach_alarm()
 
         return stop_watching
 
     def close(self) -> None:
         self.ledger.close()
+
+
+def _overflow_alarm(callback: Callable[[str | None], None]) -> tuple[Callable[[], None], Callable[[], None]]:
+    """watchdog says that the kernel's inotify queue overflowed (events were lost) only by logging
+    it: that record becomes ``callback(None)``, "writes may have been missed", so the daemon
+    sweeps. Returns (attach, detach). (``logging`` is imported here: not on a CLI write's path.)"""
+    import logging
+
+    logger = logging.getLogger("watchdog.observers.inotify_c")
+
+    class Alarm(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            try:
+                overflowed = "overflow" in record.getMessage().lower()
+            except Exception:  # a malformed record is not ours to fail on
+                return
+            if overflowed:
+                callback(None)
+
+    alarm = Alarm(logging.WARNING)
+
+    def attach() -> None:
+        if not logger.isEnabledFor(logging.WARNING):
+            logger.setLevel(logging.WARNING)  # the warning must reach the alarm whatever the root says
+        logger.addHandler(alarm)
+
+    def detach() -> None:
+        logger.removeHandler(alarm)
+
+    return attach, detach
+
+
+def _entry_id(entry: Entry) -> str:
+    return entry.id
 
 
 def _refuse_special_ledger(path: str) -> None:

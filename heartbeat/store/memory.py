@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
@@ -79,7 +79,8 @@ class MemoryStore:
             self._batons[task_id] = ed.baton.copy()
         self._changed(task_id)
 
-    def scan(self) -> list[Entry]:
+    def scan(self, only: Collection[str] | None = None) -> list[Entry]:
+        """Every baton (``only`` is ignored: there is nothing to stat)."""
         with self._lock:
             return [Entry(id=i, baton=b.copy()) for i, b in sorted(self._batons.items())]
 

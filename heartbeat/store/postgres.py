@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -461,8 +461,9 @@ class PostgresStore:
     def load(self, task_id: str) -> Baton:
         return parse_baton(self.baton_text(task_id), path=self._path(task_id), expected_id=task_id)
 
-    def scan(self) -> list[Entry]:
-        """Every row; re-parses only rows written since the last scan (by revision and ``xmin``)."""
+    def scan(self, only: Collection[str] | None = None) -> list[Entry]:
+        """Every row; re-parses only rows written since the last scan (by revision and ``xmin``).
+        ``only`` is ignored: one query over the key columns answers for every row."""
         with self._conn() as conn:
             keys = conn.execute("SELECT id, revision, xmin::text, owner_host FROM heartbeat_batons").fetchall()
             cache = self._cache

@@ -1,0 +1,192 @@
+"""Trusting the watcher between full sweeps, and exit notices: what the daemon sees, and when.
+
+The sweep tests run the loop in-process over a real file store whose change feed is told to
+drop its reports (a watcher that loses events), with the pass's ``now`` given, so "before
+``sweep_every``" and "after" are exact, not slept for.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import wait_for
+from daemon_harness import TOY, DaemonHarness
+
+from heartbeat import tasks
+from heartbeat.config import parse_config
+from heartbeat.daemon import Daemon
+from heartbeat.exits import pidfds_available
+from heartbeat.store.base import Unwatch
+from heartbeat.store.files import FileStore
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+
+
+class DeafStore(FileStore):
+    """A file store whose watch drops every report of a written task while ``deaf`` is set
+    (its "writes may have been missed" reports still pass)."""
+
+    deaf = True
+
+    def watch(self, callback: Callable[[str | None], None]) -> Unwatch:
+        def filtered(task_id: str | None) -> None:
+            if task_id is None or not self.deaf:
+                callback(task_id)
+
+        return super().watch(filtered)
+
+
+@pytest.fixture
+def loop(tmp_path: Path) -> Iterator[Daemon]:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    config = parse_config(f"""
+[daemon]
+state_dir = {json.dumps(str(state))}
+default_launcher = "agent"
+sweep_every = "60s"
+[launchers.agent]
+type = "null"
+""", path=str(tmp_path / "heartbeat.toml"))
+    d = Daemon(config, store=DeafStore(str(state)))
+    d.watcher.start()
+    yield d
+    d.shutdown(timeout=5)
+
+
+def dispatched(d: Daemon, task_id: str) -> bool:
+    return bool(d.store.ledger.events(task_id, kinds=["dispatched"]))
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+class TestSweep:
+    def test_a_change_the_watcher_dropped_is_seen_by_the_next_sweep(self, loop: Daemon) -> None:
+        """A baton written while the watcher drops events waits for the sweep, and is dispatched by it."""
+        loop.tick(now=at(0))  # the first pass sweeps
+        tasks.new_task(loop.store, "late", task="t", step="s")
+        for second in (1, 10, 59):
+            loop.tick(now=at(second))
+            assert not dispatched(loop, "late"), f"seen at {second}s: the daemon swept, it did not trust the watcher"
+        loop.tick(now=at(60))
+        assert dispatched(loop, "late")
+
+    def test_an_unblock_the_watcher_dropped_is_seen_by_the_next_sweep(self, loop: Daemon) -> None:
+        """An unblock whose event was lost is acted on at the sweep: nothing stays missed."""
+        tasks.new_task(loop.store, "gated", task="t", step="s", blocked_on="a human")
+        loop.tick(now=at(0))
+        tasks.unblock(loop.store, "gated", by="test")
+        loop.tick(now=at(30))
+        assert not dispatched(loop, "gated")
+        loop.tick(now=at(61))
+        assert dispatched(loop, "gated")
+
+    def test_a_reported_change_is_seen_before_any_sweep(self, loop: Daemon) -> None:
+        """With the watcher reporting, the next pass sees a new baton without a sweep."""
+        loop.tick(now=at(0))
+        assert isinstance(loop.store, DeafStore)
+        loop.store.deaf = False
+        tasks.new_task(loop.store, "heard", task="t", step="s")
+        sweeps = loop.changes.sweeps
+
+        def seen() -> bool:
+            loop.tick(now=at(1))
+            return dispatched(loop, "heard")
+
+        wait_for(seen, timeout=10, message="the reported baton to be dispatched")
+        assert loop.changes.sweeps == sweeps
+
+    def test_an_inotify_overflow_makes_the_next_pass_a_sweep(self, loop: Daemon) -> None:
+        """watchdog's "queue overflowed" warning makes the very next pass sweep, long before sweep_every."""
+        loop.tick(now=at(0))
+        tasks.new_task(loop.store, "lost", task="t", step="s")
+        loop.tick(now=at(1))
+        assert not dispatched(loop, "lost")
+        logging.getLogger("watchdog.observers.inotify_c").warning("Inotify queue overflowed; filesystem events were lost")
+        loop.tick(now=at(2))
+        assert dispatched(loop, "lost")
+
+    def test_without_a_watcher_every_pass_sweeps(self, tmp_path: Path) -> None:
+        """A loop with no watcher (``--once``, the tests' bare loops) stats every baton each pass."""
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700)
+        config = parse_config(f"""
+[daemon]
+state_dir = {json.dumps(str(state))}
+default_launcher = "agent"
+[launchers.agent]
+type = "null"
+""", path=str(tmp_path / "heartbeat.toml"))
+        d = Daemon(config, store=DeafStore(str(state)))
+        try:
+            d.tick(now=at(0))
+            tasks.new_task(d.store, "late", task="t", step="s")
+            d.tick(now=at(1))
+            assert dispatched(d, "late")
+        finally:
+            d.shutdown(timeout=5)
+
+
+class TestQuietPasses:
+    def test_counts_stay_right_as_tasks_turn_quiet_between_sweeps(self, loop: Daemon) -> None:
+        """Passes that look at no baton (nothing reported, no sweep due) count every task by status,
+        while the tasks first looked at move to the quiet side and are not looked at again."""
+        for task_id, blocked in (("a", ""), ("b", "a human"), ("c", "a human")):
+            tasks.new_task(loop.store, task_id, task="t", step="s", blocked_on=blocked)
+        tasks.finish(loop.store, "a")
+        loop.tick(now=at(0))
+        tasks.new_task(loop.store, "d", task="t", step="s", blocked_on="a human")
+        swept = loop.tick(now=at(60))  # a sweep: a, b, c quiet already, d looked at for the first time
+        looks: list[str] = []
+        original = loop.look
+
+        def counting_look(entry: Any, *args: Any, **kwargs: Any) -> Any:
+            looks.append(entry.id)
+            return original(entry, *args, **kwargs)
+
+        loop.look = counting_look  # type: ignore[method-assign]
+        later = [loop.tick(now=at(second)) for second in (61, 62, 63)]
+        assert swept["blocked"] == 3 and swept["done"] == 1
+        assert all(counts == swept for counts in later)
+        assert looks == []
+
+
+@pytest.mark.skipif(not pidfds_available(), reason="this kernel gives no pidfds")
+class TestExitNotices:
+    def test_shift_ends_hand_over_without_waiting_for_the_tick(self, tmp_path: Path) -> None:
+        """With a 30 s tick, three one-step shifts finish in seconds: each exit starts the successor at once."""
+        tmp_path.chmod(0o700)
+        h = DaemonHarness(tmp_path, tick="30s", agent=[*TOY, "--step-time", "0.05", "--steps-per-shift", "1"])
+        try:
+            h.start()
+            h.new("relay", plan=3)
+            h.wait(lambda: h.baton("relay").meta.status.value == "done", "three shifts", timeout=25)
+            assert [e.epoch for e in h.events("relay", "dispatched")] == [1, 2, 3]
+        finally:
+            h.close()
+
+    def test_an_adopted_agent_s_exit_is_noticed_too(self, tmp_path: Path) -> None:
+        """After a daemon restart, the re-adopted agent (not the new daemon's child) hands over at once when it ends."""
+        tmp_path.chmod(0o700)
+        h = DaemonHarness(tmp_path, tick="30s", agent=[*TOY, "--step-time", "1.5", "--steps-per-shift", "1"])
+        try:
+            h.start()
+            h.new("relay", plan=2)
+            h.wait(lambda: (b := h.try_baton("relay")) and b.meta.owner and b.meta.owner.pid, "the first agent")
+            h.stop()  # the agent keeps running, now nobody's child but init's
+            h.start()
+            h.wait(lambda: h.baton("relay").meta.status.value == "done", "the successor after the adopted one",
+                   timeout=25)
+            assert [e.epoch for e in h.events("relay", "dispatched")] == [1, 2]
+        finally:
+            h.close()
+
+
