@@ -502,14 +502,28 @@ class TestScanOnly:
         for task_id in ("a", "b", "c"):
             _new(file_store, task_id)
         first = {e.id: e for e in file_store.scan()}
+        other = FileStore(str(state_dir))  # another process's writes: only the feed tells of them
         for task_id in ("a", "b"):
-            with file_store.edit(task_id) as ed:
+            with other.edit(task_id) as ed:
                 ed.baton.step = f"moved {task_id}"
+        other.close()
         second = {e.id: e for e in file_store.scan(only=["a"])}
         assert second["a"].baton is not None and second["a"].baton.step == "moved a"
         assert second["b"] is first["b"] and second["c"] is first["c"]  # b's change is not looked for
         assert not file_store.scan_unchanged
         assert _step_in_scan(file_store, "b") == "moved b"  # the full scan finds it
+
+    def test_this_processs_own_writes_are_seen_before_the_feed_reports_them(self, file_store: FileStore,
+                                                                            state_dir: Path) -> None:
+        """The daemon's own write (a dispatch) is in its next trusted scan even when the feed lags:
+        a stale entry there read as "no agent yet" and freed a slot the agent still held (CI: six
+        agents under max_concurrent 5 in tests/test_resources.py's flood)."""
+        _new(file_store, "a")
+        file_store.scan()
+        with file_store.edit("a") as ed:
+            ed.baton.step = "dispatched"
+        entry = {e.id: e for e in file_store.scan(only=[])}["a"]
+        assert entry.baton is not None and entry.baton.step == "dispatched"
 
     def test_new_and_removed_files_among_the_named(self, file_store: FileStore, state_dir: Path) -> None:
         """A named file that appeared is added in id order; one that is gone leaves the listing."""
@@ -541,7 +555,9 @@ class TestScanOnly:
     def test_an_empty_directory_s_scan_counts_as_the_full_scan(self, file_store: FileStore, state_dir: Path) -> None:
         """A first full scan that found nothing is trusted like any other: a later unreported baton waits."""
         assert file_store.scan() == []
-        _new(file_store, "a")
+        other = FileStore(str(state_dir))  # another process's write: only the feed tells of it
+        _new(other, "a")
+        other.close()
         assert file_store.scan(only=[]) == []
         assert [e.id for e in file_store.scan()] == ["a"]
 

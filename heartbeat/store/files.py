@@ -125,6 +125,9 @@ class FileStore:
         self._cache: dict[str, tuple[tuple[int, ...], Entry]] = {}
         self._sorted: list[Entry] = []
         self._owned: set[str] = set()
+        self._dirty: set[str] = set()
+        """Tasks this process wrote since the last scan: a trusted scan (``only``) re-reads them
+        whether or not the change feed has reported the write yet (it may lag far behind)."""
         """Scanned tasks whose baton names an owner: the ones whose pulses a trusted scan reads."""
         self.scan_unchanged = False
         """Whether the last :meth:`scan` found exactly the entries of the one before it."""
@@ -198,6 +201,7 @@ class FileStore:
         """
         if only is not None and self._scanned:
             return self._scan_only(only)
+        self._dirty = set()  # a full scan stats every file
         entries: list[Entry] = []
         changed = False
         cache = self._cache
@@ -249,7 +253,8 @@ class FileStore:
         """:meth:`scan` trusting that no file but those of ``only`` changed since the last scan."""
         changed = False
         ordered = self._sorted
-        for task_id in only:
+        dirty, self._dirty = self._dirty, set()
+        for task_id in dirty.union(only):
             cached = self._cache.get(task_id)
             entry = self._look_again(task_id)
             at = bisect.bisect_left(ordered, task_id, key=_entry_id)
@@ -432,6 +437,7 @@ class FileStore:
             self.ledger.append(events, write=write)
             os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             tmp = ""
+            self._dirty.add(task_id)
             try:
                 self.ledger.landed(write)
             except StoreError:
