@@ -814,7 +814,9 @@ timeout = "5s"
         logs = self.state / "logs" / task
         self._plant_seq += 1
         if symlink and task in idle and self.rng.random() < 0.35:
-            if any(p.task == task and p.kind == "logs-dir-link" for p in self.plants):
+            if any(p.task == task and p.kind in ("fifo", "link", "logs-dir-link") for p in self.plants):
+                # A file planted inside would be moved aside with the directory, out of its own
+                # cleanup's reach, and come back with it: a FIFO left behind for good.
                 return False
             target = self.root / "outside" / f"logs-of-{task}-{self._plant_seq}"
             target.mkdir()
