@@ -165,3 +165,17 @@ def _exclusive_under_xdist(request: pytest.FixtureRequest, tmp_path_factory: pyt
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _daemon_exports_restored() -> Iterator[None]:
+    """A daemon built in this process exports ``HEARTBEAT_STORE_URL`` and ``HEARTBEAT_HOST`` for its
+    launchers (its process's environment is theirs); no test hands them on to the next one (under
+    xdist a file's neighbours vary: test_api once found a test_lease daemon's database URL)."""
+    saved = {key: os.environ.get(key) for key in ("HEARTBEAT_STORE_URL", "HEARTBEAT_HOST")}
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
