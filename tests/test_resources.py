@@ -212,6 +212,8 @@ class TestTenThousandBatons:
         tmp_path.chmod(0o700)
         h = DaemonHarness(tmp_path, tick="500ms", max_concurrent=5, dispatches_per_minute=12,
                           backoff_initial="100ms", extra=NULL_LAUNCHER)
+        # A full sweep every 2 s (not the default minute), so sweeps of the 10,000 are watched too.
+        h.write_config(h.config_text().replace('log_level = "debug"', 'log_level = "debug"\nsweep_every = "2s"'))
         batons = h.state / "batons"
         try:
             h.start()
@@ -230,8 +232,18 @@ class TestTenThousandBatons:
             wrote = time.monotonic() - started
             h.wait(lambda: any(e.get("tasks") == 10_000 for e in events_named(h, "tick")), "a tick over all 10,000",
                    timeout=120)
+            # The flood is absorbed once eight passes in a row read almost nothing: only what the
+            # daemon itself wrote (dispatches, exits), never the 10,000 again, not even in a full
+            # sweep. A store that re-read unchanged batons, or a change feed that never caught up,
+            # never gets here.
+            def absorbed() -> bool:
+                recent = events_named(h, "tick")[-8:]
+                return len(recent) == 8 and max(e["read"] for e in recent) < 100 \
+                    and any(e["sweep"] and e["tasks"] == 10_000 for e in recent)
+            h.wait(absorbed, "eight passes in a row, a full sweep among them, that read fewer than 100 batons",
+                   timeout=120)
             after_flood = len(tick_times(h))
-            h.wait(lambda: len(tick_times(h)) >= after_flood + 10, "ten more ticks", timeout=60)
+            h.wait(lambda: len(tick_times(h)) >= after_flood + 10, "ten more ticks: the clock goes on", timeout=60)
             rss = daemon.memory_info().rss
             dispatched = h.store.ledger.events(kinds=["dispatched"])
             exited = h.store.ledger.events(kinds=["exited"])
@@ -247,9 +259,7 @@ class TestTenThousandBatons:
             assert concurrent_peak(dispatched, exited) <= 5
             assert rss < 600 * 2**20, f"daemon RSS {rss / 2**20:.0f} MiB"
             assert h.proc.poll() is None
-            # Once the flood is parsed, the clock is back to its cadence.
-            recent = tick_times(h)[-8:]
-            assert max(b - a for a, b in itertools.pairwise(recent)) < 3.0, recent
+            # (How long a pass takes under a flood is measured by scripts/bench_daemon.py, not asserted here.)
         finally:
             h.close()
 

@@ -314,3 +314,18 @@ class TestChangeFeed:
         first = store.scan()
         again = store.scan()
         assert [e.id for e in again] == [e.id for e in first] == ["q"]
+
+    def test_a_quiet_scan_reads_no_baton(self, store: Store) -> None:
+        """``reads`` counts the batons scans parsed: a scan of a store nobody wrote since reads none."""
+        from heartbeat import tasks
+
+        store.create(_baton("r1"))
+        store.create(_baton("r2"))
+        store.scan()
+        before = store.reads
+        store.scan()
+        store.scan()
+        assert store.reads == before
+        tasks.set_fields(store, "r1", {"step": "moved"})
+        store.scan()
+        assert store.reads - before in (0, 1)  # one re-read, or none for a store that parses nothing

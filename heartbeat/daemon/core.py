@@ -242,6 +242,7 @@ class Core:
     def tick(self, now: datetime | None = None) -> dict[str, int]:
         """Look at every task once; returns counts by status (and ``running``)."""
         started = time.monotonic()
+        reads = self.store.reads
         sh = self.shared
         with sh.lock:
             if self._staged_config is not None:  # a SIGHUP during the previous pass
@@ -252,7 +253,8 @@ class Core:
             if self.lease is not None:  # a dead host's tasks: taken over here, then looked at in this pass
                 self.lease.before_pass()
             # Between sweeps only the batons the watcher reported are stat'ed (see heartbeat.changes).
-            entries = self.store.scan(only=self.changes.take(now.timestamp()))
+            only = self.changes.take(now.timestamp())
+            entries = self.store.scan(only=only)
             if self.lease is not None:
                 self.lease.after_scan(entries)
             statuses = EntryStatuses(entries)
@@ -328,7 +330,8 @@ class Core:
         seconds = time.monotonic() - started
         self.vitals.tick_done(seconds)
         self._save_vitals()
-        self.log.debug("tick", tasks=len(entries), seconds=round(seconds, 4), **counts)
+        self.log.debug("tick", tasks=len(entries), read=self.store.reads - reads, sweep=only is None,
+                       seconds=round(seconds, 4), **counts)
         return counts
 
     def _save_vitals(self) -> None:

@@ -85,6 +85,9 @@ class Store(Protocol):
     scan_unchanged: bool
     """Whether the last :meth:`scan` returned exactly the entries of the one before it (the same
     objects, nothing added, removed or rewritten). A store that cannot tell cheaply says False."""
+    reads: int
+    """How many batons the scans of this store have read and parsed since it was opened: a pass
+    over a quiet store adds none (the daemon logs each pass's share as the tick's ``read``)."""
 
     def create(self, baton: Baton, *, actor: str = "", now: datetime | None = None) -> Baton:
         """Write a new baton (revision 1) and its ``created`` event; :class:`AlreadyExists` if taken."""

@@ -131,6 +131,8 @@ class FileStore:
         """Scanned tasks whose baton names an owner: the ones whose pulses a trusted scan reads."""
         self.scan_unchanged = False
         """Whether the last :meth:`scan` found exactly the entries of the one before it."""
+        self.reads = 0
+        """Batons read by scans so far (see :attr:`heartbeat.store.base.Store.reads`)."""
         self._scanned = False
         """A full scan has filled the cache (a scan with ``only`` before it looks at everything)."""
         self._written: dict[str, tuple[bytes, Baton]] = {}
@@ -306,6 +308,7 @@ class FileStore:
     def _entry(self, task_id: str, path: str) -> Entry | None:
         """A fresh entry for the baton file at ``path``: its baton, or the error that makes it invalid."""
         entry = Entry(id=task_id, path=path)
+        self.reads += 1
         try:
             check_id(task_id)
             baton, _ = self._read(task_id)

@@ -34,6 +34,8 @@ class MemoryStore:
         self._watchers: list[Callable[[str | None], None]] = []
         self.scan_unchanged = False
         """Always False: a scan copies every baton, so there is no cheaper quiet pass to allow."""
+        self.reads = 0
+        """Always 0: a memory store parses nothing (its scans copy batons already parsed)."""
 
     def create(self, baton: Baton, *, actor: str = "", now: datetime | None = None) -> Baton:
         task_id = check_id(baton.meta.id)

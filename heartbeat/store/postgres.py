@@ -372,6 +372,8 @@ class PostgresStore:
         self.label = _label(url)
         self.ledger: Ledger = PostgresLedger(self)
         self.scan_unchanged = False
+        self.reads = 0
+        """Rows read and parsed by scans so far (see :attr:`heartbeat.store.base.Store.reads`)."""
         """Whether the last :meth:`scan` found exactly the rows of the one before it."""
         self.owner_hosts: dict[str, str] = {}
         """Task id -> the host whose daemon holds or last held it, as the last :meth:`scan` read it."""
@@ -474,6 +476,7 @@ class PostgresStore:
                     "SELECT id, revision, xmin::text, body FROM heartbeat_batons WHERE id = ANY(%s)", (stale,)
                 ).fetchall()
             conn.commit()
+        self.reads += len(bodies)
         for task_id, revision, xmin, body in bodies:
             entry = Entry(id=task_id, path=self._path(task_id))
             try:
