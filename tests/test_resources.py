@@ -168,7 +168,7 @@ timeout = "2s"
             h.wait(lambda: tick_times(h)[-1] > first + 6.5, "6.5 seconds of ticks", timeout=30)
             times = [t for t in tick_times(h) if t >= first]
             gaps = [b - a for a, b in itertools.pairwise(times)]
-            assert len(times) >= 10 and max(gaps) < 1.5, gaps  # a 200 ms tick, never held by a 2 s check
+            assert len(times) >= 10 and max(gaps) < 2.0, gaps  # a 200 ms tick, never held by a 2 s check (held: >= 2 s)
             # Every sleep we see is younger than the timeout (+ slack): each one was killed on time,
             # the background one with its group.
             for _ in range(20):
