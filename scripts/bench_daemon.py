@@ -388,7 +388,7 @@ def bench_shim_floor(samples: int) -> dict[str, float]:
         for i in range(samples):
             out = root / f"{i}.out"
             started = time.time()
-            subprocess.run([sys.executable, "-I", shim.__file__, str(root / f"{i}.exit"), "--",
+            subprocess.run([sys.executable, "-I", "-S", shim.__file__, str(root / f"{i}.exit"), "--",
                             sys.executable, str(root / "agent.py"), str(out)], check=True)
             gaps.append(float(out.read_text()) - started)
         return _percentiles(gaps)

@@ -339,7 +339,7 @@ class TestSetsidDescendants:
                  f" {marker!r}], start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,"
                  " stderr=subprocess.DEVNULL); print('spawned', flush=True)"]
         exit_file = tmp_path / "1.exit"
-        command = [sys.executable, "-I", os.path.abspath(shim.__file__), "--grace", "0.5", str(exit_file), "--",
+        command = [sys.executable, "-I", "-S", os.path.abspath(shim.__file__), "--grace", "0.5", str(exit_file), "--",
                    *agent]
         try:
             proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE, text=True)
@@ -360,7 +360,7 @@ class TestSetsidDescendants:
                           " os.environ['HB_MARKER']], start_new_session=True)\n")
         agent = [sys.executable, "-c", "import subprocess, sys, time; "
                  "subprocess.run([sys.executable, sys.argv[1]]); time.sleep(3)", str(middle)]
-        command = [sys.executable, "-I", os.path.abspath(shim.__file__), "--grace", "0.5", str(tmp_path / "1.exit"),
+        command = [sys.executable, "-I", "-S", os.path.abspath(shim.__file__), "--grace", "0.5", str(tmp_path / "1.exit"),
                    "--", *agent]
         proc = subprocess.Popen(command, start_new_session=True, env={**os.environ, "HB_MARKER": marker})
         try:
@@ -400,7 +400,7 @@ class TestLogDirSwappedWhileTheAgentRuns:
         go = tmp_path / "go"
         agent = [sys.executable, "-c",
                  f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.02)"]
-        proc = subprocess.Popen([sys.executable, "-I", shim.__file__, "--grace", "0.2", str(logs / "1.exit"), "--",
+        proc = subprocess.Popen([sys.executable, "-I", "-S", shim.__file__, "--grace", "0.2", str(logs / "1.exit"), "--",
                                  *agent])
         try:
             wait_for(lambda: (logs / "1.pid").exists(), timeout=20, message="the shim's pid file")

@@ -670,7 +670,7 @@ class TestSystemdRun:
             "-p", "TimeoutStopSec=500ms", "-p", f"WorkingDirectory={req.workdir}",
             "-p", f"StandardOutput=append:{req.log_file}", "-p", f"StandardError=append:{req.log_file}",
             *[f"--setenv={name}" for name in sorted(agent_env)],
-            "--", sys.executable, "-I", SHIM_PATH, "--grace", "0.5", req.exit_file, "--",
+            "--", sys.executable, "-I", "-S", SHIM_PATH, "--grace", "0.5", req.exit_file, "--",
             *[arg.replace("$", "$$") for arg in argv],
         ]
         assert "hunter2" not in json.dumps(call["argv"])

@@ -56,7 +56,7 @@ def shim_command(config: LauncherConfig, exit_file: str, argv: list[str],
         raise LaunchError("cannot find the Python interpreter to run the shim (sys.executable is empty)")
     grace = f"{max(0.0, config.stop_grace):g}"
     unset = ["--unset", "LC_CTYPE"] if env is not None and "LC_CTYPE" not in env else []
-    return [sys.executable, "-I", os.path.abspath(shim.__file__), "--grace", grace, *unset, exit_file, "--", *argv]
+    return [sys.executable, "-I", "-S", os.path.abspath(shim.__file__), "--grace", grace, *unset, exit_file, "--", *argv]
 
 
 def _stdin_for(config: LauncherConfig, req: LaunchRequest) -> IO[bytes] | int:

@@ -7,7 +7,7 @@ The unit is ``heartbeat-<id>-<epoch>.service``, started with::
         -p TimeoutStopSec=<stop_grace> -p WorkingDirectory=<cwd>
         -p StandardOutput=append:<log> -p StandardError=append:<log>
         [-p StandardInput=file:<brief_file>]  (brief = "stdin")
-        --setenv=NAME ...  -- <python> -I <shim> --grace G <exit_file> -- <argv...>
+        --setenv=NAME ...  -- <python> -I -S <shim> --grace G <exit_file> -- <argv...>
 
 The agent is then systemd's child: it survives the daemon, systemd accounts its
 resources (``properties`` such as ``MemoryMax``), and ``systemctl stop`` kills the whole
