@@ -9,7 +9,7 @@ import math
 import os
 import sys
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from heartbeat.errors import EXIT_BAD_INPUT, EXIT_ERROR, BadInput, HeartbeatError
@@ -79,7 +79,12 @@ def _epoch(args: argparse.Namespace) -> int | None:
 
 
 def _actor(args: argparse.Namespace) -> str:
-    return os.environ.get("HEARTBEAT_ACTOR") or ("agent" if os.environ.get("HEARTBEAT_EPOCH") else "cli")
+    return _actor_in(os.environ)
+
+
+def _actor_in(env: Mapping[str, str]) -> str:
+    """Who writes: ``$HEARTBEAT_ACTOR``, else "agent" with an epoch in the environment, else "cli"."""
+    return env.get("HEARTBEAT_ACTOR") or ("agent" if env.get("HEARTBEAT_EPOCH") else "cli")
 
 
 def _print_json(value: Any) -> None:
@@ -211,27 +216,52 @@ def _assignments(pairs: Sequence[str]) -> dict[str, str]:
 
 
 def cmd_set(args: argparse.Namespace) -> int:
-    from heartbeat import tasks
-
-    tasks.set_fields(_store(args), args.id, _assignments(args.pairs), expect_revision=args.expect_revision,
-                     epoch=_epoch(args), actor=_actor(args))
+    _set(_store(args), args, _epoch(args), _actor(args))
     return 0
 
 
+def _set(store: Any, args: argparse.Namespace, epoch: int | None, actor: str) -> None:
+    from heartbeat import tasks
+
+    tasks.set_fields(store, args.id, _assignments(args.pairs), expect_revision=args.expect_revision,
+                     epoch=epoch, actor=actor)
+
+
 def cmd_add(args: argparse.Namespace) -> int:
+    if args.field != "guarantees" and getattr(args, "check", None):
+        raise BadInput("--check goes with `add ID guarantees TEXT`")
+    _add(_store(args), args, _epoch(args), _actor(args))
+    return 0
+
+
+def _add(store: Any, args: argparse.Namespace, epoch: int | None, actor: str) -> None:
     from heartbeat import tasks
 
     if args.field == "guarantees":
         for value in args.values:
-            tasks.add_guarantee(_store(args), args.id, value, check=getattr(args, "check", None) or "",
-                                expect_revision=args.expect_revision, epoch=_epoch(args), actor=_actor(args))
-        return 0
-    if getattr(args, "check", None):
-        raise BadInput("--check goes with `add ID guarantees TEXT`")
+            tasks.add_guarantee(store, args.id, value, check=getattr(args, "check", None) or "",
+                                expect_revision=args.expect_revision, epoch=epoch, actor=actor)
+        return
+    tasks.add_items(store, args.id, args.field, args.values, expect_revision=args.expect_revision,
+                    epoch=epoch, actor=actor)
 
-    tasks.add_items(_store(args), args.id, args.field, args.values, expect_revision=args.expect_revision,
-                    epoch=_epoch(args), actor=_actor(args))
-    return 0
+
+def relayed_write(store: Any, argv: list[str], env: Mapping[str, str]) -> tuple[int, str]:
+    """An agent's ``set``/``add`` handed to the daemon (:mod:`heartbeat.relay`): run on ``store``
+    exactly as :func:`main` would run it, with the caller's variables ``env``; the exit code
+    and what the CLI would print on stderr (one line, or nothing)."""
+    from heartbeat.api import epoch_from_env
+
+    try:
+        _check_utf8(argv)
+        args = _hot_args(argv)
+        if args is None or args.command not in ("set", "add"):
+            raise BadInput("the daemon writes only an agent's `set ID F=V...` and `add ID FIELD V...`")
+        epoch = epoch_from_env(args.id, env)
+        (_set if args.command == "set" else _add)(store, args, epoch, _actor_in(env))
+    except HeartbeatError as exc:
+        return exc.exit_code, f"heartbeat: {exc}"
+    return 0, ""
 
 
 def cmd_touch(args: argparse.Namespace) -> int:

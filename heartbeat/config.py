@@ -68,6 +68,7 @@ class DaemonConfig:
     on_spinning: str = defaults.ON_SPINNING
     inactive_grace: float = defaults.INACTIVE_GRACE
     sweep_every: float = defaults.SWEEP_EVERY
+    relay: bool = True
     log_format: str = "auto"
     log_level: str = "info"
     host: str = ""
@@ -338,6 +339,12 @@ class _Parser:
             raise self.error(f"{prefix}{key}", f"must be at least {minimum}")
         return value
 
+    def boolean(self, doc: dict[str, Any], key: str, prefix: str, default: bool) -> bool:
+        value = doc.get(key, default)
+        if not isinstance(value, bool):
+            raise self.error(f"{prefix}{key}", f"expected true or false, got {value!r}")
+        return value
+
     def string(self, doc: dict[str, Any], key: str, prefix: str, default: str, choices: tuple[str, ...] = ()) -> str:
         if key not in doc:
             return default
@@ -424,16 +431,12 @@ class _Parser:
     def parse_retention(self, doc: dict[str, Any]) -> RetentionConfig:
         p = "retention."
         self.unknown(doc, set(RetentionConfig.__dataclass_fields__), p)
-        flags = {key: doc.get(key, default) for key, default in (("enabled", True), ("archive_failed", False))}
-        for key, value in flags.items():
-            if not isinstance(value, bool):
-                raise self.error(f"retention.{key}", f"expected true or false, got {value!r}")
         return RetentionConfig(
             keep_epochs=self.integer(doc, "keep_epochs", p, defaults.KEEP_EPOCHS),
             finished_after=self.duration(doc, "finished_after", p, defaults.FINISHED_AFTER),
             every=self.duration(doc, "every", p, defaults.GC_EVERY),
-            archive_failed=flags["archive_failed"],
-            enabled=flags["enabled"],
+            archive_failed=self.boolean(doc, "archive_failed", p, False),
+            enabled=self.boolean(doc, "enabled", p, True),
         )
 
     def parse_store(self, doc: dict[str, Any]) -> StoreConfig:
@@ -474,6 +477,7 @@ class _Parser:
             on_spinning=self.string(doc, "on_spinning", p, defaults.ON_SPINNING, ("escalate", "restart", "report")),
             inactive_grace=self.duration(doc, "inactive_grace", p, defaults.INACTIVE_GRACE, positive=False),
             sweep_every=self.duration(doc, "sweep_every", p, defaults.SWEEP_EVERY, positive=False),
+            relay=self.boolean(doc, "relay", p, True),
             log_format=self.string(doc, "log_format", p, "auto", ("auto", "json", "console")),
             log_level=self.string(doc, "log_level", p, "info", ("debug", "info", "warning", "error")),
             **self.parse_lease_keys(doc),

@@ -171,3 +171,6 @@ CHECK_THREADS = 2
 
 GC_FIRST_DELAY_MAX = 300.0
 """Seconds after start, at most, before the daemon's first gc run (``[retention] every`` if shorter)."""
+
+RELAY_MAX_CLIENTS = 16
+"""Agents' writes the daemon's relay (:mod:`heartbeat.relay`) serves at once; one more writes by itself."""

@@ -222,11 +222,19 @@ def hot_touch(argv: list[str], environ: Mapping[str, str] | None = None) -> bool
 
 
 def main() -> int:
-    """The ``heartbeat`` command: an agent's touch from its pulse, anything else through :mod:`heartbeat.cli`."""
+    """The ``heartbeat`` command: an agent's touch from its pulse, its set/add through the daemon
+    (:mod:`heartbeat.relay`), anything else through :mod:`heartbeat.cli`."""
     import sys
 
-    if hot_touch(sys.argv[1:]):
+    argv = sys.argv[1:]
+    if hot_touch(argv):
         return 0
+    if argv[:1] in (["set"], ["add"]):  # an agent's set/add is written by the daemon when one runs
+        from heartbeat.relay import forward
+
+        code = forward(argv)
+        if code is not None:
+            return code
     from heartbeat.cli import main as cli_main
 
     return cli_main()

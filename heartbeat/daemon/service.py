@@ -105,6 +105,7 @@ class Daemon(Core):
         self.watcher.start()
         self.watcher.on_missed = self._tick_soon
         web = self._start_web()
+        relay = self._start_relay()
         worker = threading.Thread(target=self.watcher.run_worker, name="heartbeat-watch", daemon=True)
         worker.start()
         self._scheduler = BackgroundScheduler(timezone="UTC", job_defaults={
@@ -134,10 +135,21 @@ class Daemon(Core):
         systemd.notify("STOPPING=1")
         if web is not None:
             web.should_exit = True
+        if relay is not None:
+            relay.stop()
         deadline = time.monotonic() + self.stop_grace()
         clean = self.shutdown(timeout=self.stop_grace())
         exit_if_stuck(clean, deadline, self.log)
         return 0
+
+    def _start_relay(self) -> Any:
+        """Agents' set/add written here (:mod:`heartbeat.relay`), when ``daemon.relay`` is on (file store)."""
+        if not self.config.daemon.relay or not self._keeps_files():
+            return None
+        from heartbeat.daemon.relay import RelayServer
+
+        relay = RelayServer(self.config.state_dir, lambda: open_store(self.config, claim=False), self.log)
+        return relay if relay.start() else None
 
     def _start_web(self) -> Any:
         """The status page and /metrics in a thread, when ``[http] listen`` is set (the clock runs either way)."""

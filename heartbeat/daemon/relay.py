@@ -1,0 +1,179 @@
+"""The daemon's end of :mod:`heartbeat.relay`: agents' ``set``/``add`` written in this process.
+
+:class:`RelayServer` listens on ``<state_dir>/daemon.sock`` (mode 0600, in the 0700 state
+dir) in a thread of its own. Each connection gets a thread (at most
+:data:`heartbeat.defaults.RELAY_MAX_CLIENTS`; one more is closed unanswered, and its
+client writes by itself), a peer-uid check, the greeting, a bounded read of the request,
+and :func:`heartbeat.cli.relayed_write` on a store opened for that request alone (as the
+agent's own process would have opened one: no state shared with the loop's store). A
+request that did not arrive whole is dropped unwritten. A planted file at the socket's path
+(anything but a socket) is left alone and the relay stays off, in one logged line: agents
+then write by themselves, as without a daemon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import stat
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from heartbeat import defaults
+from heartbeat.relay import GREETING, MAX_PATH, MAX_REQUEST, decode_request, socket_path
+from heartbeat.store.base import Store
+
+__all__ = ["RelayServer"]
+
+_REQUEST_TIMEOUT = 5.0
+"""Seconds a greeted client has to send its request whole."""
+
+
+class RelayServer:
+    """Writes agents' ``set``/``add`` for them. See the module docstring."""
+
+    def __init__(self, state_dir: str, open_store: Callable[[], Store], log: Any) -> None:
+        self.path = socket_path(state_dir)
+        self._open_store = open_store
+        self.log = log
+        self._sock: socket.socket | None = None
+        self._bound: tuple[int, int] | None = None
+        self._slots = threading.BoundedSemaphore(defaults.RELAY_MAX_CLIENTS)
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    def start(self) -> bool:
+        """Bind and listen; False (logged) when the relay stays off."""
+        if len(os.fsencode(self.path)) > MAX_PATH:
+            self.log.info("relay_off", path=self.path, reason="the socket path is longer than Linux allows (107 bytes)")
+            return False
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self.log.error("relay_off", path=self.path, reason=exc.strerror)
+            return False
+        else:
+            if not stat.S_ISSOCK(st.st_mode):
+                self.log.error("relay_off", path=self.path,
+                               reason="something that is not a socket is there; agents write by themselves")
+                return False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)  # a dead daemon's (we hold the state dir's daemon lock)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        old_umask = os.umask(0o177)
+        try:
+            sock.bind(self.path)
+            sock.listen(64)
+            st = os.lstat(self.path)
+        except OSError as exc:
+            sock.close()
+            self.log.error("relay_off", path=self.path, reason=exc.strerror)
+            return False
+        finally:
+            os.umask(old_umask)
+        self._sock, self._bound = sock, (st.st_dev, st.st_ino)
+        self._thread = threading.Thread(target=self._accept_loop, name="heartbeat-relay", daemon=True)
+        self._thread.start()
+        self.log.debug("relay_serving", path=self.path)
+        return True
+
+    def stop(self) -> None:
+        """Stop accepting and remove the socket (if it is still the one bound here)."""
+        self._stopping.set()
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)  # wakes accept()
+        sock.close()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        with contextlib.suppress(OSError):
+            st = os.lstat(self.path)
+            if (st.st_dev, st.st_ino) == self._bound:
+                os.unlink(self.path)
+
+    def _accept_loop(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        while not self._stopping.is_set():
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                if self._stopping.is_set():
+                    return
+                continue
+            if not self._slots.acquire(blocking=False):
+                conn.close()  # no greeting: the client writes by itself
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="heartbeat-relay-client", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            with conn:
+                self._answer(conn)
+        except Exception as exc:  # one client's trouble never reaches the loop
+            self.log.warning("relay_failed", error=repr(exc))
+        finally:
+            self._slots.release()
+
+    def _answer(self, conn: socket.socket) -> None:
+        conn.settimeout(_REQUEST_TIMEOUT)
+        _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if uid != os.geteuid():
+            self.log.warning("relay_refused", uid=uid, reason="another user")
+            return
+        conn.sendall(GREETING)
+        body = _read_request(conn)
+        if body is None:
+            return  # incomplete: nothing is written
+        try:
+            argv, env = decode_request(body)
+        except ValueError:
+            _reply(conn, 2, "heartbeat: the relayed request is malformed")
+            return
+        from heartbeat.cli import relayed_write
+
+        store = self._open_store()
+        try:
+            code, message = relayed_write(store, argv, env)
+        finally:
+            with contextlib.suppress(Exception):
+                store.close()
+        self.log.debug("relayed", command=argv[0], task=argv[1], code=code)
+        _reply(conn, code, message)
+
+
+def _read_request(conn: socket.socket) -> bytes | None:
+    """The request's body, or None when it is malformed, too long or not whole before EOF."""
+    head = b""
+    while not head.endswith(b"\n"):
+        chunk = conn.recv(1)
+        if not chunk or len(head) > 12:
+            return None
+        head += chunk
+    try:
+        size = int(head)
+    except ValueError:
+        return None
+    if not 0 < size <= MAX_REQUEST:
+        return None
+    chunks: list[bytes] = []
+    left = size
+    while left:
+        chunk = conn.recv(min(left, 1 << 16))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _reply(conn: socket.socket, code: int, message: str) -> None:
+    with contextlib.suppress(OSError):  # the client may be gone: what was written stays written
+        conn.sendall(b"%d\n%s" % (code, message.replace("\n", " ").encode("utf-8", errors="replace")))

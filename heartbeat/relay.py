@@ -1,0 +1,166 @@
+"""The relay: an agent's ``set`` and ``add`` written by the running daemon, for about one interpreter start.
+
+A ``heartbeat set`` in the agent's own process has to import the TOML parser, SQLite and
+the baton model before it writes a line: four interpreter starts. The daemon has them loaded
+already. So, for an agent the daemon launched (``HEARTBEAT_STATE_DIR`` and
+``HEARTBEAT_EPOCH`` set, no store URL), ``heartbeat set ID F=V...`` and ``heartbeat add ID
+FIELD V...`` written without options are handed to the daemon over the Unix socket
+``<state_dir>/daemon.sock``, and the daemon runs the very code the CLI would
+(:func:`heartbeat.cli.relayed_write`, on a store of its own, with the caller's
+``HEARTBEAT_TASK``, ``HEARTBEAT_EPOCH`` and ``HEARTBEAT_ACTOR``): the same fence, checks,
+ledger rows, exit codes and one-line errors.
+
+The exchange (version 1), every step bounded in time:
+
+1. The client connects, only to a socket owned by its own uid; the daemon checks the peer's
+   uid (``SO_PEERCRED``) and answers ``heartbeat-relay 1\\n`` (:data:`GREETING`).
+2. The client sends ``<length>\\n`` and that many bytes: UTF-8 fields joined by NUL, the
+   three variables then the arguments (an argument cannot hold a NUL).
+3. The daemon writes, answers ``<exit code>\\n<one line or nothing>`` and closes.
+
+**Nothing is written twice.** Until the greeting has arrived nothing has been sent, so
+any failure before it (no socket, no daemon, a stopped or saturated one: no greeting
+within :data:`GREETING_TIMEOUT`) runs the command in the caller's process as before. After
+the greeting the daemon may have written: a lost answer is then an error (exit 1) that says
+so, never a second write. The daemon acts only on a request whose every byte arrived.
+
+This module imports only ``os`` and the ``_socket`` C module at load (``socket`` loads
+``enum``): it is what the ``heartbeat`` command runs before the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = ["GREETING", "GREETING_TIMEOUT", "MAX_REQUEST", "REPLY_TIMEOUT", "SOCKET_NAME", "encode_request",
+           "decode_request", "forward", "relayable"]
+
+SOCKET_NAME = "daemon.sock"
+"""The daemon's relay socket, in the state dir."""
+
+GREETING = b"heartbeat-relay 1\n"
+"""What the daemon says first: the client sends nothing before it."""
+
+GREETING_TIMEOUT = 2.0
+"""Seconds the client waits to connect and be greeted before writing by itself instead."""
+
+REPLY_TIMEOUT = 75.0
+"""Seconds the client waits for the daemon's answer (more than a write's lock wait, 30 s)."""
+
+MAX_REQUEST = 4 * 1024 * 1024
+"""The longest request the daemon reads, in bytes (a baton may be 1 MiB)."""
+
+MAX_PATH = 107
+"""The longest socket path Linux binds or connects to (``sun_path`` is 108 bytes, NUL included)."""
+
+_VARIABLES = ("HEARTBEAT_TASK", "HEARTBEAT_EPOCH", "HEARTBEAT_ACTOR")
+
+
+def socket_path(state_dir: str) -> str:
+    """``<state_dir>/daemon.sock``."""
+    return os.path.join(state_dir, SOCKET_NAME)
+
+
+def relayable(argv: list[str]) -> bool:
+    """Whether ``argv`` is an agent's hot write, as :func:`heartbeat.cli._hot_args` reads it:
+    ``set ID F=V...`` or ``add ID FIELD V...``, no argument starting with ``-``."""
+    if len(argv) < 3 or any(arg.startswith("-") for arg in argv):
+        return False
+    return argv[0] == "set" or (argv[0] == "add" and len(argv) >= 4)
+
+
+def encode_request(argv: list[str], env: Mapping[str, str]) -> bytes | None:
+    """The request's bytes, or None when an argument is not UTF-8 (the CLI says so itself)."""
+    try:
+        body = b"\0".join(s.encode("utf-8") for s in [*(env.get(name, "") for name in _VARIABLES), *argv])
+    except UnicodeEncodeError:
+        return None
+    return b"%d\n%s" % (len(body), body)
+
+
+def decode_request(body: bytes) -> tuple[list[str], dict[str, str]]:
+    """``(argv, variables)`` from a request's body; ValueError when it is not one."""
+    fields = body.decode("utf-8").split("\0")
+    if len(fields) < len(_VARIABLES) + 3:
+        raise ValueError("too few fields")
+    env = {name: value for name, value in zip(_VARIABLES, fields, strict=False) if value}
+    return fields[len(_VARIABLES):], env
+
+
+def forward(argv: list[str], environ: Mapping[str, str] | None = None) -> int | None:
+    """Hand an agent's ``set``/``add`` to the daemon: its exit code, or None when the caller must
+    run the command itself (not an agent's hot write, no daemon to greet it)."""
+    env = os.environ if environ is None else environ
+    state_dir = env.get("HEARTBEAT_STATE_DIR")
+    if not state_dir or not env.get("HEARTBEAT_EPOCH") or env.get("HEARTBEAT_STORE_URL") \
+            or env.get("HEARTBEAT_RELAY") == "off" or not relayable(argv):
+        return None
+    path = socket_path(os.path.abspath(state_dir))
+    if len(os.fsencode(path)) > MAX_PATH:
+        return None
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if st.st_mode & 0o170000 != 0o140000 or st.st_uid != os.geteuid():
+        return None  # not a socket, or not ours: nothing to talk to
+    request = encode_request(argv, env)
+    if request is None:
+        return None
+    import _socket
+
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.settimeout(GREETING_TIMEOUT)
+        try:
+            sock.connect(path)
+            greeting = _read_line(sock, len(GREETING))
+        except OSError:
+            return None
+        if greeting != GREETING:
+            return None
+        # From here on the daemon may write: never fall back to a write of our own.
+        try:
+            sock.settimeout(REPLY_TIMEOUT)
+            sock.sendall(request)
+            reply = _read_all(sock, 64 * 1024)
+            head, _, message = reply.partition(b"\n")
+            code = int(head)
+        except (OSError, ValueError) as exc:
+            reason = "no answer in time" if isinstance(exc, TimeoutError) else "the connection broke"
+            os.write(2, (f"heartbeat: the daemon took this write but its answer was lost ({reason}): "
+                         f"look with `heartbeat show {argv[1]}` before writing it again\n").encode(errors="replace"))
+            return 1
+    finally:
+        sock.close()
+    if message:
+        os.write(2, message.rstrip(b"\n") + b"\n")
+    return code
+
+
+def _read_line(sock: object, limit: int) -> bytes:
+    """Bytes up to and including the first newline (at most ``limit``), or what came before EOF."""
+    data = b""
+    while len(data) < limit and not data.endswith(b"\n"):
+        chunk = sock.recv(limit - len(data))  # type: ignore[attr-defined]
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _read_all(sock: object, limit: int) -> bytes:
+    """Everything until EOF (at most ``limit`` bytes)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = sock.recv(min(65536, limit - size))  # type: ignore[attr-defined]
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
