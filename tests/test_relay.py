@@ -60,7 +60,8 @@ def claimed(h: DaemonHarness, task_id: str) -> str:
 
 
 def started(root: Path) -> DaemonHarness:
-    h = DaemonHarness(root, tick="200ms")
+    # (stall_after 1h: the test process claims the tasks, and a stalled claimant is stopped with SIGTERM)
+    h = DaemonHarness(root, tick="200ms", stall_after="1h")
     h.start()
     h.wait(lambda: (h.state / relay.SOCKET_NAME).exists(), "the relay socket")
     return h
@@ -82,6 +83,11 @@ class TestRelayed:
             kinds = [(e.kind, e.actor) for e in h.events("r1")][-2:]
             assert kinds == [("updated", "agent"), ("updated", "agent")], kinds
             assert relayed(h) == 2
+            # The daemon's write armed the agent's pulse, as the agent's own would: a touch writes no baton.
+            revision = h.baton("r1").meta.revision
+            assert agent(env, "touch", "r1").returncode == 0
+            assert h.baton("r1").meta.revision == revision
+            assert (h.state / "logs" / "r1" / f"{env['HEARTBEAT_EPOCH']}.pulse").is_file()
         finally:
             h.stop()
 
@@ -237,9 +243,57 @@ class TestNeverTwiceNeverHung:
         finally:
             h.stop()
 
+    def test_a_saturated_relay_sends_the_write_to_the_agent(self, root: Path) -> None:
+        """Every slot held by a silent client: the next agent is closed on at once and writes by itself."""
+        from heartbeat import defaults
+
+        h = started(root)
+        held: list[socket.socket] = []
+        try:
+            env = agent_env(h, "n1", claimed(h, "n1"))
+            for _ in range(defaults.RELAY_MAX_CLIENTS):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(10)
+                sock.connect(str(h.state / relay.SOCKET_NAME))
+                assert sock.recv(64) == relay.GREETING
+                held.append(sock)
+            r = agent(env, "set", "n1", "step=by myself")
+            assert r.returncode == 0, r.stderr
+            assert h.baton("n1").step == "by myself" and relayed(h) == 0
+        finally:
+            for sock in held:
+                sock.close()
+            h.stop()
+
+    def test_a_dribbling_client_is_dropped_at_the_deadline(self, root: Path) -> None:
+        """A request sent a byte a second is dropped unwritten when its 5 s are up, and the slot comes back."""
+        h = started(root)
+        try:
+            env = agent_env(h, "d1", claimed(h, "d1"))
+            request = relay.encode_request(["set", "d1", "step=slow"], env)
+            assert request is not None
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(10)
+                sock.connect(str(h.state / relay.SOCKET_NAME))
+                assert sock.recv(64) == relay.GREETING
+                for byte in request[:12]:
+                    try:
+                        sock.sendall(bytes([byte]))
+                    except OSError:
+                        break  # dropped
+                    if any(e.get("event") == "relay_dropped" for e in h.log()):
+                        break
+                    threading.Event().wait(0.7)
+                h.wait_log(lambda e: e.get("event") == "relay_dropped", "the dribbler dropped", timeout=15)
+            assert h.baton("d1").step == "start"
+            assert agent(env, "set", "d1", "step=fast").returncode == 0
+            assert relayed(h) == 1 and h.baton("d1").step == "fast"
+        finally:
+            h.stop()
+
     def test_a_fifo_at_the_sockets_path_turns_the_relay_off_in_one_line(self, root: Path) -> None:
         """A planted FIFO is neither opened nor removed; the daemon runs, agents write by themselves."""
-        h = DaemonHarness(root, tick="200ms")
+        h = DaemonHarness(root, tick="200ms", stall_after="1h")
         os.mkfifo(h.state / relay.SOCKET_NAME, 0o600)
         h.start()
         try:

@@ -19,6 +19,7 @@ import socket
 import stat
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,9 @@ __all__ = ["RelayServer"]
 
 _REQUEST_TIMEOUT = 5.0
 """Seconds a greeted client has to send its request whole."""
+
+_STOP_WAIT = 2.0
+"""Seconds a stopping daemon waits for the relayed writes under way."""
 
 
 class RelayServer:
@@ -93,6 +97,15 @@ class RelayServer:
         sock.close()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
+        # Writes under way finish (bounded: a stop must not wait on a baton lock for long).
+        deadline = time.monotonic() + _STOP_WAIT
+        taken = 0
+        while taken < defaults.RELAY_MAX_CLIENTS and self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            taken += 1
+        if taken < defaults.RELAY_MAX_CLIENTS:
+            self.log.warning("relay_stopped_busy", writes=defaults.RELAY_MAX_CLIENTS - taken)
+        for _ in range(taken):
+            self._slots.release()
         with contextlib.suppress(OSError):
             st = os.lstat(self.path)
             if (st.st_dev, st.st_ino) == self._bound:
@@ -129,9 +142,13 @@ class RelayServer:
             self.log.warning("relay_refused", uid=uid, reason="another user")
             return
         conn.sendall(GREETING)
-        body = _read_request(conn)
+        try:
+            body = _read_request(conn)
+        except OSError:  # (a timeout too)
+            body = None
         if body is None:
-            return  # incomplete: nothing is written
+            self.log.debug("relay_dropped", reason="the request did not arrive whole")
+            return  # nothing is written
         try:
             argv, env = decode_request(body)
         except ValueError:
@@ -150,10 +167,20 @@ class RelayServer:
 
 
 def _read_request(conn: socket.socket) -> bytes | None:
-    """The request's body, or None when it is malformed, too long or not whole before EOF."""
+    """The request's body, or None when it is malformed, too long, not whole before EOF or
+    not whole within :data:`_REQUEST_TIMEOUT` in all (a client dribbling bytes holds no slot for long)."""
+    deadline = time.monotonic() + _REQUEST_TIMEOUT
+
+    def recv(size: int) -> bytes:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        conn.settimeout(left)
+        return conn.recv(size)
+
     head = b""
     while not head.endswith(b"\n"):
-        chunk = conn.recv(1)
+        chunk = recv(1)
         if not chunk or len(head) > 12:
             return None
         head += chunk
@@ -166,7 +193,7 @@ def _read_request(conn: socket.socket) -> bytes | None:
     chunks: list[bytes] = []
     left = size
     while left:
-        chunk = conn.recv(min(left, 1 << 16))
+        chunk = recv(min(left, 1 << 16))
         if not chunk:
             return None
         chunks.append(chunk)
