@@ -8,7 +8,10 @@ In one run, on this machine, in a throw-away state dir:
   ``heartbeat.pulse``) and a touch by hand (no epoch: it writes the baton), as real
   subprocesses through the installed ``heartbeat`` script and through ``python -m
   heartbeat``, against the interpreter's own start-up (``python -c pass``) measured
-  interleaved with them;
+  interleaved with them. A daemon (``heartbeat run --dry-run``) runs meanwhile, so an
+  agent's set/add is relayed to it (``heartbeat.relay``; the daemon's CPU for them is
+  reported too); the ``no daemon`` rows are the same writes made in the agent's own
+  process (``HEARTBEAT_RELAY=off``, what an agent does when no daemon runs);
 * the Python API: ``open_task(...).update()`` in a loop, against a bare atomic write of
   the same bytes (temp file, write, fsync, rename, fsync of the directory).
 
@@ -87,6 +90,8 @@ def _console_script() -> str:
 STDLIB_FLOOR = "import tomllib, sqlite3, json, datetime"
 
 
+RELAYED_SET = "heartbeat set (agent, relayed)"
+RELAYED_ADD = "heartbeat add (agent, relayed)"
 AGENT_TOUCH = "heartbeat touch (agent)"
 AGENT_TOUCH_M = "python -m heartbeat touch (agent)"
 
@@ -102,8 +107,11 @@ def _install_kind() -> str:
     return "editable" if Path(heartbeat.__file__).resolve().parent.parent == ROOT else "regular"
 
 
-def bench_cli(state_dir: str, runs: int, *, bytecode_cache: bool, epoch: int) -> dict[str, dict[str, float]]:
-    """Interleaved wall times of the floor and of each CLI write, ``runs`` of each."""
+def bench_cli(state_dir: str, runs: int, *, bytecode_cache: bool, epoch: int,
+              daemon_pid: int) -> dict[str, dict[str, float]]:
+    """Interleaved wall times of the floor and of each CLI write, ``runs`` of each, a daemon running
+    (``daemon_pid``): an agent's set/add are relayed to it, or written by the agent (``no daemon``:
+    ``HEARTBEAT_RELAY=off``, the same as no daemon running)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTBEAT_")}
     env["HEARTBEAT_STATE_DIR"] = state_dir
     agent_env = {**env, "HEARTBEAT_EPOCH": str(epoch), "HEARTBEAT_TASK": TASK}
@@ -120,21 +128,27 @@ def bench_cli(state_dir: str, runs: int, *, bytecode_cache: bool, epoch: int) ->
         # In this order: the touch by hand rewrites the baton, the agent's set or add after it arms
         # the pulse again (as an agent's own writes do), and its touches come after those.
         "heartbeat touch (by hand: no epoch, writes the baton)": lambda: [script, "touch", TASK],
-        "heartbeat set (agent)": lambda: [script, "set", TASK, f"step=step {next(counter)}"],
-        "heartbeat add (agent)": lambda: [script, "add", TASK, "decisions", f"decision {next(counter)}"],
+        "heartbeat set (agent, no daemon)": lambda: [script, "set", TASK, f"step=step {next(counter)}"],
+        "heartbeat add (agent, no daemon)": lambda: [script, "add", TASK, "decisions", f"decision {next(counter)}"],
+        RELAYED_SET: lambda: [script, "set", TASK, f"step=step {next(counter)}"],
+        RELAYED_ADD: lambda: [script, "add", TASK, "decisions", f"decision {next(counter)}"],
         AGENT_TOUCH: lambda: [script, "touch", TASK],
         AGENT_TOUCH_M: lambda: [py, "-m", "heartbeat", "touch", TASK],
-        "python -m heartbeat set (agent)": lambda: [py, "-m", "heartbeat", "set", TASK, f"step=step {next(counter)}"],
+        "python -m heartbeat set (agent, relayed)": lambda: [py, "-m", "heartbeat", "set", TASK,
+                                                             f"step=step {next(counter)}"],
     }
-    envs = {name: env if "by hand" in name or name in ("python -c pass", STDLIB_FLOOR) else agent_env
-            for name in commands}
+    alone_env = {**agent_env, "HEARTBEAT_RELAY": "off"}  # the daemon runs, but this write is the agent's own
+    envs = {name: env if "by hand" in name or name in ("python -c pass", STDLIB_FLOOR)
+            else alone_env if "no daemon" in name else agent_env for name in commands}
     samples: dict[str, list[float]] = {name: [] for name in commands}
     cpu: dict[str, list[float]] = {name: [] for name in commands}
+    daemon_cpu = {RELAYED_SET: 0.0, RELAYED_ADD: 0.0}
     warmup = 3
     for i in range(runs + warmup):
         for name, argv in commands.items():
             args = argv()
             cpu_start = _children_cpu()
+            served_start = _process_cpu(daemon_pid)
             start = time.perf_counter()
             proc = subprocess.run(args, env=envs[name], stdin=subprocess.DEVNULL, capture_output=True, cwd=state_dir)
             elapsed = time.perf_counter() - start
@@ -143,7 +157,35 @@ def bench_cli(state_dir: str, runs: int, *, bytecode_cache: bool, epoch: int) ->
             if i >= warmup:
                 samples[name].append(elapsed)
                 cpu[name].append(_children_cpu() - cpu_start)
-    return {name: _summary(values, cpu[name]) for name, values in samples.items()}
+                if name in daemon_cpu:
+                    daemon_cpu[name] += _process_cpu(daemon_pid) - served_start
+    figures = {name: _summary(values, cpu[name]) for name, values in samples.items()}
+    for name, total in daemon_cpu.items():  # (the daemon's ticks are in it too: at a 1 s tick, next to nothing)
+        figures[name]["daemon_cpu_ms"] = total / runs * 1000
+    return figures
+
+
+def _process_cpu(pid: int) -> float:
+    """User + system seconds of a running process, from ``/proc/<pid>/stat`` (clock ticks)."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_daemon(base: str, state_dir: str) -> subprocess.Popen[bytes]:
+    """``heartbeat run --dry-run`` on the bench's state dir, once its relay socket is there."""
+    config = os.path.join(base, "heartbeat.toml")
+    Path(config).write_text(f'[daemon]\nstate_dir = {json.dumps(state_dir)}\ntick = "1s"\nstall_after = "1h"\n'
+                            'log_level = "warning"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTBEAT_")}
+    proc = subprocess.Popen([sys.executable, "-m", "heartbeat", "--config", config, "run", "--dry-run"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=open(os.path.join(base, "daemon.log"), "wb"))  # noqa: SIM115
+    deadline = time.monotonic() + 30
+    while not os.path.exists(os.path.join(state_dir, "daemon.sock")):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"bench_cli: the daemon did not start its relay (see {base}/daemon.log)")
+        time.sleep(0.05)
+    return proc
 
 
 def _bare_atomic_write(directory: str, path: str, data: bytes) -> None:
@@ -251,7 +293,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         state_dir = os.path.join(base, "state")
         os.mkdir(state_dir, 0o700)
         epoch = _setup(state_dir)
-        cli = bench_cli(state_dir, args.runs, bytecode_cache=not args.no_bytecode_cache, epoch=epoch)
+        daemon = start_daemon(base, state_dir)
+        try:
+            cli = bench_cli(state_dir, args.runs, bytecode_cache=not args.no_bytecode_cache, epoch=epoch,
+                            daemon_pid=daemon.pid)
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=30)
         api = bench_api(state_dir, args.api_iterations)
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -264,6 +312,11 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"(Python {result['python']}, {result['install']} install, "
           f"bytecode cache {'on' if result['bytecode_cache'] else 'off'})\n")
     print(_table(cli, api))
+    for name in (RELAYED_SET, RELAYED_ADD):
+        fig = cli[name]
+        print(f"\n`{name}`: the daemon spent {fig['daemon_cpu_ms']:.1f} ms of CPU per write "
+              f"(the agent's process {fig['cpu_median_ms']:.1f} ms): {fig['daemon_cpu_ms'] + fig['cpu_median_ms']:.1f} ms "
+              f"in all, against {cli[name.replace('relayed', 'no daemon')]['cpu_median_ms']:.1f} ms written by the agent.")
     print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs: wall-time ratios "
           "are only meaningful on an idle machine; the CPU ratios hold up better under load.")
     return 0
