@@ -710,13 +710,14 @@ class Checker:
             elif item.startswith(b"HEARTBEAT_STATE_DIR="):
                 state = item[20:].decode(errors="replace")
             elif item.startswith(b"HEARTBEAT_EPOCH="):
-                epoch = int(item[16:]) if item[16:].isdigit() else None
+                value = item[16:]  # any process's environment: another test may hold a 5,000-digit epoch
+                epoch = int(value) if value.isdigit() and len(value) <= 18 else None
             elif item == b"SOAK_ZOMBIE=1":
                 kind = "zombie"
             elif item == b"SOAK_GRANDCHILD=1" and kind != "zombie":
                 kind = "grandchild"
             elif item.startswith(b"SOAK_AGENT_PGID="):
-                agent_pgid = int(item[16:]) if item[16:].isdigit() else 0
+                agent_pgid = int(item[16:]) if item[16:].isdigit() and len(item) <= 34 else 0
         if not task or not state or os.path.abspath(state) != self.state_dir:
             return None
         return (kind, task, epoch, agent_pgid)
