@@ -7,7 +7,6 @@ drop its reports (a watcher that loses events), with the pass's ``now`` given, s
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
@@ -16,10 +15,9 @@ from typing import Any
 
 import pytest
 from conftest import wait_for
-from daemon_harness import TOY, DaemonHarness
+from daemon_harness import TOY, DaemonHarness, in_process_config
 
 from heartbeat import tasks
-from heartbeat.config import parse_config
 from heartbeat.daemon import Daemon
 from heartbeat.exits import pidfds_available
 from heartbeat.store.base import Unwatch
@@ -44,16 +42,7 @@ class DeafStore(FileStore):
 
 @pytest.fixture
 def loop(tmp_path: Path) -> Iterator[Daemon]:
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    config = parse_config(f"""
-[daemon]
-state_dir = {json.dumps(str(state))}
-default_launcher = "agent"
-sweep_every = "60s"
-[launchers.agent]
-type = "null"
-""", path=str(tmp_path / "heartbeat.toml"))
+    state, config = in_process_config(tmp_path, daemon='sweep_every = "60s"')
     d = Daemon(config, store=DeafStore(str(state)))
     d.watcher.start()
     yield d
@@ -122,15 +111,7 @@ class TestSweep:
 
     def test_without_a_watcher_every_pass_sweeps(self, tmp_path: Path) -> None:
         """A loop with no watcher (``--once``, the tests' bare loops) stats every baton each pass."""
-        state = tmp_path / "state"
-        state.mkdir(mode=0o700)
-        config = parse_config(f"""
-[daemon]
-state_dir = {json.dumps(str(state))}
-default_launcher = "agent"
-[launchers.agent]
-type = "null"
-""", path=str(tmp_path / "heartbeat.toml"))
+        state, config = in_process_config(tmp_path)
         d = Daemon(config, store=DeafStore(str(state)))
         try:
             d.tick(now=at(0))
