@@ -117,26 +117,32 @@ class LeaseRow:
     no lease is held (none was ever renewed, or it lapsed on a task with no agent)."""
 
 
+def _fetch(store: PostgresStore, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
+    """The rows of one statement run in a transaction of its own (committed: a write sticks)."""
+    with store._conn() as conn:
+        rows = conn.execute(sql, params).fetchall()
+        conn.commit()
+    return rows
+
+
 def list_hosts(store: PostgresStore) -> list[HostRow]:
     """Every daemon that ever renewed on this database, most recently renewed first."""
-    with store._conn() as conn:
-        rows = conn.execute(
-            "SELECT host, pid, labels, capacity, running, lease_ttl, started_at, renewed_at, stopped_at, "
-            "extract(epoch FROM now() - renewed_at)::float8 FROM heartbeat_hosts ORDER BY renewed_at DESC, host"
-        ).fetchall()
-        conn.commit()
+    rows = _fetch(
+        store,
+        "SELECT host, pid, labels, capacity, running, lease_ttl, started_at, renewed_at, stopped_at, "
+        "extract(epoch FROM now() - renewed_at)::float8 FROM heartbeat_hosts ORDER BY renewed_at DESC, host",
+    )
     return [HostRow(host=r[0], pid=r[1], labels=tuple(r[2]), capacity=r[3], running=r[4], lease_ttl=r[5],
                     started_at=r[6], renewed_at=r[7], stopped_at=r[8], age=max(0.0, r[9])) for r in rows]
 
 
 def lease_rows(store: PostgresStore) -> dict[str, LeaseRow]:
     """Task id -> its owner host and lease, for every task that has a host."""
-    with store._conn() as conn:
-        rows = conn.execute(
-            "SELECT id, owner_host, CASE WHEN owned OR lease_expires > now() "
-            "THEN extract(epoch FROM lease_expires - now())::float8 END FROM heartbeat_batons WHERE owner_host <> ''"
-        ).fetchall()
-        conn.commit()
+    rows = _fetch(
+        store,
+        "SELECT id, owner_host, CASE WHEN owned OR lease_expires > now() "
+        "THEN extract(epoch FROM lease_expires - now())::float8 END FROM heartbeat_batons WHERE owner_host <> ''",
+    )
     return {r[0]: LeaseRow(host=r[1], left=r[2]) for r in rows}
 
 
@@ -263,9 +269,7 @@ class Lease:
                   "running": len(supervised) if running is None else running, "ttl": self.ttl,
                   "started": self.started, "ids": ids, "epochs": [supervised[i][0] for i in ids]}
         try:
-            with self.store._conn() as conn:
-                renewed = {r[0] for r in conn.execute(_RENEW, params).fetchall()}
-                conn.commit()
+            renewed = {r[0] for r in _fetch(self.store, _RENEW, params)}
         except HeartbeatError as exc:
             self.unreachable(exc)
             return False
@@ -367,9 +371,7 @@ class Lease:
         params = {"ids": list(ids), "me": self.host, "labels": self.labels, "ttl": self.ttl,
                   "limit": len(ids) if limit is None else max(0, limit)}
         try:
-            with self.store._conn() as conn:
-                got = {r[0] for r in conn.execute(_CLAIM, params).fetchall()}
-                conn.commit()
+            got = {r[0] for r in _fetch(self.store, _CLAIM, params)}
         except StoreError as exc:
             self.unreachable(exc)
             return []

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,9 +93,10 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: f
 _pg_counter = iter(range(1, 1 << 30))
 
 
-@pytest.fixture(scope="session")
-def pg_cluster() -> Iterator[Any]:
-    """A throwaway PostgreSQL cluster on a Unix socket, with an upgraded template database."""
+@contextmanager
+def _throwaway_cluster() -> Iterator[Any]:
+    """A throwaway PostgreSQL cluster on a Unix socket, removed at the end; the test fails (never
+    skips) when none can start."""
     from tests.pg import start_cluster
 
     try:
@@ -102,12 +104,26 @@ def pg_cluster() -> Iterator[Any]:
     except RuntimeError as exc:
         pytest.fail(f"cannot start a throwaway PostgreSQL cluster: {exc}")
     try:
+        yield cluster
+    finally:
+        cluster.remove()
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Any]:
+    """A throwaway PostgreSQL cluster on a Unix socket, with an upgraded template database."""
+    with _throwaway_cluster() as cluster:
         from heartbeat.store.postgres import upgrade
 
         upgrade(cluster.create_db("hb_template"))
         yield cluster
-    finally:
-        cluster.remove()
+
+
+@pytest.fixture(scope="module")
+def own_cluster() -> Iterator[Any]:
+    """A cluster of the test module's own, to stop and start without disturbing the others."""
+    with _throwaway_cluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -3,7 +3,8 @@
 The harness writes a config, starts the daemon, and offers independent views of the
 world: batons read from disk, the daemon's JSON log lines, and the live agents found by
 scanning the process table for ``HEARTBEAT_TASK`` in their environment (not the daemon's
-own bookkeeping).
+own bookkeeping). :func:`in_process_config` is the config of a daemon run in the test's own
+process instead (``Daemon(config, store=...)``, ticked by hand).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -24,11 +25,34 @@ from heartbeat.baton import Baton
 from heartbeat.errors import HeartbeatError
 from heartbeat.store.files import FileStore
 
+if TYPE_CHECKING:
+    from heartbeat.config import Config
+
 TOY = [sys.executable, "-m", "heartbeat.toyagent"]
+NULL_AGENT = """[launchers.agent]
+type = "null"
+"""
+"""The launcher table of :func:`in_process_config` unless told: ``agent``, a null launcher."""
 
 
 def toml_list(items: list[str]) -> str:
     return json.dumps(items)
+
+
+def in_process_config(root: Path, *, daemon: str = "", launchers: str = NULL_AGENT) -> tuple[Path, Config]:
+    """The state dir ``root/state`` (made, 0700) and a config on it for an in-process daemon:
+    ``default_launcher = "agent"``, the ``[daemon]`` lines ``daemon``, then the tables ``launchers``."""
+    from heartbeat.config import parse_config
+
+    state = root / "state"
+    state.mkdir(mode=0o700, exist_ok=True)
+    config = parse_config(f"""
+[daemon]
+state_dir = {json.dumps(str(state))}
+default_launcher = "agent"
+{daemon}
+{launchers}""", path=str(root / "heartbeat.toml"))
+    return state, config
 
 
 def _parse_line(raw: bytes) -> dict[str, Any]:

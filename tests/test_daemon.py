@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import TOY, DaemonHarness, toml_list
+from daemon_harness import NULL_AGENT, TOY, DaemonHarness, in_process_config, toml_list
 
 pytestmark = pytest.mark.slow
 
@@ -386,21 +386,10 @@ class _RacingStore:
 
 
 def in_process_daemon(tmp_path: Path, launcher: str, **daemon: str) -> Any:
-    from heartbeat.config import parse_config
     from heartbeat.daemon import Daemon
 
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700, exist_ok=True)
     settings = "\n".join(f'{k} = "{v}"' for k, v in daemon.items())
-    config = parse_config(f"""
-[daemon]
-state_dir = {json.dumps(str(state))}
-default_launcher = "agent"
-{settings}
-[launchers.agent]
-type = "null"
-{launcher}
-""", path=str(tmp_path / "heartbeat.toml"))
+    state, config = in_process_config(tmp_path, daemon=settings, launchers=f"{NULL_AGENT}{launcher}\n")
     return Daemon(config, store=_RacingStore(str(state)))
 
 
@@ -616,7 +605,6 @@ class TestPhaseTwoLockHeld:
 
     def test_the_agent_is_adopted_from_its_pid_file(self, tmp_path: Path) -> None:
         """Phase 2 (recording the pid) meets a held lock: no error, one agent, adopted at the next look."""
-        from heartbeat.config import parse_config
         from heartbeat.daemon import Daemon
         from heartbeat.errors import Busy
         from heartbeat.store.files import FileStore
@@ -631,17 +619,11 @@ class TestPhaseTwoLockHeld:
                     raise Busy("another writer has held this baton's lock", task=task_id)
                 return FileStore.edit(self, task_id, **kwargs)
 
-        state = tmp_path / "state"
-        state.mkdir(mode=0o700)
-        config = parse_config(f"""
-[daemon]
-state_dir = {json.dumps(str(state))}
-default_launcher = "agent"
-[launchers.agent]
+        state, config = in_process_config(tmp_path, launchers=f"""[launchers.agent]
 type = "exec"
 command = {toml_list([sys.executable, "-c", "import time; time.sleep(60)"])}
 stop_grace = "200ms"
-""", path=str(tmp_path / "heartbeat.toml"))
+""")
         store = HeldAtPhaseTwo(str(state))
         from heartbeat.baton import Baton, Meta
 

@@ -7,19 +7,18 @@ drop its reports (a watcher that loses events), with the pass's ``now`` given, s
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import wait_for
-from daemon_harness import TOY, DaemonHarness
+from daemon_harness import TOY, DaemonHarness, in_process_config
 
 from heartbeat import tasks
-from heartbeat.config import parse_config
 from heartbeat.daemon import Daemon
 from heartbeat.exits import pidfds_available
 from heartbeat.store.base import Unwatch
@@ -44,16 +43,7 @@ class DeafStore(FileStore):
 
 @pytest.fixture
 def loop(tmp_path: Path) -> Iterator[Daemon]:
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    config = parse_config(f"""
-[daemon]
-state_dir = {json.dumps(str(state))}
-default_launcher = "agent"
-sweep_every = "60s"
-[launchers.agent]
-type = "null"
-""", path=str(tmp_path / "heartbeat.toml"))
+    state, config = in_process_config(tmp_path, daemon='sweep_every = "60s"')
     d = Daemon(config, store=DeafStore(str(state)))
     d.watcher.start()
     yield d
@@ -122,15 +112,7 @@ class TestSweep:
 
     def test_without_a_watcher_every_pass_sweeps(self, tmp_path: Path) -> None:
         """A loop with no watcher (``--once``, the tests' bare loops) stats every baton each pass."""
-        state = tmp_path / "state"
-        state.mkdir(mode=0o700)
-        config = parse_config(f"""
-[daemon]
-state_dir = {json.dumps(str(state))}
-default_launcher = "agent"
-[launchers.agent]
-type = "null"
-""", path=str(tmp_path / "heartbeat.toml"))
+        state, config = in_process_config(tmp_path)
         d = Daemon(config, store=DeafStore(str(state)))
         try:
             d.tick(now=at(0))
@@ -165,34 +147,39 @@ class TestQuietPasses:
         assert looks == []
 
 
+@contextmanager
+def relay(tmp_path: Path, *, step_time: str, plan: int) -> Iterator[DaemonHarness]:
+    """A real daemon with a 30 s tick, running task ``relay`` of ``plan`` steps whose agents end
+    their shift after one step of ``step_time`` seconds; closed at the end."""
+    tmp_path.chmod(0o700)
+    h = DaemonHarness(tmp_path, tick="30s", agent=[*TOY, "--step-time", step_time, "--steps-per-shift", "1"])
+    try:
+        h.start()
+        h.new("relay", plan=plan)
+        yield h
+    finally:
+        h.close()
+
+
+def relay_done(h: DaemonHarness, message: str) -> list[int]:
+    """Wait (25 s at most) for ``relay`` to be done; the epochs of its dispatches."""
+    h.wait(lambda: h.baton("relay").meta.status.value == "done", message, timeout=25)
+    return [e.epoch for e in h.events("relay", "dispatched")]
+
+
 @pytest.mark.skipif(not pidfds_available(), reason="this kernel gives no pidfds")
 class TestExitNotices:
     def test_shift_ends_hand_over_without_waiting_for_the_tick(self, tmp_path: Path) -> None:
         """With a 30 s tick, three one-step shifts finish in seconds: each exit starts the successor at once."""
-        tmp_path.chmod(0o700)
-        h = DaemonHarness(tmp_path, tick="30s", agent=[*TOY, "--step-time", "0.05", "--steps-per-shift", "1"])
-        try:
-            h.start()
-            h.new("relay", plan=3)
-            h.wait(lambda: h.baton("relay").meta.status.value == "done", "three shifts", timeout=25)
-            assert [e.epoch for e in h.events("relay", "dispatched")] == [1, 2, 3]
-        finally:
-            h.close()
+        with relay(tmp_path, step_time="0.05", plan=3) as h:
+            assert relay_done(h, "three shifts") == [1, 2, 3]
 
     def test_an_adopted_agent_s_exit_is_noticed_too(self, tmp_path: Path) -> None:
         """After a daemon restart, the re-adopted agent (not the new daemon's child) hands over at once when it ends."""
-        tmp_path.chmod(0o700)
-        h = DaemonHarness(tmp_path, tick="30s", agent=[*TOY, "--step-time", "1.5", "--steps-per-shift", "1"])
-        try:
-            h.start()
-            h.new("relay", plan=2)
+        with relay(tmp_path, step_time="1.5", plan=2) as h:
             h.wait(lambda: (b := h.try_baton("relay")) and b.meta.owner and b.meta.owner.pid, "the first agent")
             h.stop()  # the agent keeps running, now nobody's child but init's
             h.start()
-            h.wait(lambda: h.baton("relay").meta.status.value == "done", "the successor after the adopted one",
-                   timeout=25)
-            assert [e.epoch for e in h.events("relay", "dispatched")] == [1, 2]
-        finally:
-            h.close()
+            assert relay_done(h, "the successor after the adopted one") == [1, 2]
 
 

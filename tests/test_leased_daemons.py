@@ -26,7 +26,7 @@ from heartbeat import tasks
 from heartbeat.baton import Gate
 from heartbeat.ledger import Event
 from heartbeat.store.postgres import PostgresStore
-from tests.pg import Cluster, start_cluster
+from tests.pg import Cluster
 
 pytestmark = pytest.mark.slow
 
@@ -238,19 +238,6 @@ class TestPausedHost:
             owner = b.store.load(t).meta.owner
             assert owner is not None and owner.host == "host-b"
         assert a.proc is not None and a.proc.poll() is None
-
-
-@pytest.fixture(scope="module")
-def own_cluster() -> Iterator[Cluster]:
-    """A cluster of this module's own, stopped and started by the partition test."""
-    try:
-        cluster = start_cluster()
-    except RuntimeError as exc:
-        pytest.fail(f"cannot start a throwaway PostgreSQL cluster: {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.remove()
 
 
 class TestPartition:

@@ -26,7 +26,7 @@ from heartbeat.store import open_store
 from heartbeat.store.files import FileStore
 from heartbeat.store.postgres import SCHEMA_VERSION, PostgresStore, upgrade
 from tests.conftest import ROOT, Result, clean_env, wait_for
-from tests.pg import Cluster, start_cluster
+from tests.pg import Cluster
 
 
 def _baton(task_id: str = "t", **fields: object) -> Baton:
@@ -386,19 +386,6 @@ class TestDaemonLock:
             assert r.err.count("\n") == 1 and "another heartbeat daemon with host id 'host-a'" in r.err
         finally:
             holder.close()
-
-
-@pytest.fixture(scope="module")
-def own_cluster() -> Iterator[Cluster]:
-    """A cluster of this module's own, to stop and start without disturbing the others."""
-    try:
-        cluster = start_cluster()
-    except RuntimeError as exc:
-        pytest.fail(f"cannot start a throwaway PostgreSQL cluster: {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.remove()
 
 
 class TestDatabaseDown:

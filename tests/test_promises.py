@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import Result, clean_env
-from daemon_harness import TOY, DaemonHarness
+from daemon_harness import TOY, DaemonHarness, in_process_config
 
 from heartbeat.baton import Gate
 from heartbeat.ledger import Event, SqliteLedger
@@ -190,19 +190,10 @@ class TestNoDispatchAfterAStop:
     def test_a_stop_between_decision_and_dispatch_aborts_the_launch(self, tmp_path: Path, verb: str) -> None:
         """The stop lands between the decision and the phase-1 write: no dispatch, no brief, no launch."""
         from heartbeat import tasks
-        from heartbeat.config import parse_config
         from heartbeat.daemon import Daemon
 
         tmp_path.chmod(0o700)
-        state = tmp_path / "state"
-        state.mkdir(mode=0o700)
-        config = parse_config(f"""
-[daemon]
-state_dir = {json.dumps(str(state))}
-default_launcher = "agent"
-[launchers.agent]
-type = "null"
-""", path=str(tmp_path / "heartbeat.toml"))
+        state, config = in_process_config(tmp_path)
         store = _WritesBetweenDecisionAndDispatch(str(state))
         d = Daemon(config, store=store)
         try:
@@ -222,19 +213,10 @@ type = "null"
     def test_a_write_between_decision_and_dispatch_is_looked_at_again(self, tmp_path: Path) -> None:
         """A harmless write (a new step) racing the dispatch: the launch waits for a fresh look, then goes."""
         from heartbeat import tasks
-        from heartbeat.config import parse_config
         from heartbeat.daemon import Daemon
 
         tmp_path.chmod(0o700)
-        state = tmp_path / "state"
-        state.mkdir(mode=0o700)
-        config = parse_config(f"""
-[daemon]
-state_dir = {json.dumps(str(state))}
-default_launcher = "agent"
-[launchers.agent]
-type = "null"
-""", path=str(tmp_path / "heartbeat.toml"))
+        state, config = in_process_config(tmp_path)
         store = _WritesBetweenDecisionAndDispatch(str(state))
         d = Daemon(config, store=store)
         try:

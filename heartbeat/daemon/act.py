@@ -402,14 +402,6 @@ class Actor:
 
             how = baton.meta.last_failure or f"exit {baton.meta.last_exit}"
             brief_text = resume_note(how) + brief_text
-        try:  # logs/<id> is checked (no symlink, ours) before the brief is written in it
-            write_private_file(brief_file, brief_text, state_dir=sh.config.state_dir, task=task_id)
-        except HeartbeatError as exc:
-            self.launch_failed(pending, str(exc), now)
-            return True
-        except OSError as exc:
-            self.launch_failed(pending, f"cannot write the brief {brief_file}: {exc.strerror or exc}", now)
-            return True
         request = LaunchRequest(
             task_id=task_id, epoch=epoch, attempt=pending.meta.attempt,
             workdir=pending.workdir or sh.config.state_dir, brief_text=brief_text, brief_file=brief_file,
@@ -417,13 +409,16 @@ class Actor:
             state_dir=sh.config.state_dir, config_path=sh.config.path,
             session=plan.session, resume=plan.resume,
         )
-        try:
+        step = f"cannot write the brief {brief_file}"  # what an OSError of the step in hand means
+        try:  # logs/<id> is checked (no symlink, ours) before the brief is written in it
+            write_private_file(brief_file, brief_text, state_dir=sh.config.state_dir, task=task_id)
+            step = "cannot start the agent"
             owner = launcher.launch(request)
         except HeartbeatError as exc:
             self.launch_failed(pending, str(exc), now)
             return True
         except OSError as exc:
-            self.launch_failed(pending, f"cannot start the agent: {exc.strerror or exc}", now)
+            self.launch_failed(pending, f"{step}: {exc.strerror or exc}", now)
             return True
         if not sh.exits.watch(task_id, owner) and sh.exits.started and owner.pid and not is_alive(owner):
             sh.exited(task_id)  # it ended before it could be watched: look again at once, not at the tick
