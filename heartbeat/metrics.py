@@ -66,6 +66,7 @@ METRIC_NAMES = (
     "heartbeat_last_tick_timestamp_seconds",
     "heartbeat_daemon_start_timestamp_seconds",
     "heartbeat_ticks_total",
+    "heartbeat_relayed_writes_total",
     "heartbeat_tick_duration_seconds",
     "heartbeat_write_decision_latency_seconds",
     "heartbeat_scrape_duration_seconds",
@@ -139,6 +140,10 @@ class Vitals:
     ticks: int = 0
     tick_seconds: Histogram = field(default_factory=lambda: Histogram(TICK_BUCKETS))
     latency_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    relayed: int = 0
+    """Agents' set/add the daemon wrote for them (:mod:`heartbeat.relay`), refusals included."""
+    relayed_refused: int = 0
+    """Of those, the ones refused (a non-zero exit code: superseded, bad input, ...)."""
 
     @classmethod
     def start(cls) -> Vitals:
@@ -153,7 +158,8 @@ class Vitals:
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "started_at": self.started_at, "last_tick_at": self.last_tick_at,
                 "ticks": self.ticks, "tick_seconds": self.tick_seconds.to_json(),
-                "latency_seconds": self.latency_seconds.to_json()}
+                "latency_seconds": self.latency_seconds.to_json(), "relayed": self.relayed,
+                "relayed_refused": self.relayed_refused}
 
     def save(self, state_dir: str) -> None:
         """Write ``<state_dir>/daemon.json`` atomically (0600, temp file + rename)."""
@@ -196,6 +202,8 @@ class Vitals:
             started_at=number("started_at") or 0.0,
             last_tick_at=number("last_tick_at"),
             ticks=int(number("ticks") or 0),
+            relayed=int(number("relayed") or 0),
+            relayed_refused=int(number("relayed_refused") or 0),
             tick_seconds=Histogram.from_json(doc.get("tick_seconds"), TICK_BUCKETS),
             latency_seconds=Histogram.from_json(doc.get("latency_seconds"), LATENCY_BUCKETS),
         )
@@ -357,6 +365,11 @@ class HeartbeatCollector:
                                     value=vitals.started_at)
             yield CounterMetricFamily("heartbeat_ticks", "Passes the daemon finished since it started.",
                                       value=vitals.ticks)
+            relayed = CounterMetricFamily("heartbeat_relayed_writes", "Agents' set/add the daemon wrote for them "
+                                          "(the relay), by result.", labels=["result"])
+            relayed.add_metric(["written"], vitals.relayed - vitals.relayed_refused)
+            relayed.add_metric(["refused"], vitals.relayed_refused)
+            yield relayed
             for name, doc, hist in (
                 ("heartbeat_tick_duration_seconds", "How long one pass over every baton took.", vitals.tick_seconds),
                 ("heartbeat_write_decision_latency_seconds",

@@ -82,6 +82,8 @@ class Agent:
         self.epoch = self.task.epoch
         self.zombie = zombie
         self.rng = random.Random(f"{seed}:{self.task_id}:{self.epoch}:{int(zombie)}")
+        self.cli_rng = random.Random(f"{seed}:{self.task_id}:{self.epoch}:{int(zombie)}:cli")
+        """Which step changes go through the CLI (apart from ``rng``: the behaviours stay the seed's)."""
         self.record_path = os.path.join(root, "writes", f"{self.task_id}.jsonl")
 
     def record(self, kind: str, revision: int | None, **extra: Any) -> None:
@@ -124,12 +126,37 @@ class Agent:
 
         return self.write(kind, run)
 
+    def cli_set(self, kind: str, field: str, value: str) -> None:
+        """``heartbeat set ID FIELD=VALUE`` as an agent types it: written by the daemon's relay
+        when one runs (heartbeat.relay), else by the CLI here. Its revision is not known (the
+        command prints none), so the checker holds only the ledger to it; exit 5 is a refusal."""
+        from heartbeat.errors import Conflict, InvalidBaton
+
+        def run() -> None:
+            r = subprocess.run([sys.executable, "-m", "heartbeat", "set", self.task_id, f"{field}={value}"],
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+            if r.returncode == 5:
+                raise Conflict(r.stderr.strip()[:160] or "refused")
+            if r.returncode == 2:  # garbage over the baton, or a planted file: wait for a human
+                raise InvalidBaton(r.stderr.strip()[:160] or "invalid")
+            if r.returncode != 0:
+                raise SystemExit(1)
+
+        self.write(kind, run)
+
+    def step(self, step: str) -> None:
+        """Move to ``step``: through the API, or (a third of the time) through the CLI, relayed."""
+        if self.cli_rng.random() < 1 / 3:
+            self.cli_set("step", "step", step)
+        else:
+            self.update("step", lambda b, s=step: setattr(b, "step", s))
+
     def work_steps(self, count: int, step_time: float) -> bool:
         """Work up to ``count`` remaining plan steps; True when the plan is through."""
         baton = self.task.read()
         remaining = [s for s in baton.plan if s not in baton.done]
         for step in remaining[:count]:
-            self.update("step", lambda b, s=step: setattr(b, "step", s))
+            self.step(step)
             deadline = time.monotonic() + step_time
             while time.monotonic() < deadline:
                 time.sleep(min(max(step_time / 3, 0.01), max(deadline - time.monotonic(), 0)))
@@ -259,7 +286,10 @@ def run_zombie(agent: Agent) -> int:
     count = 0
     while time.monotonic() < deadline:
         count += 1
-        if count % 3:
+        if count % 6 == 3:  # its epoch's write as an agent types it: relayed when a daemon runs
+            agent.cli_set("intent", "intent", f"zombie write {count}")
+            baton = agent.task.read()
+        elif count % 3:
             baton = agent.write("touch", agent.task.touch)
         else:
             baton = agent.update("intent", lambda b, n=count: setattr(b, "intent", f"zombie write {n}"))

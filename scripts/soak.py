@@ -242,6 +242,8 @@ class Soak:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.rng = random.Random(args.seed)
+        self.stale_rng = random.Random(f"{args.seed}:stale")
+        """How each stale write is made (apart from ``rng``: the faults stay the seed's)."""
         if args.state:
             self.root = Path(args.state).resolve()
             if (self.root / "state").exists():
@@ -765,7 +767,14 @@ timeout = "5s"
         marker = f"stale write {len(self.stale_markers) + 1}"
         if task in self.checker.garbage:
             return
-        r = self.cli("set", task, f"step={marker}", "--epoch", str(epoch))
+        if self.stale_rng.random() < 0.5:
+            r = self.cli("set", task, f"step={marker}", "--epoch", str(epoch))
+        else:  # as a superseded agent types it: relayed to the daemon when it runs (heartbeat.relay)
+            env = {**self.env, "HEARTBEAT_STATE_DIR": str(self.state), "HEARTBEAT_TASK": task,
+                   "HEARTBEAT_EPOCH": str(epoch), "SOAK_OUTSIDER": "1"}  # (not an agent the checker counts)
+            r = subprocess.run([sys.executable, "-m", "heartbeat", "set", task, f"step={marker}"],
+                               capture_output=True, text=True, env=env, timeout=60, cwd=str(self.root))
+            self.counts["stale_writes_by_agent_env"] += 1
         self.counts["stale_writes"] += 1
         self.stale_markers.append((task, marker, r.returncode))
         if r.returncode != 5:

@@ -716,6 +716,8 @@ class Checker:
                 kind = "zombie"
             elif item == b"SOAK_GRANDCHILD=1" and kind != "zombie":
                 kind = "grandchild"
+            elif item == b"SOAK_OUTSIDER=1":  # the soak's own command in an agent's environment
+                return None
             elif item.startswith(b"SOAK_AGENT_PGID="):
                 agent_pgid = int(item[16:]) if item[16:].isdigit() and len(item) <= 34 else 0
         if not task or not state or os.path.abspath(state) != self.state_dir:

@@ -138,6 +138,28 @@ class TestRelayed:
         finally:
             h.stop()
 
+    def test_the_relayed_writes_are_counted_for_prometheus(self, root: Path) -> None:
+        """heartbeat_relayed_writes_total{result} counts them, read with prometheus_client's parser."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        h = started(root)
+        try:
+            env = agent_env(h, "m1", claimed(h, "m1"))
+            assert agent(env, "set", "m1", "step=a").returncode == 0
+            assert agent(env, "add", "m1", "done", "a").returncode == 0
+            assert agent(env, "set", "m1", "bogus=1").returncode == 2
+
+            def counted() -> dict[str, float]:
+                r = h.cli("metrics")
+                assert r.returncode == 0, r.stderr
+                return {s.labels["result"]: s.value for f in text_string_to_metric_families(r.stdout)
+                        for s in f.samples if s.name == "heartbeat_relayed_writes_total"}
+
+            # (the vitals file is rewritten after each pass)
+            h.wait(lambda: counted() == {"written": 2.0, "refused": 1.0}, "the counts in the metrics")
+        finally:
+            h.stop()
+
     def test_the_daemon_removes_its_socket_when_it_stops(self, root: Path) -> None:
         """A clean stop leaves no socket behind; the next agent's write is its own."""
         h = started(root)

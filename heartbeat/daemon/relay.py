@@ -39,8 +39,11 @@ _STOP_WAIT = 2.0
 class RelayServer:
     """Writes agents' ``set``/``add`` for them. See the module docstring."""
 
-    def __init__(self, state_dir: str, open_store: Callable[[], Store], log: Any) -> None:
+    def __init__(self, state_dir: str, open_store: Callable[[], Store], log: Any,
+                 on_write: Callable[[int], None] = lambda code: None) -> None:
         self.path = socket_path(state_dir)
+        self._on_write = on_write
+        """Told each answered request's exit code (the daemon's vitals count them)."""
         self._open_store = open_store
         self.log = log
         self._sock: socket.socket | None = None
@@ -163,6 +166,7 @@ class RelayServer:
             with contextlib.suppress(Exception):
                 store.close()
         self.log.debug("relayed", command=argv[0], task=argv[1], code=code)
+        self._on_write(code)
         _reply(conn, code, message)
 
 

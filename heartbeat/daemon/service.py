@@ -148,7 +148,15 @@ class Daemon(Core):
             return None
         from heartbeat.daemon.relay import RelayServer
 
-        relay = RelayServer(self.config.state_dir, lambda: open_store(self.config, claim=False), self.log)
+        vitals, counting = self.vitals, threading.Lock()
+
+        def count(code: int) -> None:
+            with counting:  # (the relay answers from several threads)
+                vitals.relayed += 1
+                vitals.relayed_refused += code != 0
+
+        relay = RelayServer(self.config.state_dir, lambda: open_store(self.config, claim=False), self.log,
+                            on_write=count)
         return relay if relay.start() else None
 
     def _start_web(self) -> Any:
