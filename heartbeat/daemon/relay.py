@@ -207,4 +207,5 @@ def _read_request(conn: socket.socket) -> bytes | None:
 
 def _reply(conn: socket.socket, code: int, message: str) -> None:
     with contextlib.suppress(OSError):  # the client may be gone: what was written stays written
+        conn.settimeout(_REQUEST_TIMEOUT)  # (the request's reads left whatever remained of theirs)
         conn.sendall(b"%d\n%s" % (code, message.replace("\n", " ").encode("utf-8", errors="replace")))
