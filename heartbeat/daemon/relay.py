@@ -48,6 +48,9 @@ class RelayServer:
         self._slots = threading.BoundedSemaphore(defaults.RELAY_MAX_CLIENTS)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._waiting: set[socket.socket] = set()
+        """Greeted connections whose request has not arrived whole: a stop closes them (nothing is written)."""
+        self._waiting_lock = threading.Lock()
 
     def start(self) -> bool:
         """Bind and listen; False (logged) when the relay stays off."""
@@ -86,9 +89,16 @@ class RelayServer:
         self.log.debug("relay_serving", path=self.path)
         return True
 
-    def stop(self) -> None:
-        """Stop accepting and remove the socket (if it is still the one bound here)."""
-        self._stopping.set()
+    def stop(self, wait: float = _STOP_WAIT) -> None:
+        """Stop accepting and remove the socket (if it is still the one bound here). Clients
+        whose request has not arrived whole are closed on (nothing of theirs is written); the
+        writes under way get at most ``wait`` seconds (the daemon's stop grace bounds it)."""
+        deadline = time.monotonic() + min(wait, _STOP_WAIT)
+        with self._waiting_lock:
+            self._stopping.set()
+            for conn in self._waiting:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)  # wakes its recv(): the request is not whole
         sock, self._sock = self._sock, None
         if sock is None:
             return
@@ -96,9 +106,8 @@ class RelayServer:
             sock.shutdown(socket.SHUT_RDWR)  # wakes accept()
         sock.close()
         if self._thread is not None:
-            self._thread.join(timeout=2.0)
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
         # Writes under way finish (bounded: a stop must not wait on a baton lock for long).
-        deadline = time.monotonic() + _STOP_WAIT
         taken = 0
         while taken < defaults.RELAY_MAX_CLIENTS and self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
             taken += 1
@@ -141,11 +150,19 @@ class RelayServer:
         if uid != os.geteuid():
             self.log.warning("relay_refused", uid=uid, reason="another user")
             return
-        conn.sendall(GREETING)
+        with self._waiting_lock:
+            if self._stopping.is_set():
+                return  # no greeting: the client writes by itself
+            self._waiting.add(conn)
         try:
+            conn.sendall(GREETING)
             body = _read_request(conn)
         except OSError:  # (a timeout too)
             body = None
+        with self._waiting_lock:
+            self._waiting.discard(conn)
+            if self._stopping.is_set():
+                body = None  # the stop closed on it, or comes before its write: nothing is written
         if body is None:
             self.log.debug("relay_dropped", reason="the request did not arrive whole")
             return  # nothing is written

@@ -1,0 +1,136 @@
+"""The relay attacked from outside: what a hostile or unlucky client, a planted file or a stop can do to it.
+
+Real daemons (``heartbeat run`` in a subprocess), real Unix sockets and real CLI processes,
+as in ``tests/test_relay.py``; each test here failed on the relay as first built.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daemon_harness import DaemonHarness
+
+from heartbeat import relay
+
+pytestmark = pytest.mark.slow
+
+STOP_GRACE = 0.5
+"""The harness's launcher ``stop_grace``: a SIGTERM'd daemon must be gone within it + 1 s."""
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="hbx", dir="/tmp"))
+    path.chmod(0o700)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def started(root: Path) -> DaemonHarness:
+    # (stall_after 1h: the test process claims the tasks, and a stalled claimant is stopped with SIGTERM)
+    h = DaemonHarness(root, tick="200ms", stall_after="1h")
+    h.start()
+    h.wait(lambda: (h.state / relay.SOCKET_NAME).exists(), "the relay socket")
+    return h
+
+
+def claimed(h: DaemonHarness, task_id: str) -> dict[str, str]:
+    """A new task claimed for this test process; the environment of its agent."""
+    r = h.cli("new", task_id, "--task", "t", "--step", "start", "--workdir", str(h.root), "--claim",
+              "--pid", str(os.getpid()))
+    assert r.returncode == 0, r.stderr
+    return {**h.env(), "HEARTBEAT_STATE_DIR": str(h.state), "HEARTBEAT_TASK": task_id,
+            "HEARTBEAT_EPOCH": r.stdout.strip()}
+
+
+def agent(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "heartbeat", *args], capture_output=True, text=True, env=env,
+                          timeout=60)
+
+
+def events(h: DaemonHarness, name: str) -> int:
+    return sum(1 for e in h.log() if e.get("event") == name)
+
+
+def sigterm(h: DaemonHarness) -> float:
+    """SIGTERM the daemon and wait for it: the seconds it took."""
+    assert h.proc is not None
+    began = time.monotonic()
+    h.proc.send_signal(signal.SIGTERM)
+    h.proc.wait(timeout=30)
+    return time.monotonic() - began
+
+
+class TestStopWithClients:
+    """SIGTERM ends the daemon within its stop grace + 1 s whatever the relay's clients do."""
+
+    def test_greeted_clients_that_send_nothing_do_not_hold_the_stop(self, root: Path) -> None:
+        """Clients greeted and silent (every slot taken) are closed on: a prompt, clean stop, socket removed."""
+        from heartbeat import defaults
+
+        h = started(root)
+        held: list[socket.socket] = []
+        try:
+            for _ in range(defaults.RELAY_MAX_CLIENTS):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(10)
+                sock.connect(str(h.state / relay.SOCKET_NAME))
+                assert sock.recv(64) == relay.GREETING
+                held.append(sock)
+            took = sigterm(h)
+            # (the unfixed daemon waited 2 s for their slots, then the grace for their threads: >= 2.5 s)
+            assert events(h, "relay_stopped_busy") == 0 and events(h, "exit_abandoning_threads") == 0
+            assert took < STOP_GRACE + 1.5, took
+            assert h.proc is not None and h.proc.returncode == 0
+            assert not (h.state / relay.SOCKET_NAME).exists()
+            for sock in held:
+                assert sock.recv(64) == b""  # closed on, unanswered: nothing of theirs was written
+        finally:
+            for sock in held:
+                sock.close()
+            h.stop()
+
+    def test_a_write_stuck_on_a_baton_lock_does_not_hold_the_stop_past_the_grace(self, root: Path) -> None:
+        """A relayed write waiting on a lock another writer holds: the daemon still stops within the grace
+        (+1 s), and the agent is told its write may not have been made; nothing is written later."""
+        h = started(root)
+        try:
+            env = claimed(h, "k1")
+            lock = os.open(h.state / "locks" / "k1.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                writer = subprocess.Popen([sys.executable, "-m", "heartbeat", "set", "k1", "step=stuck"],
+                                          stderr=subprocess.PIPE, text=True, env=env)
+                assert h.proc is not None
+                pid = h.proc.pid
+                lock_path = str(h.state / "locks" / "k1.lock")
+
+                def daemon_waits_on_the_lock() -> bool:
+                    try:
+                        return any(os.readlink(f"/proc/{pid}/fd/{fd}") == lock_path
+                                   for fd in os.listdir(f"/proc/{pid}/fd"))
+                    except OSError:
+                        return False
+
+                h.wait(daemon_waits_on_the_lock, "the relayed write waiting on the baton's lock")
+                took = sigterm(h)
+                _, err = writer.communicate(timeout=60)
+            finally:
+                os.close(lock)
+            # (the unfixed daemon waited 2 s for the write, then the whole grace again: >= 2.5 s)
+            assert took < STOP_GRACE + 1.5, took
+            assert writer.returncode == 1 and "answer was lost" in err, err
+            assert h.baton("k1").step == "start"
+        finally:
+            h.stop()
