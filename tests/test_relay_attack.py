@@ -134,3 +134,24 @@ class TestStopWithClients:
             assert h.baton("k1").step == "start"
         finally:
             h.stop()
+
+
+class TestSameErrors:
+    """What goes wrong in the daemon's write is told as the agent's own write would tell it."""
+
+    def test_a_store_the_daemon_cannot_open_gives_the_agents_own_error(self, root: Path) -> None:
+        """A FIFO planted as the ledger's journal: the relayed write fails with the CLI's own line and
+        code, not a claim that the daemon took the write and lost the answer."""
+        h = started(root)
+        try:
+            env = claimed(h, "j1")
+            os.mkfifo(h.state / "ledger.sqlite3-journal", 0o600)
+            through = agent(env, "set", "j1", "step=x")
+            local = agent({**env, "HEARTBEAT_RELAY": "off"}, "set", "j1", "step=x")
+            assert "answer was lost" not in through.stderr, through.stderr
+            assert through.returncode != 0
+            assert (through.returncode, through.stderr) == (local.returncode, local.stderr)
+            assert events(h, "relayed") == 1, "the write went through the daemon"
+            assert h.baton("j1").step == "start"
+        finally:
+            h.stop()

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from heartbeat import defaults
+from heartbeat.errors import HeartbeatError
 from heartbeat.relay import GREETING, MAX_PATH, MAX_REQUEST, decode_request, socket_path
 from heartbeat.store.base import Store
 
@@ -173,7 +174,12 @@ class RelayServer:
             return
         from heartbeat.cli import relayed_write
 
-        store = self._open_store()
+        try:
+            store = self._open_store()
+        except HeartbeatError as exc:  # (a FIFO planted as the ledger's journal): the agent's own error, unwritten
+            self.log.debug("relayed", command=argv[0], task=argv[1], code=exc.exit_code)
+            _reply(conn, exc.exit_code, f"heartbeat: {exc}")
+            return
         try:
             code, message = relayed_write(store, argv, env)
         finally:
