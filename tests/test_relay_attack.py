@@ -155,3 +155,44 @@ class TestSameErrors:
             assert h.baton("j1").step == "start"
         finally:
             h.stop()
+
+
+class TestAcceptFailure:
+    """A daemon out of descriptors does not spin on its relay socket."""
+
+    def test_accept_failing_for_lack_of_descriptors_pauses_instead_of_spinning(self, root: Path) -> None:
+        """RLIMIT_NOFILE at the daemon's open descriptors + 3 and clients queued: accept() fails with
+        EMFILE; the relay logs it once and pauses (the unfixed loop retried at once, ~80% of a core),
+        the clock ticks on, and an agent writes by itself."""
+        import resource
+
+        import psutil
+
+        h = started(root)
+        queued: list[socket.socket] = []
+        try:
+            env = claimed(h, "m1")
+            assert h.proc is not None
+            pid = h.proc.pid
+            limit = len(os.listdir(f"/proc/{pid}/fd")) + 3
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))
+            for _ in range(6):  # more than the descriptors left: some stay queued, unaccepted
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(5)
+                sock.connect(str(h.state / relay.SOCKET_NAME))
+                queued.append(sock)
+            h.wait_log(lambda e: e.get("event") == "relay_accept_failed", "the relay_accept_failed line")
+            daemon = psutil.Process(pid)
+            cpu = sum(daemon.cpu_times()[:2])
+            ticks = events(h, "tick")
+            h.wait(lambda: events(h, "tick") >= ticks + 5, "five more ticks")
+            spent = sum(daemon.cpu_times()[:2]) - cpu
+            assert spent < 0.5, f"the daemon spent {spent:.2f} s of CPU in about a second of five ticks"
+            assert events(h, "relay_accept_failed") == 1
+            r = agent(env, "set", "m1", "step=by myself")
+            assert r.returncode == 0, r.stderr
+            assert h.baton("m1").step == "by myself"
+        finally:
+            for sock in queued:
+                sock.close()
+            h.stop()

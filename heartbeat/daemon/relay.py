@@ -36,6 +36,9 @@ _REQUEST_TIMEOUT = 5.0
 _STOP_WAIT = 2.0
 """Seconds a stopping daemon waits for the relayed writes under way."""
 
+_ACCEPT_RETRY = 0.1
+"""Seconds the relay pauses after a failed accept() (no descriptor left) before trying again."""
+
 
 class RelayServer:
     """Writes agents' ``set``/``add`` for them. See the module docstring."""
@@ -124,13 +127,22 @@ class RelayServer:
     def _accept_loop(self) -> None:
         sock = self._sock
         assert sock is not None
+        failing = False
         while not self._stopping.is_set():
             try:
                 conn, _ = sock.accept()
-            except OSError:
+            except OSError as exc:
                 if self._stopping.is_set():
                     return
+                # Out of descriptors (EMFILE) or memory: the pending client stays queued and
+                # accept() fails again at once, so pause rather than spin (its client, not
+                # greeted, writes by itself). One line per run of failures.
+                if not failing:
+                    self.log.warning("relay_accept_failed", error=exc.strerror or repr(exc))
+                failing = True
+                self._stopping.wait(_ACCEPT_RETRY)
                 continue
+            failing = False
             if not self._slots.acquire(blocking=False):
                 conn.close()  # no greeting: the client writes by itself
                 continue
