@@ -196,3 +196,33 @@ class TestAcceptFailure:
             for sock in queued:
                 sock.close()
             h.stop()
+
+    def test_a_thread_that_cannot_start_leaves_the_relay_serving(self, root: Path) -> None:
+        """No memory for a client's thread (RLIMIT_AS): that client is closed on and writes by itself,
+        one line is logged, and once memory is back the relay serves again (the unfixed accept thread
+        died of the RuntimeError: every later agent waited 2 s for a greeting that never came)."""
+        import resource
+
+        import psutil
+
+        h = started(root)
+        try:
+            env = claimed(h, "t1")
+            assert h.proc is not None
+            pid = h.proc.pid
+            size = psutil.Process(pid).memory_info().vms
+            resource.prlimit(pid, resource.RLIMIT_AS, (size + 2 * 1024 * 1024, resource.RLIM_INFINITY))
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                    sock.settimeout(10)
+                    sock.connect(str(h.state / relay.SOCKET_NAME))
+                    assert sock.recv(64) == b""  # closed on, ungreeted: its client writes by itself
+            finally:
+                resource.prlimit(pid, resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            r = agent(env, "set", "t1", "step=relayed again")
+            assert r.returncode == 0, r.stderr
+            assert events(h, "relayed") == 1, "the relay serves again"
+            assert h.baton("t1").step == "relayed again"
+            assert events(h, "relay_accept_failed") == 1
+        finally:
+            h.stop()

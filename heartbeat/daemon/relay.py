@@ -146,7 +146,13 @@ class RelayServer:
             if not self._slots.acquire(blocking=False):
                 conn.close()  # no greeting: the client writes by itself
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name="heartbeat-relay-client", daemon=True).start()
+            try:
+                threading.Thread(target=self._serve, args=(conn,), name="heartbeat-relay-client", daemon=True).start()
+            except RuntimeError as exc:  # "can't start new thread" (out of memory or threads): this client
+                self._slots.release()   # writes by itself, and the relay goes on accepting after a pause
+                conn.close()
+                self.log.warning("relay_accept_failed", error=str(exc))
+                self._stopping.wait(_ACCEPT_RETRY)
 
     def _serve(self, conn: socket.socket) -> None:
         try:
