@@ -74,10 +74,13 @@ def relayable(argv: list[str]) -> bool:
 
 
 def encode_request(argv: list[str], env: Mapping[str, str]) -> bytes | None:
-    """The request's bytes, or None when an argument is not UTF-8 (the CLI says so itself)."""
+    """The request's bytes, or None when an argument is not UTF-8 or the request is longer than
+    the daemon reads (:data:`MAX_REQUEST`): the CLI, in the caller's process, says what is wrong."""
     try:
         body = b"\0".join(s.encode("utf-8") for s in [*(env.get(name, "") for name in _VARIABLES), *argv])
     except UnicodeEncodeError:
+        return None
+    if len(body) > MAX_REQUEST:
         return None
     return b"%d\n%s" % (len(body), body)
 

@@ -157,6 +157,38 @@ class TestSameErrors:
             h.stop()
 
 
+    def test_a_request_longer_than_the_daemon_reads_is_written_by_the_agent(self, root: Path) -> None:
+        """An agent whose stack limit lets it pass more than MAX_REQUEST bytes of arguments writes by
+        itself and gets the CLI's own error (the unfixed client sent it, the daemon dropped it unread
+        and the agent was told the daemon took the write and lost the answer)."""
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_STACK)
+        big = 64 * 1024 * 1024  # ARG_MAX is a quarter of the stack limit (at most 6 MiB)
+        if hard != resource.RLIM_INFINITY and hard < big:
+            pytest.skip("the stack's hard limit keeps an agent's arguments under MAX_REQUEST")
+
+        def roomy_stack() -> None:
+            resource.setrlimit(resource.RLIMIT_STACK, (big, hard))
+
+        h = started(root)
+        try:
+            env = claimed(h, "b1")
+            args = ["add", "b1", "done", *(f"{i:03d}" + "b" * 120_000 for i in range(40))]  # 4.8 MB
+            assert sum(len(a) for a in args) > relay.MAX_REQUEST
+            runs = [subprocess.run([sys.executable, "-m", "heartbeat", *args], capture_output=True, text=True,
+                                   env=e, timeout=60, preexec_fn=roomy_stack)
+                    for e in (env, {**env, "HEARTBEAT_RELAY": "off"})]
+            through, local = runs
+            assert "answer was lost" not in through.stderr, through.stderr
+            assert (through.returncode, through.stderr) == (local.returncode, local.stderr) and local.returncode == 2
+            assert "a baton may be at most" in local.stderr
+            assert events(h, "relayed") == 0 and h.baton("b1").done == []
+            assert relay.encode_request(args, env) is None
+        finally:
+            h.stop()
+
+
 class TestAcceptFailure:
     """A daemon out of descriptors does not spin on its relay socket."""
 
