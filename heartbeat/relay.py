@@ -130,7 +130,7 @@ def forward(argv: list[str], environ: Mapping[str, str] | None = None) -> int | 
         try:
             sock.settimeout(REPLY_TIMEOUT)
             sock.sendall(request)
-            reply = _read_all(sock, 64 * 1024)
+            reply = _read_all(sock, MAX_REQUEST + 65536)  # a message may echo the arguments, as the CLI prints it
             head, _, message = reply.partition(b"\n")
             code = int(head)
         except (OSError, ValueError) as exc:

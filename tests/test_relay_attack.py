@@ -189,6 +189,22 @@ class TestSameErrors:
             h.stop()
 
 
+    def test_an_error_line_longer_than_64_kib_arrives_whole(self, root: Path) -> None:
+        """An error that echoes a 100 kB field name is the CLI's whole line (the unfixed client read
+        at most 64 KiB of the answer and printed the line cut)."""
+        h = started(root)
+        try:
+            env = claimed(h, "w1")
+            args = ["set", "w1", "f" * 100_000 + "=v"]
+            through = agent(env, *args)
+            local = agent({**env, "HEARTBEAT_RELAY": "off"}, *args)
+            assert events(h, "relayed") == 1, "the write went through the daemon"
+            assert (through.returncode, through.stderr) == (local.returncode, local.stderr)
+            assert through.returncode == 2 and len(through.stderr) > 100_000
+        finally:
+            h.stop()
+
+
 class TestAcceptFailure:
     """A daemon out of descriptors does not spin on its relay socket."""
 
