@@ -136,6 +136,41 @@ class TestStopWithClients:
             h.stop()
 
 
+    def test_a_client_greeted_just_before_the_stop_is_still_written_and_answered(self, root: Path) -> None:
+        """A request that arrives whole after SIGTERM, while the daemon stops (within half a second
+        of the greeting), is written and answered 0: a restart does not turn an agent's write into
+        'its answer was lost'."""
+        h = started(root)
+        try:
+            env = claimed(h, "g1")
+            request = relay.encode_request(["set", "g1", "step=during the stop"], env)
+            assert request is not None
+            path = str(h.state / relay.SOCKET_NAME)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(10)
+                sock.connect(path)
+                assert sock.recv(64) == relay.GREETING
+                assert h.proc is not None
+                h.proc.send_signal(signal.SIGTERM)
+
+                def refused() -> bool:  # the daemon has closed its listening socket: it is stopping
+                    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                        try:
+                            probe.connect(path)
+                        except OSError:
+                            return True
+                    return False
+
+                h.wait(refused, "the relay to stop listening", interval=0.001)
+                sock.sendall(request)
+                answer = sock.recv(64)
+            h.proc.wait(timeout=30)
+            assert answer == b"0\n"
+            assert h.baton("g1").step == "during the stop"
+        finally:
+            h.stop()
+
+
 class TestSameErrors:
     """What goes wrong in the daemon's write is told as the agent's own write would tell it."""
 
@@ -272,5 +307,55 @@ class TestAcceptFailure:
             assert events(h, "relayed") == 1, "the relay serves again"
             assert h.baton("t1").step == "relayed again"
             assert events(h, "relay_accept_failed") == 1
+        finally:
+            h.stop()
+
+
+class TestHostileClients:
+    """Many hostile clients: the clock ticks on, and the daemon keeps no descriptor or thread of theirs."""
+
+    def test_hostile_clients_leave_no_descriptor_or_thread_and_the_clock_ticks(self, root: Path) -> None:
+        """Silent, vanishing, non-UTF-8, cut-short, no-number, oversized and valid clients, 40 of each:
+        ticks go on meanwhile, and the daemon's open descriptors and threads come back to what they were."""
+        h = started(root)
+        try:
+            env = claimed(h, "h1")
+            assert h.proc is not None
+            pid = h.proc.pid
+            path = str(h.state / relay.SOCKET_NAME)
+            assert agent(env, "set", "h1", "step=warm").returncode == 0  # the relay's modules loaded
+
+            def fds() -> int:
+                return len(os.listdir(f"/proc/{pid}/fd"))
+
+            def threads() -> int:
+                return len(os.listdir(f"/proc/{pid}/task"))
+
+            base_fds, base_threads = fds(), threads()
+            ticks = events(h, "tick")
+            valid = relay.encode_request(["add", "h1", "done", "item"], env)
+            assert valid is not None
+            sends = [b"", b"5\n\xff\xfe\0ab", b"100\nabc", b"x" * 40, b"%d\n" % (relay.MAX_REQUEST + 1), valid]
+            for _ in range(40):
+                for payload in [None, *sends]:
+                    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                        sock.settimeout(10)
+                        sock.connect(path)
+                        if payload is None:
+                            continue  # gone before its greeting
+                        assert sock.recv(64) == relay.GREETING
+                        try:
+                            if payload:
+                                sock.sendall(payload)
+                            sock.shutdown(socket.SHUT_WR)
+                            while sock.recv(4096):
+                                pass
+                        except ConnectionResetError:
+                            pass  # dropped with bytes of ours unread
+            assert h.baton("h1").done == ["item"] * 40
+            h.wait(lambda: threads() <= base_threads and fds() <= base_fds,
+                   f"threads and descriptors back to {base_threads} and {base_fds}")
+            assert events(h, "tick") > ticks
+            assert events(h, "relay_failed") == 0
         finally:
             h.stop()

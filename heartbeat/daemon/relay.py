@@ -36,6 +36,9 @@ _REQUEST_TIMEOUT = 5.0
 _STOP_WAIT = 2.0
 """Seconds a stopping daemon waits for the relayed writes under way."""
 
+_STOP_LISTEN = 0.5
+"""Seconds a stopping daemon still gives greeted clients for their request before closing on them."""
+
 _ACCEPT_RETRY = 0.1
 """Seconds the relay pauses after a failed accept() (no descriptor left) before trying again."""
 
@@ -94,15 +97,14 @@ class RelayServer:
         return True
 
     def stop(self, wait: float = _STOP_WAIT) -> None:
-        """Stop accepting and remove the socket (if it is still the one bound here). Clients
-        whose request has not arrived whole are closed on (nothing of theirs is written); the
-        writes under way get at most ``wait`` seconds (the daemon's stop grace bounds it)."""
+        """Stop accepting and remove the socket (if it is still the one bound here). Greeted
+        clients get :data:`_STOP_LISTEN` more for their request (a client sends it at once;
+        at most half of ``wait``, the rest is for their writes);
+        then the silent ones are closed on, nothing of theirs written. The writes under way get
+        at most ``wait`` seconds in all (the daemon's stop grace bounds it)."""
         deadline = time.monotonic() + min(wait, _STOP_WAIT)
         with self._waiting_lock:
-            self._stopping.set()
-            for conn in self._waiting:
-                with contextlib.suppress(OSError):
-                    conn.shutdown(socket.SHUT_RDWR)  # wakes its recv(): the request is not whole
+            self._stopping.set()  # no more greetings: a client connecting now writes by itself
         sock, self._sock = self._sock, None
         if sock is None:
             return
@@ -111,6 +113,15 @@ class RelayServer:
         sock.close()
         if self._thread is not None:
             self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        listen_until = time.monotonic() + min(_STOP_LISTEN, (deadline - time.monotonic()) / 2)
+        while self._waiting and time.monotonic() < listen_until:
+            time.sleep(0.005)
+        with self._waiting_lock:
+            for conn in self._waiting:
+                with contextlib.suppress(OSError):
+                    # Wakes its recv() at EOF: the request is not whole, nothing is written. (Only
+                    # the reading side: a request that did arrive whole is written and answered.)
+                    conn.shutdown(socket.SHUT_RD)
         # Writes under way finish (bounded: a stop must not wait on a baton lock for long).
         taken = 0
         while taken < defaults.RELAY_MAX_CLIENTS and self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
@@ -180,8 +191,6 @@ class RelayServer:
             body = None
         with self._waiting_lock:
             self._waiting.discard(conn)
-            if self._stopping.is_set():
-                body = None  # the stop closed on it, or comes before its write: nothing is written
         if body is None:
             self.log.debug("relay_dropped", reason="the request did not arrive whole")
             return  # nothing is written
