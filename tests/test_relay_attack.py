@@ -240,6 +240,45 @@ class TestSameErrors:
             h.stop()
 
 
+    def test_ctrl_c_while_waiting_for_the_answer_is_the_clis_quiet_130(self, root: Path) -> None:
+        """SIGINT while the agent waits for the daemon's answer: exit 130 and no traceback, as the CLI
+        answers Ctrl-C (the unfixed client died of KeyboardInterrupt with a traceback)."""
+        import threading
+
+        state = root / "state"
+        state.mkdir(mode=0o700)
+        got: list[bytes] = []
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(state / relay.SOCKET_NAME))
+        server.listen(1)
+        held: list[socket.socket] = []
+
+        def greet_and_hold() -> None:  # greets, reads the request, never answers
+            conn, _ = server.accept()
+            held.append(conn)
+            conn.sendall(relay.GREETING)
+            got.append(conn.recv(65536))
+
+        thread = threading.Thread(target=greet_and_hold, daemon=True)
+        thread.start()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTBEAT_")}
+        env.update(HEARTBEAT_STATE_DIR=str(state), HEARTBEAT_TASK="i1", HEARTBEAT_EPOCH="1")
+        proc = subprocess.Popen([sys.executable, "-m", "heartbeat", "set", "i1", "step=x"], env=env,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            thread.join(timeout=30)
+            assert got and b"step=x" in got[0]
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            for conn in held:
+                conn.close()
+            server.close()
+        assert (proc.returncode, err) == (130, "")
+
+
 class TestAcceptFailure:
     """A daemon out of descriptors does not spin on its relay socket."""
 
