@@ -34,6 +34,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import _socket
     from collections.abc import Mapping
 
 __all__ = ["GREETING", "GREETING_TIMEOUT", "MAX_REQUEST", "REPLY_TIMEOUT", "SOCKET_NAME", "encode_request",
@@ -74,10 +75,13 @@ def relayable(argv: list[str]) -> bool:
 
 
 def encode_request(argv: list[str], env: Mapping[str, str]) -> bytes | None:
-    """The request's bytes, or None when an argument is not UTF-8 (the CLI says so itself)."""
+    """The request's bytes, or None when an argument is not UTF-8 or the request is longer than
+    the daemon reads (:data:`MAX_REQUEST`): the CLI, in the caller's process, says what is wrong."""
     try:
         body = b"\0".join(s.encode("utf-8") for s in [*(env.get(name, "") for name in _VARIABLES), *argv])
     except UnicodeEncodeError:
+        return None
+    if len(body) > MAX_REQUEST:
         return None
     return b"%d\n%s" % (len(body), body)
 
@@ -115,28 +119,35 @@ def forward(argv: list[str], environ: Mapping[str, str] | None = None) -> int | 
 
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        sock.settimeout(GREETING_TIMEOUT)
-        try:
-            sock.connect(path)
-            greeting = _read_line(sock, len(GREETING))
-        except OSError:
-            return None
-        if greeting != GREETING:
-            return None
-        # From here on the daemon may write: never fall back to a write of our own.
-        try:
-            sock.settimeout(REPLY_TIMEOUT)
-            sock.sendall(request)
-            reply = _read_all(sock, 64 * 1024)
-            head, _, message = reply.partition(b"\n")
-            code = int(head)
-        except (OSError, ValueError) as exc:
-            reason = "no answer in time" if isinstance(exc, TimeoutError) else "the connection broke"
-            os.write(2, (f"heartbeat: the daemon took this write but its answer was lost ({reason}): "
-                         f"look with `heartbeat show {argv[1]}` before writing it again\n").encode(errors="replace"))
-            return 1
+        return _exchange(sock, path, argv, request)
+    except KeyboardInterrupt:
+        return 130  # as the CLI answers Ctrl-C: quietly (once greeted, the daemon may still write)
     finally:
         sock.close()
+
+
+def _exchange(sock: _socket.socket, path: str, argv: list[str], request: bytes) -> int | None:
+    """Greeting, request and answer over ``sock``; see :func:`forward`."""
+    sock.settimeout(GREETING_TIMEOUT)
+    try:
+        sock.connect(path)
+        greeting = _read_line(sock, len(GREETING))
+    except OSError:
+        return None
+    if greeting != GREETING:
+        return None
+    # From here on the daemon may write: never fall back to a write of our own.
+    try:
+        sock.settimeout(REPLY_TIMEOUT)
+        sock.sendall(request)
+        reply = _read_all(sock, MAX_REQUEST + 65536)  # a message may echo the arguments, as the CLI prints it
+        head, _, message = reply.partition(b"\n")
+        code = int(head)
+    except (OSError, ValueError) as exc:
+        reason = "no answer in time" if isinstance(exc, TimeoutError) else "the connection broke"
+        os.write(2, (f"heartbeat: the daemon took this write but its answer was lost ({reason}): "
+                     f"look with `heartbeat show {argv[1]}` before writing it again\n").encode(errors="replace"))
+        return 1
     if message:
         os.write(2, message.rstrip(b"\n") + b"\n")
     return code

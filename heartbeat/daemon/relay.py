@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from heartbeat import defaults
+from heartbeat.errors import HeartbeatError
 from heartbeat.relay import GREETING, MAX_PATH, MAX_REQUEST, decode_request, socket_path
 from heartbeat.store.base import Store
 
@@ -34,6 +35,12 @@ _REQUEST_TIMEOUT = 5.0
 
 _STOP_WAIT = 2.0
 """Seconds a stopping daemon waits for the relayed writes under way."""
+
+_STOP_LISTEN = 0.5
+"""Seconds a stopping daemon still gives greeted clients for their request before closing on them."""
+
+_ACCEPT_RETRY = 0.1
+"""Seconds the relay pauses after a failed accept() (no descriptor left) before trying again."""
 
 
 class RelayServer:
@@ -51,6 +58,9 @@ class RelayServer:
         self._slots = threading.BoundedSemaphore(defaults.RELAY_MAX_CLIENTS)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._waiting: set[socket.socket] = set()
+        """Greeted connections whose request has not arrived whole: a stop closes them (nothing is written)."""
+        self._waiting_lock = threading.Lock()
 
     def start(self) -> bool:
         """Bind and listen; False (logged) when the relay stays off."""
@@ -89,9 +99,15 @@ class RelayServer:
         self.log.debug("relay_serving", path=self.path)
         return True
 
-    def stop(self) -> None:
-        """Stop accepting and remove the socket (if it is still the one bound here)."""
-        self._stopping.set()
+    def stop(self, wait: float = _STOP_WAIT) -> None:
+        """Stop accepting and remove the socket (if it is still the one bound here). Greeted
+        clients get :data:`_STOP_LISTEN` more for their request (a client sends it at once;
+        at most half of ``wait``, the rest is for their writes);
+        then the silent ones are closed on, nothing of theirs written. The writes under way get
+        at most ``wait`` seconds in all (the daemon's stop grace bounds it)."""
+        deadline = time.monotonic() + min(wait, _STOP_WAIT)
+        with self._waiting_lock:
+            self._stopping.set()  # no more greetings: a client connecting now writes by itself
         sock, self._sock = self._sock, None
         if sock is None:
             return
@@ -99,9 +115,17 @@ class RelayServer:
             sock.shutdown(socket.SHUT_RDWR)  # wakes accept()
         sock.close()
         if self._thread is not None:
-            self._thread.join(timeout=2.0)
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        listen_until = time.monotonic() + min(_STOP_LISTEN, (deadline - time.monotonic()) / 2)
+        while self._waiting and time.monotonic() < listen_until:
+            time.sleep(0.005)
+        with self._waiting_lock:
+            for conn in self._waiting:
+                with contextlib.suppress(OSError):
+                    # Wakes its recv() at EOF: the request is not whole, nothing is written. (Only
+                    # the reading side: a request that did arrive whole is written and answered.)
+                    conn.shutdown(socket.SHUT_RD)
         # Writes under way finish (bounded: a stop must not wait on a baton lock for long).
-        deadline = time.monotonic() + _STOP_WAIT
         taken = 0
         while taken < defaults.RELAY_MAX_CLIENTS and self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
             taken += 1
@@ -117,17 +141,32 @@ class RelayServer:
     def _accept_loop(self) -> None:
         sock = self._sock
         assert sock is not None
+        failing = False
         while not self._stopping.is_set():
             try:
                 conn, _ = sock.accept()
-            except OSError:
+            except OSError as exc:
                 if self._stopping.is_set():
                     return
+                # Out of descriptors (EMFILE) or memory: the pending client stays queued and
+                # accept() fails again at once, so pause rather than spin (its client, not
+                # greeted, writes by itself). One line per run of failures.
+                if not failing:
+                    self.log.warning("relay_accept_failed", error=exc.strerror or repr(exc))
+                failing = True
+                self._stopping.wait(_ACCEPT_RETRY)
                 continue
+            failing = False
             if not self._slots.acquire(blocking=False):
                 conn.close()  # no greeting: the client writes by itself
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name="heartbeat-relay-client", daemon=True).start()
+            try:
+                threading.Thread(target=self._serve, args=(conn,), name="heartbeat-relay-client", daemon=True).start()
+            except RuntimeError as exc:  # "can't start new thread" (out of memory or threads): this client
+                self._slots.release()   # writes by itself, and the relay goes on accepting after a pause
+                conn.close()
+                self.log.warning("relay_accept_failed", error=str(exc))
+                self._stopping.wait(_ACCEPT_RETRY)
 
     def _serve(self, conn: socket.socket) -> None:
         try:
@@ -144,11 +183,17 @@ class RelayServer:
         if uid != os.geteuid():
             self.log.warning("relay_refused", uid=uid, reason="another user")
             return
-        conn.sendall(GREETING)
+        with self._waiting_lock:
+            if self._stopping.is_set():
+                return  # no greeting: the client writes by itself
+            self._waiting.add(conn)
         try:
+            conn.sendall(GREETING)
             body = _read_request(conn)
         except OSError:  # (a timeout too)
             body = None
+        with self._waiting_lock:
+            self._waiting.discard(conn)
         if body is None:
             self.log.debug("relay_dropped", reason="the request did not arrive whole")
             return  # nothing is written
@@ -159,7 +204,12 @@ class RelayServer:
             return
         from heartbeat.cli import relayed_write
 
-        store = self._open_store()
+        try:
+            store = self._open_store()
+        except HeartbeatError as exc:  # (a FIFO planted as the ledger's journal): the agent's own error, unwritten
+            self.log.debug("relayed", command=argv[0], task=argv[1], code=exc.exit_code)
+            _reply(conn, exc.exit_code, f"heartbeat: {exc}")
+            return
         try:
             code, message = relayed_write(store, argv, env)
         finally:

@@ -135,10 +135,10 @@ class Daemon(Core):
         systemd.notify("STOPPING=1")
         if web is not None:
             web.should_exit = True
-        if relay is not None:
-            relay.stop()
         deadline = time.monotonic() + self.stop_grace()
-        clean = self.shutdown(timeout=self.stop_grace())
+        if relay is not None:  # its writes under way finish beside the look in progress, by the same deadline
+            relay.stop(wait=self.stop_grace())
+        clean = self.shutdown(timeout=max(0.0, deadline - time.monotonic()))
         exit_if_stuck(clean, deadline, self.log)
         return 0
 
