@@ -52,8 +52,10 @@ GREETING_TIMEOUT = 2.0
 REPLY_TIMEOUT = 75.0
 """Seconds the client waits for the daemon's answer (more than a write's lock wait, 30 s)."""
 
-MAX_REQUEST = 4 * 1024 * 1024
-"""The longest request the daemon reads, in bytes (a baton may be 1 MiB)."""
+MAX_REQUEST = (1024 + 64) * 1024
+"""The longest request the daemon reads, in bytes: a baton may be at most 1 MiB
+(``defaults.MAX_BATON_BYTES``), so a longer request could not make a valid one; the client
+keeps it and its own CLI says what is wrong. (16 clients at once: about 17 MiB at most.)"""
 
 MAX_PATH = 107
 """The longest socket path Linux binds or connects to (``sun_path`` is 108 bytes, NUL included)."""

@@ -184,6 +184,7 @@ class TestNeverTwiceNeverHung:
         assert h.baton("k1").step == "alone"
         h.start()  # and the next daemon replaces the dead one's socket
         try:
+            h.wait(lambda: sum(1 for e in h.log() if e.get("event") == "relay_serving") == 2, "the new relay")
             before = relayed(h)
             assert agent(env, "set", "k1", "step=relayed again").returncode == 0
             assert relayed(h) == before + 1
@@ -414,6 +415,12 @@ class TestClient:
         head, _, body = data.partition(b"\n")
         assert int(head) == len(body)
         assert relay.decode_request(body) == (argv, {"HEARTBEAT_TASK": "t1", "HEARTBEAT_EPOCH": "7"})
+
+    def test_the_longest_request_holds_the_largest_baton(self) -> None:
+        """MAX_REQUEST is above a baton's limit: no request that could make a valid baton is kept from the daemon."""
+        from heartbeat import defaults
+
+        assert defaults.MAX_BATON_BYTES < relay.MAX_REQUEST <= 2 * defaults.MAX_BATON_BYTES
 
     def test_an_argument_that_is_not_utf8_is_left_to_the_cli(self) -> None:
         """A lone surrogate (bytes that were not UTF-8) is not relayed: the CLI's own error says so."""

@@ -208,6 +208,7 @@ class RelayServer:
             store = self._open_store()
         except HeartbeatError as exc:  # (a FIFO planted as the ledger's journal): the agent's own error, unwritten
             self.log.debug("relayed", command=argv[0], task=argv[1], code=exc.exit_code)
+            self._on_write(exc.exit_code)
             _reply(conn, exc.exit_code, f"heartbeat: {exc}")
             return
         try:
