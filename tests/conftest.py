@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -195,3 +197,12 @@ def _daemon_exports_restored() -> Iterator[None]:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture
+def short_root() -> Iterator[Path]:
+    """A fresh 0700 directory right under /tmp: a Unix socket's path in it stays under Linux's 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="hb", dir="/tmp"))
+    path.chmod(0o700)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

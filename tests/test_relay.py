@@ -6,13 +6,12 @@ State dirs live under a short /tmp path: a Unix socket's path may be at most 107
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,12 +27,15 @@ from heartbeat.timeparse import utcnow
 
 pytestmark = pytest.mark.slow
 
-@pytest.fixture
-def root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="hbr", dir="/tmp"))
-    path.chmod(0o700)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+
+@contextlib.contextmanager
+def greeted(h: DaemonHarness) -> Iterator[socket.socket]:
+    """A raw connection to the daemon's relay, its greeting read."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(str(h.state / relay.SOCKET_NAME))
+        assert sock.recv(64) == relay.GREETING
+        yield sock
 
 
 def agent_env(h: DaemonHarness, task_id: str, epoch: str, **extra: str) -> dict[str, str]:
@@ -59,9 +61,9 @@ def claimed(h: DaemonHarness, task_id: str) -> str:
     return r.stdout.strip()
 
 
-def started(root: Path) -> DaemonHarness:
+def started(short_root: Path) -> DaemonHarness:
     # (stall_after 1h: the test process claims the tasks, and a stalled claimant is stopped with SIGTERM)
-    h = DaemonHarness(root, tick="200ms", stall_after="1h")
+    h = DaemonHarness(short_root, tick="200ms", stall_after="1h")
     h.start()
     h.wait(lambda: (h.state / relay.SOCKET_NAME).exists(), "the relay socket")
     return h
@@ -70,9 +72,9 @@ def started(root: Path) -> DaemonHarness:
 class TestRelayed:
     """With a daemon running, an agent's set and add are written by it, exactly as the CLI writes them."""
 
-    def test_set_and_add_are_written_by_the_daemon(self, root: Path) -> None:
+    def test_set_and_add_are_written_by_the_daemon(self, short_root: Path) -> None:
         """The baton and the ledger show the writes, by the agent, and the daemon's log shows it relayed them."""
-        h = started(root)
+        h = started(short_root)
         try:
             env = agent_env(h, "r1", claimed(h, "r1"))
             assert agent(env, "set", "r1", "step=relayed step", "next_step=then").returncode == 0
@@ -93,9 +95,9 @@ class TestRelayed:
 
     @pytest.mark.parametrize("case", ["unknown field", "superseded", "ahead", "no such task", "blocked_on",
                                       "not a list", "bad epoch"])
-    def test_errors_match_the_cli_in_the_agents_own_process(self, root: Path, case: str) -> None:
+    def test_errors_match_the_cli_in_the_agents_own_process(self, short_root: Path, case: str) -> None:
         """Each refusal gives the same exit code and the same one line, relayed or written by the agent itself."""
-        h = started(root)
+        h = started(short_root)
         try:
             epoch = claimed(h, "e1")
             env = agent_env(h, "e1", epoch)
@@ -125,9 +127,9 @@ class TestRelayed:
         finally:
             h.stop()
 
-    def test_an_agent_with_options_or_a_store_url_writes_by_itself(self, root: Path) -> None:
+    def test_an_agent_with_options_or_a_store_url_writes_by_itself(self, short_root: Path) -> None:
         """Only the hot shapes are relayed: an option, a store URL or HEARTBEAT_RELAY=off keep the write local."""
-        h = started(root)
+        h = started(short_root)
         try:
             epoch = claimed(h, "o1")
             env = agent_env(h, "o1", epoch)
@@ -138,11 +140,11 @@ class TestRelayed:
         finally:
             h.stop()
 
-    def test_the_relayed_writes_are_counted_for_prometheus(self, root: Path) -> None:
+    def test_the_relayed_writes_are_counted_for_prometheus(self, short_root: Path) -> None:
         """heartbeat_relayed_writes_total{result} counts them, read with prometheus_client's parser."""
         from prometheus_client.parser import text_string_to_metric_families
 
-        h = started(root)
+        h = started(short_root)
         try:
             env = agent_env(h, "m1", claimed(h, "m1"))
             assert agent(env, "set", "m1", "step=a").returncode == 0
@@ -160,9 +162,9 @@ class TestRelayed:
         finally:
             h.stop()
 
-    def test_the_daemon_removes_its_socket_when_it_stops(self, root: Path) -> None:
+    def test_the_daemon_removes_its_socket_when_it_stops(self, short_root: Path) -> None:
         """A clean stop leaves no socket behind; the next agent's write is its own."""
-        h = started(root)
+        h = started(short_root)
         env = agent_env(h, "s1", claimed(h, "s1"))
         assert h.stop() == 0
         assert not (h.state / relay.SOCKET_NAME).exists()
@@ -173,9 +175,9 @@ class TestRelayed:
 class TestNeverTwiceNeverHung:
     """Whatever the socket or the daemon does, a write lands exactly once or says it may have."""
 
-    def test_a_killed_daemons_socket_sends_the_write_to_the_agent(self, root: Path) -> None:
+    def test_a_killed_daemons_socket_sends_the_write_to_the_agent(self, short_root: Path) -> None:
         """SIGKILL leaves the socket file: the agent's connect is refused and it writes by itself."""
-        h = started(root)
+        h = started(short_root)
         env = agent_env(h, "k1", claimed(h, "k1"))
         h.kill()
         assert (h.state / relay.SOCKET_NAME).exists()
@@ -191,9 +193,9 @@ class TestNeverTwiceNeverHung:
         finally:
             h.stop()
 
-    def test_a_stopped_daemon_is_not_waited_for_and_writes_nothing_later(self, root: Path) -> None:
+    def test_a_stopped_daemon_is_not_waited_for_and_writes_nothing_later(self, short_root: Path) -> None:
         """SIGSTOP: no greeting comes, so the agent writes by itself; resumed, the daemon writes nothing more."""
-        h = started(root)
+        h = started(short_root)
         try:
             env = agent_env(h, "p1", claimed(h, "p1"))
             assert h.proc is not None
@@ -212,11 +214,11 @@ class TestNeverTwiceNeverHung:
         finally:
             h.stop()
 
-    def test_a_lost_answer_is_an_error_never_a_second_write(self, root: Path) -> None:
+    def test_a_lost_answer_is_an_error_never_a_second_write(self, short_root: Path) -> None:
         """A daemon that greets, reads the request and closes without answering: exit 1, one line, no local write."""
-        state = root / "state"
+        state = short_root / "state"
         store = FileStore(str(state))
-        tasks.new_task(store, "l1", task="t", step="before", workdir=str(root))
+        tasks.new_task(store, "l1", task="t", step="before", workdir=str(short_root))
         epoch = tasks.claim(store, "l1", _owner()).meta.epoch
         got: list[bytes] = []
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -241,22 +243,16 @@ class TestNeverTwiceNeverHung:
         assert r.stderr.count("\n") == 1 and "answer was lost" in r.stderr and "heartbeat show l1" in r.stderr
         assert store.load("l1").done == []
 
-    def test_a_request_cut_short_is_not_written(self, root: Path) -> None:
+    def test_a_request_cut_short_is_not_written(self, short_root: Path) -> None:
         """A client that dies mid-request: the daemon writes nothing and goes on serving."""
-        h = started(root)
+        h = started(short_root)
         try:
             env = agent_env(h, "c1", claimed(h, "c1"))
             request = relay.encode_request(["set", "c1", "step=half"], env)
             assert request is not None
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(10)
-                sock.connect(str(h.state / relay.SOCKET_NAME))
-                assert sock.recv(64) == relay.GREETING
+            with greeted(h) as sock:
                 sock.sendall(request[:-3])
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:  # and a header that is no number
-                sock.settimeout(10)
-                sock.connect(str(h.state / relay.SOCKET_NAME))
-                assert sock.recv(64) == relay.GREETING
+            with greeted(h) as sock:  # and a header that is no number
                 sock.sendall(b"x" * 100)
             assert agent(env, "set", "c1", "step=whole").returncode == 0
             assert relayed(h) == 1
@@ -266,39 +262,32 @@ class TestNeverTwiceNeverHung:
         finally:
             h.stop()
 
-    def test_a_saturated_relay_sends_the_write_to_the_agent(self, root: Path) -> None:
+    def test_a_saturated_relay_sends_the_write_to_the_agent(self, short_root: Path) -> None:
         """Every slot held by a silent client: the next agent is closed on at once and writes by itself."""
         from heartbeat import defaults
 
-        h = started(root)
+        h = started(short_root)
         held: list[socket.socket] = []
+        stack = contextlib.ExitStack()
         try:
             env = agent_env(h, "n1", claimed(h, "n1"))
             for _ in range(defaults.RELAY_MAX_CLIENTS):
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.settimeout(10)
-                sock.connect(str(h.state / relay.SOCKET_NAME))
-                assert sock.recv(64) == relay.GREETING
-                held.append(sock)
+                held.append(stack.enter_context(greeted(h)))
             r = agent(env, "set", "n1", "step=by myself")
             assert r.returncode == 0, r.stderr
             assert h.baton("n1").step == "by myself" and relayed(h) == 0
         finally:
-            for sock in held:
-                sock.close()
+            stack.close()
             h.stop()
 
-    def test_a_dribbling_client_is_dropped_at_the_deadline(self, root: Path) -> None:
+    def test_a_dribbling_client_is_dropped_at_the_deadline(self, short_root: Path) -> None:
         """A request sent a byte a second is dropped unwritten when its 5 s are up, and the slot comes back."""
-        h = started(root)
+        h = started(short_root)
         try:
             env = agent_env(h, "d1", claimed(h, "d1"))
             request = relay.encode_request(["set", "d1", "step=slow"], env)
             assert request is not None
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(10)
-                sock.connect(str(h.state / relay.SOCKET_NAME))
-                assert sock.recv(64) == relay.GREETING
+            with greeted(h) as sock:
                 for byte in request[:12]:
                     try:
                         sock.sendall(bytes([byte]))
@@ -314,9 +303,9 @@ class TestNeverTwiceNeverHung:
         finally:
             h.stop()
 
-    def test_a_fifo_at_the_sockets_path_turns_the_relay_off_in_one_line(self, root: Path) -> None:
+    def test_a_fifo_at_the_sockets_path_turns_the_relay_off_in_one_line(self, short_root: Path) -> None:
         """A planted FIFO is neither opened nor removed; the daemon runs, agents write by themselves."""
-        h = DaemonHarness(root, tick="200ms", stall_after="1h")
+        h = DaemonHarness(short_root, tick="200ms", stall_after="1h")
         os.mkfifo(h.state / relay.SOCKET_NAME, 0o600)
         h.start()
         try:
@@ -330,13 +319,13 @@ class TestNeverTwiceNeverHung:
         finally:
             h.stop()
 
-    def test_a_socket_of_another_user_is_not_talked_to(self, root: Path) -> None:
+    def test_a_socket_of_another_user_is_not_talked_to(self, short_root: Path) -> None:
         """The client connects only to a socket its own uid owns (root chowns a listening one away)."""
         if os.geteuid() != 0:
             pytest.skip("giving a socket to another user needs root")
-        state = root / "state"
+        state = short_root / "state"
         store = FileStore(str(state))
-        tasks.new_task(store, "u1", task="t", step="before", workdir=str(root))
+        tasks.new_task(store, "u1", task="t", step="before", workdir=str(short_root))
         epoch = tasks.claim(store, "u1", _owner()).meta.epoch
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(str(state / relay.SOCKET_NAME))
@@ -354,14 +343,14 @@ class TestNeverTwiceNeverHung:
             server.close()
         assert store.load("u1").step == "mine"
 
-    def test_another_users_connection_is_refused(self, root: Path) -> None:
+    def test_another_users_connection_is_refused(self, short_root: Path) -> None:
         """A peer of another uid (SO_PEERCRED) gets no greeting, and the daemon logs one line."""
         if os.geteuid() != 0:
             pytest.skip("connecting as another user needs root")
-        h = started(root)
+        h = started(short_root)
         try:
             path = h.state / relay.SOCKET_NAME
-            for walk in (root, h.state):
+            for walk in (short_root, h.state):
                 walk.chmod(0o711)
             path.chmod(0o666)
             read_end, write_end = os.pipe()
@@ -383,12 +372,12 @@ class TestNeverTwiceNeverHung:
             with os.fdopen(read_end, "rb") as pipe:
                 heard = pipe.read()
             os.waitpid(pid, 0)
-            for walk in (root, h.state):
+            for walk in (short_root, h.state):
                 walk.chmod(0o700)
             assert heard == b"got:", heard  # connected (as nobody), and not greeted
             h.wait_log(lambda e: e.get("event") == "relay_refused" and e.get("uid") == 65534, "relay_refused")
         finally:
-            for walk in (root, h.state):
+            for walk in (short_root, h.state):
                 walk.chmod(0o700)
             h.stop()
 
@@ -426,10 +415,10 @@ class TestClient:
         """A lone surrogate (bytes that were not UTF-8) is not relayed: the CLI's own error says so."""
         assert relay.encode_request(["set", "t", "step=\udcff"], {}) is None
 
-    def test_the_agents_relayed_write_loads_no_parser(self, root: Path) -> None:
+    def test_the_agents_relayed_write_loads_no_parser(self, short_root: Path) -> None:
         """With a daemon running, an agent's set loads heartbeat, its pulse and relay modules and _socket:
         no TOML, SQLite, typing, re, dataclasses or json in the agent's process."""
-        h = started(root)
+        h = started(short_root)
         try:
             env = agent_env(h, "h1", claimed(h, "h1"))
             proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "heartbeat", "set", "h1", "step=x"],

@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from daemon_harness import DaemonHarness
+from test_relay import started
 
 from heartbeat import relay
 
@@ -27,22 +25,6 @@ pytestmark = pytest.mark.slow
 
 STOP_GRACE = 0.5
 """The harness's launcher ``stop_grace``: a SIGTERM'd daemon must be gone within it + 1 s."""
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="hbx", dir="/tmp"))
-    path.chmod(0o700)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def started(root: Path) -> DaemonHarness:
-    # (stall_after 1h: the test process claims the tasks, and a stalled claimant is stopped with SIGTERM)
-    h = DaemonHarness(root, tick="200ms", stall_after="1h")
-    h.start()
-    h.wait(lambda: (h.state / relay.SOCKET_NAME).exists(), "the relay socket")
-    return h
 
 
 def claimed(h: DaemonHarness, task_id: str) -> dict[str, str]:
@@ -75,11 +57,11 @@ def sigterm(h: DaemonHarness) -> float:
 class TestStopWithClients:
     """SIGTERM ends the daemon within its stop grace + 1 s whatever the relay's clients do."""
 
-    def test_greeted_clients_that_send_nothing_do_not_hold_the_stop(self, root: Path) -> None:
+    def test_greeted_clients_that_send_nothing_do_not_hold_the_stop(self, short_root: Path) -> None:
         """Clients greeted and silent (every slot taken) are closed on: a prompt, clean stop, socket removed."""
         from heartbeat import defaults
 
-        h = started(root)
+        h = started(short_root)
         held: list[socket.socket] = []
         try:
             for _ in range(defaults.RELAY_MAX_CLIENTS):
@@ -101,10 +83,10 @@ class TestStopWithClients:
                 sock.close()
             h.stop()
 
-    def test_a_write_stuck_on_a_baton_lock_does_not_hold_the_stop_past_the_grace(self, root: Path) -> None:
+    def test_a_write_stuck_on_a_baton_lock_does_not_hold_the_stop_past_the_grace(self, short_root: Path) -> None:
         """A relayed write waiting on a lock another writer holds: the daemon still stops within the grace
         (+1 s), and the agent is told its write may not have been made; nothing is written later."""
-        h = started(root)
+        h = started(short_root)
         try:
             env = claimed(h, "k1")
             lock = os.open(h.state / "locks" / "k1.lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -136,11 +118,11 @@ class TestStopWithClients:
             h.stop()
 
 
-    def test_a_client_greeted_just_before_the_stop_is_still_written_and_answered(self, root: Path) -> None:
+    def test_a_client_greeted_just_before_the_stop_is_still_written_and_answered(self, short_root: Path) -> None:
         """A request that arrives whole after SIGTERM, while the daemon stops (within half a second
         of the greeting), is written and answered 0: a restart does not turn an agent's write into
         'its answer was lost'."""
-        h = started(root)
+        h = started(short_root)
         try:
             env = claimed(h, "g1")
             request = relay.encode_request(["set", "g1", "step=during the stop"], env)
@@ -174,10 +156,10 @@ class TestStopWithClients:
 class TestSameErrors:
     """What goes wrong in the daemon's write is told as the agent's own write would tell it."""
 
-    def test_a_store_the_daemon_cannot_open_gives_the_agents_own_error(self, root: Path) -> None:
+    def test_a_store_the_daemon_cannot_open_gives_the_agents_own_error(self, short_root: Path) -> None:
         """A FIFO planted as the ledger's journal: the relayed write fails with the CLI's own line and
         code, not a claim that the daemon took the write and lost the answer."""
-        h = started(root)
+        h = started(short_root)
         try:
             env = claimed(h, "j1")
             os.mkfifo(h.state / "ledger.sqlite3-journal", 0o600)
@@ -192,7 +174,7 @@ class TestSameErrors:
             h.stop()
 
 
-    def test_a_request_longer_than_the_daemon_reads_is_written_by_the_agent(self, root: Path) -> None:
+    def test_a_request_longer_than_the_daemon_reads_is_written_by_the_agent(self, short_root: Path) -> None:
         """An agent whose stack limit lets it pass more than MAX_REQUEST bytes of arguments writes by
         itself and gets the CLI's own error (the unfixed client sent it, the daemon dropped it unread
         and the agent was told the daemon took the write and lost the answer)."""
@@ -206,7 +188,7 @@ class TestSameErrors:
         def roomy_stack() -> None:
             resource.setrlimit(resource.RLIMIT_STACK, (big, hard))
 
-        h = started(root)
+        h = started(short_root)
         try:
             env = claimed(h, "b1")
             args = ["add", "b1", "done", *(f"{i:03d}" + "b" * 120_000 for i in range(40))]  # 4.8 MB
@@ -224,10 +206,10 @@ class TestSameErrors:
             h.stop()
 
 
-    def test_an_error_line_longer_than_64_kib_arrives_whole(self, root: Path) -> None:
+    def test_an_error_line_longer_than_64_kib_arrives_whole(self, short_root: Path) -> None:
         """An error that echoes a 100 kB field name is the CLI's whole line (the unfixed client read
         at most 64 KiB of the answer and printed the line cut)."""
-        h = started(root)
+        h = started(short_root)
         try:
             env = claimed(h, "w1")
             args = ["set", "w1", "f" * 100_000 + "=v"]
@@ -240,12 +222,12 @@ class TestSameErrors:
             h.stop()
 
 
-    def test_ctrl_c_while_waiting_for_the_answer_is_the_clis_quiet_130(self, root: Path) -> None:
+    def test_ctrl_c_while_waiting_for_the_answer_is_the_clis_quiet_130(self, short_root: Path) -> None:
         """SIGINT while the agent waits for the daemon's answer: exit 130 and no traceback, as the CLI
         answers Ctrl-C (the unfixed client died of KeyboardInterrupt with a traceback)."""
         import threading
 
-        state = root / "state"
+        state = short_root / "state"
         state.mkdir(mode=0o700)
         got: list[bytes] = []
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -282,7 +264,7 @@ class TestSameErrors:
 class TestAcceptFailure:
     """A daemon out of descriptors does not spin on its relay socket."""
 
-    def test_accept_failing_for_lack_of_descriptors_pauses_instead_of_spinning(self, root: Path) -> None:
+    def test_accept_failing_for_lack_of_descriptors_pauses_instead_of_spinning(self, short_root: Path) -> None:
         """RLIMIT_NOFILE at the daemon's open descriptors + 3 and clients queued: accept() fails with
         EMFILE; the relay logs it once and pauses (the unfixed loop retried at once, ~80% of a core),
         the clock ticks on, and an agent writes by itself."""
@@ -290,7 +272,7 @@ class TestAcceptFailure:
 
         import psutil
 
-        h = started(root)
+        h = started(short_root)
         queued: list[socket.socket] = []
         try:
             env = claimed(h, "m1")
@@ -319,7 +301,7 @@ class TestAcceptFailure:
                 sock.close()
             h.stop()
 
-    def test_a_thread_that_cannot_start_leaves_the_relay_serving(self, root: Path) -> None:
+    def test_a_thread_that_cannot_start_leaves_the_relay_serving(self, short_root: Path) -> None:
         """No memory for a client's thread (RLIMIT_AS): that client is closed on and writes by itself,
         one line is logged, and once memory is back the relay serves again (the unfixed accept thread
         died of the RuntimeError: every later agent waited 2 s for a greeting that never came)."""
@@ -327,7 +309,7 @@ class TestAcceptFailure:
 
         import psutil
 
-        h = started(root)
+        h = started(short_root)
         try:
             env = claimed(h, "t1")
             assert h.proc is not None
@@ -353,10 +335,10 @@ class TestAcceptFailure:
 class TestHostileClients:
     """Many hostile clients: the clock ticks on, and the daemon keeps no descriptor or thread of theirs."""
 
-    def test_hostile_clients_leave_no_descriptor_or_thread_and_the_clock_ticks(self, root: Path) -> None:
+    def test_hostile_clients_leave_no_descriptor_or_thread_and_the_clock_ticks(self, short_root: Path) -> None:
         """Silent, vanishing, non-UTF-8, cut-short, no-number, oversized and valid clients, 40 of each:
         ticks go on meanwhile, and the daemon's open descriptors and threads come back to what they were."""
-        h = started(root)
+        h = started(short_root)
         try:
             env = claimed(h, "h1")
             assert h.proc is not None
