@@ -6,6 +6,7 @@ as in ``tests/test_relay.py``; each test here failed on the relay as first built
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
@@ -346,13 +347,18 @@ class TestHostileClients:
             path = str(h.state / relay.SOCKET_NAME)
             assert agent(env, "set", "h1", "step=warm").returncode == 0  # the relay's modules loaded
 
-            def fds() -> int:
-                return len(os.listdir(f"/proc/{pid}/fd"))
+            def sockets() -> int:
+                """The daemon's open sockets: each relay client holds one until its thread ends."""
+                found = 0
+                for name in os.listdir(f"/proc/{pid}/fd"):
+                    with contextlib.suppress(OSError):
+                        found += os.readlink(f"/proc/{pid}/fd/{name}").startswith("socket:")
+                return found
 
             def threads() -> int:
                 return len(os.listdir(f"/proc/{pid}/task"))
 
-            base_fds, base_threads = fds(), threads()
+            base_sockets, base_threads = sockets(), threads()
             ticks = events(h, "tick")
             valid = relay.encode_request(["add", "h1", "done", "item"], env)
             assert valid is not None
@@ -374,8 +380,12 @@ class TestHostileClients:
                         except ConnectionResetError:
                             pass  # dropped with bytes of ours unread
             assert h.baton("h1").done == ["item"] * 40
-            h.wait(lambda: threads() <= base_threads and fds() <= base_fds,
-                   f"threads and descriptors back to {base_threads} and {base_fds}")
+            # Sockets exactly (a client thread left behind holds its connection); threads with room
+            # for the scheduler's pool, which starts workers lazily (up to 10) when ticks overlap
+            # on a loaded machine (CI once saw the count stay above a baseline taken too early).
+            h.wait(lambda: sockets() <= base_sockets and threads() <= base_threads + 10,
+                   f"sockets back to {base_sockets} and threads to at most {base_threads} + 10 "
+                   f"(now {sockets()} and {threads()})")
             assert events(h, "tick") > ticks
             assert events(h, "relay_failed") == 0
         finally:
