@@ -71,9 +71,10 @@ AGENT = textwrap.dedent('''
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         data["child"] = subprocess.Popen([sys.executable, "-c", sleeper]).pid
     report = os.environ["TOY_REPORT"]
-    with open(report + ".tmp", "w") as f:
+    tmp = f"{report}.{os.getpid()}.tmp"  # agents launched together share the report: one temp file each
+    with open(tmp, "w") as f:
         json.dump(data, f)
-    os.replace(report + ".tmp", report)
+    os.replace(tmp, report)
     if mode == "exit":
         sys.exit(int(arg))
     if mode == "signal":
