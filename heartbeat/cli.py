@@ -252,8 +252,7 @@ def relayed_write(store: Any, argv: list[str], env: Mapping[str, str]) -> tuple[
     and what the CLI would print on stderr (one line, or nothing)."""
     from heartbeat.api import epoch_from_env
 
-    try:
-        _check_utf8(argv)
+    try:  # (the arguments arrived as UTF-8: _check_utf8 has nothing to find)
         args = _hot_args(argv)
         if args is None or args.command not in ("set", "add"):
             raise BadInput("the daemon writes only an agent's `set ID F=V...` and `add ID FIELD V...`")

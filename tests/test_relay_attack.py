@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import DaemonHarness
-from test_relay import started
+from test_relay import agent, agent_env, started
+from test_relay import claimed as claim_new
 
 from heartbeat import relay
 
@@ -30,16 +31,7 @@ STOP_GRACE = 0.5
 
 def claimed(h: DaemonHarness, task_id: str) -> dict[str, str]:
     """A new task claimed for this test process; the environment of its agent."""
-    r = h.cli("new", task_id, "--task", "t", "--step", "start", "--workdir", str(h.root), "--claim",
-              "--pid", str(os.getpid()))
-    assert r.returncode == 0, r.stderr
-    return {**h.env(), "HEARTBEAT_STATE_DIR": str(h.state), "HEARTBEAT_TASK": task_id,
-            "HEARTBEAT_EPOCH": r.stdout.strip()}
-
-
-def agent(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "heartbeat", *args], capture_output=True, text=True, env=env,
-                          timeout=60)
+    return agent_env(h, task_id, claim_new(h, task_id))
 
 
 def events(h: DaemonHarness, name: str) -> int:
