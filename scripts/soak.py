@@ -109,7 +109,7 @@ PLANT_EXCUSES = {"launch_failed", "dispatch_unrecorded"}
 TICKS = ("150ms", "200ms", "300ms")
 """The ticks a good SIGHUP picks from; a tick gap is judged against the longest (5 x 300 ms)."""
 RETRY_SOON = {"fifo_logs", "symlink_logs", "fifo_workdir", "race", "restore_baton", "corrupt_ledger",
-              "second_daemon", "hold_lock"}
+              "second_daemon", "hold_lock", "hup_broken"}
 """Faults that, finding nothing to act on (no daemon up, no candidate task), are tried again within
 a second instead of waiting their whole interval: the short soak must try each of them."""
 STARTUP_GRACE = 3.0
@@ -593,8 +593,9 @@ timeout = "5s"
             self.ticks_used.add(self.tick)
             self.hup(broken=False)
         elif name == "hup_broken" and not self.config_broken:
-            if self.hup(broken=True):
-                self.next_fault["hup_repair"] = time.monotonic() + rng.uniform(0.3, 1.5)
+            if not self.hup(broken=True):
+                return False  # no daemon up, or a SIGHUP not answered yet: tried again soon (RETRY_SOON)
+            self.next_fault["hup_repair"] = time.monotonic() + rng.uniform(0.3, 1.5)
         elif name == "hup_repair":
             if not self.config_broken:
                 del self.next_fault["hup_repair"]
