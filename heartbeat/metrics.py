@@ -454,7 +454,14 @@ def exposition(registry: Any, accept: str = "") -> tuple[bytes, str]:
 
 
 def write_textfile(path: str, registry: Any) -> None:
-    """Write the metrics for node_exporter's textfile collector atomically (temp file + rename)."""
-    from prometheus_client import write_to_textfile
+    """Write the metrics for node_exporter's textfile collector atomically, through heartbeat's own
+    writer (:func:`heartbeat.safefile.write_file_atomic`: an exclusive, no-follow temp file in the
+    target's directory, then a rename). ``prometheus_client.write_to_textfile`` opens its temp file
+    ``PATH.<pid>.<thread>`` with a plain ``open`` that follows a link planted at that name, and
+    the textfile directory is often writable by others."""
+    from prometheus_client import generate_latest
 
-    write_to_textfile(path, registry)
+    from heartbeat.safefile import write_file_atomic
+
+    # 0644: node_exporter, another user, reads it (as write_to_textfile's files are).
+    write_file_atomic(path, generate_latest(registry), 0o644)

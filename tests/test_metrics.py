@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from heartbeat.metrics import LATENCY_BUCKETS, METRIC_NAMES, VITALS_FILE, Histogram, Vitals
+from heartbeat.metrics import LATENCY_BUCKETS, METRIC_NAMES, VITALS_FILE, Histogram, Vitals, write_textfile
 from tests.conftest import ROOT, clean_env
 from tests.daemon_harness import TOY, DaemonHarness
 
@@ -214,6 +214,28 @@ class TestTextfile:
             types, _ = parse(text)
             assert "heartbeat_tasks" in types and text.endswith("\n")
         assert sorted(os.listdir(tmp_path)) == ["heartbeat.prom"]
+
+    def test_planted_symlink_at_the_temp_name_is_not_followed(self, tmp_path: Path) -> None:
+        """A link planted at prometheus_client's temp name (``PATH.<pid>.<thread>``, in a textfile
+        directory others may write) is neither followed nor replaced: the victim keeps its bytes and
+        PATH is a regular file of metrics. ``write_to_textfile`` opened that name with a plain
+        ``open``, wrote the metrics into the victim, and renamed the link over PATH (issue 17, item 13)."""
+        from prometheus_client import CollectorRegistry, Gauge
+
+        registry = CollectorRegistry()
+        Gauge("heartbeat_probe", "A probe.", registry=registry).set(1)
+        victim = tmp_path / "victim"
+        victim.write_text("precious\n")
+        textdir = tmp_path / "textfile"
+        textdir.mkdir()
+        path = textdir / "heartbeat.prom"
+        planted = textdir / f"heartbeat.prom.{os.getpid()}.{threading.current_thread().ident}"
+        planted.symlink_to(victim)
+        write_textfile(str(path), registry)
+        assert victim.read_text() == "precious\n"
+        assert not path.is_symlink() and "heartbeat_probe 1.0" in path.read_text()
+        assert oct(path.stat().st_mode & 0o777) == "0o644"  # node_exporter, another user, reads it
+        assert sorted(os.listdir(textdir)) == sorted(["heartbeat.prom", planted.name])  # no temp file left
 
     def test_unwritable_place_is_one_line(self, running: Running, tmp_path: Path) -> None:
         """A textfile in a directory that does not exist: exit 1, one line naming it."""
