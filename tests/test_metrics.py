@@ -41,8 +41,13 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+SCRAPE_TOKEN = "metrics-token"
+"""The daemon's [http] token: a Prometheus scrape carries it as a bearer token (``authorization`` in its config)."""
+
+
 def scrape(url: str) -> str:
-    with urllib.request.urlopen(url + "metrics", timeout=30) as response:
+    request = urllib.request.Request(url + "metrics", headers={"Authorization": f"Bearer {SCRAPE_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
         assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         return response.read().decode()
 
@@ -68,7 +73,8 @@ class Running:
 @pytest.fixture(scope="module")
 def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     h = DaemonHarness(tmp_path_factory.mktemp("metrics"), agent=[*TOY, "--step-time", "1.0"], stall_after="30s",
-                      backoff_initial="100ms", backoff_max="200ms", extra='[http]\nlisten = "127.0.0.1:0"\n')
+                      backoff_initial="100ms", backoff_max="200ms",
+                      extra=f'[http]\nlisten = "127.0.0.1:0"\ntoken = "{SCRAPE_TOKEN}"\n')
     r = Running(h)
     try:
         h.new("work", plan=60)
@@ -175,7 +181,8 @@ class TestExposition:
     def test_openmetrics_on_request(self, running: Running) -> None:
         """A scraper asking for OpenMetrics gets it (prometheus_client negotiates)."""
         request = urllib.request.Request(running.url + "metrics",
-                                         headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+                                         headers={"Accept": "application/openmetrics-text; version=1.0.0",
+                                                  "Authorization": f"Bearer {SCRAPE_TOKEN}"})
         with urllib.request.urlopen(request, timeout=30) as response:
             assert response.headers["Content-Type"].startswith("application/openmetrics-text")
             assert response.read().decode().rstrip().endswith("# EOF")
