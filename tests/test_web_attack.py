@@ -272,6 +272,27 @@ class TestConnectionFlood:
                 sock.close()
             h.close()
 
+    def test_a_silent_or_trickling_client_is_closed(self, daemon: tuple[DaemonHarness, str]) -> None:
+        """A connection that sends nothing, and one that sends half a request, are closed by the server
+        after WEB_REQUEST_TIMEOUT (uvicorn's keep-alive timer starts only after a response: on c684e38
+        both stayed open for as long as the client liked)."""
+        _, url = daemon
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        silent = socket.create_connection(("127.0.0.1", port), timeout=5)
+        trickling = socket.create_connection(("127.0.0.1", port), timeout=5)
+        try:
+            trickling.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n")
+            deadline = time.monotonic() + defaults.WEB_REQUEST_TIMEOUT + 15
+            for sock in (silent, trickling):
+                sock.settimeout(max(0.1, deadline - time.monotonic()))
+                try:
+                    assert sock.recv(1024) == b""  # closed by the server, nothing sent
+                except ConnectionResetError:
+                    pass  # closed with a reset: as good
+        finally:
+            silent.close()
+            trickling.close()
+
     def test_a_repeated_loop_error_is_logged_once_per_period(self) -> None:
         """The web server's event loop reports each kind of error at most once per WEB_ERROR_LOG_EVERY, then
         says how many it left out: asyncio retries a failing accept() thousands of times a second (on
