@@ -157,6 +157,14 @@ def _strip_port(header: str) -> str | None:
     return name.rstrip(".") or None
 
 
+def _is_unspecified(host: str) -> bool:
+    """``0.0.0.0`` or ``::``: listening on every address of the machine."""
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
+
+
 class HostCheck:
     """Which ``Host`` headers this server answers: a DNS-rebinding page sends its own name.
 
@@ -168,21 +176,24 @@ class HostCheck:
     """
 
     def __init__(self, listen: Listen, names: Iterable[str] = ()) -> None:
-        self.names = {n.strip().lower().rstrip(".") for n in names if n.strip()}
-        self.any_address = False
+        self.names: set[str] = set()
         self.addresses: set[Any] = set()
-        loopback = bool(listen.path) or is_loopback(listen.host)
-        if listen.host:
-            try:
-                address = ipaddress.ip_address(listen.host)
-            except ValueError:
-                self.names.add(listen.host.lower().rstrip("."))
-            else:
-                self.any_address = address.is_unspecified
-                self.addresses.add(address)
-        if loopback or self.any_address:
+        self.any_address = _is_unspecified(listen.host)
+        for name in (*names, listen.host):
+            # As a Host header spells it ("name", "name:8443", "[::1]"), a bare IPv6 address bracketed.
+            bare_v6 = name.count(":") > 1 and not name.startswith("[")
+            self._add(_strip_port(f"[{name}]" if bare_v6 else name))
+        if listen.path or is_loopback(listen.host) or self.any_address:
             self.names.add("localhost")
             self.addresses.update((ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")))
+
+    def _add(self, host: str | None) -> None:
+        if not host:
+            return
+        try:
+            self.addresses.add(ipaddress.ip_address(host))
+        except ValueError:
+            self.names.add(host)
 
     def allows(self, header: str) -> bool:
         host = _strip_port(header)

@@ -263,6 +263,9 @@ class TestListen:
         (Listen("192.0.2.7", 80), ("status.example.org",), ["192.0.2.7", "status.example.org:80"],
          ["localhost:80", "127.0.0.1:80", "192.0.2.8", "example.org"]),
         (Listen(path="/s/web.sock"), (), ["localhost", "127.0.0.1"], ["attacker.example"]),
+        (Listen("::1", 80), ("Status.Example.org.:8443", "192.0.2.9", "[2001:db8::2]:80", "2001:db8::3"),
+         ["[::1]:80", "localhost", "status.example.org", "192.0.2.9:80", "[2001:db8::2]", "[2001:db8::3]:1"],
+         ["192.0.2.10", "example.org"]),
     ])
     def test_host_check(self, listen: Listen, names: tuple[str, ...], served: list[str], refused: list[str]) -> None:
         """A Host header naming the listen address, localhost on loopback, any address literal on a
