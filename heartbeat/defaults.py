@@ -174,3 +174,10 @@ GC_FIRST_DELAY_MAX = 300.0
 
 RELAY_MAX_CLIENTS = 16
 """Agents' writes the daemon's relay (:mod:`heartbeat.relay`) serves at once; one more writes by itself."""
+
+CLOCK_STEP_TOLERANCE = 1.0
+"""Seconds the wall clock may move apart from the monotonic one between two looks before the
+daemon calls it a step (logs ``clock_stepped`` and re-arms its scheduler); NTP's slewing stays far below."""
+
+CLOCK_CHECK_EVERY = 1.0
+"""Seconds, at most, between the daemon's looks for a wall-clock step (its main thread, on the monotonic clock)."""
