@@ -371,8 +371,10 @@ def hold_daemon_lock(state_dir: str) -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            raise DaemonRunning(f"another daemon (pid {holder}) is running on this state dir; "
-                                "one daemon per state dir", path=state_dir) from None
+            running = DaemonRunning(f"another daemon (pid {holder}) is running on this state dir; "
+                                    "one daemon per state dir", path=state_dir)
+            running.holder = holder
+            raise running from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     except BaseException:
