@@ -310,3 +310,57 @@ class TestARealDaemon:
             assert stepped["direction"] == "forward" and abs(stepped["seconds"] - HOUR) < 60, stepped
         finally:
             h.close()
+
+
+class TestAgentsKeepTheirIdentity:
+    """An agent is known by pid and create time; psutil counts create times from the boot time in
+    wall-clock terms (``/proc/stat``'s ``btime``), which a kernel clock step moves. The step is
+    played with a procfs of the test's own (``psutil.PROCFS_PATH``, psutil's documented setting
+    for a /proc mounted elsewhere) whose ``btime`` is an hour off and whose process directory is
+    the real one."""
+
+    @staticmethod
+    def stepped_procfs(tmp_path: Path, pid: int, seconds: int) -> Path:
+        root = tmp_path / "proc"
+        root.mkdir()
+        (root / str(pid)).symlink_to(f"/proc/{pid}")
+        lines = Path("/proc/stat").read_text().splitlines()
+        (root / "stat").write_text("".join(
+            (f"btime {int(line.split()[1]) + seconds}" if line.startswith("btime ") else line) + "\n"
+            for line in lines))
+        return root
+
+    @pytest.mark.parametrize("step", [-3600, 3600], ids=["back", "forward"])
+    def test_a_live_agent_stays_alive_across_a_step_and_a_stranger_does_not(
+            self, tmp_path: Path, step: int) -> None:
+        """The daemon noted the boot time before the step (each pass does): after it, the agent
+        recorded before the step is still alive, and its exit watch still takes it; a create time
+        that matches under no boot time seen is still another process (on c684e38 the agent
+        counted as gone: a successor would have been dispatched beside it)."""
+        import subprocess
+
+        import psutil
+
+        from heartbeat import liveness
+        from heartbeat.baton import Owner, OwnerKind
+
+        agent = subprocess.Popen(["sleep", "60"])
+        try:
+            found = liveness.identify(agent.pid)
+            assert found is not None
+            owner = Owner(pid=agent.pid, create_time=found[1], host=liveness.this_host(), how=OwnerKind.DISPATCH)
+            stranger = Owner(pid=agent.pid, create_time=found[1] - 7.0, host=liveness.this_host(),
+                             how=OwnerKind.DISPATCH)
+            liveness.note_boot_time()
+            procfs = self.stepped_procfs(tmp_path, agent.pid, step)
+            psutil.PROCFS_PATH = str(procfs)
+            try:
+                moved = liveness.identify(agent.pid)
+                assert moved is not None and abs(moved[1] - (found[1] + step)) < 0.5  # the step is seen
+                assert liveness.is_alive(owner)
+                assert not liveness.is_alive(stranger)
+            finally:
+                psutil.PROCFS_PATH = "/proc"
+        finally:
+            agent.kill()
+            agent.wait()

@@ -35,6 +35,7 @@ from heartbeat.daemon.shared import Shared
 from heartbeat.daemon.watch import Watcher
 from heartbeat.errors import Busy, Conflict, HeartbeatError, InvalidBaton, NotActive, NotFound, UnsafePath
 from heartbeat.ledger import Event, EventKind
+from heartbeat.liveness import note_boot_time
 from heartbeat.metrics import VITALS_FILE, Vitals
 from heartbeat.store.base import Entry, Store
 
@@ -354,6 +355,7 @@ class Core:
         clock (:mod:`heartbeat.daemon.ages`). Wall-clock instants (a snooze's end, a ``time:``
         gate, a backoff's end) keep their meaning as times of day."""
         step = self.steps.check()
+        note_boot_time()  # (a step moves the boot time psutil's create times are counted from)
         if step is not None:
             self.log.warning("clock_stepped", direction="back" if step < 0 else "forward",
                              seconds=round(abs(step), 3), wall_now=self.clock.now().isoformat(),
