@@ -115,6 +115,9 @@ RETRY_SOON = {"fifo_logs", "symlink_logs", "fifo_workdir", "race", "restore_bato
               "second_daemon", "hold_lock", "hup_broken", "live_migrate"}
 """Faults that, finding nothing to act on (no daemon up, no candidate task), are tried again within
 a second instead of waiting their whole interval: the short soak must try each of them."""
+MIGRATE_WITHIN = 8.0
+"""Seconds a live migration gets to meet the running daemon (start and reach its lock, on a loaded
+machine) before the soak may stop that daemon."""
 LOCK_HOLDERS = ("second daemon", "migrate")
 """Background commands that take the daemon lock: stopped before the soak restarts its daemon."""
 STARTUP_GRACE = 3.0
@@ -1223,6 +1226,8 @@ timeout = "5s"
                                  "--to", str(target)], stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                 cwd=str(self.root))
         holder = self.daemon.pid if self.daemon is not None else 0
+        for name in ("daemon_kill", "daemon_term"):  # it must meet the daemon it is to be refused by
+            self.next_fault[name] = max(self.next_fault[name], time.monotonic() + MIGRATE_WITHIN)
         self.pending.append(Pending("migrate (live)", "", proc, out, time.monotonic(), time.monotonic() + 20.0,
                                     {1}, holder, target=str(target)))
         return True
