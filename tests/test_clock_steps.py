@@ -16,7 +16,7 @@ from __future__ import annotations
 import glob
 import sys
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -232,22 +232,37 @@ FAKETIME = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
 
 
 class SteppedDaemon(DaemonHarness):
-    """A real daemon whose processes (the daemon and the CLI) see a wall clock this harness
-    steps: libfaketime reads the offset from ``faketime`` at every call. (Agents that sleep run
-    without it, as ``env -u LD_PRELOAD ...``: under libfaketime 0.9.10 Python's ``time.sleep``
-    fails with EINVAL.)"""
+    """A real daemon whose wall clock this harness steps: libfaketime reads the offset from
+    ``faketime`` at every call. Under libfaketime 0.9.10 with the monotonic clock left alone,
+    Python's ``time.sleep`` fails with EINVAL, so only the daemon runs under it: the CLI runs
+    without it (times given to it are the daemon's, :meth:`now`) and agents drop it
+    (``env -u LD_PRELOAD ...``)."""
 
     def __init__(self, root: Path, **kwargs: Any) -> None:
         assert FAKETIME, "libfaketime is not installed (apt-get install libfaketime): scripts/test installs it"
         self.offset_file = root / "faketime"
         self.offset = 0.0
+        self._starting = False
         self.offset_file.write_text("+0\n")
         kwargs.setdefault("agent", ["env", "-u", "LD_PRELOAD", *TOY, "--step-time", "0.3"])
         super().__init__(root, **kwargs)
 
     def env(self) -> dict[str, str]:
+        if not self._starting:  # the CLI: its lock waits sleep, which libfaketime breaks
+            return super().env()
         return {**super().env(), "LD_PRELOAD": FAKETIME[0], "FAKETIME_TIMESTAMP_FILE": str(self.offset_file),
                 "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+    def start(self) -> None:
+        self._starting = True
+        try:
+            super().start()
+        finally:
+            self._starting = False
+
+    def now(self) -> datetime:
+        """The daemon's wall clock."""
+        return datetime.now(UTC) + timedelta(seconds=self.offset)
 
     def step(self, seconds: float) -> None:
         self.offset += seconds
@@ -275,7 +290,7 @@ class TestARealDaemon:
             h.start()
             h.wait(lambda: h.ticks() >= 3, "the first ticks")
             h.step(-HOUR)
-            r = h.cli("snooze", "s1", "--for", "1s")
+            r = h.cli("snooze", "s1", "--until", (h.now() + timedelta(seconds=1)).isoformat())
             assert r.returncode == 0, r.stderr
             before = h.ticks()
             h.wait(lambda: h.ticks() >= before + 10, "ten ticks after the step back", timeout=30)
