@@ -192,3 +192,9 @@ WEB_ERROR_LOG_EVERY = 60.0
 """Seconds between two log lines of the same status-page server error (``socket.accept() out of
 system resource`` repeats thousands of times a second while descriptors are short); the next line
 says how many were left out."""
+CLOCK_STEP_TOLERANCE = 1.0
+"""Seconds the wall clock may move apart from the monotonic one between two looks before the
+daemon calls it a step (logs ``clock_stepped`` and re-arms its scheduler); NTP's slewing stays far below."""
+
+CLOCK_CHECK_EVERY = 1.0
+"""Seconds, at most, between the daemon's looks for a wall-clock step (its main thread, on the monotonic clock)."""
