@@ -160,12 +160,14 @@ class TestRealCodexHooks:
 class TestDaemonWithRealCodex:
     """The daemon runs the real codex through its preset against the scripted model."""
 
+    @pytest.mark.parametrize("session", ["fresh", "resume"])
     def test_sigkill_mid_task_the_successor_finishes_redoing_at_most_the_step_in_flight(
-            self, codex: Path, root: Path, tmp_path: Path) -> None:
+            self, codex: Path, root: Path, tmp_path: Path, session: str) -> None:
         """codex is SIGKILLed while the model holds the answer to step 2's write (before its note); the
-        daemon's successor finishes all four steps, and the model's own record shows at most step 2
-        written twice. The sandbox keeps /tmp read-only, so the note is kept only because the preset
-        makes the state dir writable; the hooks fire in both runs, each bound to the task."""
+        daemon's successor (a fresh thread, or `exec resume` of the killed one) finishes all four steps,
+        and the model's own record shows at most step 2 written twice. The sandbox keeps /tmp read-only,
+        so the note is kept only because the preset makes the state dir writable; the hooks fire in
+        both runs, each bound to the task."""
         model_dir = tmp_path / "model"
         with scripted_model(model_dir, Workload(steps=STEPS), sees_files=False, wires=("responses",)) as model:
             env = codex_env(root)
@@ -176,6 +178,7 @@ class TestDaemonWithRealCodex:
 preset = "codex"
 program = "{codex}"
 args = {toml_list(args)}
+session = "{session}"
 inherit_env = ["LANG"]
 env = {{ PATH = "{env['PATH']}", HOME = "{env['HOME']}", CODEX_HOME = "{env['CODEX_HOME']}", SCRIPTED_KEY = "sk-scripted" }}
 """
@@ -191,7 +194,7 @@ env = {{ PATH = "{env['PATH']}", HOME = "{env['HOME']}", CODEX_HOME = "{env['COD
                 assert r.returncode == 0, r.stderr
                 h.wait(lambda: any(e["event"] == "held" for e in model.brain.record.entries()),
                        "the model holding step 2's answer", timeout=180)
-                [first] = h.live_agents("fix").values()
+                assert len(h.live_agents("fix")) == 1
                 h.kill_agents()
                 (model_dir / "controls.json").write_text("{}")
                 baton = h.wait(lambda: (b := h.baton("fix")).meta.status.value == "done" and b,
@@ -206,9 +209,12 @@ env = {{ PATH = "{env['PATH']}", HOME = "{env['HOME']}", CODEX_HOME = "{env['COD
         dispatched = h.events("fix", "dispatched")
         assert len(dispatched) == 2
         exited = h.events("fix", "exited")
-        assert exited[0].data.get("signal") == 9 or exited[0].data.get("code") == -9, exited[0].data
+        assert exited[0].data["signal"] == 9 and exited[0].data["kind"] == "failed", exited[0].data
+        first_thread = exited[0].data["session_id"]
+        assert dispatched[1].data["session_resumed"] is (session == "resume")
         notes = [e for e in record.entries() if e["event"] == "note"]
         assert notes and not any(e["error"] for e in notes), [e for e in notes if e["error"]][:2]
         started = [d for k, d in seams(h.state, "fix") if k == "session_started"]
-        assert len(started) == 2 and len({d["session_id"] for d in started}) == 2
-        assert first
+        assert [d["source"] for d in started] == ["startup", "resume" if session == "resume" else "startup"]
+        assert started[0]["session_id"] == first_thread
+        assert (started[1]["session_id"] == first_thread) is (session == "resume")

@@ -644,7 +644,8 @@ class TestCompactionHeavySessions:
         try:
             tasks.new_task(store, "c", task="t", step="s")
             with store.edit("c", actor="test") as ed:
-                ed.baton.meta.session, ed.baton.meta.attempt, ed.baton.meta.last_exit = UUID1, 1, 1
+                meta = ed.baton.meta
+                meta.session, meta.attempt, meta.dispatches, meta.last_exit = UUID1, 1, 1, 1
             now = datetime.now(timezone.utc)
 
             def compacted(session: str) -> None:
