@@ -752,19 +752,22 @@ def install_codex(directory: str | None = None, *, user: bool = False, state_dir
                   config: str | None = None, task: str | None = None,
                   env: Mapping[str, str] | None = None) -> list[str]:
     """Merge heartbeat's hooks into codex's ``hooks.json`` and add (or refresh) the marked section at
-    the end of ``AGENTS.md`` (read even where the hooks are not trusted yet); returns the files written."""
+    the end of the project's ``AGENTS.md`` (read even where the hooks are not trusted yet; with
+    ``user`` only when ``directory`` names the project); returns the files written."""
     path = codex_hooks_path(directory, user=user, env=env)
     doc, changed = _merge_hooks(path, "codex", state_dir=state_dir, config=config, task=task)
+    written = []
+    if changed:
+        _write_atomic(path, _dump(doc))
+        written.append(path)
+    if user and directory is None:
+        return written
     agents = os.path.join(os.path.abspath(directory or "."), "AGENTS.md")
     text = _read_text(agents)
     base = _strip_section(text, agents)
     if base and not base.endswith("\n"):
         base += "\n"
     new = base + ("\n" if base else "") + agents_section(task, command_prefix(state_dir or "", config or ""))
-    written = []
-    if changed:
-        _write_atomic(path, _dump(doc))
-        written.append(path)
     if new != text:
         _write_atomic(agents, new)
         written.append(agents)
@@ -773,18 +776,17 @@ def install_codex(directory: str | None = None, *, user: bool = False, state_dir
 
 def uninstall_codex(directory: str | None = None, *, user: bool = False, state_dir: str | None = None,
                     config: str | None = None, env: Mapping[str, str] | None = None) -> list[str]:
-    """Remove heartbeat's hooks from codex's ``hooks.json`` and its section from ``AGENTS.md`` (the
+    """Remove heartbeat's hooks from codex's ``hooks.json`` and its section from ``AGENTS.md`` (that
     file too, when nothing else is left in it)."""
     path = codex_hooks_path(directory, user=user, env=env)
     serving = _serving(state_dir, config) if state_dir or config else None
     written = []
     new_doc = _unmerge_hooks(path, "codex", serving)
     if new_doc is not None:
-        if new_doc:
-            _write_atomic(path, _dump(new_doc))
-        else:
-            os.unlink(path)  # install created it: nothing of anyone else's is in it
+        _write_atomic(path, _dump(new_doc))
         written.append(path)
+    if user and directory is None:
+        return written
     agents = os.path.join(os.path.abspath(directory or "."), "AGENTS.md")
     text = _read_text(agents)
     new = _strip_section(text, agents)

@@ -537,6 +537,27 @@ class TestInstall:
         assert hb("hooks", "uninstall", "codex", "--dir", str(work)).code == 0
         assert not (work / "AGENTS.md").exists()
 
+    def test_codex_hooks_json(self, hb: Callable[..., Result], work: Path, tmp_path: Path) -> None:
+        """codex: the four hooks merge into .codex/hooks.json next to a person's own (kept, with the file's
+        other keys); --user writes $CODEX_HOME/hooks.json and, without --dir, no AGENTS.md."""
+        hooks_json = work / ".codex" / "hooks.json"
+        hooks_json.parent.mkdir()
+        mine = {"hooks": [{"type": "command", "command": "notify-send 'heartbeat hook codex ran'"}]}
+        hooks_json.write_text(json.dumps({"description": "team hooks", "hooks": {"Stop": [mine]}}))
+        r = hb("hooks", "install", "codex", "--dir", str(work))
+        assert r.code == 0 and "/hooks" in r.out, r.err
+        doc = _settings(hooks_json)
+        assert doc["description"] == "team hooks" and doc["hooks"]["Stop"][0] == mine
+        for name in ("SessionStart", "PreCompact", "Stop", "SessionEnd"):
+            [ours] = [h for g in doc["hooks"][name] for h in g["hooks"] if h["command"].endswith("# heartbeat-hook")]
+            assert " hook codex " in ours["command"] and ours["timeout"] == 30
+        assert hb("hooks", "uninstall", "codex", "--dir", str(work)).code == 0
+        assert _settings(hooks_json) == {"description": "team hooks", "hooks": {"Stop": [mine]}}
+        codex_home = tmp_path / "codex-home"
+        assert hb("hooks", "install", "codex", "--user", env={"CODEX_HOME": str(codex_home)}).code == 0
+        assert "Stop" in _settings(codex_home / "hooks.json")["hooks"]
+        assert not (tmp_path / "AGENTS.md").exists()  # the hook runs from tmp_path: no project was named
+
 
 class TestRealClaude:
     """The real `claude -p` (pinned, not logged in, temp HOME, no network) fires the installed hooks."""
