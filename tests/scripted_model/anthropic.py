@@ -17,8 +17,8 @@ import math
 import uuid
 from typing import Any
 
-from tests.scripted_model.brain import Call, Conversation, Reply, Result, shell_call
-from tests.scripted_model.server import Exchange, Handler, ScriptedModel
+from .brain import Call, Conversation, Reply, Result, shell_call
+from .server import Exchange, Handler, ScriptedModel
 
 __all__ = ["ROUTES", "conversation", "message_events"]
 

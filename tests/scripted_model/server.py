@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.scripted_model.brain import Brain, Record, Workload
+from .brain import Brain, Record, Workload
 
 __all__ = ["Exchange", "ScriptedModel", "Handler", "scripted_model"]
 
@@ -168,7 +168,7 @@ def scripted_model(log_dir: Path, workload: Workload, *, sees_files: bool = True
     log_dir.mkdir(parents=True, exist_ok=True)
     routes: dict[tuple[str, str], Handler] = {}
     for wire in wires:
-        routes.update(importlib.import_module(f"tests.scripted_model.{wire}").ROUTES)
+        routes.update(importlib.import_module(f".{wire}", __package__).ROUTES)
     brain = Brain(workload, Record(log_dir / "model.jsonl"), controls=log_dir / "controls.json",
                   sees_files=sees_files)
     model = ScriptedModel(brain, routes, log_dir).start()
