@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -200,3 +202,72 @@ class TestKilledMidTask:
             assert s.h.baton("real").done == list(STEPS)
         finally:
             s.h.close()
+
+
+DOCS_STEPS = ("Reproduce", "Write a failing test", "Fix")
+
+
+class TestTheDocsAsWritten:
+    """docs/agents.md's Claude Code section, copy-pasted: its config and its commands, headless."""
+
+    def test_the_claude_code_config_and_commands_work_as_written(self, tmp_path: Path) -> None:
+        """The config block verbatim, the shell block with /srv/repo moved into a temp dir, `claude` on
+        PATH and the scripted model as the API: the daemon's claude finishes the task, notes every step,
+        keeps the task's constraint (its first step would write config/prod.yaml), and fires the hooks
+        `hooks install claude` wrote (fails on c684e38: the agent's heartbeat commands are refused)."""
+        import re
+
+        import psutil
+
+        from heartbeat.store.files import FileStore
+
+        claude = agent_cli("claude")
+        text = (Path(__file__).resolve().parent.parent / "docs" / "agents.md").read_text()
+        section = text[text.index("### The config"):]
+        config = re.search(r"```toml\n(.*?)```", section, re.S)
+        commands = re.search(r"```sh\n(.*?)```", section, re.S)
+        assert config and commands
+        tmp_path.chmod(0o700)
+        where, repo, home = tmp_path / "agents", tmp_path / "repo", tmp_path / "home"
+        for d in (where, repo, home):
+            d.mkdir()
+        (where / "heartbeat.toml").write_text(config.group(1))
+        script = commands.group(1).replace("/srv/repo", str(repo))
+        assert script.rstrip().endswith("heartbeat run")
+        setup = script.rstrip()[: -len("heartbeat run")]
+        workload = Workload(steps=DOCS_STEPS, touches={DOCS_STEPS[0]: "config/prod.yaml"})
+        with scripted_model(tmp_path / "model", workload) as model:
+            env = {**claude_env(model, home), "LANG": "C.UTF-8",
+                   "PATH": f"{BIN}:{claude.parent}:/usr/local/bin:/usr/bin:/bin"}
+            r = subprocess.run(["bash", "-ec", setup], cwd=where, env=env, capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+            log = open(tmp_path / "daemon.log", "wb")  # noqa: SIM115
+            daemon = subprocess.Popen(["bash", "-c", "exec heartbeat run"], cwd=where, env=env, stdout=log,
+                                      stderr=subprocess.STDOUT)
+            log.close()
+            store = FileStore(str(where / "state"))
+            try:
+                deadline = time.monotonic() + 240
+                while store.load("fix-fallback").meta.status.value != "done":
+                    assert daemon.poll() is None, (tmp_path / "daemon.log").read_text()[-2000:]
+                    assert time.monotonic() < deadline, (tmp_path / "daemon.log").read_text()[-2000:]
+                    time.sleep(0.1)
+                baton = store.load("fix-fallback")
+                assert baton.done == list(DOCS_STEPS)
+                record = model.brain.record.entries()
+                assert [e for e in record if e["event"] == "refused"] == []
+                assert [e["step"] for e in record if e["event"] == "step_done"] == list(DOCS_STEPS)
+                assert not (repo / "config" / "prod.yaml").exists()
+                assert [e for e in record if e["event"] == "skipped_touch"]
+                kinds = {e.kind for e in store.ledger.events("fix-fallback")}
+                assert "session_started" in kinds  # the hook install wrote fired in the daemon's claude
+            finally:
+                daemon.send_signal(signal.SIGTERM)
+                daemon.wait(timeout=30)
+                for proc in psutil.process_iter():
+                    try:
+                        if proc.environ().get("HEARTBEAT_STATE_DIR") == str(where / "state"):
+                            proc.kill()
+                    except psutil.Error:
+                        pass
+                store.close()
