@@ -25,7 +25,8 @@ event's ``cwd``; with none (or several) the hook does nothing. A hook never brea
 agent: every failure is one line on stderr and exit 0. It never creates a state dir.
 
 ``heartbeat hooks install claude`` merges the four hooks into ``.claude/settings.json``
-(``--user``: ``~/.claude/settings.json``) keeping everything already there, and with
+(``--user``: ``~/.claude/settings.json``) keeping everything already there, adds permission
+rules that let a session run heartbeat's own agent commands (:func:`allow_rules`), and with
 ``--mcp`` registers ``heartbeat mcp`` in ``.mcp.json``; ``heartbeat hooks install codex``
 adds a marked section to ``AGENTS.md``. ``uninstall`` removes exactly those entries.
 """
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -58,6 +60,7 @@ __all__ = [
     "hook_main",
     "install_claude",
     "uninstall_claude",
+    "allow_rules",
     "install_codex",
     "uninstall_codex",
 ]
@@ -452,6 +455,38 @@ def _without_ours(groups: list[Any]) -> list[Any]:
     return kept
 
 
+def allow_rules(*, state_dir: str | None = None, config: str | None = None, task: str | None = None) -> list[str]:
+    """The permission rules ``install`` adds: heartbeat's agent commands (on ``task``, else on any task),
+    as the brief writes them and with the global options the install was given, and the MCP server."""
+    import shlex
+
+    from heartbeat.presets import claude_allow_rules
+
+    prefixes = ["heartbeat"]
+    options = [*(["--state-dir", os.path.abspath(state_dir)] if state_dir else []),
+               *(["--config", os.path.abspath(config)] if config else [])]
+    if options:
+        prefixes.append(shlex.join(["heartbeat", *options]))
+    rules: list[str] = []
+    for prefix in prefixes:
+        rules += [r for r in claude_allow_rules(task or "", prefix=prefix) if r not in rules]
+    return rules
+
+
+_OUR_RULE = re.compile(r"Bash\(heartbeat( --(state-dir|config) \S+)* (show|brief|verify|set|add|touch|block|snooze|done)"
+                       r"( [A-Za-z0-9][A-Za-z0-9._-]*)?:\*\)|mcp__heartbeat")
+
+
+def _permissions(doc: dict[str, Any], path: str) -> tuple[dict[str, Any], list[Any]]:
+    perms = doc.get("permissions", {})
+    if not isinstance(perms, dict):
+        raise BadInput(f"{path}: permissions: expected a JSON object, got {type(perms).__name__}; left untouched")
+    allow = perms.get("allow", [])
+    if not isinstance(allow, list):
+        raise BadInput(f"{path}: permissions.allow: expected a list, got {type(allow).__name__}; left untouched")
+    return perms, allow
+
+
 def _dump(doc: dict[str, Any]) -> str:
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
@@ -471,6 +506,8 @@ def install_claude(
         raise BadInput("--mcp registers the server per project (.mcp.json in --dir), not with --user")
     doc = _load_json(path, "a settings file")
     hooks = _hooks_table(doc, path)
+    perms, allow = _permissions(doc, path)
+    new_allow = allow + [r for r in allow_rules(state_dir=state_dir, config=config, task=task) if r not in allow]
     command = hook_command(state_dir=state_dir, config=config, task=task)
     mcp_file = mcp_path(directory) if mcp else None
     mcp_doc = _mcp_doc_with_server(mcp_file, state_dir=state_dir, config=config) if mcp_file else None
@@ -481,8 +518,8 @@ def install_claude(
         groups.append({"hooks": [entry]})
         new_hooks[name] = groups
     written = []
-    if new_hooks != hooks or "hooks" not in doc:
-        _write_atomic(path, _dump({**doc, "hooks": new_hooks}))
+    if new_hooks != hooks or "hooks" not in doc or new_allow != allow:
+        _write_atomic(path, _dump({**doc, "hooks": new_hooks, "permissions": {**perms, "allow": new_allow}}))
         written.append(path)
     if mcp_file is not None and mcp_doc is not None and mcp_doc != _load_json(mcp_file, "an MCP config"):
         _write_atomic(mcp_file, _dump(mcp_doc))
@@ -493,8 +530,13 @@ def install_claude(
 def uninstall_claude(directory: str | None = None, *, user: bool = False) -> list[str]:
     """Remove exactly the hooks (and the ``.mcp.json`` server) install added; returns the files written."""
     path = settings_path(directory, user=user)
-    written = []
-    doc = _load_json(path, "a settings file")
+    written: list[str] = []
+    original = doc = _load_json(path, "a settings file")
+    perms, allow = _permissions(doc, path)
+    kept = [r for r in allow if not (isinstance(r, str) and _OUR_RULE.fullmatch(r))]
+    if kept != allow:  # the rules install added; a permissions table or allow list we emptied goes too
+        new_perms = {**perms, "allow": kept} if kept else {k: v for k, v in perms.items() if k != "allow"}
+        doc = {**doc, "permissions": new_perms} if new_perms else {k: v for k, v in doc.items() if k != "permissions"}
     if "hooks" in doc:
         hooks = _hooks_table(doc, path)
         new_hooks = dict(hooks)
@@ -506,13 +548,14 @@ def uninstall_claude(directory: str | None = None, *, user: bool = False) -> lis
                 elif hooks[name]:  # we emptied it: the key was ours
                     del new_hooks[name]
         if new_hooks != hooks:
-            new_doc = dict(doc)
+            doc = dict(doc)
             if new_hooks or not hooks:
-                new_doc["hooks"] = new_hooks
+                doc["hooks"] = new_hooks
             else:
-                del new_doc["hooks"]
-            _write_atomic(path, _dump(new_doc))
-            written.append(path)
+                del doc["hooks"]
+    if doc != original:
+        _write_atomic(path, _dump(doc))
+        written.append(path)
     if not user:
         mcp_file = mcp_path(directory)
         mcp_doc = _load_json(mcp_file, "an MCP config")
