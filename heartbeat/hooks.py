@@ -31,7 +31,8 @@ with. A hook never breaks the agent: every failure is one line on stderr and exi
 never creates a state dir.
 
 ``heartbeat hooks install claude`` merges the four hooks into ``.claude/settings.json``
-(``--user``: ``~/.claude/settings.json``) keeping everything already there, and with
+(``--user``: ``~/.claude/settings.json``) keeping everything already there, adds permission
+rules that let a session run heartbeat's own agent commands (:func:`allow_rules`), and with
 ``--mcp`` registers ``heartbeat mcp`` in ``.mcp.json``; ``heartbeat hooks install codex``
 merges them into ``.codex/hooks.json`` (``--user``: ``$CODEX_HOME/hooks.json``) and adds a
 marked section to ``AGENTS.md``. Each hook heartbeat writes ends in the marker
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -68,6 +70,7 @@ __all__ = [
     "hook_main",
     "install_claude",
     "uninstall_claude",
+    "allow_rules",
     "install_codex",
     "uninstall_codex",
     "HOOK_AGENTS",
@@ -566,6 +569,47 @@ def _without_ours(groups: list[Any], agent: str, serving: _Ours | None) -> list[
     return kept
 
 
+def allow_rules(*, state_dir: str | None = None, config: str | None = None, task: str | None = None) -> list[str]:
+    """The permission rules ``install`` adds: heartbeat's agent commands (on ``task``, else on any task),
+    as the brief writes them and with the global options the install was given, and the MCP server."""
+    import shlex
+
+    from heartbeat.presets import claude_allow_rules
+
+    prefixes = ["heartbeat"]
+    options = [*(["--state-dir", os.path.abspath(state_dir)] if state_dir else []),
+               *(["--config", os.path.abspath(config)] if config else [])]
+    if options:
+        prefixes.append(shlex.join(["heartbeat", *options]))
+    rules: list[str] = []
+    for prefix in prefixes:
+        rules += [r for r in claude_allow_rules(task or "", prefix=prefix) if r not in rules]
+    return rules
+
+
+_OUR_RULE = re.compile(r"Bash\(heartbeat( --(state-dir|config) \S+)* (show|brief|verify|set|add|touch|block|snooze|done)"
+                       r"( [A-Za-z0-9][A-Za-z0-9._-]*)?:\*\)|mcp__heartbeat")
+
+
+def _rule_serves(rule: str, serving: _Ours) -> bool:
+    """Whether a permission rule is the one install wrote for that state dir and config."""
+    import shlex
+
+    options = [*(["--state-dir", serving.state_dir] if serving.state_dir else []),
+               *(["--config", serving.config] if serving.config else [])]
+    return bool(options) and rule.startswith(f"Bash({shlex.join(['heartbeat', *options])} ")
+
+
+def _permissions(doc: dict[str, Any], path: str) -> tuple[dict[str, Any], list[Any]]:
+    perms = doc.get("permissions", {})
+    if not isinstance(perms, dict):
+        raise BadInput(f"{path}: permissions: expected a JSON object, got {type(perms).__name__}; left untouched")
+    allow = perms.get("allow", [])
+    if not isinstance(allow, list):
+        raise BadInput(f"{path}: permissions.allow: expected a list, got {type(allow).__name__}; left untouched")
+    return perms, allow
+
+
 def _dump(doc: dict[str, Any]) -> str:
     return json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
@@ -575,10 +619,10 @@ def _serving(state_dir: str | None, config: str | None) -> _Ours:
                  config=os.path.abspath(config) if config else "")
 
 
-def _merge_hooks(path: str, agent: str, *, state_dir: str | None, config: str | None,
+def _merge_hooks(doc: dict[str, Any], path: str, agent: str, *, state_dir: str | None, config: str | None,
                  task: str | None) -> tuple[dict[str, Any], bool]:
-    """The settings document with heartbeat's hooks for ``agent`` (re)placed, and whether it changed."""
-    doc = _load_json(path, "a settings file")
+    """``doc`` (the settings file at ``path``) with heartbeat's hooks for ``agent`` (re)placed, and
+    whether that changed it."""
     hooks = _hooks_table(doc, path)
     command = hook_command(agent=agent, state_dir=state_dir, config=config, task=task)
     serving = _serving(state_dir, config)
@@ -593,11 +637,10 @@ def _merge_hooks(path: str, agent: str, *, state_dir: str | None, config: str | 
     return {**doc, "hooks": new_hooks}, new_hooks != hooks or "hooks" not in doc
 
 
-def _unmerge_hooks(path: str, agent: str, serving: _Ours | None) -> dict[str, Any] | None:
-    """The settings document without heartbeat's hooks for ``agent``, or None when it has none."""
-    doc = _load_json(path, "a settings file")
+def _unmerge_hooks(doc: dict[str, Any], path: str, agent: str, serving: _Ours | None) -> dict[str, Any]:
+    """``doc`` without heartbeat's hooks for ``agent`` (those serving ``serving``, when given)."""
     if "hooks" not in doc:
-        return None
+        return doc
     hooks = _hooks_table(doc, path)
     new_hooks = dict(hooks)
     for name in HOOK_EVENTS:
@@ -608,7 +651,7 @@ def _unmerge_hooks(path: str, agent: str, serving: _Ours | None) -> dict[str, An
             elif hooks[name]:  # we emptied it: the key was ours
                 del new_hooks[name]
     if new_hooks == hooks:
-        return None
+        return doc
     new_doc = dict(doc)
     if new_hooks or not hooks:
         new_doc["hooks"] = new_hooks
@@ -630,12 +673,15 @@ def install_claude(
     path = settings_path(directory, user=user)
     if mcp and user:
         raise BadInput("--mcp registers the server per project (.mcp.json in --dir), not with --user")
-    doc, changed = _merge_hooks(path, "claude", state_dir=state_dir, config=config, task=task)
+    doc, changed = _merge_hooks(_load_json(path, "a settings file"), path, "claude", state_dir=state_dir,
+                                config=config, task=task)
+    perms, allow = _permissions(doc, path)
+    new_allow = allow + [r for r in allow_rules(state_dir=state_dir, config=config, task=task) if r not in allow]
     mcp_file = mcp_path(directory) if mcp else None
     mcp_doc = _mcp_doc_with_server(mcp_file, state_dir=state_dir, config=config) if mcp_file else None
     written = []
-    if changed:
-        _write_atomic(path, _dump(doc))
+    if changed or new_allow != allow:
+        _write_atomic(path, _dump({**doc, "permissions": {**perms, "allow": new_allow}}))
         written.append(path)
     if mcp_file is not None and mcp_doc is not None and mcp_doc != _load_json(mcp_file, "an MCP config"):
         _write_atomic(mcp_file, _dump(mcp_doc))
@@ -650,11 +696,21 @@ def uninstall_claude(directory: str | None = None, *, user: bool = False, state_
     With ``state_dir`` or ``config``, only the hooks serving that state dir and config go.
     """
     path = settings_path(directory, user=user)
-    written = []
+    written: list[str] = []
     serving = _serving(state_dir, config) if state_dir or config else None
-    new_doc = _unmerge_hooks(path, "claude", serving)
-    if new_doc is not None:
-        _write_atomic(path, _dump(new_doc))
+    original = _load_json(path, "a settings file")
+    doc = _unmerge_hooks(original, path, "claude", serving)
+    perms, allow = _permissions(doc, path)
+    # The rules install added go, but those another install still serving this file needs stay.
+    others = any(_read_ours(h, "claude") is not None for name in HOOK_EVENTS
+                 for g in (doc.get("hooks") or {}).get(name, []) for h in g.get("hooks", []))
+    kept = [r for r in allow if not (isinstance(r, str) and _OUR_RULE.fullmatch(r) and (
+        not others or (serving is not None and _rule_serves(r, serving))))]
+    if kept != allow:  # a permissions table or allow list we emptied goes too
+        new_perms = {**perms, "allow": kept} if kept else {k: v for k, v in perms.items() if k != "allow"}
+        doc = {**doc, "permissions": new_perms} if new_perms else {k: v for k, v in doc.items() if k != "permissions"}
+    if doc != original:
+        _write_atomic(path, _dump(doc))
         written.append(path)
     if not user:
         mcp_file = mcp_path(directory)
@@ -755,7 +811,8 @@ def install_codex(directory: str | None = None, *, user: bool = False, state_dir
     the end of the project's ``AGENTS.md`` (read even where the hooks are not trusted yet; with
     ``user`` only when ``directory`` names the project); returns the files written."""
     path = codex_hooks_path(directory, user=user, env=env)
-    doc, changed = _merge_hooks(path, "codex", state_dir=state_dir, config=config, task=task)
+    doc, changed = _merge_hooks(_load_json(path, "a hooks file"), path, "codex", state_dir=state_dir,
+                                config=config, task=task)
     written = []
     if changed:
         _write_atomic(path, _dump(doc))
@@ -781,8 +838,9 @@ def uninstall_codex(directory: str | None = None, *, user: bool = False, state_d
     path = codex_hooks_path(directory, user=user, env=env)
     serving = _serving(state_dir, config) if state_dir or config else None
     written = []
-    new_doc = _unmerge_hooks(path, "codex", serving)
-    if new_doc is not None:
+    original = _load_json(path, "a hooks file")
+    new_doc = _unmerge_hooks(original, path, "codex", serving)
+    if new_doc != original:
         _write_atomic(path, _dump(new_doc))
         written.append(path)
     if user and directory is None:

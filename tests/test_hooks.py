@@ -23,7 +23,7 @@ from conftest import ROOT, Result, clean_env
 
 from heartbeat import tasks
 from heartbeat.config import HooksConfig
-from heartbeat.hooks import handle_event, install_claude, uninstall_claude
+from heartbeat.hooks import allow_rules, handle_event, install_claude, uninstall_claude
 from heartbeat.store.files import FileStore
 from heartbeat.timeparse import utcnow
 
@@ -406,7 +406,7 @@ class TestInstall:
         r = hb("hooks", "install", "claude", "--dir", str(work))
         assert r.code == 0 and str(settings) in r.out, r.err
         doc = _settings(settings)
-        assert doc["permissions"] == FOREIGN["permissions"] and doc["env"] == FOREIGN["env"]
+        assert doc["permissions"]["allow"] == ["Bash(npm test)", *allow_rules()] and doc["env"] == FOREIGN["env"]
         assert doc["hooks"]["PreToolUse"] == FOREIGN["hooks"]["PreToolUse"]
         assert doc["hooks"]["SessionStart"][0] == FOREIGN["hooks"]["SessionStart"][0]
         for name in ("SessionStart", "PreCompact", "Stop", "SessionEnd"):
@@ -420,6 +420,20 @@ class TestInstall:
         assert _settings(settings) == FOREIGN
         r = hb("hooks", "uninstall", "claude", "--dir", str(work))
         assert r.code == 0 and "not installed" in r.out
+
+    def test_install_allows_exactly_heartbeats_agent_commands(self, work: Path) -> None:
+        """The rules name each agent command, as the brief writes it and with the install's global options,
+        on the task when one is given; uninstall takes them out and keeps a person's own rules."""
+        [path] = install_claude(str(work), state_dir=str(work / "st"), task="t1")
+        allow = json.loads(Path(path).read_text())["permissions"]["allow"]
+        assert "Bash(heartbeat set t1:*)" in allow and "Bash(heartbeat done t1:*)" in allow
+        assert f"Bash(heartbeat --state-dir {work / 'st'} set t1:*)" in allow and "mcp__heartbeat" in allow
+        assert len(allow) == 2 * 9 + 1 and not any("run" in r or "new" in r or "gc" in r for r in allow)
+        doc = json.loads(Path(path).read_text())
+        doc["permissions"]["allow"].append("Bash(heartbeat status)")
+        Path(path).write_text(json.dumps(doc))
+        uninstall_claude(str(work))
+        assert json.loads(Path(path).read_text()) == {"permissions": {"allow": ["Bash(heartbeat status)"]}}
 
     def test_install_into_nothing_and_back(self, work: Path) -> None:
         """No settings file: install creates one; uninstall leaves an empty object."""

@@ -7,7 +7,7 @@ brain's :class:`~tests.scripted_model.brain.Conversation` and :class:`~tests.scr
 and exposes ``ROUTES``. ``scripted_model(log_dir, workload)`` runs one.
 """
 
-from tests.scripted_model.brain import Brain, Controls, Record, Workload, step_file
-from tests.scripted_model.server import ScriptedModel, scripted_model
+from .brain import Brain, Controls, Record, Workload, step_file
+from .server import ScriptedModel, scripted_model
 
 __all__ = ["Brain", "Controls", "Record", "Workload", "ScriptedModel", "scripted_model", "step_file"]

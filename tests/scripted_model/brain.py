@@ -143,7 +143,7 @@ def step_file(index: int) -> str:
 _STEP_PATH = re.compile(r"(?:^|/)steps/(\d{2})\.txt$")
 _TASK = re.compile(r"heartbeat (?:show|set|add|touch|done|verify|block) ([A-Za-z0-9][A-Za-z0-9._-]*)")
 _CWD = re.compile(r"Primary working directory: ([^\n\\]+)")
-_FORBID = re.compile(r"[Dd]o not (?:touch|write|edit|change) `?([\w./-]+?)`?(?=[\s,.;:)\"']|$)")
+_FORBID = re.compile(r"[Dd]o not (?:touch|write|edit|change) `?([\w./-]*\w)")
 _SUMMARY = re.compile(r"summary of the conversation|summarize|summarise|compact", re.IGNORECASE)
 
 
@@ -157,6 +157,8 @@ class Controls:
     rate_limit: dict[str, Any] | None = None
     work_turns: int = 0
     work_sleep: float = 0.0
+    probes: tuple[str, ...] | list[str] = ()
+    """Shell commands tried once per conversation after orienting (e.g. ones the CLI must refuse)."""
 
     @classmethod
     def read(cls, path: Path | None) -> Controls:
@@ -372,6 +374,17 @@ class Brain:
         controls = self.controls()
         cwd = self._cwd(conv)
         issued = {c.command for c in conv.calls} | {c.path for c in conv.calls}
+        for probe in controls.probes:
+            if probe not in issued:
+                return _shell("Probe", probe)
+        refused = [c for c in conv.calls if c.kind == "write" and _refused_or_none(conv.results.get(c.id))]
+        if refused:
+            # A real agent stuck on something outside its control says so, with the brief's command.
+            why = f"the CLI refused to write {os.path.relpath(refused[0].path, cwd)}"
+            block = f'heartbeat block {task} --on "{why}"'
+            if task and block not in issued:
+                return _shell("Record the block", block)
+            return Reply(text=f"Stopping: {why}.")
 
         # The note for steps finished in this conversation, with the brief's exact commands.
         for index in sorted(written):
@@ -438,9 +451,16 @@ def _step_index(path: str) -> int | None:
     return int(m.group(1)) - 1 if m else None
 
 
+def _refused_or_none(result: Result | None) -> bool:
+    return result is not None and _refused(result)
+
+
+_REFUSAL = re.compile(r"requires approval|permission|not allowed|denied|haven't granted|was blocked|can't be checked",
+                      re.IGNORECASE)
+
+
 def _refused(result: Result) -> bool:
-    return result.is_error and bool(re.search(
-        r"requires approval|permission|not allowed|denied|haven't granted|was blocked", result.text, re.IGNORECASE))
+    return result.is_error and bool(_REFUSAL.search(result.text))
 
 
 def _shell(description: str, command: str, *, text: str = "") -> Reply:

@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.scripted_model.brain import Brain, Record, Workload
+from .brain import Brain, Record, Workload
 
 __all__ = ["Exchange", "ScriptedModel", "Handler", "scripted_model"]
 
@@ -45,6 +45,8 @@ class Exchange:
         self.headers = {k.lower(): v for k, v in handler.headers.items()}
         self.body = body
         self.status = 0
+        self.usage: dict[str, int] = {}
+        """The token counts the wire reported in its answer (logged with the request)."""
 
     def json(self) -> Any:
         try:
@@ -141,7 +143,7 @@ class ScriptedModel:
                     ex.status = ex.status or 499  # the client went away (killed) mid-answer
                 finally:
                     model.log(method=ex.method, path=self.path, status=ex.status,
-                              session=ex.headers.get("x-claude-code-session-id", ""))
+                              session=ex.headers.get("x-claude-code-session-id", ""), **ex.usage)
 
             do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = _serve
 
@@ -168,7 +170,7 @@ def scripted_model(log_dir: Path, workload: Workload, *, sees_files: bool = True
     log_dir.mkdir(parents=True, exist_ok=True)
     routes: dict[tuple[str, str], Handler] = {}
     for wire in wires:
-        routes.update(importlib.import_module(f"tests.scripted_model.{wire}").ROUTES)
+        routes.update(importlib.import_module(f".{wire}", __package__).ROUTES)
     brain = Brain(workload, Record(log_dir / "model.jsonl"), controls=log_dir / "controls.json",
                   sees_files=sees_files)
     model = ScriptedModel(brain, routes, log_dir).start()
