@@ -25,9 +25,9 @@ import pytest
 from conftest import clean_env
 from daemon_harness import DaemonHarness, toml_list
 
-from tests.scripted_model import Workload, scripted_model
-from tests.scripted_model.brain import Brain, Conversation, Reply
-from tests.scripted_model.responses import codex_args
+from scripted_model import Workload, scripted_model
+from scripted_model.brain import Brain, Conversation, Reply
+from scripted_model.responses import codex_args
 
 pytestmark = pytest.mark.slow
 

@@ -641,6 +641,62 @@ class TestRealClaude:
         assert os.path.isfile(settings)
 
 
+class TestRealClaudeSessions:
+    """The real `claude -p` against the scripted model on 127.0.0.1: a bound session is held up at most
+    once, whatever its turns; a person's session in a subdirectory is briefed and never held up."""
+
+    def run(self, claude: Path, cwd: Path, env: dict[str, str], *args: str) -> str:
+        proc = subprocess.run([str(claude), "-p", "--output-format", "stream-json", "--verbose", *args],
+                              input="hello", text=True, capture_output=True, cwd=str(cwd), env=env, timeout=240)
+        lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        assert lines and lines[-1].get("type") == "result", f"exit {proc.returncode}: {proc.stderr[-800:]}"
+        assert lines[-1]["is_error"] is False, lines[-1]
+        return str(lines[-1]["session_id"])
+
+    def test_once_per_session_across_turns_and_never_a_persons(self, tmp_path: Path, work: Path) -> None:
+        """Turn 1 of a bound session stops without a note: blocked once, the reason (its commands carrying
+        --state-dir) reaches the model. Turn 2 (--resume, still no note): not blocked again. An unbound
+        session started in workdir/src: briefed, its stop never blocked."""
+        from agent_clis import agent_cli
+        from scripted_model import Workload, scripted_model
+        from scripted_model.brain import Brain, Conversation, Reply
+
+        class Idle(Brain):
+            def decide(self, conv: Conversation) -> Reply:
+                return Reply(text="Nothing to do.")
+
+        claude = agent_cli("claude")
+        state = tmp_path / "st"
+        state.mkdir(mode=0o700)
+        hb = [sys.executable, "-m", "heartbeat", "--state-dir", str(state)]
+        assert subprocess.run([*hb, "new", "t1", "--task", "Fix the fallback", "--step", "Read the code",
+                               "--workdir", str(work)], env=clean_env(), capture_output=True, timeout=60).returncode == 0
+        home = tmp_path / "home"
+        home.mkdir()
+        # --user: in a workdir that is no git repository, claude 2.1.332 read no workdir/.claude/ from workdir/src
+        assert subprocess.run([*hb, "hooks", "install", "claude", "--user"], env=clean_env(HOME=str(home)),
+                              capture_output=True, timeout=60).returncode == 0
+        with scripted_model(tmp_path / "model", Workload(steps=("s",)), wires=("anthropic",)) as model:
+            model.brain.__class__ = Idle
+            env = clean_env(HOME=str(home), ANTHROPIC_BASE_URL=model.url, ANTHROPIC_API_KEY="sk-scripted",
+                            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")
+            env = {k: v for k, v in env.items() if not k.startswith("CLAUDE_CODE_") or k.endswith("_TRAFFIC")}
+            bound = {**env, "HEARTBEAT_TASK": "t1"}
+            session = self.run(claude, work, bound)
+            reasons = [b for b in model.bodies if "has not been written since this session" in json.dumps(b)]
+            assert reasons and f"heartbeat --state-dir {state} set t1 step=" in json.dumps(reasons[0])
+            assert self.run(claude, work, bound, "--resume", session) == session
+            sub = work / "src"
+            sub.mkdir()
+            person = self.run(claude, sub, env)
+        mine = [(k, d) for k, d in seam_events(state) if d.get("session_id") == session]
+        assert [k for k, _ in mine].count("stop_blocked") == 1
+        assert [k for k, _ in mine if k in ("session_started", "stop_blocked")] == [
+            "session_started", "stop_blocked", "session_started"]
+        theirs = [k for k, d in seam_events(state) if d.get("session_id") == person]
+        assert theirs[0] == "session_started" and "stop_blocked" not in theirs
+
+
 class TestHooksConfig:
     """`[hooks]` in the config: documented in the example, checked like every other section."""
 
