@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 from conftest import clean_env
 from daemon_harness import DaemonHarness, toml_list
-
 from scripted_model import Workload, scripted_model
 from scripted_model.brain import Brain, Conversation, Reply
 from scripted_model.responses import codex_args
