@@ -781,7 +781,8 @@ def cmd_hooks(args: argparse.Namespace) -> int:
         print("nothing to change: " + ("already installed" if args.action == "install" else "not installed"))
     elif args.agent == "codex" and args.action == "install":
         print("codex runs a new or changed hook only once it is trusted: review it with /hooks in `codex` "
-              "(project hooks also need a trusted project), or run `codex exec --dangerously-bypass-hook-trust`")
+              "(project hooks also need a trusted project: `codex exec --trust`), or run `codex exec "
+              "--dangerously-bypass-hook-trust`")
     return 0
 
 
