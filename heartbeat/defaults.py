@@ -115,11 +115,11 @@ HOOK_FRESH_WITHIN = 300.0
 (``hooks.fresh_within``); the report counts compactions that found the note fresh or stale."""
 
 HOOK_MAX_STOP_BLOCKS = 1
-"""Stop-hook blocks in a row (one session, no allowed stop in between) before heartbeat
-lets the agent stop anyway (``hooks.max_stop_blocks``): a reminder, never a loop."""
+"""Stop-hook blocks per session (per ``session_id``, whatever the turns) before heartbeat lets
+a bound agent stop anyway (``hooks.max_stop_blocks``): a reminder, never a loop."""
 
 HOOK_TIMEOUT = 30
-"""Seconds Claude Code gives ``heartbeat hook claude`` (the ``timeout`` written into settings)."""
+"""Seconds Claude Code and codex give ``heartbeat hook claude|codex`` (the ``timeout`` install writes)."""
 
 MAX_HOOK_INPUT_BYTES = 1024 * 1024
 """Bytes of hook event JSON read from stdin; a larger event is refused (the hook does nothing)."""

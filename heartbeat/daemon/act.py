@@ -493,7 +493,10 @@ class Actor:
         if lc is None:
             return plan_session("fresh", previous="", previous_resumes=0, retry=False)
         meta = baton.meta
-        retry = meta.attempt > 0 and meta.last_exit != 0
+        # The previous run failed (an error, a crash, a kill, a stop): resume it, even when its notes
+        # moved the step and so reset the attempt count (a killed agent that made progress is the
+        # case a resumed session serves best). A clean exit 0 ended the shift: fresh.
+        retry = (meta.attempt > 0 or meta.dispatches > 0) and meta.last_exit != 0
         compactions = 0
         if lc.session == "resume" and retry and meta.session:
             compactions = sum(1 for e in self.shared.store.ledger.events(baton.id, kinds=[EventKind.COMPACTING])
