@@ -26,7 +26,8 @@ agent: every failure is one line on stderr and exit 0. It never creates a state 
 
 ``heartbeat hooks install claude`` merges the four hooks into ``.claude/settings.json``
 (``--user``: ``~/.claude/settings.json``) keeping everything already there, adds permission
-rules that let a session run heartbeat's own agent commands (:func:`allow_rules`), and with
+rules that let a session run heartbeat's own agent commands (:func:`allow_rules`) to
+``.claude/settings.local.json`` (``--user``: the same file), and with
 ``--mcp`` registers ``heartbeat mcp`` in ``.mcp.json``; ``heartbeat hooks install codex``
 adds a marked section to ``AGENTS.md``. ``uninstall`` removes exactly those entries.
 """
@@ -487,6 +488,22 @@ def _permissions(doc: dict[str, Any], path: str) -> tuple[dict[str, Any], list[A
     return perms, allow
 
 
+def _without_our_rules(doc: dict[str, Any], path: str) -> dict[str, Any]:
+    """``doc`` without the rules install adds; a permissions table or allow list left empty by that goes too."""
+    perms, allow = _permissions(doc, path)
+    kept = [r for r in allow if not (isinstance(r, str) and _OUR_RULE.fullmatch(r))]
+    if kept == allow:
+        return doc
+    new_perms = {**perms, "allow": kept} if kept else {k: v for k, v in perms.items() if k != "allow"}
+    return {**doc, "permissions": new_perms} if new_perms else {k: v for k, v in doc.items() if k != "permissions"}
+
+
+def local_settings_path(directory: str | None) -> str:
+    """``.claude/settings.local.json``: where the permission rules go (claude 2.1.332 takes no allow rule
+    from a project's ``.claude/settings.json`` in a headless run; it does from this file and the user's)."""
+    return os.path.join(os.path.abspath(directory or "."), ".claude", "settings.local.json")
+
+
 def _dump(doc: dict[str, Any]) -> str:
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
@@ -506,7 +523,9 @@ def install_claude(
         raise BadInput("--mcp registers the server per project (.mcp.json in --dir), not with --user")
     doc = _load_json(path, "a settings file")
     hooks = _hooks_table(doc, path)
-    perms, allow = _permissions(doc, path)
+    rules_file = path if user else local_settings_path(directory)
+    rules_doc = doc if user else _load_json(rules_file, "a settings file")
+    perms, allow = _permissions(rules_doc, rules_file)
     new_allow = allow + [r for r in allow_rules(state_dir=state_dir, config=config, task=task) if r not in allow]
     command = hook_command(state_dir=state_dir, config=config, task=task)
     mcp_file = mcp_path(directory) if mcp else None
@@ -518,8 +537,12 @@ def install_claude(
         groups.append({"hooks": [entry]})
         new_hooks[name] = groups
     written = []
-    if new_hooks != hooks or "hooks" not in doc or new_allow != allow:
-        _write_atomic(path, _dump({**doc, "hooks": new_hooks, "permissions": {**perms, "allow": new_allow}}))
+    if new_allow != allow and not user:
+        _write_atomic(rules_file, _dump({**rules_doc, "permissions": {**perms, "allow": new_allow}}))
+        written.append(rules_file)
+    if new_hooks != hooks or "hooks" not in doc or (user and new_allow != allow):
+        rules = {"permissions": {**perms, "allow": new_allow}} if user else {}
+        _write_atomic(path, _dump({**doc, "hooks": new_hooks, **rules}))
         written.append(path)
     if mcp_file is not None and mcp_doc is not None and mcp_doc != _load_json(mcp_file, "an MCP config"):
         _write_atomic(mcp_file, _dump(mcp_doc))
@@ -531,12 +554,14 @@ def uninstall_claude(directory: str | None = None, *, user: bool = False) -> lis
     """Remove exactly the hooks (and the ``.mcp.json`` server) install added; returns the files written."""
     path = settings_path(directory, user=user)
     written: list[str] = []
-    original = doc = _load_json(path, "a settings file")
-    perms, allow = _permissions(doc, path)
-    kept = [r for r in allow if not (isinstance(r, str) and _OUR_RULE.fullmatch(r))]
-    if kept != allow:  # the rules install added; a permissions table or allow list we emptied goes too
-        new_perms = {**perms, "allow": kept} if kept else {k: v for k, v in perms.items() if k != "allow"}
-        doc = {**doc, "permissions": new_perms} if new_perms else {k: v for k, v in doc.items() if k != "permissions"}
+    if not user:
+        rules_file = local_settings_path(directory)
+        local = _load_json(rules_file, "a settings file")
+        if _without_our_rules(local, rules_file) != local:
+            _write_atomic(rules_file, _dump(_without_our_rules(local, rules_file)))
+            written.append(rules_file)
+    original = _load_json(path, "a settings file")
+    doc = _without_our_rules(original, path)  # an older install wrote them here
     if "hooks" in doc:
         hooks = _hooks_table(doc, path)
         new_hooks = dict(hooks)
