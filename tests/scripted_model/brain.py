@@ -192,7 +192,13 @@ class Record:
             lines = self.path.read_text().splitlines()
         except FileNotFoundError:
             return []
-        return [json.loads(line) for line in lines if line.strip()]
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:  # a line still being appended by the server's thread
+                continue
+        return out
 
     def write(self, event: str, *, call: str = "", **data: Any) -> None:
         with self._lock:
