@@ -32,7 +32,8 @@ never creates a state dir.
 
 ``heartbeat hooks install claude`` merges the four hooks into ``.claude/settings.json``
 (``--user``: ``~/.claude/settings.json``) keeping everything already there, adds permission
-rules that let a session run heartbeat's own agent commands (:func:`allow_rules`), and with
+rules that let a session run heartbeat's own agent commands (:func:`allow_rules`) to
+``.claude/settings.local.json`` (``--user``: the same file), and with
 ``--mcp`` registers ``heartbeat mcp`` in ``.mcp.json``; ``heartbeat hooks install codex``
 merges them into ``.codex/hooks.json`` (``--user``: ``$CODEX_HOME/hooks.json``) and adds a
 marked section to ``AGENTS.md``. Each hook heartbeat writes ends in the marker
@@ -610,6 +611,12 @@ def _permissions(doc: dict[str, Any], path: str) -> tuple[dict[str, Any], list[A
     return perms, allow
 
 
+def local_settings_path(directory: str | None) -> str:
+    """``.claude/settings.local.json``: where the permission rules go (claude 2.1.332 takes no allow rule
+    from a project's ``.claude/settings.json`` in a headless run; it does from this file and the user's)."""
+    return os.path.join(os.path.abspath(directory or "."), ".claude", "settings.local.json")
+
+
 def _dump(doc: dict[str, Any]) -> str:
     return json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
@@ -675,13 +682,19 @@ def install_claude(
         raise BadInput("--mcp registers the server per project (.mcp.json in --dir), not with --user")
     doc, changed = _merge_hooks(_load_json(path, "a settings file"), path, "claude", state_dir=state_dir,
                                 config=config, task=task)
-    perms, allow = _permissions(doc, path)
+    rules_file = path if user else local_settings_path(directory)
+    rules_doc = doc if user else _load_json(rules_file, "a settings file")
+    perms, allow = _permissions(rules_doc, rules_file)
     new_allow = allow + [r for r in allow_rules(state_dir=state_dir, config=config, task=task) if r not in allow]
     mcp_file = mcp_path(directory) if mcp else None
     mcp_doc = _mcp_doc_with_server(mcp_file, state_dir=state_dir, config=config) if mcp_file else None
     written = []
-    if changed or new_allow != allow:
-        _write_atomic(path, _dump({**doc, "permissions": {**perms, "allow": new_allow}}))
+    if new_allow != allow and not user:
+        _write_atomic(rules_file, _dump({**rules_doc, "permissions": {**perms, "allow": new_allow}}))
+        written.append(rules_file)
+    if changed or (user and new_allow != allow):
+        rules = {"permissions": {**perms, "allow": new_allow}} if user else {}
+        _write_atomic(path, _dump({**doc, **rules}))
         written.append(path)
     if mcp_file is not None and mcp_doc is not None and mcp_doc != _load_json(mcp_file, "an MCP config"):
         _write_atomic(mcp_file, _dump(mcp_doc))
@@ -700,15 +713,27 @@ def uninstall_claude(directory: str | None = None, *, user: bool = False, state_
     serving = _serving(state_dir, config) if state_dir or config else None
     original = _load_json(path, "a settings file")
     doc = _unmerge_hooks(original, path, "claude", serving)
-    perms, allow = _permissions(doc, path)
     # The rules install added go, but those another install still serving this file needs stay.
     others = any(_read_ours(h, "claude") is not None for name in HOOK_EVENTS
                  for g in (doc.get("hooks") or {}).get(name, []) for h in g.get("hooks", []))
-    kept = [r for r in allow if not (isinstance(r, str) and _OUR_RULE.fullmatch(r) and (
-        not others or (serving is not None and _rule_serves(r, serving))))]
-    if kept != allow:  # a permissions table or allow list we emptied goes too
+
+    def without_rules(d: dict[str, Any], file: str) -> dict[str, Any]:
+        perms, allow = _permissions(d, file)
+        kept = [r for r in allow if not (isinstance(r, str) and _OUR_RULE.fullmatch(r) and (
+            not others or (serving is not None and _rule_serves(r, serving))))]
+        if kept == allow:
+            return d
+        # a permissions table or allow list we emptied goes too
         new_perms = {**perms, "allow": kept} if kept else {k: v for k, v in perms.items() if k != "allow"}
-        doc = {**doc, "permissions": new_perms} if new_perms else {k: v for k, v in doc.items() if k != "permissions"}
+        return {**d, "permissions": new_perms} if new_perms else {k: v for k, v in d.items() if k != "permissions"}
+
+    if not user:
+        rules_file = local_settings_path(directory)
+        local = _load_json(rules_file, "a settings file")
+        if without_rules(local, rules_file) != local:
+            _write_atomic(rules_file, _dump(without_rules(local, rules_file)))
+            written.append(rules_file)
+    doc = without_rules(doc, path)  # an older install wrote them here
     if doc != original:
         _write_atomic(path, _dump(doc))
         written.append(path)

@@ -28,7 +28,7 @@ bypassed blocks (steps done while the task was blocked), tokens the model served
 request, killed runs included) and the cost the CLI reported on its result lines (runs that
 were killed report none, in both arms).
 
-    .venv/bin/python scripts/bench_real_agents.py [--block-for 15] [--json]
+    .venv/bin/python scripts/bench_real_agents.py [--block-for 60] [--json]
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ ROWS = [("wall time (s)", "wall_s"), ("finished", "finished"), ("agent runs", "r
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--block-for", type=float, default=15.0, help="seconds the person's block lasts")
+    parser.add_argument("--block-for", type=float, default=60.0, help="seconds the person's block lasts")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     claude = install("claude")

@@ -406,7 +406,8 @@ class TestInstall:
         r = hb("hooks", "install", "claude", "--dir", str(work))
         assert r.code == 0 and str(settings) in r.out, r.err
         doc = _settings(settings)
-        assert doc["permissions"]["allow"] == ["Bash(npm test)", *allow_rules()] and doc["env"] == FOREIGN["env"]
+        assert doc["permissions"] == FOREIGN["permissions"] and doc["env"] == FOREIGN["env"]
+        assert _settings(work / ".claude" / "settings.local.json") == {"permissions": {"allow": allow_rules()}}
         assert doc["hooks"]["PreToolUse"] == FOREIGN["hooks"]["PreToolUse"]
         assert doc["hooks"]["SessionStart"][0] == FOREIGN["hooks"]["SessionStart"][0]
         for name in ("SessionStart", "PreCompact", "Stop", "SessionEnd"):
@@ -417,14 +418,15 @@ class TestInstall:
         assert r.code == 0 and "already installed" in r.out
         assert settings.read_bytes() == before
         assert hb("hooks", "uninstall", "claude", "--dir", str(work)).code == 0
-        assert _settings(settings) == FOREIGN
+        assert _settings(settings) == FOREIGN and _settings(work / ".claude" / "settings.local.json") == {}
         r = hb("hooks", "uninstall", "claude", "--dir", str(work))
         assert r.code == 0 and "not installed" in r.out
 
     def test_install_allows_exactly_heartbeats_agent_commands(self, work: Path) -> None:
         """The rules name each agent command, as the brief writes it and with the install's global options,
         on the task when one is given; uninstall takes them out and keeps a person's own rules."""
-        [path] = install_claude(str(work), state_dir=str(work / "st"), task="t1")
+        path, _ = install_claude(str(work), state_dir=str(work / "st"), task="t1")
+        assert path.endswith(".claude/settings.local.json")  # claude -p takes no allow rule from settings.json
         allow = json.loads(Path(path).read_text())["permissions"]["allow"]
         assert "Bash(heartbeat set t1:*)" in allow and "Bash(heartbeat done t1:*)" in allow
         assert f"Bash(heartbeat --state-dir {work / 'st'} set t1:*)" in allow and "mcp__heartbeat" in allow
@@ -437,12 +439,13 @@ class TestInstall:
 
     def test_install_into_nothing_and_back(self, work: Path) -> None:
         """No settings file: install creates one; uninstall leaves an empty object."""
-        [path] = install_claude(str(work), state_dir=str(work / "st"))
+        local, path = install_claude(str(work), state_dir=str(work / "st"))
+        assert json.loads(Path(local).read_text())["permissions"]["allow"] == allow_rules(state_dir=str(work / "st"))
         doc = json.loads(Path(path).read_text())
         assert set(doc["hooks"]) == {"SessionStart", "PreCompact", "Stop", "SessionEnd"}
         assert "--state-dir" in doc["hooks"]["Stop"][0]["hooks"][0]["command"]
-        assert uninstall_claude(str(work)) == [path]
-        assert json.loads(Path(path).read_text()) == {}
+        assert uninstall_claude(str(work)) == [local, path]
+        assert json.loads(Path(path).read_text()) == {} == json.loads(Path(local).read_text())
 
     def test_user_settings(self, hb: Callable[..., Result], tmp_path: Path) -> None:
         """--user writes ~/.claude/settings.json."""
@@ -494,7 +497,8 @@ class TestInstall:
         """Two heartbeat installs (two state dirs) share a settings file: each install replaces only its own
         hook; uninstall with --state-dir removes only that one, without it all of heartbeat's."""
         a, b = str(tmp_path / "a"), str(tmp_path / "b")
-        [path] = install_claude(str(work), state_dir=a)
+        path = work / ".claude" / "settings.json"
+        assert str(path) in install_claude(str(work), state_dir=a)
         install_claude(str(work), state_dir=b)
         assert install_claude(str(work), state_dir=a) == []
         stop = [h["command"] for g in _settings(Path(path))["hooks"]["Stop"] for h in g["hooks"]]
@@ -506,6 +510,7 @@ class TestInstall:
         install_claude(str(work), state_dir=a)
         uninstall_claude(str(work))
         assert _settings(Path(path)) == {}
+        assert _settings(work / ".claude" / "settings.local.json") == {}
 
     def test_a_hook_written_before_the_marker_is_replaced(self, work: Path, tmp_path: Path) -> None:
         """An install by an older heartbeat (its exact command, no marker) is recognised: no duplicate."""

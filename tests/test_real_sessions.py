@@ -271,3 +271,83 @@ class TestTheDocsAsWritten:
                     except psutil.Error:
                         pass
                 store.close()
+
+
+class TestCompactionInAPersonsSession:
+    """/compact in a person's own claude session (no daemon): the hooks hand the state back."""
+
+    def test_the_request_after_compact_carries_intent_constraints_and_step(self, tmp_path: Path) -> None:
+        """A person runs claude in the task's workdir (hooks installed, acceptEdits): the session keeps its
+        note (the install's permission rules), ends after step 1; `/compact` on it (the model's summary says
+        nothing of the task); the next request the model gets holds the SessionStart(compact) hook's
+        context with the intent, every constraint and the current step."""
+        from scripted_model.anthropic import conversation
+
+        claude = agent_cli("claude")
+        tmp_path.chmod(0o700)
+        work, home, state = tmp_path / "work", tmp_path / "home", tmp_path / "state"
+        work.mkdir()
+        home.mkdir()
+        config = tmp_path / "heartbeat.toml"
+        config.write_text(f'[daemon]\nstate_dir = "{state}"\n')
+        constraints = ("Do not touch config/prod.yaml", "Keep the public API stable")
+        with scripted_model(tmp_path / "model", Workload(steps=DOCS_STEPS)) as model:
+            env = {**claude_env(model, home), "LANG": "C.UTF-8", "HEARTBEAT_CONFIG": str(config)}
+
+            def run(*argv: str, stdin: str | None = None) -> list[dict[str, Any]]:
+                proc = subprocess.run(argv, input=stdin, cwd=work, env=env, capture_output=True, text=True,
+                                      timeout=180)
+                assert proc.returncode == 0, proc.stderr[-1000:]
+                return [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+
+            hb = str(BIN / "heartbeat")
+            run(hb, "new", "fix", "--task", "Fix the fallback path", "--intent", "Users get blank answers",
+                "--step", DOCS_STEPS[0], "--next", DOCS_STEPS[1], *[a for s in DOCS_STEPS for a in ("--plan", s)],
+                *[a for c in constraints for a in ("--constraint", c)], "--workdir", str(work))
+            run(hb, "hooks", "install", "claude", "--dir", str(work))
+            person = [str(claude), "-p", "--output-format", "stream-json", "--verbose", "--permission-mode",
+                      "acceptEdits"]
+            path = model.log_dir / "controls.json"
+            path.write_text(json.dumps({"stop_after_step": 1}))
+            session = run(*person, stdin="Work on the task in this directory.")[-1]["session_id"]
+            assert FileStoreView(state).step("fix") == DOCS_STEPS[1]  # the person's session kept its note
+            path.write_text("{}")
+            before = len(model.bodies)
+            run(*person, "--resume", session, stdin="/compact")
+            asked = [conversation(b) for b in model.bodies[before:]]
+            assert any("create a detailed summary" in c.texts[-1] for c in asked)
+            run(*person, "--resume", session, stdin="Continue with the task.")
+            after = [conversation(b) for b in model.bodies[before + len(asked):]]
+            first = after[0]
+            assert not any("(session startup)" in t for t in first.texts)  # the pre-compact context is gone
+            [compact] = [t for t in first.texts if "(session compact)" in t]
+            assert "Users get blank answers" in compact and DOCS_STEPS[1] in compact
+            assert all(c in compact for c in constraints)
+            sources = [e.data.get("source") for e in FileStoreView(state).events("fix", "session_started")]
+            assert sources == ["startup", "resume", "compact", "resume"]
+            assert FileStoreView(state).status("fix") == "done"
+
+
+class FileStoreView:
+    """Read-only looks at a state dir (a fresh store each time: the person's CLI writes it)."""
+
+    def __init__(self, state: Path) -> None:
+        self.state = state
+
+    def _load(self, task: str) -> Any:
+        from heartbeat.store.files import FileStore
+
+        store = FileStore(str(self.state))
+        try:
+            return store.load(task), store.ledger.events(task)
+        finally:
+            store.close()
+
+    def step(self, task: str) -> str:
+        return str(self._load(task)[0].step)
+
+    def status(self, task: str) -> str:
+        return str(self._load(task)[0].meta.status.value)
+
+    def events(self, task: str, kind: str) -> list[Any]:
+        return [e for e in self._load(task)[1] if e.kind == kind]

@@ -144,7 +144,7 @@ _STEP_PATH = re.compile(r"(?:^|/)steps/(\d{2})\.txt$")
 _TASK = re.compile(r"heartbeat (?:show|set|add|touch|done|verify|block) ([A-Za-z0-9][A-Za-z0-9._-]*)")
 _CWD = re.compile(r"Primary working directory: ([^\n\\]+)")
 _FORBID = re.compile(r"[Dd]o not (?:touch|write|edit|change) `?([\w./-]*\w)")
-_SUMMARY = re.compile(r"summary of the conversation|summarize|summarise|compact", re.IGNORECASE)
+_SUMMARY = re.compile(r"create a detailed summary of the conversation", re.IGNORECASE)
 
 
 @dataclass
@@ -157,6 +157,8 @@ class Controls:
     rate_limit: dict[str, Any] | None = None
     work_turns: int = 0
     work_sleep: float = 0.0
+    stop_after_step: int | None = None
+    """End the turn once step N (1-based) is done and noted, as a session a person ends."""
     probes: tuple[str, ...] | list[str] = ()
     """Shell commands tried once per conversation after orienting (e.g. ones the CLI must refuse)."""
 
@@ -190,7 +192,13 @@ class Record:
             lines = self.path.read_text().splitlines()
         except FileNotFoundError:
             return []
-        return [json.loads(line) for line in lines if line.strip()]
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:  # a line still being appended by the server's thread
+                continue
+        return out
 
     def write(self, event: str, *, call: str = "", **data: Any) -> None:
         with self._lock:
@@ -276,11 +284,10 @@ class Brain:
 
     def decide(self, conv: Conversation) -> Reply:
         self._witness(conv)
+        if conv.texts and _SUMMARY.search(conv.texts[-1]):
+            return Reply(text=self._summary(conv))  # /compact asks for a summary (tools still offered)
         if not conv.tools:
-            # A side request (a title, a summary for /compact, a quota probe): plain text.
-            if _SUMMARY.search(conv.texts[-1] if conv.texts else ""):
-                return Reply(text=self._summary(conv))
-            return Reply(text="OK")
+            return Reply(text="OK")  # a side request (a title, a quota probe): plain text
         return self._next(conv)
 
     # -- reading the conversation ------------------------------------------------------------
@@ -402,6 +409,9 @@ class Brain:
                     if set_ not in issued:
                         return _shell("Move the note to the next step", set_)
 
+        stop = controls.stop_after_step
+        if stop and 0 < stop <= len(steps) and stop - 1 in written:
+            return Reply(text=f"Step {stop} is done and noted; ending this session here.")
         for index, step in enumerate(steps):
             if step in done:
                 continue
@@ -431,7 +441,8 @@ class Brain:
 
     def _summary(self, conv: Conversation) -> str:
         # Deliberately thin: what survives a compaction must come from the hooks, not from here.
-        return "Summary: I was working through the task's steps with the tools."
+        return ("<analysis>The conversation so far.</analysis>\n"
+                "<summary>I was working through the task's steps with the tools.</summary>")
 
 
 _LS = "ls -1 steps"
