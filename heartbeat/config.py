@@ -31,6 +31,7 @@ __all__ = [
     "find_config",
     "load_config",
     "parse_config",
+    "parse_listen",
     "expand_argv",
     "LAUNCHER_PLACEHOLDERS",
     "NOTIFY_PLACEHOLDERS",
@@ -49,6 +50,20 @@ PRESET_KEYS = frozenset({"preset", "program", "args", "session", "max_resumes_pe
 _MIN_LOG_BYTES = 4096
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 
+
+
+def parse_listen(value: str, *, what: str = "--listen") -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port); :class:`BadInput` otherwise."""
+    what = f"{what} " if what else ""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise BadInput(f"{what}{value!r}: expected HOST:PORT, e.g. {defaults.HTTP_LISTEN} or [::1]:8787")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise BadInput(f"{what}{value!r}: port {port} is out of range")
+    return host, port
 
 @dataclass(frozen=True)
 class DaemonConfig:
@@ -420,8 +435,6 @@ class _Parser:
         self.unknown(doc, {f for f in HttpConfig.__dataclass_fields__}, p)
         listen = self.string(doc, "listen", p, "")
         if listen:
-            from heartbeat.web import parse_listen
-
             try:
                 parse_listen(listen, what="")
             except BadInput as exc:

@@ -37,15 +37,16 @@ from urllib.parse import urlencode
 
 from heartbeat import defaults
 from heartbeat.baton import Baton, Status, check_id, dump_baton
+from heartbeat.config import parse_listen
 from heartbeat.errors import BadInput, HeartbeatError, NotFound
 from heartbeat.layout import LOGS_DIR, StateLayout, log_name
 from heartbeat.ledger import Event
 from heartbeat.timeparse import format_duration, utcnow
 
-__all__ = ["DEFAULT_LISTEN", "LOG_TAIL_BYTES", "TIMELINE_EVENTS", "LogTail", "parse_listen", "is_loopback",
+__all__ = ["DEFAULT_LISTEN", "LOG_TAIL_BYTES", "TIMELINE_EVENTS", "LogTail", "is_loopback",
            "check_exposure", "read_log_tail", "build_app", "serve", "start_in_thread", "run_from_cli"]
 
-DEFAULT_LISTEN = "127.0.0.1:8787"
+DEFAULT_LISTEN = defaults.HTTP_LISTEN
 """Where ``heartbeat web`` listens when ``--listen`` is not given: loopback only."""
 
 LOG_TAIL_BYTES = 64 * 1024
@@ -75,20 +76,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 # -- listening: where, and who may ask ----------------------------------------------------
-
-
-def parse_listen(value: str, *, what: str = "--listen") -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port); :class:`BadInput` otherwise."""
-    what = f"{what} " if what else ""
-    host, sep, port_text = value.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
-        raise BadInput(f"{what}{value!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN} or [::1]:8787")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise BadInput(f"{what}{value!r}: port {port} is out of range")
-    return host, port
 
 
 def is_loopback(host: str) -> bool:

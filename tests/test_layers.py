@@ -29,7 +29,6 @@ PACKAGE = ROOT / "heartbeat"
 Graph = dict[str, set[str]]
 
 TOLERATED: set[tuple[str, str]] = {
-    ("heartbeat.config", "heartbeat.web"),
     ("heartbeat.daemon.core", "heartbeat.daemon.service"),
     ("heartbeat.daemon.relay", "heartbeat.cli"),
     ("heartbeat.handoff", "heartbeat.tasks"),

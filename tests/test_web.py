@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from heartbeat.config import parse_listen
 from heartbeat.errors import BadInput
-from heartbeat.web import LOG_TAIL_BYTES, check_exposure, is_loopback, parse_listen, read_log_tail
+from heartbeat.web import LOG_TAIL_BYTES, check_exposure, is_loopback, read_log_tail
 from tests.conftest import clean_env
 from tests.web_scenario import HOSTILE_BLOCK, HOSTILE_STEP, Scenario, WebServer, chromium, start_scenario, start_web
 
