@@ -21,6 +21,7 @@ from heartbeat.errors import BadInput, InvalidBaton
 from heartbeat.timeparse import parse_instant, to_utc
 
 __all__ = [
+    "json_safe",
     "ID_PATTERN",
     "SCALAR_FIELDS",
     "LIST_FIELDS",
@@ -627,6 +628,18 @@ _STRINGS_AND_COMMENTS = re.compile(
     r"|'''[\s\S]*?'''(?:'{1,2}(?!'))?"
     r'''|"(?:[^"\\\n]|\\.)*+"|'[^'\n]*+'|\#[^\n]*+'''
 )
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every inf and nan spelled as TOML spells them: JSON has neither, and a
+    baton's unknown keys may hold them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def load_toml(text: str) -> dict[str, Any]:

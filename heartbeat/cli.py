@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import sys
 import types
@@ -88,19 +87,10 @@ def _actor_in(env: Mapping[str, str]) -> str:
 
 
 def _print_json(value: Any) -> None:
-    json.dump(_finite(value), sys.stdout, ensure_ascii=False, indent=2, default=_json_default, allow_nan=False)
+    from heartbeat.baton import json_safe
+
+    json.dump(json_safe(value), sys.stdout, ensure_ascii=False, indent=2, default=_json_default, allow_nan=False)
     sys.stdout.write("\n")
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no inf or nan (a baton's unknown keys may hold them): they print as TOML spells them."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _json_default(value: Any) -> Any:

@@ -80,9 +80,9 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
     @server.tool(name="show", description="The baton of a task, as data.")
     def show(id: str) -> dict[str, Any]:
         with tool_errors():
-            from heartbeat.cli import _finite
+            from heartbeat.baton import json_safe
 
-            return dict(_finite(store().load(id).to_dict()))
+            return dict(json_safe(store().load(id).to_dict()))
 
     @server.tool(name="status", description="One row per task: id, status, step, attempt, epoch, revision, age.")
     def status() -> dict[str, Any]:

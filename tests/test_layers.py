@@ -33,7 +33,6 @@ TOLERATED: set[tuple[str, str]] = {
     ("heartbeat.daemon.relay", "heartbeat.cli"),
     ("heartbeat.handoff", "heartbeat.tasks"),
     ("heartbeat.hooks", "heartbeat.cli"),
-    ("heartbeat.mcp_server", "heartbeat.cli"),
     ("heartbeat.report", "heartbeat.retention"),
     ("heartbeat.store.files", "heartbeat.pulse"),
     ("heartbeat.store.postgres", "heartbeat.lease"),
