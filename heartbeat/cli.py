@@ -1041,10 +1041,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         argv = sys.argv[1:] if argv is None else list(argv)
         if _command_in(argv) == "hook":  # run by Claude Code at every turn: no argparse, never exit 2
-            from heartbeat.hooks import hook_main
-
             rest = list(argv)
             rest.remove("hook")
+            if "-h" in rest or "--help" in rest:
+                build_parser("hook").parse_args(["hook", "--help"])  # prints the usage and exits 0
+            from heartbeat.hooks import hook_main
+
             return hook_main(rest)
         _check_utf8(argv)
         args = _hot_args(argv)

@@ -32,7 +32,6 @@ TOLERATED: set[tuple[str, str]] = {
     ("heartbeat.daemon.core", "heartbeat.daemon.service"),
     ("heartbeat.daemon.relay", "heartbeat.cli"),
     ("heartbeat.handoff", "heartbeat.tasks"),
-    ("heartbeat.hooks", "heartbeat.cli"),
     ("heartbeat.report", "heartbeat.retention"),
     ("heartbeat.store.files", "heartbeat.pulse"),
     ("heartbeat.store.postgres", "heartbeat.lease"),
