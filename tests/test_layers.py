@@ -30,7 +30,6 @@ Graph = dict[str, set[str]]
 
 TOLERATED: set[tuple[str, str]] = {
     ("heartbeat.daemon.core", "heartbeat.daemon.service"),
-    ("heartbeat.daemon.relay", "heartbeat.cli"),
     ("heartbeat.handoff", "heartbeat.tasks"),
     ("heartbeat.report", "heartbeat.retention"),
     ("heartbeat.store.files", "heartbeat.pulse"),
