@@ -32,7 +32,6 @@ TOLERATED: set[tuple[str, str]] = {
     ("heartbeat.daemon.core", "heartbeat.daemon.service"),
     ("heartbeat.handoff", "heartbeat.tasks"),
     ("heartbeat.report", "heartbeat.retention"),
-    ("heartbeat.store.files", "heartbeat.pulse"),
     ("heartbeat.store.postgres", "heartbeat.lease"),
     ("heartbeat.world", "heartbeat.handoff"),
 }
