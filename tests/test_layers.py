@@ -29,7 +29,6 @@ PACKAGE = ROOT / "heartbeat"
 Graph = dict[str, set[str]]
 
 TOLERATED: set[tuple[str, str]] = {
-    ("heartbeat.daemon.core", "heartbeat.daemon.service"),
     ("heartbeat.handoff", "heartbeat.tasks"),
     ("heartbeat.report", "heartbeat.retention"),
     ("heartbeat.store.postgres", "heartbeat.lease"),

@@ -30,7 +30,7 @@ from heartbeat.config import Config
 from heartbeat.daemon.act import Actor
 from heartbeat.daemon.leased import lease_part
 from heartbeat.daemon.observe import EntryStatuses, Observer, StatusLookup
-from heartbeat.daemon.shared import Shared
+from heartbeat.daemon.shared import Shared, logger, open_store
 from heartbeat.daemon.watch import Watcher
 from heartbeat.errors import Busy, Conflict, HeartbeatError, InvalidBaton, NotActive, NotFound, UnsafePath
 from heartbeat.ledger import Event, EventKind
@@ -92,7 +92,6 @@ class Core:
         dry_run: bool = False,
         log: Any = None,
     ) -> None:
-        from heartbeat.daemon.service import logger, open_store
         from heartbeat.liveness import this_host
 
         if config.daemon.host and not os.environ.get("HEARTBEAT_HOST", "").strip():
