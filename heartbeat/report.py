@@ -491,7 +491,7 @@ def _add_archived(store: Store, by_task: dict[str, list[Event]], batons: dict[st
                   statuses: dict[str, str]) -> None:
     """Tasks gc archived count as before: their archived events (then any live ones) and their
     archived baton; gc's own ``archived``/``compacted`` rows are bookkeeping, not history."""
-    from heartbeat.retention import RETENTION_KINDS, read_archived
+    from heartbeat.store.archive import RETENTION_KINDS, read_archived
 
     for task_id, events in list(by_task.items()):
         if any(e.kind in RETENTION_KINDS for e in events):

@@ -30,7 +30,6 @@ Graph = dict[str, set[str]]
 
 TOLERATED: set[tuple[str, str]] = {
     ("heartbeat.handoff", "heartbeat.tasks"),
-    ("heartbeat.report", "heartbeat.retention"),
     ("heartbeat.store.postgres", "heartbeat.lease"),
     ("heartbeat.world", "heartbeat.handoff"),
 }
