@@ -28,7 +28,7 @@ from heartbeat.store import Store, open_store
 from heartbeat.write import epoch_from_env
 
 if TYPE_CHECKING:
-    from heartbeat.world import VerifyResult
+    from heartbeat.verify import VerifyResult
 
 __all__ = ["Task", "open_task", "epoch_from_env"]
 
@@ -75,7 +75,7 @@ class Task:
     def verify(self) -> VerifyResult:
         """Does the baton still hold for this caller? The same result as ``heartbeat verify``:
         ``.code`` 0 fresh, 3 stale (``.changed`` says what), 4 not active, 5 superseded."""
-        from heartbeat.world import verify
+        from heartbeat.verify import verify
 
         return verify(self.store, self.id, epoch=self.epoch, actor=self.actor)
 

@@ -515,7 +515,7 @@ def _max_attempts(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from heartbeat.world import verify
+    from heartbeat.verify import verify
 
     store = _store(args, read=True)
     checks = None

@@ -118,7 +118,7 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
     @server.tool(name="verify", description="Does the baton still hold? code 0 fresh, 3 stale, 4 not active, "
                                             "5 superseded (your epoch is no longer the task's).")
     def verify(id: str, epoch: int | None = None) -> dict[str, Any]:
-        from heartbeat.world import verify as verify_task
+        from heartbeat.verify import verify as verify_task
 
         with tool_errors():
             result = verify_task(store(), id, epoch=fence(id, epoch), actor=_actor())
