@@ -7,20 +7,24 @@ active (4), an upstream's guarantee broke or the world changed since the baton w
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from heartbeat import handoff
-from heartbeat.errors import EXIT_CONFLICT, EXIT_NOT_ACTIVE, EXIT_OK, EXIT_STALE
+from heartbeat import handoff, tasks
+from heartbeat.baton import Baton, OnBroken, Status, parse_on_broken
+from heartbeat.errors import EXIT_CONFLICT, EXIT_NOT_ACTIVE, EXIT_OK, EXIT_STALE, BadInput, HeartbeatError, NotActive
+from heartbeat.handoff import after_gate
+from heartbeat.ledger import Event
+from heartbeat.timeparse import utcnow
 from heartbeat.world import GIT_HEAD_KEY, world_changes
 
 if TYPE_CHECKING:
     from heartbeat.config import CommandConfig
     from heartbeat.store.base import Store
 
-__all__ = ["VerifyResult", "verify"]
+__all__ = ["VerifyResult", "verify", "apply_broken"]
 
 
 @dataclass
@@ -143,7 +147,7 @@ def verify(
             result.message = (f"{task_id}: {len(result.broken)} upstream guarantee(s) broken ({names}): "
                               "do not build on it; the edge's policy applies")
             if record:
-                result.actions = handoff.apply_broken(store, baton, result.broken, actor=actor, now=now)
+                result.actions = apply_broken(store, baton, result.broken, actor=actor, now=now)
         elif result.changed:
             result.code, result.status = EXIT_STALE, "stale"
             result.message = (f"{task_id}: the world changed since the baton was written (revision "
@@ -157,3 +161,59 @@ def verify(
                             data={"result": result.status, "changed": [c["key"] for c in result.changed],
                                   **({"broken": [b["upstream"] for b in result.broken]} if result.broken else {})})])
     return result
+
+
+def apply_broken(store: Store, downstream: Baton, broken: Sequence[Mapping[str, Any]], *, actor: str = "",
+                 now: datetime | None = None) -> list[str]:
+    """Apply the downstream's ``on_broken`` policy to each upstream with a broken guarantee.
+
+    The upstream is reopened (active, ``last_failure`` naming the guarantee and the
+    downstream), escalated, or reopened on the fallback launcher; the downstream is blocked
+    on ``after:UPSTREAM`` so it waits. Returns one line per action taken.
+    """
+    now = now or utcnow()
+    policy, fallback = parse_on_broken(downstream.on_broken or OnBroken.REOPEN.value)
+    by_upstream: dict[str, list[Mapping[str, Any]]] = {}
+    for item in broken:
+        by_upstream.setdefault(str(item["upstream"]), []).append(item)
+    actions: list[str] = []
+    events = [Event(task=downstream.id, kind="guarantee_broken", ts=now, epoch=downstream.meta.epoch,
+                    revision=downstream.meta.revision, actor=actor,
+                    data={"upstream": u, "broken": [dict(i) for i in items], "policy": downstream.on_broken
+                          or OnBroken.REOPEN.value}) for u, items in by_upstream.items()]
+    store.record(events)
+    for upstream, items in by_upstream.items():
+        first = items[0]
+        why = (f"guarantee {first['guarantee']!r} broke for {downstream.id} "
+               f"(check {first['check']} {first['detail']})")
+        try:
+            with store.edit(upstream, actor=actor or downstream.id, now=now) as ed:
+                if ed.old.meta.status is not Status.DONE:
+                    ed.cancel()  # already reopened by another consumer: nothing to do twice
+                    continue
+                meta = ed.baton.meta
+                meta.last_failure = why
+                meta.attempt = 0
+                meta.idle_resumes = 0
+                if policy is OnBroken.ESCALATE:
+                    meta.status = Status.ESCALATED
+                    ed.event("escalated", reason=why, by=downstream.id)
+                else:
+                    meta.status = Status.ACTIVE
+                    if policy is OnBroken.FALLBACK:
+                        ed.baton.launcher = fallback
+                    ed.event("reopened", by=downstream.id, reason=why, policy=policy.value,
+                             launcher=ed.baton.launcher)
+        except HeartbeatError as exc:
+            actions.append(f"{upstream}: could not apply {policy.value}: {exc}")
+            continue
+        verb = {"reopen": "reopened", "escalate": "escalated", "fallback": f"reopened on launcher {fallback}"}
+        actions.append(f"{upstream} {verb[policy.value]}: {why}")
+    waiting = list(by_upstream)
+    try:
+        tasks.block(store, downstream.id, f"upstream {', '.join(waiting)} must hold its guarantees again",
+                    after_gate(waiting), actor=actor or downstream.id)
+        actions.append(f"{downstream.id} waits (gate after:{','.join(waiting)})")
+    except (NotActive, BadInput) as exc:
+        actions.append(f"{downstream.id}: could not wait: {exc}")
+    return actions
