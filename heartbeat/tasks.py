@@ -28,6 +28,7 @@ from heartbeat.baton import (
     check_id,
     parse_on_broken,
 )
+from heartbeat.baton import host_labels as baton_host_labels
 from heartbeat.errors import BadInput, Conflict, NotActive
 from heartbeat.ledger import EventKind
 from heartbeat.store.base import Edit, Store
@@ -132,10 +133,8 @@ def new_task(
         meta=meta,
     )
     if host_labels:  # a top-level key of the baton: only daemons offering every label dispatch it
-        from heartbeat.lease import host_labels as check_labels
-
         baton.extra["host_labels"] = list(host_labels)
-        baton.extra["host_labels"] = check_labels(baton)
+        baton.extra["host_labels"] = baton_host_labels(baton)
     return store.create(baton, actor=actor, now=now)
 
 
