@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from heartbeat import defaults
 from heartbeat.baton import Baton, Owner, host_labels
 from heartbeat.errors import HeartbeatError, StoreError
+from heartbeat.store.base import SharedStore
 
 if TYPE_CHECKING:
     from heartbeat.store.base import Entry
@@ -136,7 +137,7 @@ def lease_rows(store: PostgresStore) -> dict[str, LeaseRow]:
 
 def for_store(store: Any) -> bool:
     """Whether ``store`` is shared between hosts (and so needs leases): the PostgreSQL store."""
-    return hasattr(store, "claim_daemon") and hasattr(store, "owner_hosts")
+    return isinstance(store, SharedStore)
 
 
 _RENEW = """

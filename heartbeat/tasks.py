@@ -31,7 +31,7 @@ from heartbeat.baton import (
 from heartbeat.baton import host_labels as baton_host_labels
 from heartbeat.errors import BadInput, Conflict, NotActive
 from heartbeat.ledger import EventKind
-from heartbeat.store.base import Edit, Store
+from heartbeat.store.base import Edit, PulseSink, Store
 from heartbeat.timeparse import utcnow
 
 if TYPE_CHECKING:
@@ -256,9 +256,8 @@ def touch(store: Store, task_id: str, *, epoch: int | None = None, actor: str = 
 
 def _arm_pulse(store: Store, task_id: str, epoch: int | None) -> None:
     """After an agent's own write (``epoch`` given): its next touches may be pulses (file store only)."""
-    arm = getattr(store, "arm_pulse", None)
-    if epoch is not None and arm is not None:
-        arm(task_id, epoch)
+    if epoch is not None and isinstance(store, PulseSink):
+        store.arm_pulse(task_id, epoch)
 
 
 def _require(ed: Edit, allowed: set[Status] | frozenset[Status], verb: str) -> None:

@@ -172,6 +172,51 @@ class TestImportGraph:
         assert gone == [], f"no longer imported, drop from TOLERATED: {gone}"
 
 
+
+def _is_store(node: ast.expr) -> bool:
+    """``store``, or ``<anything>.store`` (``self.store``, ``self.shared.store``)."""
+    return (isinstance(node, ast.Name) and node.id == "store") or (isinstance(node, ast.Attribute) and node.attr == "store")
+
+
+def store_reaches() -> list[str]:
+    """Every place outside heartbeat/store/ that reaches past the Store protocol: ``getattr``/``hasattr``
+    on a store, or a private (``_``) attribute of one; as ``path: expression``."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("heartbeat/store/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), rel)):
+            asks = (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr") and bool(node.args) and _is_store(node.args[0]))
+            private = isinstance(node, ast.Attribute) and node.attr.startswith("_") and _is_store(node.value)
+            if asks or private:
+                found.append(f"{rel}: {ast.unparse(node)}")
+    return sorted(found)
+
+
+STORE_REACHES_LEFT = sorted([
+    "heartbeat/daemon/core.py: hasattr(store, 'lock_wait')",
+    "heartbeat/lease.py: self.store._body",
+    "heartbeat/lease.py: self.store._conn",
+    "heartbeat/lease.py: self.store._conn",
+    "heartbeat/lease.py: store._conn",
+    "heartbeat/retention.py: store._locked",
+])
+"""The reaches past the Store still to be turned into capabilities (issue 18); only shrinks."""
+
+
+class TestStoreCut:
+    def test_the_check_knows_a_store(self) -> None:
+        """A store is ``store`` or any ``<x>.store``: the walk's notion of what to watch."""
+        assert _is_store(ast.parse("self.store", mode="eval").body) and _is_store(ast.parse("store", mode="eval").body)
+
+    def test_nothing_outside_store_reaches_past_the_store_but_the_listed(self) -> None:
+        """Outside heartbeat/store/ a store is asked with isinstance on its capabilities
+        (store/base.py: FileBacked, PulseSink, TextImport, SharedStore), never with getattr,
+        hasattr or a private attribute; a new reach fails here, and so does a fixed one still listed."""
+        assert store_reaches() == STORE_REACHES_LEFT
+
 if __name__ == "__main__":
     g = import_graph()
     for comp in cycles(g):

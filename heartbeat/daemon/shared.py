@@ -24,7 +24,7 @@ from heartbeat.gates import GateEvaluator
 from heartbeat.layout import StateLayout
 from heartbeat.ledger import Event
 from heartbeat.liveness import this_host
-from heartbeat.store.base import Store
+from heartbeat.store.base import SharedStore, Store
 
 __all__ = ["Shared", "logger", "open_store"]
 
@@ -100,10 +100,9 @@ def open_store(config: Config, *, claim: bool = True, decisions: bool = False) -
 
         os.environ[URL_ENV] = url  # the launchers pass it on: agents write to the same database
         ensure_private_dir(config.state_dir)  # agents' logs, the daemon lock and the vitals still live there
-        claim_daemon = getattr(store, "claim_daemon", None)
-        if claim and claim_daemon is not None:
+        if claim and isinstance(store, SharedStore):
             try:
-                claim_daemon(this_host())  # one daemon per host id; other hosts share it through leases
+                store.claim_daemon(this_host())  # one daemon per host id; other hosts share it through leases
             except BaseException:
                 store.close()
                 raise
