@@ -16,7 +16,7 @@ from heartbeat import handoff, tasks
 from heartbeat.baton import Baton, OnBroken, Status, parse_on_broken
 from heartbeat.errors import EXIT_CONFLICT, EXIT_NOT_ACTIVE, EXIT_OK, EXIT_STALE, BadInput, HeartbeatError, NotActive
 from heartbeat.handoff import after_gate
-from heartbeat.ledger import Event
+from heartbeat.ledger import Event, EventKind
 from heartbeat.timeparse import utcnow
 from heartbeat.world import GIT_HEAD_KEY, world_changes
 
@@ -110,10 +110,6 @@ def verify(
     fingerprints of their packages; a broken guarantee triggers the edge's ``on_broken``
     policy when ``record`` is set.
     """
-    from heartbeat.baton import Status
-    from heartbeat.ledger import Event
-    from heartbeat.timeparse import utcnow
-
     now = now or utcnow()
     baton = store.load(task_id)
     meta = baton.meta
@@ -156,7 +152,7 @@ def verify(
             what = f"{len(checked)} fingerprint(s)" if checked else "nothing fingerprinted"
             result.message = f"{task_id} is active at epoch {meta.epoch} and the world matches the baton ({what})"
     if record:
-        store.record([Event(task=task_id, kind="verified", ts=now, epoch=epoch if epoch is not None else meta.epoch,
+        store.record([Event(task=task_id, kind=EventKind.VERIFIED, ts=now, epoch=epoch if epoch is not None else meta.epoch,
                             revision=meta.revision, actor=actor,
                             data={"result": result.status, "changed": [c["key"] for c in result.changed],
                                   **({"broken": [b["upstream"] for b in result.broken]} if result.broken else {})})])
@@ -177,7 +173,7 @@ def apply_broken(store: Store, downstream: Baton, broken: Sequence[Mapping[str, 
     for item in broken:
         by_upstream.setdefault(str(item["upstream"]), []).append(item)
     actions: list[str] = []
-    events = [Event(task=downstream.id, kind="guarantee_broken", ts=now, epoch=downstream.meta.epoch,
+    events = [Event(task=downstream.id, kind=EventKind.GUARANTEE_BROKEN, ts=now, epoch=downstream.meta.epoch,
                     revision=downstream.meta.revision, actor=actor,
                     data={"upstream": u, "broken": [dict(i) for i in items], "policy": downstream.on_broken
                           or OnBroken.REOPEN.value}) for u, items in by_upstream.items()]
@@ -197,12 +193,12 @@ def apply_broken(store: Store, downstream: Baton, broken: Sequence[Mapping[str, 
                 meta.idle_resumes = 0
                 if policy is OnBroken.ESCALATE:
                     meta.status = Status.ESCALATED
-                    ed.event("escalated", reason=why, by=downstream.id)
+                    ed.event(EventKind.ESCALATED, reason=why, by=downstream.id)
                 else:
                     meta.status = Status.ACTIVE
                     if policy is OnBroken.FALLBACK:
                         ed.baton.launcher = fallback
-                    ed.event("reopened", by=downstream.id, reason=why, policy=policy.value,
+                    ed.event(EventKind.REOPENED, by=downstream.id, reason=why, policy=policy.value,
                              launcher=ed.baton.launcher)
         except HeartbeatError as exc:
             actions.append(f"{upstream}: could not apply {policy.value}: {exc}")

@@ -196,7 +196,6 @@ def store_reaches() -> list[str]:
 
 
 STORE_REACHES_LEFT = sorted([
-    "heartbeat/daemon/core.py: hasattr(store, 'lock_wait')",
     "heartbeat/lease.py: self.store._body",
     "heartbeat/lease.py: self.store._conn",
     "heartbeat/lease.py: self.store._conn",

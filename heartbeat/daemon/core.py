@@ -35,7 +35,7 @@ from heartbeat.daemon.watch import Watcher
 from heartbeat.errors import Busy, Conflict, HeartbeatError, InvalidBaton, NotActive, NotFound, UnsafePath
 from heartbeat.ledger import Event, EventKind
 from heartbeat.metrics import VITALS_FILE, Vitals
-from heartbeat.store.base import Entry, Store
+from heartbeat.store.base import Entry, FileBacked, Store
 from heartbeat.timeparse import utcnow
 
 __all__ = ["Core", "LookMemory", "Want"]
@@ -97,7 +97,7 @@ class Core:
         if config.daemon.host and not os.environ.get("HEARTBEAT_HOST", "").strip():
             os.environ["HEARTBEAT_HOST"] = config.daemon.host  # this_host(), the launchers and the agents agree
         store = store if store is not None else open_store(config, claim=not dry_run, decisions=True)
-        if hasattr(store, "lock_wait"):  # a held baton lock must not stall every task
+        if isinstance(store, FileBacked):  # a held baton lock must not stall every task
             store.lock_wait = defaults.DAEMON_LOCK_WAIT
         log = log if log is not None else logger()
         self.shared = Shared(config, store, dry_run=dry_run, log=log, host=this_host())

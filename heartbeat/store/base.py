@@ -135,6 +135,9 @@ class Store(Protocol):
 class FileBacked(Protocol):
     """A store whose batons are files (the file store): a baton's text is the file's bytes."""
 
+    lock_wait: float
+    """Seconds a write waits for a baton's lock before it gives up (the daemon waits less than an agent)."""
+
     def path_of(self, task_id: str) -> str:
         """The baton file of ``task_id``."""
 
