@@ -20,11 +20,11 @@ from typing import Any
 from heartbeat.baton import Baton, parse_baton
 from heartbeat.errors import HeartbeatError, StoreError
 from heartbeat.layout import StateLayout
-from heartbeat.ledger import Event
+from heartbeat.ledger import Event, EventKind
 
 __all__ = ["RETENTION_KINDS", "ARCHIVE_NAME", "event_from_json", "read_archive", "read_archived"]
 
-RETENTION_KINDS = frozenset({"archived", "compacted"})
+RETENTION_KINDS = frozenset({EventKind.ARCHIVED, EventKind.COMPACTED})
 """Ledger event kinds gc writes; ``heartbeat report`` does not replay them."""
 
 ARCHIVE_NAME = re.compile(r"\d{8}T\d{6}\d{6}Z\.jsonl\.gz")
@@ -64,7 +64,7 @@ def read_archived(store: Any) -> dict[str, tuple[Baton | None, list[Event]]]:
     state_dir = getattr(store, "state_dir", None)
     if state_dir is None:
         return {}
-    marks = store.ledger.events(kinds=["archived"])
+    marks = store.ledger.events(kinds=[EventKind.ARCHIVED])
     if not marks:
         return {}
     wanted: dict[str, list[Event]] = {}
