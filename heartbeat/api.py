@@ -17,8 +17,7 @@ does for an agent the daemon launched), so a superseded agent's update is refuse
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -26,29 +25,12 @@ from heartbeat import tasks
 from heartbeat.baton import Baton, check_id
 from heartbeat.errors import BadInput
 from heartbeat.store import Store, open_store
+from heartbeat.write import epoch_from_env
 
 if TYPE_CHECKING:
-    from heartbeat.world import VerifyResult
+    from heartbeat.verify import VerifyResult
 
 __all__ = ["Task", "open_task", "epoch_from_env"]
-
-
-def epoch_from_env(task_id: str, env: Mapping[str, str] | None = None) -> int | None:
-    """The caller's epoch for ``task_id`` from ``HEARTBEAT_EPOCH``, when it belongs to this task."""
-    env = os.environ if env is None else env
-    raw = env.get("HEARTBEAT_EPOCH")
-    if not raw:
-        return None
-    owner_task = env.get("HEARTBEAT_TASK")
-    if owner_task and owner_task != task_id:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadInput(f"HEARTBEAT_EPOCH is not an integer: {raw[:20]!r}") from None
-    if value < 0:
-        raise BadInput("HEARTBEAT_EPOCH must not be negative")
-    return value
 
 
 class Task:
@@ -93,7 +75,7 @@ class Task:
     def verify(self) -> VerifyResult:
         """Does the baton still hold for this caller? The same result as ``heartbeat verify``:
         ``.code`` 0 fresh, 3 stale (``.changed`` says what), 4 not active, 5 superseded."""
-        from heartbeat.world import verify
+        from heartbeat.verify import verify
 
         return verify(self.store, self.id, epoch=self.epoch, actor=self.actor)
 

@@ -21,6 +21,8 @@ from heartbeat.errors import BadInput, InvalidBaton
 from heartbeat.timeparse import parse_instant, to_utc
 
 __all__ = [
+    "host_labels",
+    "json_safe",
     "ID_PATTERN",
     "SCALAR_FIELDS",
     "LIST_FIELDS",
@@ -627,6 +629,30 @@ _STRINGS_AND_COMMENTS = re.compile(
     r"|'''[\s\S]*?'''(?:'{1,2}(?!'))?"
     r'''|"(?:[^"\\\n]|\\.)*+"|'[^'\n]*+'|\#[^\n]*+'''
 )
+
+
+def host_labels(baton: Baton) -> list[str]:
+    """The baton's ``host_labels`` (a top-level list of labels): every one must be among a
+    daemon's ``daemon.labels`` for that daemon to dispatch the task. BadInput if malformed."""
+    value = baton.extra.get("host_labels", [])
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and HOST_PATTERN.fullmatch(v) for v in value):
+        raise BadInput("host_labels must be a list of labels (letters, digits and . _ -)", task=baton.meta.id,
+                       field="host_labels")
+    return sorted(set(value))
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every inf and nan spelled as TOML spells them: JSON has neither, and a
+    baton's unknown keys may hold them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def load_toml(text: str) -> dict[str, Any]:

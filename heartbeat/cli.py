@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import sys
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from heartbeat.errors import EXIT_BAD_INPUT, EXIT_ERROR, BadInput, HeartbeatError
@@ -73,34 +72,22 @@ def _epoch(args: argparse.Namespace) -> int | None:
         if args.epoch < 0:
             raise BadInput("--epoch must not be negative")
         return int(args.epoch)
-    from heartbeat.api import epoch_from_env
+    from heartbeat.write import epoch_from_env
 
     return epoch_from_env(args.id)
 
 
 def _actor(args: argparse.Namespace) -> str:
-    return _actor_in(os.environ)
+    from heartbeat.write import actor_from_env
 
-
-def _actor_in(env: Mapping[str, str]) -> str:
-    """Who writes: ``$HEARTBEAT_ACTOR``, else "agent" with an epoch in the environment, else "cli"."""
-    return env.get("HEARTBEAT_ACTOR") or ("agent" if env.get("HEARTBEAT_EPOCH") else "cli")
+    return actor_from_env(os.environ)
 
 
 def _print_json(value: Any) -> None:
-    json.dump(_finite(value), sys.stdout, ensure_ascii=False, indent=2, default=_json_default, allow_nan=False)
+    from heartbeat.baton import json_safe
+
+    json.dump(json_safe(value), sys.stdout, ensure_ascii=False, indent=2, default=_json_default, allow_nan=False)
     sys.stdout.write("\n")
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no inf or nan (a baton's unknown keys may hold them): they print as TOML spells them."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _json_default(value: Any) -> Any:
@@ -205,26 +192,16 @@ def _claiming_owner(args: argparse.Namespace) -> Any:
     return Owner(pid=pid, create_time=found[1], host=this_host(), how="claim", started_at=utcnow())
 
 
-def _assignments(pairs: Sequence[str]) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise BadInput(f"expected FIELD=VALUE, got {pair[:80]!r}")
-        values[name.strip()] = value
-    return values
-
-
 def cmd_set(args: argparse.Namespace) -> int:
     _set(_store(args), args, _epoch(args), _actor(args))
     return 0
 
 
 def _set(store: Any, args: argparse.Namespace, epoch: int | None, actor: str) -> None:
-    from heartbeat import tasks
+    from heartbeat import write
 
-    tasks.set_fields(store, args.id, _assignments(args.pairs), expect_revision=args.expect_revision,
-                     epoch=epoch, actor=actor)
+    write.apply(store, write.Write("set", args.id, pairs=tuple(args.pairs), expect_revision=args.expect_revision),
+                epoch=epoch, actor=actor)
 
 
 def cmd_add(args: argparse.Namespace) -> int:
@@ -235,32 +212,11 @@ def cmd_add(args: argparse.Namespace) -> int:
 
 
 def _add(store: Any, args: argparse.Namespace, epoch: int | None, actor: str) -> None:
-    from heartbeat import tasks
+    from heartbeat import write
 
-    if args.field == "guarantees":
-        for value in args.values:
-            tasks.add_guarantee(store, args.id, value, check=getattr(args, "check", None) or "",
-                                expect_revision=args.expect_revision, epoch=epoch, actor=actor)
-        return
-    tasks.add_items(store, args.id, args.field, args.values, expect_revision=args.expect_revision,
-                    epoch=epoch, actor=actor)
-
-
-def relayed_write(store: Any, argv: list[str], env: Mapping[str, str]) -> tuple[int, str]:
-    """An agent's ``set``/``add`` handed to the daemon (:mod:`heartbeat.relay`): run on ``store``
-    exactly as :func:`main` would run it, with the caller's variables ``env``; the exit code
-    and what the CLI would print on stderr (one line, or nothing)."""
-    from heartbeat.api import epoch_from_env
-
-    try:  # (the arguments arrived as UTF-8: _check_utf8 has nothing to find)
-        args = _hot_args(argv)
-        if args is None or args.command not in ("set", "add"):
-            raise BadInput("the daemon writes only an agent's `set ID F=V...` and `add ID FIELD V...`")
-        epoch = epoch_from_env(args.id, env)
-        (_set if args.command == "set" else _add)(store, args, epoch, _actor_in(env))
-    except HeartbeatError as exc:
-        return exc.exit_code, f"heartbeat: {exc}"
-    return 0, ""
+    write.apply(store, write.Write("add", args.id, field=args.field, values=tuple(args.values),
+                                   check=getattr(args, "check", None) or "", expect_revision=args.expect_revision),
+                epoch=epoch, actor=actor)
 
 
 def cmd_touch(args: argparse.Namespace) -> int:
@@ -559,7 +515,7 @@ def _max_attempts(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from heartbeat.world import verify
+    from heartbeat.verify import verify
 
     store = _store(args, read=True)
     checks = None
@@ -1087,10 +1043,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         argv = sys.argv[1:] if argv is None else list(argv)
         if _command_in(argv) == "hook":  # run by Claude Code at every turn: no argparse, never exit 2
-            from heartbeat.hooks import hook_main
-
             rest = list(argv)
             rest.remove("hook")
+            if "-h" in rest or "--help" in rest:
+                build_parser("hook").parse_args(["hook", "--help"])  # prints the usage and exits 0
+            from heartbeat.hooks import hook_main
+
             return hook_main(rest)
         _check_utf8(argv)
         args = _hot_args(argv)

@@ -31,6 +31,8 @@ __all__ = [
     "find_config",
     "load_config",
     "parse_config",
+    "Listen",
+    "parse_listen",
     "expand_argv",
     "LAUNCHER_PLACEHOLDERS",
     "NOTIFY_PLACEHOLDERS",
@@ -48,6 +50,47 @@ PRESET_KEYS = frozenset({"preset", "program", "args", "session", "max_resumes_pe
 """Keys every launcher type takes for presets and sessions (:mod:`heartbeat.presets`)."""
 _MIN_LOG_BYTES = 4096
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
+
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Where the page is served: TCP ``host:port``, or the Unix socket at ``path`` (``unix:PATH``)."""
+
+    host: str = ""
+    port: int = 0
+    path: str = ""
+
+    def in_dir(self, state_dir: str) -> Listen:
+        """A relative socket path is in the state dir; TCP and absolute paths are unchanged."""
+        if self.path and not os.path.isabs(self.path):
+            return Listen(path=os.path.join(state_dir, self.path))
+        return self
+
+    def __str__(self) -> str:
+        if self.path:
+            return f"unix:{self.path}"
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_listen(value: str, *, what: str = "--listen") -> Listen:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) or ``unix:PATH``; :class:`BadInput` otherwise."""
+    what = f"{what} " if what else ""
+    if value.startswith("unix:"):
+        path = value[len("unix:"):]
+        if not path or "\0" in path:
+            raise BadInput(f"{what}{value!r}: expected unix:PATH, e.g. unix:web.sock (in the state dir)")
+        return Listen(path=path)
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise BadInput(f"{what}{value!r}: expected HOST:PORT or unix:PATH, e.g. {defaults.HTTP_LISTEN}, [::1]:8787 "
+                       "or unix:web.sock")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise BadInput(f"{what}{value!r}: port {port} is out of range")
+    return Listen(host=host, port=port)
 
 
 @dataclass(frozen=True)
@@ -422,8 +465,6 @@ class _Parser:
         self.unknown(doc, {f for f in HttpConfig.__dataclass_fields__}, p)
         listen = self.string(doc, "listen", p, "")
         if listen:
-            from heartbeat.web import parse_listen
-
             try:
                 parse_listen(listen, what="")
             except BadInput as exc:

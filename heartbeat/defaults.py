@@ -124,6 +124,9 @@ HOOK_TIMEOUT = 30
 MAX_HOOK_INPUT_BYTES = 1024 * 1024
 """Bytes of hook event JSON read from stdin; a larger event is refused (the hook does nothing)."""
 
+HTTP_LISTEN = "127.0.0.1:8787"
+"""Where ``heartbeat web`` serves the status page without ``--listen`` (loopback: this machine only)."""
+
 SESSION = "fresh"
 """A launcher's ``session``: ``fresh`` (a new session id per dispatch) or ``resume`` (a retry
 after a failed attempt resumes the previous session)."""

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from heartbeat.baton import Baton, Gate, GateKind, OnBroken, Status, parse_on_broken
-from heartbeat.errors import BadInput, GuaranteeFailed, HeartbeatError, NotActive
+from heartbeat.baton import Baton, Gate, GateKind, Status
+from heartbeat.errors import GuaranteeFailed, HeartbeatError
 
 if TYPE_CHECKING:
     from heartbeat.config import CommandConfig
@@ -41,7 +41,6 @@ __all__ = [
     "require_guarantees",
     "configured_checks",
     "check_upstreams",
-    "apply_broken",
     "pending_upstreams",
 ]
 
@@ -264,64 +263,3 @@ def check_upstreams(
             elif not result.ok:
                 broken.append({"upstream": upstream, **result.to_json()})
     return changed, broken, unchecked
-
-
-def apply_broken(store: Store, downstream: Baton, broken: Sequence[Mapping[str, Any]], *, actor: str = "",
-                 now: datetime | None = None) -> list[str]:
-    """Apply the downstream's ``on_broken`` policy to each upstream with a broken guarantee.
-
-    The upstream is reopened (active, ``last_failure`` naming the guarantee and the
-    downstream), escalated, or reopened on the fallback launcher; the downstream is blocked
-    on ``after:UPSTREAM`` so it waits. Returns one line per action taken.
-    """
-    from heartbeat.ledger import Event
-    from heartbeat.timeparse import utcnow
-
-    now = now or utcnow()
-    policy, fallback = parse_on_broken(downstream.on_broken or OnBroken.REOPEN.value)
-    by_upstream: dict[str, list[Mapping[str, Any]]] = {}
-    for item in broken:
-        by_upstream.setdefault(str(item["upstream"]), []).append(item)
-    actions: list[str] = []
-    events = [Event(task=downstream.id, kind="guarantee_broken", ts=now, epoch=downstream.meta.epoch,
-                    revision=downstream.meta.revision, actor=actor,
-                    data={"upstream": u, "broken": [dict(i) for i in items], "policy": downstream.on_broken
-                          or OnBroken.REOPEN.value}) for u, items in by_upstream.items()]
-    store.record(events)
-    for upstream, items in by_upstream.items():
-        first = items[0]
-        why = (f"guarantee {first['guarantee']!r} broke for {downstream.id} "
-               f"(check {first['check']} {first['detail']})")
-        try:
-            with store.edit(upstream, actor=actor or downstream.id, now=now) as ed:
-                if ed.old.meta.status is not Status.DONE:
-                    ed.cancel()  # already reopened by another consumer: nothing to do twice
-                    continue
-                meta = ed.baton.meta
-                meta.last_failure = why
-                meta.attempt = 0
-                meta.idle_resumes = 0
-                if policy is OnBroken.ESCALATE:
-                    meta.status = Status.ESCALATED
-                    ed.event("escalated", reason=why, by=downstream.id)
-                else:
-                    meta.status = Status.ACTIVE
-                    if policy is OnBroken.FALLBACK:
-                        ed.baton.launcher = fallback
-                    ed.event("reopened", by=downstream.id, reason=why, policy=policy.value,
-                             launcher=ed.baton.launcher)
-        except HeartbeatError as exc:
-            actions.append(f"{upstream}: could not apply {policy.value}: {exc}")
-            continue
-        verb = {"reopen": "reopened", "escalate": "escalated", "fallback": f"reopened on launcher {fallback}"}
-        actions.append(f"{upstream} {verb[policy.value]}: {why}")
-    waiting = list(by_upstream)
-    try:
-        from heartbeat import tasks
-
-        tasks.block(store, downstream.id, f"upstream {', '.join(waiting)} must hold its guarantees again",
-                    after_gate(waiting), actor=actor or downstream.id)
-        actions.append(f"{downstream.id} waits (gate after:{','.join(waiting)})")
-    except (NotActive, BadInput) as exc:
-        actions.append(f"{downstream.id}: could not wait: {exc}")
-    return actions

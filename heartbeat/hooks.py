@@ -353,10 +353,6 @@ def hook_main(argv: Sequence[str]) -> int:
     opts: dict[str, str] = {}
     agent = ""
     args = list(argv)
-    if "-h" in args or "--help" in args:
-        from heartbeat.cli import build_parser
-
-        build_parser("hook").parse_args(["hook", "--help"])  # prints the usage and exits 0
     while args:
         arg = args.pop(0)
         key, sep, value = arg.partition("=")

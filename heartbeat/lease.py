@@ -42,8 +42,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from heartbeat import defaults
-from heartbeat.baton import HOST_PATTERN, Baton, Owner
-from heartbeat.errors import BadInput, HeartbeatError, StoreError
+from heartbeat.baton import Baton, Owner, host_labels
+from heartbeat.errors import HeartbeatError, StoreError
+from heartbeat.store.base import SharedStore
 
 if TYPE_CHECKING:
     from heartbeat.store.base import Entry
@@ -58,18 +59,6 @@ def resolve_host(configured: str = "") -> str:
     import socket
 
     return os.environ.get(defaults.HOST_ENV, "").strip() or configured.strip() or socket.gethostname()
-
-
-def host_labels(baton: Baton) -> list[str]:
-    """The baton's ``host_labels`` (a top-level list of labels): every one must be among a
-    daemon's ``daemon.labels`` for that daemon to dispatch the task. BadInput if malformed."""
-    value = baton.extra.get("host_labels", [])
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) and HOST_PATTERN.fullmatch(v) for v in value):
-        raise BadInput("host_labels must be a list of labels (letters, digits and . _ -)", task=baton.meta.id,
-                       field="host_labels")
-    return sorted(set(value))
 
 
 @dataclass(frozen=True)
@@ -148,7 +137,7 @@ def lease_rows(store: PostgresStore) -> dict[str, LeaseRow]:
 
 def for_store(store: Any) -> bool:
     """Whether ``store`` is shared between hosts (and so needs leases): the PostgreSQL store."""
-    return hasattr(store, "claim_daemon") and hasattr(store, "owner_hosts")
+    return isinstance(store, SharedStore)
 
 
 _RENEW = """

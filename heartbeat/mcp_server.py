@@ -91,9 +91,9 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
     @server.tool(name="show", description="The baton of a task, as data.")
     def show(id: str) -> dict[str, Any]:
         with tool_errors():
-            from heartbeat.cli import _finite
+            from heartbeat.baton import json_safe
 
-            return dict(_finite(store().load(id).to_dict()))
+            return dict(json_safe(store().load(id).to_dict()))
 
     @server.tool(name="status", description="One row per task: id, status, step, attempt, epoch, revision, age.")
     def status() -> dict[str, Any]:
@@ -129,7 +129,7 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
     @server.tool(name="verify", description="Does the baton still hold? code 0 fresh, 3 stale, 4 not active, "
                                             "5 superseded (your epoch is no longer the task's)." + EPOCH_NOTE)
     def verify(id: str, epoch: int | None = None) -> dict[str, Any]:
-        from heartbeat.world import verify as verify_task
+        from heartbeat.verify import verify as verify_task
 
         with tool_errors():
             result = verify_task(store(), id, epoch=fence(id, epoch), actor=_actor())

@@ -28,8 +28,8 @@ interpreter starts; the pulse costs about one. ``<state_dir>/logs/<id>/<epoch>.p
 The ledger keeps one ``touched`` row per task per coalescing window, as before; the
 baton's own ``touched_at`` lags the pulse by at most that window between other writes.
 
-This module imports nothing but ``os``, ``stat`` and ``time`` at load: it is what
-``heartbeat touch`` runs before anything else.
+This module imports nothing but ``os``, ``stat`` and ``time`` at load: the ``heartbeat``
+command (:mod:`heartbeat.__main__`) runs :func:`hot_touch` before anything else.
 """
 
 from __future__ import annotations
@@ -220,21 +220,3 @@ def hot_touch(argv: list[str], environ: Mapping[str, str] | None = None) -> bool
         return False  # the CLI says what is wrong with it
     return fast_touch(os.path.abspath(state_dir), argv[1], int(raw_epoch))
 
-
-def main() -> int:
-    """The ``heartbeat`` command: an agent's touch from its pulse, its set/add through the daemon
-    (:mod:`heartbeat.relay`), anything else through :mod:`heartbeat.cli`."""
-    import sys
-
-    argv = sys.argv[1:]
-    if hot_touch(argv):
-        return 0
-    if argv[:1] in (["set"], ["add"]):  # an agent's set/add is written by the daemon when one runs
-        from heartbeat.relay import forward
-
-        code = forward(argv)
-        if code is not None:
-            return code
-    from heartbeat.cli import main as cli_main
-
-    return cli_main()

@@ -6,7 +6,7 @@ already. So, for an agent the daemon launched (``HEARTBEAT_STATE_DIR`` and
 ``HEARTBEAT_EPOCH`` set, no store URL), ``heartbeat set ID F=V...`` and ``heartbeat add ID
 FIELD V...`` written without options are handed to the daemon over the Unix socket
 ``<state_dir>/daemon.sock``, and the daemon runs the very code the CLI would
-(:func:`heartbeat.cli.relayed_write`, on a store of its own, with the caller's
+(:func:`heartbeat.write.relayed`, on a store of its own, with the caller's
 ``HEARTBEAT_TASK``, ``HEARTBEAT_EPOCH`` and ``HEARTBEAT_ACTOR``): the same fence, checks,
 ledger rows, exit codes and one-line errors.
 

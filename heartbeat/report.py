@@ -58,7 +58,7 @@ from datetime import datetime
 from typing import Any
 
 from heartbeat.baton import Baton, Status
-from heartbeat.ledger import Event
+from heartbeat.ledger import Event, EventKind
 from heartbeat.seams import render_seams, seam_metrics, seam_totals
 from heartbeat.store.base import Store
 from heartbeat.timeparse import format_duration, utcnow
@@ -97,11 +97,13 @@ SCORE_WEIGHTS = {
 """How much each failure weighs in the sort order; ``unclean_resumes`` = resumes - clean_resumes."""
 
 _DAEMON_KINDS = frozenset({
-    "dispatched", "exited", "stalled", "stopped", "spinning", "escalated", "notified", "bypass", "launched",
-    "adopted", "woke", "invalid", "verified",
+    EventKind.DISPATCHED, EventKind.EXITED, EventKind.STALLED, EventKind.STOPPED, EventKind.SPINNING,
+    EventKind.ESCALATED, EventKind.NOTIFIED, EventKind.BYPASS, EventKind.LAUNCHED, EventKind.ADOPTED,
+    EventKind.WOKE, EventKind.INVALID, EventKind.VERIFIED,
 })
-_AGENT_WRITE_KINDS = frozenset({"updated", "touched", "blocked", "snoozed", "released", "done", "failed"})
-_BLOCK_BREAKERS = frozenset({"claimed", "dispatched", "done", "snoozed", "woke"})
+_AGENT_WRITE_KINDS = frozenset({EventKind.UPDATED, EventKind.TOUCHED, EventKind.BLOCKED, EventKind.SNOOZED,
+                                EventKind.RELEASED, EventKind.DONE, EventKind.FAILED})
+_BLOCK_BREAKERS = frozenset({EventKind.CLAIMED, EventKind.DISPATCHED, EventKind.DONE, EventKind.SNOOZED, EventKind.WOKE})
 
 
 def failure_score(metrics: dict[str, Any]) -> int:
@@ -188,7 +190,7 @@ class _Replay:
             self.active_in_window = True
         data = e.data if isinstance(e.data, dict) else {}
         kind = e.kind
-        if kind == "created":
+        if kind == EventKind.CREATED:
             self.created_at = e.ts
             self.step = str(data.get("step", ""))
             self.ever_current.add(self.step)
@@ -202,7 +204,7 @@ class _Replay:
             self._start(e)
         if isinstance(data.get("world"), dict):
             self.world = {str(k): str(v) for k, v in data["world"].items()}
-        if kind == "verified":
+        if kind == EventKind.VERIFIED:
             self._verified(e, data)
         progress = self._content(e, data)
         agent = self.agent
@@ -211,45 +213,46 @@ class _Replay:
             agent.first_write = True
             if agent.resume and agent.gap_from is not None and agent.counted:
                 self.ttr.append(max(0.0, (e.ts - agent.gap_from).total_seconds()))
-        if agent is not None and mine and kind == "updated":
+        if agent is not None and mine and kind == EventKind.UPDATED:
             self._judge_stale(agent, e)
-        if kind == "blocked":
+        if kind == EventKind.BLOCKED:
             self.blocked = True
             self.bypass_derived = False
-        elif kind == "unblocked":
+        elif kind == EventKind.UNBLOCKED:
             self.blocked = False
             self.bypass_derived = False
-        elif kind == "bypass":
+        elif kind == EventKind.BYPASS:
             if not self.bypass_derived:  # not already counted when an agent walked past the block
                 self.count("bypassed_blocks", e.ts, e.epoch,
                            f"a hand edit dropped the block on {data.get('was_on', '')!r}")
             self.bypass_derived = False
             self.blocked = bool(data.get("on"))  # the daemon holds the task blocked again
-        elif kind == "spinning":
+        elif kind == EventKind.SPINNING:
             self.count("spinning", e.ts, e.epoch, f"alive but on step {data.get('step', '')!r} since "
                                                   f"{data.get('since', '?')}")
-        elif kind == "escalated":
+        elif kind == EventKind.ESCALATED:
             self.count("escalations", e.ts, e.epoch, str(data.get("reason", "")))
-        if kind == "stalled":
+        if kind == EventKind.STALLED:
             self.gap_stalled = e.ts
-        elif kind in ("exited", "released"):
+        elif kind in (EventKind.EXITED, EventKind.RELEASED):
             self.gap_ended = e.ts
-        elif kind in ("woke", "unblocked", "retried"):
+        elif kind in (EventKind.WOKE, EventKind.UNBLOCKED, EventKind.RETRIED):
             self.gap_waited = e.ts
-        if kind in ("done", "failed"):
+        if kind in (EventKind.DONE, EventKind.FAILED):
             self.finished_at = e.ts
         if agent is not None and not agent.ended:
-            if progress or kind == "done":
+            if progress or kind == EventKind.DONE:
                 agent.progressed = True
-            if kind in ("exited", "released", "done", "failed") and (e.epoch == agent.epoch or not e.epoch):
+            if (kind in (EventKind.EXITED, EventKind.RELEASED, EventKind.DONE, EventKind.FAILED)
+                    and (e.epoch == agent.epoch or not e.epoch)):
                 self._end(agent, e)
 
     def _is_start(self, e: Event) -> bool:
-        if e.kind == "dispatched":
+        if e.kind == EventKind.DISPATCHED:
             return True
-        if e.kind == "created":
+        if e.kind == EventKind.CREATED:
             return e.epoch > 0
-        if e.kind == "claimed":
+        if e.kind == EventKind.CLAIMED:
             data = e.data
             if self.agent is not None and not self.agent.ended and data.get("pid") is not None \
                     and data.get("pid") == data.get("previous_pid"):
@@ -280,7 +283,7 @@ class _Replay:
     def _end(self, agent: _Agent, e: Event) -> None:
         agent.ended = True
         if agent.resume and not agent.progressed:
-            how = "the next start" if e.kind in ("dispatched", "claimed") else e.kind
+            how = "the next start" if e.kind in (EventKind.DISPATCHED, EventKind.CLAIMED) else e.kind
             self._count_for(agent, "idle_resumes", f"ended ({how}) without moving from step "
                                                    f"{agent.step_at_start!r}")
 
@@ -313,14 +316,14 @@ class _Replay:
 
     def _content(self, e: Event, data: dict[str, Any]) -> bool:
         """Apply a step change / done growth; judge clean, redone and skipped. True on progress."""
-        if e.kind in _DAEMON_KINDS or e.kind == "created":
+        if e.kind in _DAEMON_KINDS or e.kind == EventKind.CREATED:
             return False
         changed = data.get("changed") or []
         step_changed = "from_step" in data and "step" in changed
         added: list[str] = []
         if "done" in changed and isinstance(data.get("done"), list):
             added = [str(item) for item in data["done"]]
-        if not step_changed and not added and e.kind != "done":
+        if not step_changed and not added and e.kind != EventKind.DONE:
             return False
         new_step = str(data.get("step", self.step)) if step_changed else self.step
         back = step_changed and (new_step in self.done or self.passed(new_step, self.reach))
@@ -334,7 +337,7 @@ class _Replay:
                 and not agent.clean_judged:
             agent.clean_judged = True
             forward = (step_changed and not back) or (not step_changed and bool(new_items)) or (
-                not step_changed and not added and e.kind == "done")
+                not step_changed and not added and e.kind == EventKind.DONE)
             if forward and agent.counted:
                 self.counts["clean_resumes"] += 1
         if step_changed:
@@ -491,7 +494,7 @@ def _add_archived(store: Store, by_task: dict[str, list[Event]], batons: dict[st
                   statuses: dict[str, str]) -> None:
     """Tasks gc archived count as before: their archived events (then any live ones) and their
     archived baton; gc's own ``archived``/``compacted`` rows are bookkeeping, not history."""
-    from heartbeat.retention import RETENTION_KINDS, read_archived
+    from heartbeat.store.archive import RETENTION_KINDS, read_archived
 
     for task_id, events in list(by_task.items()):
         if any(e.kind in RETENTION_KINDS for e in events):

@@ -54,12 +54,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from heartbeat.baton import Baton, Status, parse_baton
+from heartbeat.baton import Baton, Status
 from heartbeat.config import RetentionConfig
 from heartbeat.errors import HeartbeatError, StoreError
 from heartbeat.layout import StateLayout
 from heartbeat.ledger import Event
 from heartbeat.safefile import fsync_dir, write_file_atomic
+from heartbeat.store.archive import RETENTION_KINDS, read_archive, read_archived
 
 __all__ = [
     "RETENTION_KINDS",
@@ -69,15 +70,10 @@ __all__ = [
     "EPOCH_FILE",
 ]
 
-RETENTION_KINDS = frozenset({"archived", "compacted"})
-"""Ledger event kinds gc writes; ``heartbeat report`` does not replay them."""
-
 EPOCH_FILE = re.compile(r"(\d{1,18})\.(log|log\.1|brief\.md|exit|pid|pulse)")
 """The names of an epoch's files under ``logs/<id>/``; nothing else there is ever removed."""
 
-_ARCHIVE_NAME = re.compile(r"\d{8}T\d{6}\d{6}Z\.jsonl\.gz")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_MAX_ARCHIVE_LINE = 64 * 1024 * 1024
 
 
 @dataclass
@@ -324,12 +320,6 @@ def _event_json(e: Event) -> dict[str, Any]:
     return e.to_json()
 
 
-def _event_from_json(doc: dict[str, Any]) -> Event:
-    return Event(task=str(doc["task"]), kind=str(doc["kind"]), ts=datetime.fromisoformat(doc["ts"]),
-                 epoch=int(doc.get("epoch", 0)), revision=int(doc.get("revision", 0)),
-                 actor=str(doc.get("actor", "")), data=dict(doc.get("data") or {}), id=int(doc.get("id", 0)))
-
-
 def _archive(store: Any, batons: list[Baton], result: GcResult, *, now: datetime, dry_run: bool) -> set[str]:
     if not batons:
         return set()
@@ -398,25 +388,9 @@ def _write_durably(path: str, data: bytes) -> None:
 
 def _verify_archive(path: str, expected: list[dict[str, Any]]) -> None:
     """Read the archive back from disk; every record must be exactly what was meant to go in."""
-    got = list(_read_archive(path))
+    got = list(read_archive(path))
     if got != expected:
         raise StoreError("the archive read back differs from what was written; nothing was archived", path=path)
-
-
-def _read_archive(path: str) -> Iterator[dict[str, Any]]:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise StoreError(f"cannot open the archive: {exc.strerror}", path=path) from None
-    with os.fdopen(fd, "rb") as raw:
-        if not stat.S_ISREG(os.fstat(raw.fileno()).st_mode):
-            raise StoreError("the archive is not a regular file", path=path)
-        try:
-            with gzip.GzipFile(fileobj=raw, mode="rb") as handle:
-                for line in iter(lambda: handle.readline(_MAX_ARCHIVE_LINE), b""):
-                    yield json.loads(line)
-        except (OSError, EOFError, ValueError) as exc:
-            raise StoreError(f"the archive is damaged: {exc}", path=path) from None
 
 
 def _retire(store: Any, c: _Candidate, archive_name: str, now: datetime) -> str:
@@ -445,42 +419,6 @@ def _retire(store: Any, c: _Candidate, archive_name: str, now: datetime) -> str:
     except HeartbeatError as exc:
         return str(exc)
     return ""
-
-
-def read_archived(store: Any) -> dict[str, tuple[Baton | None, list[Event]]]:
-    """Archived tasks as the report needs them: the baton (None if it no longer parses) and
-    the archived events, in order, of every ``archived`` event in the ledger."""
-    state_dir = getattr(store, "state_dir", None)
-    if state_dir is None:
-        return {}
-    marks = store.ledger.events(kinds=["archived"])
-    if not marks:
-        return {}
-    wanted: dict[str, list[Event]] = {}
-    for mark in marks:
-        wanted.setdefault(str(mark.data.get("archive", "")), []).append(mark)
-    records: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for name in wanted:
-        if not _ARCHIVE_NAME.fullmatch(name):
-            raise StoreError(f"the ledger names an archive {name!r} that is not an archive file name")
-        path = os.path.join(StateLayout(state_dir).archive_dir, name)
-        for doc in _read_archive(path):
-            records[(name, str(doc.get("task")), str(doc.get("baton_sha256")))] = doc
-    found: dict[str, tuple[Baton | None, list[Event]]] = {}
-    for mark in marks:
-        key = (str(mark.data.get("archive", "")), mark.task, str(mark.data.get("baton_sha256", "")))
-        rec = records.get(key)
-        if rec is None:
-            raise StoreError(f"the archive {key[0]} has no record of task {mark.task} that the ledger says it holds")
-        events = [_event_from_json(doc) for doc in rec.get("events", [])]
-        try:
-            baton: Baton | None = parse_baton(str(rec["baton"]), path=f"{key[0]}:{mark.task}",
-                                              expected_id=mark.task)
-        except HeartbeatError:
-            baton = None
-        earlier = found.get(mark.task, (None, []))[1]
-        found[mark.task] = (baton, earlier + events)
-    return found
 
 
 # -- folding touches -----------------------------------------------------------------------

@@ -28,9 +28,10 @@ from heartbeat.baton import (
     check_id,
     parse_on_broken,
 )
+from heartbeat.baton import host_labels as baton_host_labels
 from heartbeat.errors import BadInput, Conflict, NotActive
 from heartbeat.ledger import EventKind
-from heartbeat.store.base import Edit, Store
+from heartbeat.store.base import Edit, PulseSink, Store
 from heartbeat.timeparse import utcnow
 
 if TYPE_CHECKING:
@@ -132,10 +133,8 @@ def new_task(
         meta=meta,
     )
     if host_labels:  # a top-level key of the baton: only daemons offering every label dispatch it
-        from heartbeat.lease import host_labels as check_labels
-
         baton.extra["host_labels"] = list(host_labels)
-        baton.extra["host_labels"] = check_labels(baton)
+        baton.extra["host_labels"] = baton_host_labels(baton)
     return store.create(baton, actor=actor, now=now)
 
 
@@ -257,9 +256,8 @@ def touch(store: Store, task_id: str, *, epoch: int | None = None, actor: str = 
 
 def _arm_pulse(store: Store, task_id: str, epoch: int | None) -> None:
     """After an agent's own write (``epoch`` given): its next touches may be pulses (file store only)."""
-    arm = getattr(store, "arm_pulse", None)
-    if epoch is not None and arm is not None:
-        arm(task_id, epoch)
+    if epoch is not None and isinstance(store, PulseSink):
+        store.arm_pulse(task_id, epoch)
 
 
 def _require(ed: Edit, allowed: set[Status] | frozenset[Status], verb: str) -> None:

@@ -32,7 +32,7 @@ from typing import IO, Any
 from heartbeat.baton import check_id, dump_baton
 from heartbeat.errors import BadInput, Conflict, HeartbeatError
 from heartbeat.ledger import Event
-from heartbeat.store.base import Store
+from heartbeat.store.base import FileBacked, SharedStore, Store, TextImport
 
 __all__ = ["FORMAT", "Counts", "export_lines", "import_lines", "migrate", "open_exact"]
 
@@ -75,12 +75,10 @@ def open_exact(where: str, *, must_exist: bool = False) -> Store:
 
 def baton_text(store: Store, task_id: str) -> str:
     """A baton's text as the store keeps it: the file's bytes, the row's body."""
-    own = getattr(store, "baton_text", None)
-    if own is not None:
-        return str(own(task_id))
-    path_of = getattr(store, "path_of", None)
-    if path_of is not None:
-        with open(path_of(task_id), encoding="utf-8") as f:
+    if isinstance(store, SharedStore):
+        return store.baton_text(task_id)
+    if isinstance(store, FileBacked):
+        with open(store.path_of(task_id), encoding="utf-8") as f:
             return f.read()
     return dump_baton(store.load(task_id))
 
@@ -158,11 +156,10 @@ def import_lines(store: Store, lines: Iterable[str], *, where: str = "import") -
     if new_events:
         store.ledger.append(new_events)
     counts.events = len(new_events)
-    put = getattr(store, "put_text", None)
-    if put is None:
+    if not isinstance(store, TextImport):
         raise BadInput("this store cannot import batons")
     for task_id, text in batons:
-        if put(task_id, text):
+        if store.put_text(task_id, text):
             counts.batons += 1
         else:
             counts.kept += 1

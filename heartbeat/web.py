@@ -41,6 +41,7 @@ from urllib.parse import urlencode
 
 from heartbeat import defaults
 from heartbeat.baton import Baton, Status, check_id, dump_baton
+from heartbeat.config import Listen, parse_listen
 from heartbeat.errors import BadInput, HeartbeatError, NotFound
 from heartbeat.layout import LOGS_DIR, StateLayout, log_name
 from heartbeat.ledger import Event
@@ -49,7 +50,7 @@ from heartbeat.timeparse import format_duration, utcnow
 __all__ = ["DEFAULT_LISTEN", "LOG_TAIL_BYTES", "TIMELINE_EVENTS", "Listen", "HostCheck", "LogTail", "parse_listen",
            "is_loopback", "check_exposure", "read_log_tail", "build_app", "serve", "start_in_thread", "run_from_cli"]
 
-DEFAULT_LISTEN = "127.0.0.1:8787"
+DEFAULT_LISTEN = defaults.HTTP_LISTEN
 """Where ``heartbeat web`` listens when ``--listen`` is not given: loopback only."""
 
 LOG_TAIL_BYTES = 64 * 1024
@@ -79,46 +80,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 # -- listening: where, and who may ask ----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Listen:
-    """Where the page is served: TCP ``host:port``, or the Unix socket at ``path`` (``unix:PATH``)."""
-
-    host: str = ""
-    port: int = 0
-    path: str = ""
-
-    def in_dir(self, state_dir: str) -> Listen:
-        """A relative socket path is in the state dir; TCP and absolute paths are unchanged."""
-        if self.path and not os.path.isabs(self.path):
-            return Listen(path=os.path.join(state_dir, self.path))
-        return self
-
-    def __str__(self) -> str:
-        if self.path:
-            return f"unix:{self.path}"
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-def parse_listen(value: str, *, what: str = "--listen") -> Listen:
-    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) or ``unix:PATH``; :class:`BadInput` otherwise."""
-    what = f"{what} " if what else ""
-    if value.startswith("unix:"):
-        path = value[len("unix:"):]
-        if not path or "\0" in path:
-            raise BadInput(f"{what}{value!r}: expected unix:PATH, e.g. unix:web.sock (in the state dir)")
-        return Listen(path=path)
-    host, sep, port_text = value.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
-        raise BadInput(f"{what}{value!r}: expected HOST:PORT or unix:PATH, e.g. {DEFAULT_LISTEN}, [::1]:8787 "
-                       "or unix:web.sock")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise BadInput(f"{what}{value!r}: port {port} is out of range")
-    return Listen(host=host, port=port)
 
 
 def is_loopback(host: str) -> bool:

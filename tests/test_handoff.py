@@ -19,7 +19,7 @@ from heartbeat.errors import EXIT_NOT_ACTIVE, EXIT_STALE, BadInput, GuaranteeFai
 from heartbeat.gates import GateEvaluator
 from heartbeat.policy import Action, Observation, Policy, decide
 from heartbeat.store.files import FileStore
-from heartbeat.world import verify
+from heartbeat.verify import verify
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 CHECKS = {

@@ -17,7 +17,8 @@ from heartbeat import tasks
 from heartbeat.api import open_task
 from heartbeat.store.files import FileStore
 from heartbeat.store.memory import MemoryStore
-from heartbeat.world import GIT_HEAD_KEY, verify
+from heartbeat.verify import verify
+from heartbeat.world import GIT_HEAD_KEY
 
 
 @pytest.fixture

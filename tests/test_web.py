@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from heartbeat.config import parse_listen
 from heartbeat.errors import BadInput
 from heartbeat.web import (
     LOG_TAIL_BYTES,
@@ -23,7 +24,6 @@ from heartbeat.web import (
     Listen,
     check_exposure,
     is_loopback,
-    parse_listen,
     read_log_tail,
 )
 from tests.conftest import clean_env

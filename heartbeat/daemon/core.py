@@ -31,13 +31,13 @@ from heartbeat.config import Config
 from heartbeat.daemon.act import Actor
 from heartbeat.daemon.leased import lease_part
 from heartbeat.daemon.observe import EntryStatuses, Observer, StatusLookup
-from heartbeat.daemon.shared import Shared
+from heartbeat.daemon.shared import Shared, logger, open_store
 from heartbeat.daemon.watch import Watcher
 from heartbeat.errors import Busy, Conflict, HeartbeatError, InvalidBaton, NotActive, NotFound, UnsafePath
 from heartbeat.ledger import Event, EventKind
 from heartbeat.liveness import note_boot_time
 from heartbeat.metrics import VITALS_FILE, Vitals
-from heartbeat.store.base import Entry, Store
+from heartbeat.store.base import Entry, FileBacked, Store
 
 __all__ = ["Core", "LookMemory", "Want"]
 
@@ -94,13 +94,12 @@ class Core:
         log: Any = None,
         clock: Clock = SYSTEM,
     ) -> None:
-        from heartbeat.daemon.service import logger, open_store
         from heartbeat.liveness import this_host
 
         if config.daemon.host and not os.environ.get("HEARTBEAT_HOST", "").strip():
             os.environ["HEARTBEAT_HOST"] = config.daemon.host  # this_host(), the launchers and the agents agree
         store = store if store is not None else open_store(config, claim=not dry_run, decisions=True)
-        if hasattr(store, "lock_wait"):  # a held baton lock must not stall every task
+        if isinstance(store, FileBacked):  # a held baton lock must not stall every task
             store.lock_wait = defaults.DAEMON_LOCK_WAIT
         log = log if log is not None else logger()
         self.shared = Shared(config, store, dry_run=dry_run, log=log, host=this_host(), clock=clock)

@@ -4,7 +4,7 @@
 dir) in a thread of its own. Each connection gets a thread (at most
 :data:`heartbeat.defaults.RELAY_MAX_CLIENTS`; one more is closed unanswered, and its
 client writes by itself), a peer-uid check, the greeting, a bounded read of the request,
-and :func:`heartbeat.cli.relayed_write` on a store opened for that request alone (as the
+and :func:`heartbeat.write.relayed` on a store opened for that request alone (as the
 agent's own process would have opened one: no state shared with the loop's store). A
 request that did not arrive whole is dropped unwritten. A planted file at the socket's path
 (anything but a socket) is left alone and the relay stays off, in one logged line: agents
@@ -27,6 +27,7 @@ from heartbeat import defaults
 from heartbeat.errors import HeartbeatError
 from heartbeat.relay import GREETING, MAX_PATH, MAX_REQUEST, decode_request, socket_path
 from heartbeat.store.base import Store
+from heartbeat.write import parse_hot, relayed
 
 __all__ = ["RelayServer"]
 
@@ -202,7 +203,7 @@ class RelayServer:
         except ValueError:
             _reply(conn, 2, "heartbeat: the relayed request is malformed")
             return
-        from heartbeat.cli import relayed_write
+        request = parse_hot(argv)
 
         try:
             store = self._open_store()
@@ -212,7 +213,7 @@ class RelayServer:
             _reply(conn, exc.exit_code, f"heartbeat: {exc}")
             return
         try:
-            code, message = relayed_write(store, argv, env)
+            code, message = relayed(store, request, env)
         finally:
             with contextlib.suppress(Exception):
                 store.close()

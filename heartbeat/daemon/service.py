@@ -26,9 +26,9 @@ from heartbeat.clock import SYSTEM, Clock, Metronome
 from heartbeat.config import Config, load_config
 from heartbeat.daemon.core import Core
 from heartbeat.daemon.leased import renew_interval
+from heartbeat.daemon.shared import logger, open_store
 from heartbeat.errors import HeartbeatError, StoreError
 from heartbeat.layout import StateLayout
-from heartbeat.liveness import this_host
 from heartbeat.store.base import Store
 
 __all__ = ["Daemon", "hold_daemon_lock", "logger", "open_store", "run_from_cli"]
@@ -290,37 +290,6 @@ def exit_if_stuck(clean: bool, deadline: float, log: Any) -> None:
         except (OSError, ValueError):
             pass
     os._exit(0)
-
-
-def open_store(config: Config, *, claim: bool = True, decisions: bool = False) -> Store:
-    """The configured store; a database store also claims the database for this daemon (``claim``).
-    ``decisions``: the loop's own store, whose scans keep only what decisions read of each baton
-    (:func:`heartbeat.baton.decision_view`: a 10,000-baton state dir in far less memory)."""
-    from heartbeat.baton import decision_view
-    from heartbeat.store import URL_ENV, store_url
-    from heartbeat.store import open_store as open_any
-
-    url = store_url(config.store.url)
-    store = open_any(config.state_dir, url, scan_view=decision_view if decisions else None)
-    if url:
-        from heartbeat.store.files import ensure_private_dir
-
-        os.environ[URL_ENV] = url  # the launchers pass it on: agents write to the same database
-        ensure_private_dir(config.state_dir)  # agents' logs, the daemon lock and the vitals still live there
-        claim_daemon = getattr(store, "claim_daemon", None)
-        if claim and claim_daemon is not None:
-            try:
-                claim_daemon(this_host())  # one daemon per host id; other hosts share it through leases
-            except BaseException:
-                store.close()
-                raise
-    return store
-
-
-def logger() -> Any:
-    from heartbeat.logging import get_logger
-
-    return get_logger("heartbeat.daemon")
 
 
 def run_from_cli(args: Any) -> int:

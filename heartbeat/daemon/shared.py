@@ -11,6 +11,7 @@ docstring says otherwise.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,9 +25,10 @@ from heartbeat.exits import ExitWatch
 from heartbeat.gates import GateEvaluator
 from heartbeat.layout import StateLayout
 from heartbeat.ledger import Event
-from heartbeat.store.base import Store
+from heartbeat.liveness import this_host
+from heartbeat.store.base import SharedStore, Store
 
-__all__ = ["Shared"]
+__all__ = ["Shared", "logger", "open_store"]
 
 
 class Shared:
@@ -93,3 +95,33 @@ class Shared:
             self.store.record([event])
         except HeartbeatError as exc:
             self.log.error("ledger_write_failed", task=event.task, kind=event.kind, error=str(exc))
+
+
+def open_store(config: Config, *, claim: bool = True, decisions: bool = False) -> Store:
+    """The configured store; a database store also claims the database for this daemon (``claim``).
+    ``decisions``: the loop's own store, whose scans keep only what decisions read of each baton
+    (:func:`heartbeat.baton.decision_view`: a 10,000-baton state dir in far less memory)."""
+    from heartbeat.baton import decision_view
+    from heartbeat.store import URL_ENV, store_url
+    from heartbeat.store import open_store as open_any
+
+    url = store_url(config.store.url)
+    store = open_any(config.state_dir, url, scan_view=decision_view if decisions else None)
+    if url:
+        from heartbeat.store.files import ensure_private_dir
+
+        os.environ[URL_ENV] = url  # the launchers pass it on: agents write to the same database
+        ensure_private_dir(config.state_dir)  # agents' logs, the daemon lock and the vitals still live there
+        if claim and isinstance(store, SharedStore):
+            try:
+                store.claim_daemon(this_host())  # one daemon per host id; other hosts share it through leases
+            except BaseException:
+                store.close()
+                raise
+    return store
+
+
+def logger() -> Any:
+    from heartbeat.logging import get_logger
+
+    return get_logger("heartbeat.daemon")

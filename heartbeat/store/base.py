@@ -25,14 +25,15 @@ from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from heartbeat.baton import HANDOFF_FIELDS, LIST_FIELDS, SCALAR_FIELDS, Baton
 from heartbeat.errors import Conflict, HeartbeatError, UnsafePath
 from heartbeat.ledger import Event, EventKind, Ledger
 from heartbeat.timeparse import utcnow
 
-__all__ = ["Entry", "Edit", "Store", "Unwatch", "check_fence", "start_create", "finish_edit", "content_changes",
+__all__ = ["Entry", "Edit", "Store", "Unwatch", "FileBacked", "PulseSink", "TextImport", "SharedStore",
+           "check_fence", "start_create", "finish_edit", "content_changes",
            "created_data", "continue_above", "fingerprint", "write_identity"]
 
 
@@ -124,6 +125,51 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release files, connections and locks."""
+
+
+# -- capabilities: what only some stores can do. Code outside store/ asks with isinstance,
+# never with getattr/hasattr (tests/test_layers.py::TestStoreCut checks that).
+
+
+@runtime_checkable
+class FileBacked(Protocol):
+    """A store whose batons are files (the file store): a baton's text is the file's bytes."""
+
+    lock_wait: float
+    """Seconds a write waits for a baton's lock before it gives up (the daemon waits less than an agent)."""
+
+    def path_of(self, task_id: str) -> str:
+        """The baton file of ``task_id``."""
+
+
+@runtime_checkable
+class PulseSink(Protocol):
+    """A store whose agents' touches may be pulses (:mod:`heartbeat.pulse`): the file store."""
+
+    def arm_pulse(self, task_id: str, epoch: int) -> bool:
+        """After an agent's own write at ``epoch``: let its next touches be pulses. False: not armed."""
+
+
+@runtime_checkable
+class TextImport(Protocol):
+    """A store that takes a baton's text as it is (``heartbeat import`` and ``migrate``)."""
+
+    def put_text(self, task_id: str, text: str) -> bool:
+        """Store ``text`` as the baton of ``task_id`` unless one exists; whether it was stored."""
+
+
+@runtime_checkable
+class SharedStore(Protocol):
+    """A store shared by daemons on many hosts (the PostgreSQL store): leases decide who runs a task."""
+
+    owner_hosts: dict[str, str]
+    """Task id -> the host whose daemon holds its lease, as of the last scan."""
+
+    def claim_daemon(self, host: str = "") -> None:
+        """Claim the store for this host's one daemon; :class:`~heartbeat.errors.DaemonRunning` if taken."""
+
+    def baton_text(self, task_id: str) -> str:
+        """The baton's text as the store keeps it."""
 
 
 def check_fence(current: Baton, *, expect_revision: int | None, epoch: int | None) -> None:

@@ -41,7 +41,7 @@ import psycopg.errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from heartbeat import defaults
-from heartbeat.baton import Baton, check_id, dump_baton, parse_baton
+from heartbeat.baton import Baton, check_id, dump_baton, host_labels, parse_baton
 from heartbeat.errors import AlreadyExists, BadInput, Conflict, HeartbeatError, NotFound, StoreError
 from heartbeat.ledger import Event, EventKind, Ledger, PendingWrite, _minute
 from heartbeat.store.base import (
@@ -231,8 +231,6 @@ def upgrade(url: str) -> tuple[int, int]:
 
 
 def _columns(baton: Baton) -> dict[str, Any]:
-    from heartbeat.lease import host_labels
-
     meta = baton.meta
     return {
         "status": meta.status.value,
