@@ -43,6 +43,7 @@ __all__ = [
     "check_upstreams",
     "apply_broken",
     "pending_upstreams",
+    "check_upstreams_exist",
 ]
 
 PACKAGE_PARTS = ("intent", "constraints", "decisions", "rejected", "unknowns", "handoff", "key_files", "guarantees")
@@ -59,6 +60,46 @@ def after_gate(upstreams: Sequence[str]) -> Gate:
 def pending_upstreams(baton: Baton, status_of: Callable[[str], Status | None]) -> list[str]:
     """The upstreams of ``baton`` that are not done (an unknown one counts as not done)."""
     return [u for u in baton.after if status_of(u) is not Status.DONE]
+
+
+def check_upstreams_exist(store: Store, task_id: str, upstreams: Sequence[str], *, field: str) -> None:
+    """Refuse upstreams that would hold ``task_id`` forever: the task itself, a task that does
+    not exist, or one that comes (at any distance) after ``task_id`` already, a cycle.
+
+    The walk up the ``after`` chain keeps its own stack (no recursion, a chain of any length)
+    and reads each baton once; a baton it cannot read ends that branch."""
+    from heartbeat.errors import NotFound
+
+    for upstream in upstreams:
+        if upstream == task_id:
+            raise BadInput("a task cannot come after itself", task=task_id, field=field)
+        try:
+            store.load(upstream)
+        except NotFound:
+            raise BadInput(f"unknown upstream task {upstream!r}: create it first", task=task_id,
+                           field=field) from None
+    came_from: dict[str, str] = {u: "" for u in upstreams}
+    stack = list(upstreams)
+    while stack:
+        current = stack.pop()
+        try:
+            after = store.load(current).after
+        except HeartbeatError:
+            continue
+        for up in after:
+            if up in came_from:
+                continue
+            came_from[up] = current
+            if up == task_id:
+                path = [task_id]
+                while path[-1] != "" and path[-1] in came_from:
+                    path.append(came_from[path[-1]])
+                chain = [task_id, *reversed([p for p in path[1:] if p])]
+                chain.append(task_id)
+                shown = chain if len(chain) <= 8 else [*chain[:4], "...", *chain[-3:]]
+                raise BadInput(f"would make a cycle ({' -> '.join(shown)}): {chain[1]} already comes after "
+                               f"{task_id}", task=task_id, field=field)
+            stack.append(up)
 
 
 # -- the package ---------------------------------------------------------------------------
