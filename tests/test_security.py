@@ -615,3 +615,33 @@ class TestGraphAttacks:
             assert h.baton("side").meta.dispatches == 0
         finally:
             h.close()
+
+    def test_gc_keeps_an_upstream_a_live_downstream_waits_on(self, tmp_path: Path) -> None:
+        """A finished upstream of a join whose other upstream is still working survives gc: the join opens
+        when the second upstream is done, and its brief carries the first one's package and its never-cut
+        constraint (on c684e38 gc archived it: the join stayed blocked, the brief said "no package yet
+        from upstream a" and the constraint was gone). Once the whole chain is done, gc archives it all."""
+        tmp_path.chmod(0o700)
+        h = DaemonHarness(tmp_path)
+        try:
+            h.new("a", "--constraint", "never re-issue a refund")
+            h.new("b", "--blocked-on", "a human first")
+            h.new("c", "--after", "a", "--after", "b", "--blocked-on", "its upstreams", "--gate", "after:a,b")
+            assert h.cli("done", "a").returncode == 0
+            later = "2099-01-01T00:00:00Z"
+            gc = json.loads(h.cli("gc", "--now", later, "--json").stdout)
+            assert gc["archived"] == [] and {"task": "a", "why": "kept: task c depends on it"} in gc["skipped"]
+            assert h.baton("a").meta.status.value == "done"
+            assert h.cli("unblock", "b", "--by", "test").returncode == 0
+            assert h.cli("done", "b").returncode == 0
+            h.start()
+            h.wait(lambda: h.events("c", "unblocked"), "the join to open")
+            brief = h.cli("brief", "c")
+            assert "never re-issue a refund" in brief.stdout and "no package yet" not in brief.stdout + brief.stderr
+            h.wait(lambda: h.baton("c").meta.status.value == "done" and h.baton("c").meta.owner is None,
+                   "c to finish and its agent to be settled", timeout=40)
+            h.stop()
+            gc = json.loads(h.cli("gc", "--now", later, "--json").stdout)
+            assert sorted(gc["archived"]) == ["a", "b", "c"], gc["skipped"]
+        finally:
+            h.close()
