@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
@@ -322,3 +323,30 @@ class TestLongChains:
         assert max(len(line) for line in lines) < 300
         assert hb("report").code == 0 and hb("report", "--edges").code == 0
         assert hb("brief", "c1499").code == 0 and hb("verify", "c1499").code == 4  # blocked
+
+
+class TestGateOpensOnDone:
+    @pytest.mark.parametrize("gate", ["after", "task"])
+    def test_the_downstream_starts_on_the_upstreams_done_not_on_the_tick(self, tmp_path: Path, gate: str) -> None:
+        """A 60 s tick: the watcher's look at the upstream turned done looks at its downstreams at once,
+        so a join's ``after:`` gate (or a ``task:`` gate) opens and the downstream is dispatched within
+        seconds, not at the next tick (on c684e38 it waited for the tick: nothing in 10 s)."""
+        tmp_path.chmod(0o700)
+        h = DaemonHarness(tmp_path, tick="60s", stall_after="1h")
+        holder = subprocess.Popen(["sleep", "300"])
+        try:
+            h.new("up", "--claim", "--pid", str(holder.pid))  # held by a live process: never dispatched
+            if gate == "after":
+                h.new("down", "--after", "up", plan=1)
+            else:
+                h.new("down", "--blocked-on", "up first", "--gate", "task:up", plan=1)
+            h.start()
+            h.wait_log(lambda e: e.get("event") == "tick", "the first tick")
+            assert h.cli("done", "up").returncode == 0
+            h.wait(lambda: h.events("down", "dispatched"), "down to be dispatched well before the next tick",
+                   timeout=10)
+            assert h.events("down", "unblocked")[0].data["by"] == f"gate:{gate}:up"
+        finally:
+            holder.kill()
+            holder.wait()
+            h.close()
