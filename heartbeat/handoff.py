@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from heartbeat.baton import Baton, Gate, GateKind, OnBroken, Status, parse_on_broken
 from heartbeat.errors import BadInput, GuaranteeFailed, HeartbeatError, NotActive
+from heartbeat.policy import REOPENED
 
 if TYPE_CHECKING:
     from heartbeat.config import CommandConfig
@@ -39,6 +40,8 @@ __all__ = [
     "inherited_constraints",
     "run_guarantees",
     "require_guarantees",
+    "describe_failed",
+    "refused_done",
     "configured_checks",
     "check_upstreams",
     "apply_broken",
@@ -259,13 +262,28 @@ def require_guarantees(store: Store, baton: Baton, checks: Mapping[str, CommandC
     from heartbeat.ledger import Event
     from heartbeat.timeparse import utcnow
 
-    first = failed[0]
+    data = [r.to_json() for r in failed]
     store.record([Event(task=baton.id, kind="guarantee_failed", ts=utcnow(), epoch=baton.meta.epoch,
-                        revision=baton.meta.revision, actor=actor,
-                        data={"failed": [r.to_json() for r in failed]})])
-    more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-    raise GuaranteeFailed(f"cannot mark done: guarantee {first.text!r} failed: check {first.check} "
-                          f"{first.detail}{more}", task=baton.id)
+                        revision=baton.meta.revision, actor=actor, data={"failed": data})])
+    raise GuaranteeFailed(f"cannot mark done: {describe_failed(data)}", task=baton.id)
+
+
+def describe_failed(failed: Sequence[Mapping[str, Any]]) -> str:
+    """Every failed guarantee of a ``guarantee_failed`` event in one line, each with its check and
+    what happened (an exit, a timeout, a check the config lacks): none is summed up as "1 more"."""
+    parts = [f"guarantee {str(f.get('guarantee', ''))!r} failed (check {f.get('check', '')}: {f.get('detail', '')})"
+             for f in failed]
+    return "; ".join(parts) if len(parts) < 2 else f"{len(parts)} guarantees failed: " + "; ".join(
+        p.removeprefix("guarantee ").replace(" failed (", " (", 1) for p in parts)
+
+
+def refused_done(store: Store, task_id: str, epoch: int) -> str:
+    """What the latest ``done`` refused in ``epoch`` said (:func:`describe_failed`), or "" when none was."""
+    events = [e for e in store.ledger.events(task_id, kinds=["guarantee_failed"]) if e.epoch == epoch]
+    if not events:
+        return ""
+    failed = [f for f in events[-1].data.get("failed") or [] if isinstance(f, dict)]
+    return f"done refused: {describe_failed(failed)}" if failed else ""
 
 
 # -- the downstream's verify ---------------------------------------------------------------
@@ -347,6 +365,9 @@ def apply_broken(store: Store, downstream: Baton, broken: Sequence[Mapping[str, 
                     ed.event("escalated", reason=why, by=downstream.id)
                 else:
                     meta.status = Status.ACTIVE
+                    # The dispatch's reason is this, not the last agent's clean exit ("ended its shift").
+                    meta.last_exit = None
+                    meta.last_failure = f"{REOPENED}{downstream.id}: {why}"
                     if policy is OnBroken.FALLBACK:
                         ed.baton.launcher = fallback
                     ed.event("reopened", by=downstream.id, reason=why, policy=policy.value,

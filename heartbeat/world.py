@@ -339,12 +339,14 @@ def verify(
         result.message = (f"{task_id}: your epoch {epoch} {relation} the task's epoch {meta.epoch}: "
                           "another agent holds this task; stop and do not write")
     elif meta.status is not Status.ACTIVE:
-        result.code, result.status = EXIT_NOT_ACTIVE, "blocked"
+        result.code = EXIT_NOT_ACTIVE
         if meta.status is Status.BLOCKED:
+            result.status = "blocked"
             gate = meta.gate.spec() if meta.gate else "human"
             result.message = f"{task_id} is blocked on {' '.join(baton.blocked_on.split())!r} (gate {gate})"
-        else:
-            result.message = f"{task_id} is {meta.status.value}, not active"
+        else:  # done, failed, escalated, snoozed, paused: not "blocked", which would send a reader to a gate
+            result.status = "not_active"
+            result.message = f"{task_id} is {meta.status.value}, not active: nothing to act on under this baton"
     else:
         result.changed = world_changes(baton)
         if baton.after:

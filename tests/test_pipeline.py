@@ -350,3 +350,45 @@ class TestGateOpensOnDone:
             holder.kill()
             holder.wait()
             h.close()
+
+
+REFUSED_AGENT = """\
+import os, subprocess, sys
+subprocess.run([sys.executable, "-m", "heartbeat", "done", os.environ["HEARTBEAT_TASK"]])
+"""
+
+
+class TestRefusedDone:
+    def test_a_producer_that_never_meets_its_guarantee_is_counted_and_named(self, tmp_path: Path) -> None:
+        """Each agent's ``done`` is refused (exit 4) by a failing guarantee: the escalation's reason names
+        the guarantee and its check, and ``report``, ``report --edges`` and the metrics count the refusals
+        (on c684e38: "3 agents in a row ended without moving the step", and no count anywhere)."""
+        tmp_path.chmod(0o700)
+        h = DaemonHarness(tmp_path, agent=[sys.executable, "-c", REFUSED_AGENT], stall_after="30s",
+                          extra='[checks.tests]\ncommand = ["false"]\n')
+        try:
+            h.new("up", "--guarantee", "the tests pass::tests", plan=1)
+            h.new("down", "--after", "up")
+            h.start()
+            h.wait(lambda: h.baton("up").meta.status.value == "escalated", "up to escalate", timeout=60)
+            [escalated] = h.events("up", "escalated")
+            reason = escalated.data["reason"]
+            assert "guarantee 'the tests pass' failed (check tests: exit 1)" in reason, reason
+            refused = len(h.events("up", "guarantee_failed"))
+            assert refused >= 1
+            report = json.loads(h.cli("report", "--json").stdout)
+            [up] = [t for t in report["tasks"] if t["id"] == "up"]
+            assert up["metrics"]["guarantee_failures"] == refused and report["totals"]["guarantee_failures"] == refused
+            assert any("the tests pass" in i.get("what", json.dumps(i)) for i in up["incidents"]), up["incidents"]
+            assert "GUAR" in h.cli("report").stdout
+            [edge] = json.loads(h.cli("report", "--edges", "--json").stdout)["edges"]
+            assert (edge["upstream"], edge["downstream"], edge["guarantee_failed"]) == ("up", "down", refused)
+            metrics = subprocess.run([sys.executable, "-m", "heartbeat", "--config", str(h.config), "metrics"],
+                                     capture_output=True, text=True, env=h.env(), timeout=60).stdout
+            from prometheus_client.parser import text_string_to_metric_families
+
+            [family] = [f for f in text_string_to_metric_families(metrics)
+                        if f.name == "heartbeat_guarantee_failures"]
+            assert family.samples[0].value == refused
+        finally:
+            h.close()
