@@ -280,12 +280,14 @@ class TestDaemonDispatch:
         no_pwned(tmp_path, h.state)
 
     def test_a_baton_chooses_only_among_configured_launchers(self, recorder: Recorder, tmp_path: Path) -> None:
-        """launcher = a valid name not in the config (or a type name like "exec"): escalated, nothing started."""
+        """launcher = a valid name not in the config (or a type name like "exec"): `new` refuses it, and a
+        baton that names it anyway (the API, a hand edit) is escalated with nothing started."""
         h = recorder.h
         recorder.start()
         for task, launcher in (("unknown", "evil"), ("typename", "exec"), ("nulltype", "null")):
             r = h.cli("new", task, "--task", "t", "--step", "s", "--workdir", str(tmp_path), "--launcher", launcher)
-            assert r.returncode == 0, r.stderr
+            assert r.returncode == 2 and f"unknown launcher {launcher!r}" in r.stderr, r.stderr
+            tasks.new_task(h.store, task, task="t", step="s", workdir=str(tmp_path), launcher=launcher)
         for task, launcher in (("unknown", "evil"), ("typename", "exec"), ("nulltype", "null")):
             h.wait(lambda task=task: h.baton(task).meta.status.value == "escalated", f"{task} escalated")
             reasons = [e.data.get("reason", "") for e in h.events(task, "escalated")]
