@@ -349,11 +349,26 @@ def _plan_items(baton: Baton) -> list[str]:
     return items
 
 
+def _next_step(baton: Baton) -> str:
+    """The next step as recorded, unless it is the current one (``next_step`` left behind when the
+    step moved on): then the plan's step after the current one, else "not recorded"."""
+    recorded = _one_line(baton.next_step)
+    if recorded and recorded != _one_line(baton.step):
+        return recorded
+    plan = [_one_line(p) for p in baton.plan]
+    current = _one_line(baton.step)
+    if current in plan:
+        later = [p for p in plan[plan.index(current) + 1:] if p not in baton.done and p != current]
+        if later:
+            return f"{later[0]} _(from the plan)_"
+    return "_(not recorded)_"
+
+
 def _state_lines(baton: Baton, max_attempts: int | None, now: datetime, epoch: int | None) -> list[str]:
     meta = baton.meta
     lines = [f"- Task: {_one_line(baton.task)}", f"- Status: {meta.status.value}"]
     lines.append(f"- Step (current): **{_one_line(baton.step)}**")
-    lines.append(f"- Next step: {_one_line(baton.next_step) or '_(not recorded)_'}")
+    lines.append(f"- Next step: {_next_step(baton)}")
     if meta.status is Status.BLOCKED or baton.blocked_on:
         gate = meta.gate.spec() if meta.gate else "human"
         lines.append(f"- **Blocked on: {_one_line(baton.blocked_on) or '(unspecified)'}** (clears by gate: {gate}); "

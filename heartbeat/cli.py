@@ -114,6 +114,9 @@ def cmd_new(args: argparse.Namespace) -> int:
     if gate and not args.blocked_on:
         raise BadInput("--gate goes with --blocked-on")
     owner = _claiming_owner(args) if args.claim else None
+    guarantees = _guarantees(args.guarantee or [])
+    _refuse_unknown_names(args, launchers=[args.launcher or ""], checks=[g.check for g in guarantees],
+                          on_broken=args.on_broken or "")
     store = _store(args)
     after = _upstreams(store, args.id, args.after or [])
     try:
@@ -137,7 +140,7 @@ def cmd_new(args: argparse.Namespace) -> int:
         gate=gate,
         owner=owner,
         after=after,
-        guarantees=_guarantees(args.guarantee or []),
+        guarantees=guarantees,
         on_broken=args.on_broken or "",
         host_labels=args.host_label or [],
         actor=_actor(args),
@@ -147,22 +150,24 @@ def cmd_new(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_unknown_names(args: argparse.Namespace, **names: Any) -> None:
+    """A launcher or check the config does not define: exit 2 naming the configured ones."""
+    from heartbeat.config import readable_config, refuse_unknown_names
+
+    refuse_unknown_names(readable_config(getattr(args, "config", None)), **names)
+
+
 def _upstreams(store: Any, task_id: str, after: Sequence[str]) -> list[str]:
     """``--after`` ids, each an existing task: a typo must not hold a task forever."""
     from heartbeat.baton import check_id
-    from heartbeat.errors import NotFound
+    from heartbeat.handoff import check_upstreams_exist
 
     out: list[str] = []
     for upstream in after:
         check_id(upstream)
-        if upstream == task_id:
-            raise BadInput("a task cannot come after itself", field="--after")
-        try:
-            store.load(upstream)
-        except NotFound:
-            raise BadInput(f"unknown upstream task {upstream!r}: create it first", field="--after") from None
         if upstream not in out:
             out.append(upstream)
+    check_upstreams_exist(store, task_id, out, field="--after")
     return out
 
 
@@ -200,6 +205,9 @@ def cmd_set(args: argparse.Namespace) -> int:
 def _set(store: Any, args: argparse.Namespace, epoch: int | None, actor: str) -> None:
     from heartbeat import write
 
+    values = write.assignments(tuple(args.pairs))
+    if values.get("launcher") or values.get("on_broken"):
+        _refuse_unknown_names(args, launchers=[values.get("launcher", "")], on_broken=values.get("on_broken", ""))
     write.apply(store, write.Write("set", args.id, pairs=tuple(args.pairs), expect_revision=args.expect_revision),
                 epoch=epoch, actor=actor)
 
@@ -214,6 +222,8 @@ def cmd_add(args: argparse.Namespace) -> int:
 def _add(store: Any, args: argparse.Namespace, epoch: int | None, actor: str) -> None:
     from heartbeat import write
 
+    if args.field == "guarantees" and getattr(args, "check", None):
+        _refuse_unknown_names(args, checks=[args.check])
     write.apply(store, write.Write("add", args.id, field=args.field, values=tuple(args.values),
                                    check=getattr(args, "check", None) or "", expect_revision=args.expect_revision),
                 epoch=epoch, actor=actor)
@@ -325,6 +335,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     entries = store.scan()
     now = utcnow()
     leases = _lease_rows(store)
+    ids = {entry.id for entry in entries}
     rows = []
     for entry in entries:
         if entry.baton is None:
@@ -345,6 +356,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             "blocked_on": entry.baton.blocked_on,
             "error": None,
             "after": list(entry.baton.after),
+            "missing_upstreams": _missing_upstreams(entry.baton, ids),
         })
         if leases is not None:
             held = leases.get(entry.id)
@@ -369,6 +381,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     for r in rows:
         step = r["error"] if r["status"] == "invalid" else (
             f"{r['step']}  [blocked on: {r['blocked_on']}]" if r["blocked_on"] else r["step"])
+        if r.get("missing_upstreams"):
+            step += f"  [held: upstream {', '.join(r['missing_upstreams'])} does not exist]"
         cols = [cells[id(r)], r["status"], "-" if r["attempt"] is None else str(r["attempt"]),
                 "-" if r["epoch"] is None else str(r["epoch"]), "-" if r["age_s"] is None else _age(r["age_s"])]
         if leases is not None:
@@ -449,6 +463,9 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         stages = parse_pipeline(args.name, text, base_dir=os.path.dirname(os.path.abspath(args.from_)))
     except BadInput as exc:
         raise BadInput(f"{args.from_}: {exc.message}") from None
+    for stage in stages:
+        _refuse_unknown_names(args, launchers=[stage.launcher], checks=[g.check for g in stage.guarantees],
+                              on_broken=stage.on_broken, where=f"{args.from_}: stages.{stage.name}: ")
     try:
         workdir = os.getcwd()
     except FileNotFoundError:
@@ -474,6 +491,20 @@ def cmd_log(args: argparse.Namespace) -> int:
         print(f"{e.ts.isoformat(timespec='seconds')}  {e.kind:<11} epoch={e.epoch} rev={e.revision} "
               f"by={e.actor or '-'}  {data}".rstrip())
     return 0
+
+
+def _missing_upstreams(baton: Any, ids: set[str]) -> list[str]:
+    """The upstreams (``after``, or an ``after:``/``task:`` gate) an unfinished task waits on that do
+    not exist: nothing will ever open its way."""
+    from heartbeat.baton import FINISHED_STATUSES, GateKind
+
+    if baton.meta.status in FINISHED_STATUSES:
+        return []
+    held = list(baton.after)
+    gate = baton.meta.gate
+    if gate is not None and gate.kind in (GateKind.AFTER, GateKind.TASK):
+        held += [t for t in gate.target.split(",") if t and t not in held]
+    return [t for t in held if t not in ids]
 
 
 def cmd_brief(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,8 @@ __all__ = [
     "parse_config",
     "Listen",
     "parse_listen",
+    "readable_config",
+    "refuse_unknown_names",
     "expand_argv",
     "LAUNCHER_PLACEHOLDERS",
     "NOTIFY_PLACEHOLDERS",
@@ -229,6 +231,46 @@ def find_config(explicit: str | None = None, *, env: Mapping[str, str] | None = 
         if os.path.isfile(candidate):
             return os.path.abspath(candidate)
     return None
+
+
+def readable_config(explicit: str | None = None) -> Config | None:
+    """The config found by the search order, or None when there is none or it cannot be read (a
+    broken config is the daemon's to report; it must not stop a task being written)."""
+    from heartbeat.errors import HeartbeatError
+
+    path = find_config(explicit)
+    if path is None:
+        return None
+    try:
+        return load_config(path)
+    except HeartbeatError:
+        return None
+
+
+def _known(kind: str, name: str, known: Iterable[str], where: str) -> None:
+    names = sorted(known)
+    if name not in names:
+        listed = ", ".join(names) if names else "none"
+        raise BadInput(f"{where}unknown {kind} {name[:60]!r} (configured: {listed})")
+
+
+def refuse_unknown_names(config: Config | None, *, launchers: Iterable[str] = (), checks: Iterable[str] = (),
+                         on_broken: str = "", where: str = "") -> None:
+    """Refuse a launcher, a check or an ``on_broken = "fallback:LAUNCHER"`` the config does not
+    define, naming the ones it does (exit 2): a typo is caught when the task is made, not after
+    its work. Without a readable config (``config`` None) nothing can be known and nothing is
+    refused."""
+    if config is None:
+        return
+    for name in launchers:
+        if name:
+            _known("launcher", name, config.launchers, where)
+    for name in checks:
+        if name:
+            _known("check", name, config.checks, where)
+    kind, sep, fallback = on_broken.partition(":")
+    if kind == "fallback" and sep and fallback:
+        _known("launcher", fallback, config.launchers, f"{where}on_broken: ")
 
 
 def load_config(path: str) -> Config:

@@ -12,6 +12,9 @@ ledger's events, and counts per upstream→downstream edge (keys exactly as belo
 ``rederived``
     items the downstream said it had to re-derive (``heartbeat add ID rederived ...``);
     a downstream with several upstreams counts them on each of its edges.
+``guarantee_failed``
+    the upstream's own ``done`` refused because one of its checked guarantees failed (its
+    ``guarantee_failed`` events): a producer that cannot meet its promise.
 ``broken``
     the upstream's guarantees the downstream's ``verify`` found broken.
 ``reopens``
@@ -38,8 +41,8 @@ if TYPE_CHECKING:
 
 __all__ = ["EdgeReport", "build_edges", "COUNTS"]
 
-COUNTS = ("handoffs", "missing", "rederived", "broken", "reopens")
-_WEIGHTS = {"broken": 3, "reopens": 3, "missing": 1, "rederived": 1}
+COUNTS = ("handoffs", "missing", "rederived", "guarantee_failed", "broken", "reopens")
+_WEIGHTS = {"broken": 3, "reopens": 3, "guarantee_failed": 2, "missing": 1, "rederived": 1}
 
 
 @dataclass
@@ -60,8 +63,8 @@ class _Profile:
         out["missing_parts"] = sorted(self.missing_parts)
         out["time_to_progress_s"] = round(sum(self.waits) / len(self.waits), 3) if self.waits else None
         # the order of the JSON: handoffs, missing, missing_parts, rederived, broken, reopens, time
-        order = [upstream_key, downstream_key, "handoffs", "missing", "missing_parts", "rederived", "broken",
-                 "reopens", "time_to_progress_s"]
+        order = [upstream_key, downstream_key, "handoffs", "missing", "missing_parts", "rederived",
+                 "guarantee_failed", "broken", "reopens", "time_to_progress_s"]
         return {k: out[k] for k in order}
 
 
@@ -88,7 +91,8 @@ class EdgeReport:
 
 
 def _table(rows: list[tuple[str, dict[str, Any]]], title: str) -> list[str]:
-    header = (title, "HANDOFFS", "MISSING", "REDERIVED", "BROKEN", "REOPENS", "TO-PROGRESS", "MISSING PARTS")
+    header = (title, "HANDOFFS", "MISSING", "REDERIVED", "GUAR-FAILED", "BROKEN", "REOPENS", "TO-PROGRESS",
+              "MISSING PARTS")
     table: list[tuple[str, ...]] = [header]
     for name, r in rows:
         wait = r["time_to_progress_s"]
@@ -133,6 +137,8 @@ def build_edges(store: Store, *, since: datetime | None = None) -> EdgeReport:
                     after = [t for t in progress if t > e.ts]
                     if after:
                         p.waits.append((after[0] - e.ts).total_seconds())
+                elif e.kind == "guarantee_failed":
+                    p.counts["guarantee_failed"] += 1
                 elif e.kind == "reopened" and e.data.get("by") == downstream:
                     p.counts["reopens"] += 1
             for e in down:

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from heartbeat.baton import Baton, Gate, GateKind, Status
-from heartbeat.errors import GuaranteeFailed, HeartbeatError
+from heartbeat.errors import BadInput, GuaranteeFailed, HeartbeatError
 
 if TYPE_CHECKING:
     from heartbeat.config import CommandConfig
@@ -39,9 +39,12 @@ __all__ = [
     "inherited_constraints",
     "run_guarantees",
     "require_guarantees",
+    "describe_failed",
+    "refused_done",
     "configured_checks",
     "check_upstreams",
     "pending_upstreams",
+    "check_upstreams_exist",
 ]
 
 PACKAGE_PARTS = ("intent", "constraints", "decisions", "rejected", "unknowns", "handoff", "key_files", "guarantees")
@@ -58,6 +61,46 @@ def after_gate(upstreams: Sequence[str]) -> Gate:
 def pending_upstreams(baton: Baton, status_of: Callable[[str], Status | None]) -> list[str]:
     """The upstreams of ``baton`` that are not done (an unknown one counts as not done)."""
     return [u for u in baton.after if status_of(u) is not Status.DONE]
+
+
+def check_upstreams_exist(store: Store, task_id: str, upstreams: Sequence[str], *, field: str) -> None:
+    """Refuse upstreams that would hold ``task_id`` forever: the task itself, a task that does
+    not exist, or one that comes (at any distance) after ``task_id`` already, a cycle.
+
+    The walk up the ``after`` chain keeps its own stack (no recursion, a chain of any length)
+    and reads each baton once; a baton it cannot read ends that branch."""
+    from heartbeat.errors import NotFound
+
+    for upstream in upstreams:
+        if upstream == task_id:
+            raise BadInput("a task cannot come after itself", task=task_id, field=field)
+        try:
+            store.load(upstream)
+        except NotFound:
+            raise BadInput(f"unknown upstream task {upstream!r}: create it first", task=task_id,
+                           field=field) from None
+    came_from: dict[str, str] = {u: "" for u in upstreams}
+    stack = list(upstreams)
+    while stack:
+        current = stack.pop()
+        try:
+            after = store.load(current).after
+        except HeartbeatError:
+            continue
+        for up in after:
+            if up in came_from:
+                continue
+            came_from[up] = current
+            if up == task_id:
+                path = [task_id]
+                while path[-1] != "" and path[-1] in came_from:
+                    path.append(came_from[path[-1]])
+                chain = [task_id, *reversed([p for p in path[1:] if p])]
+                chain.append(task_id)
+                shown = chain if len(chain) <= 8 else [*chain[:4], "...", *chain[-3:]]
+                raise BadInput(f"would make a cycle ({' -> '.join(shown)}): {chain[1]} already comes after "
+                               f"{task_id}", task=task_id, field=field)
+            stack.append(up)
 
 
 # -- the package ---------------------------------------------------------------------------
@@ -217,13 +260,28 @@ def require_guarantees(store: Store, baton: Baton, checks: Mapping[str, CommandC
     from heartbeat.ledger import Event
     from heartbeat.timeparse import utcnow
 
-    first = failed[0]
+    data = [r.to_json() for r in failed]
     store.record([Event(task=baton.id, kind="guarantee_failed", ts=utcnow(), epoch=baton.meta.epoch,
-                        revision=baton.meta.revision, actor=actor,
-                        data={"failed": [r.to_json() for r in failed]})])
-    more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-    raise GuaranteeFailed(f"cannot mark done: guarantee {first.text!r} failed: check {first.check} "
-                          f"{first.detail}{more}", task=baton.id)
+                        revision=baton.meta.revision, actor=actor, data={"failed": data})])
+    raise GuaranteeFailed(f"cannot mark done: {describe_failed(data)}", task=baton.id)
+
+
+def describe_failed(failed: Sequence[Mapping[str, Any]]) -> str:
+    """Every failed guarantee of a ``guarantee_failed`` event in one line, each with its check and
+    what happened (an exit, a timeout, a check the config lacks): none is summed up as "1 more"."""
+    parts = [f"guarantee {str(f.get('guarantee', ''))!r} failed (check {f.get('check', '')}: {f.get('detail', '')})"
+             for f in failed]
+    return "; ".join(parts) if len(parts) < 2 else f"{len(parts)} guarantees failed: " + "; ".join(
+        p.removeprefix("guarantee ").replace(" failed (", " (", 1) for p in parts)
+
+
+def refused_done(store: Store, task_id: str, epoch: int) -> str:
+    """What the latest ``done`` refused in ``epoch`` said (:func:`describe_failed`), or "" when none was."""
+    events = [e for e in store.ledger.events(task_id, kinds=["guarantee_failed"]) if e.epoch == epoch]
+    if not events:
+        return ""
+    failed = [f for f in events[-1].data.get("failed") or [] if isinstance(f, dict)]
+    return f"done refused: {describe_failed(failed)}" if failed else ""
 
 
 # -- the downstream's verify ---------------------------------------------------------------

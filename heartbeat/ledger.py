@@ -53,6 +53,7 @@ class EventKind(StrEnum):
     VERIFIED = "verified"
     GUARANTEE_FAILED = "guarantee_failed"
     GUARANTEE_BROKEN = "guarantee_broken"
+    UPSTREAM_MISSING = "upstream_missing"
     DISPATCHED = "dispatched"
     LAUNCHED = "launched"
     ADOPTED = "adopted"

@@ -61,6 +61,7 @@ METRIC_NAMES = (
     "heartbeat_bypasses_total",
     "heartbeat_spinning_total",
     "heartbeat_compactions_total",
+    "heartbeat_guarantee_failures_total",
     "heartbeat_ledger_bytes",
     "heartbeat_blocked_oldest_timestamp_seconds",
     "heartbeat_last_tick_timestamp_seconds",
@@ -73,7 +74,8 @@ METRIC_NAMES = (
 )
 """Every metric family heartbeat exports (the alert rules may use only these)."""
 
-_COUNTED_KINDS = ("dispatched", "exited", "stalled", "escalated", "bypass", "spinning", "compacting")
+_COUNTED_KINDS = ("dispatched", "exited", "stalled", "escalated", "bypass", "spinning", "compacting",
+                  "guarantee_failed")
 
 
 class Histogram:
@@ -348,6 +350,8 @@ class HeartbeatCollector:
             ("heartbeat_spinning", "spinning", "Agents found alive but not moving the step (ledger: spinning)."),
             ("heartbeat_compactions", "compacting",
              "Context compactions inside live agent sessions (ledger: compacting, from the agents' hooks)."),
+            ("heartbeat_guarantee_failures", "guarantee_failed",
+             "`done` refused because a checked guarantee of the task failed (ledger: guarantee_failed)."),
         ):
             yield CounterMetricFamily(name, doc, value=sum(counted[kind].values()))
         size = _ledger_bytes(self.store.ledger)

@@ -28,12 +28,15 @@ refused (exit 2) naming it, before any task is created.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from heartbeat.baton import Baton, Guarantee, Meta, check_id, dump_baton, load_toml
-from heartbeat.errors import AlreadyExists, BadInput, NotFound
+from heartbeat import defaults, tasks
+from heartbeat.baton import Baton, Guarantee, check_id, dump_baton, load_toml
+from heartbeat.errors import AlreadyExists, BadInput, HeartbeatError, NotFound
+from heartbeat.store.base import start_create
+from heartbeat.timeparse import utcnow
 
 if TYPE_CHECKING:
     from heartbeat.store.base import Store
@@ -43,6 +46,8 @@ __all__ = ["Stage", "parse_pipeline", "create_pipeline", "tree_rows"]
 _STAGE_KEYS = frozenset({"task", "intent", "step", "next_step", "plan", "launcher", "constraints", "guarantees",
                          "after", "on_broken", "key_files", "workdir", "handoff"})
 _TOP_KEYS = frozenset({"stages", "workdir"})
+_TREE_LEVELS = 12
+"""Indentation levels ``status`` draws before a deeper stage is shown at this depth, numbered."""
 
 
 @dataclass
@@ -147,32 +152,40 @@ def parse_pipeline(name: str, text: str, *, base_dir: str) -> list[Stage]:
 
 
 def _topological(stages: Mapping[str, Stage]) -> list[Stage]:
-    """Upstreams first; a cycle is refused naming it (``a -> b -> a``)."""
+    """Upstreams first; a cycle is refused naming it (``a -> b -> a``).
+
+    A depth-first walk with its own stack, not Python's: a chain of any length is one
+    loop, never a RecursionError."""
     order: list[Stage] = []
-    state: dict[str, int] = {}  # 1 visiting, 2 done
-
-    def visit(name: str, path: list[str]) -> None:
-        if state.get(name) == 2:
-            return
-        if state.get(name) == 1:
-            cycle = [*path[path.index(name):], name]
-            raise BadInput(f"the stages form a cycle: {' -> '.join(cycle)}")
-        state[name] = 1
-        for upstream in stages[name].after:
-            visit(upstream, [*path, name])
-        state[name] = 2
-        order.append(stages[name])
-
-    for name in stages:
-        visit(name, [])
+    state: dict[str, int] = {}  # 1 visiting (on the path), 2 done
+    for root in stages:
+        if state.get(root) == 2:
+            continue
+        path: list[str] = [root]
+        pending: list[Iterator[str]] = [iter(stages[root].after)]
+        state[root] = 1
+        while path:
+            upstream = next(pending[-1], None)
+            if upstream is None:
+                name = path.pop()
+                pending.pop()
+                state[name] = 2
+                order.append(stages[name])
+                continue
+            if state.get(upstream) == 2:
+                continue
+            if state.get(upstream) == 1:
+                cycle = [*path[path.index(upstream):], upstream]
+                shown = cycle if len(cycle) <= 8 else [*cycle[:4], "...", *cycle[-3:]]
+                raise BadInput(f"the stages form a cycle of {len(cycle) - 1}: {' -> '.join(shown)}")
+            state[upstream] = 1
+            path.append(upstream)
+            pending.append(iter(stages[upstream].after))
     return order
 
 
 def create_pipeline(store: Store, name: str, stages: Sequence[Stage], *, workdir: str, actor: str = "") -> list[str]:
     """Create every stage's task, or none: ids and values are checked before the first is written."""
-    from heartbeat import tasks
-    from heartbeat.baton import parse_on_broken
-
     taken = []
     for stage in stages:
         try:
@@ -184,32 +197,32 @@ def create_pipeline(store: Store, name: str, stages: Sequence[Stage], *, workdir
             taken.append(stage.task_id)  # an invalid baton holds the id too
     if taken:
         raise AlreadyExists(f"task {taken[0]} already exists: nothing was created (pick another pipeline name)")
-    for stage in stages:  # the baton's own rules, on every stage, before anything is written
+    # Every stage's baton is built, fingerprinted (a key file outside the workdir is refused
+    # here) and serialised before the first is written: a refusal leaves nothing behind.
+    now = utcnow()
+    batons: list[Baton] = []
+    for stage in stages:
         where = f"stages.{stage.name}"
-        if stage.on_broken:
-            try:
-                parse_on_broken(stage.on_broken)
-            except BadInput as exc:
-                raise BadInput(f"{where}.on_broken: {exc.message}") from None
-        probe = Baton(task=stage.task, step=stage.step, intent=stage.intent, launcher=stage.launcher,
-                      workdir=stage.workdir or workdir, constraints=stage.constraints, key_files=stage.key_files,
-                      guarantees=stage.guarantees, on_broken=stage.on_broken, plan=stage.plan,
-                      after=[f"{name}.{u}" for u in stage.after], meta=Meta(id=stage.task_id))
         try:
-            dump_baton(probe)
-        except BadInput as exc:
-            raise BadInput(f"{where}: {exc.field + ': ' if exc.field else ''}{exc.message}") from None
-    created: list[str] = []
-    try:
-        for stage in stages:
-            tasks.new_task(
-                store, stage.task_id, task=stage.task, step=stage.step, intent=stage.intent,
+            baton = tasks.build_task(
+                stage.task_id, task=stage.task, step=stage.step, intent=stage.intent,
                 next_step=stage.next_step, workdir=stage.workdir or workdir, launcher=stage.launcher,
                 handoff=stage.handoff, key_files=stage.key_files, constraints=stage.constraints, plan=stage.plan,
                 after=[f"{name}.{u}" for u in stage.after], guarantees=stage.guarantees, on_broken=stage.on_broken,
-                actor=actor,
-            )
-            created.append(stage.task_id)
+                now=now)
+            size = len(dump_baton(start_create(baton, now)).encode("utf-8"))
+        except HeartbeatError as exc:
+            field = getattr(exc, "field", "")
+            raise BadInput(f"{where}: {field + ': ' if field else ''}{exc.message}: nothing was created") from None
+        if size > defaults.MAX_BATON_BYTES:
+            raise BadInput(f"{where}: the baton would be {size} bytes; a baton may be at most "
+                           f"{defaults.MAX_BATON_BYTES}: nothing was created")
+        batons.append(baton)
+    created: list[str] = []
+    try:
+        for baton in batons:
+            store.create(baton, actor=actor, now=now)
+            created.append(baton.meta.id)
     except Exception as exc:
         if created:  # a race (another writer took an id between the check and here): say exactly what exists
             raise BadInput(f"created {', '.join(created)} but then failed: {exc}") from exc
@@ -232,22 +245,26 @@ def tree_rows(rows: Sequence[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]
     out: list[tuple[str, dict[str, Any]]] = []
     placed: set[str] = set()
 
-    def place(task_id: str, depth: int) -> None:
-        if task_id in placed:
-            return
-        placed.add(task_id)
-        row = by_id[task_id]
-        ups = after[task_id]
-        cell = ("   " * (depth - 1) + "└─ " if depth else "") + task_id
-        if len(ups) > 1:
-            cell += f" (after {', '.join(ups)})"
-        out.append((cell, row))
-        for child in sorted(children.get(task_id, [])):
-            place(child, depth + 1)
+    def place(root: str) -> None:  # depth first with its own stack: a chain of any length
+        stack = [(root, 0)]
+        while stack:
+            task_id, depth = stack.pop()
+            if task_id in placed:
+                continue
+            placed.add(task_id)
+            ups = after[task_id]
+            cell = task_id
+            if depth:  # a long chain is shown flat past a few levels, each cell saying its depth
+                cell = "   " * min(depth - 1, _TREE_LEVELS) + "└─ " + (
+                    f"[{depth}] " if depth > _TREE_LEVELS else "") + task_id
+            if len(ups) > 1:
+                cell += f" (after {', '.join(ups)})"
+            out.append((cell, by_id[task_id]))
+            stack.extend((child, depth + 1) for child in sorted(children.get(task_id, []), reverse=True))
 
     for r in rows:
         if not after[r["id"]]:
-            place(r["id"], 0)
+            place(r["id"])
     for r in rows:  # a cycle written by hand: still shown, once
-        place(r["id"], 0)
+        place(r["id"])
     return out

@@ -324,10 +324,11 @@ def _judge_running(baton: Baton, obs: Observation, now: datetime, policy: Policy
 def _due(baton: Baton, now: datetime, policy: Policy) -> Decision:
     """An active task with no live owner: dispatch it, hold it back (backoff), or escalate it."""
     meta = baton.meta
+    last = f"; last: {meta.last_failure}" if meta.last_failure else ""
     if meta.idle_resumes >= policy.max_idle_resumes:
-        return Decision(Action.ESCALATE, f"{meta.idle_resumes} agents in a row ended without moving the step")
+        why = "" if meta.last_failure.startswith(IDLE_FAILURE) else last  # e.g. a done refused by a guarantee
+        return Decision(Action.ESCALATE, f"{meta.idle_resumes} agents in a row ended without moving the step{why}")
     if meta.attempt >= policy.max_attempts:
-        last = f"; last: {meta.last_failure}" if meta.last_failure else ""
         return Decision(Action.ESCALATE, f"{meta.attempt} attempts without progress{last}")
     if meta.dispatches == 0:
         return Decision(Action.DISPATCH, "new task, no agent yet")
@@ -339,12 +340,20 @@ def _due(baton: Baton, now: datetime, policy: Policy) -> Decision:
             return Decision(Action.NOTHING, f"backing off {format_duration(delay)} after attempt {meta.attempt}",
                             not_before=due_at)
         return Decision(Action.DISPATCH, f"retry after a failed attempt ({meta.last_failure or 'agent gone'})")
+    if meta.last_exit is None and meta.last_failure.startswith(REOPENED):  # sent back by a downstream
+        return Decision(Action.DISPATCH, meta.last_failure)
     if meta.last_exit == 0 and meta.attempt == 0:
         return Decision(Action.DISPATCH, "the previous agent ended its shift")
     if meta.last_exit == 0:
         return Decision(Action.DISPATCH, "the previous agent ended without progress (idle resume)")
     return Decision(Action.DISPATCH, "no live agent holds the task")
 
+
+REOPENED = "reopened by "
+"""How ``last_failure`` begins on a finished task a downstream's ``verify`` sent back to work."""
+
+IDLE_FAILURE = "ended without moving the step"
+"""How ``last_failure`` begins after a plain idle resume (nothing more to say about it)."""
 
 FOREVER = datetime.max.replace(tzinfo=timezone.utc)
 """A time no decision waits for: "until the baton changes"."""

@@ -34,6 +34,9 @@
     finishing) without moving the step or growing ``done``.
 ``spinning``, ``escalations``
     ``spinning`` and ``escalated`` events.
+``guarantee_failures``
+    ``guarantee_failed`` events: a ``done`` refused (exit 4) because one of the task's own
+    checked guarantees failed.
 ``mean_time_to_resume_s``
     mean over resumes of: the gap's start (``stalled``, else the previous agent's
     ``exited``/``released``; moved to a later ``woke``/``unblocked``/``retried``, since
@@ -77,12 +80,13 @@ METRIC_KEYS = (
     "idle_resumes",
     "spinning",
     "escalations",
+    "guarantee_failures",
     "mean_time_to_resume_s",
     "duration_s",
 )
 """The metric keys, per task and in ``totals``, in this order."""
 
-_COUNT_KEYS = METRIC_KEYS[:10]
+_COUNT_KEYS = METRIC_KEYS[:11]
 
 SCORE_WEIGHTS = {
     "bypassed_blocks": 5,
@@ -92,6 +96,7 @@ SCORE_WEIGHTS = {
     "skipped_steps": 3,
     "idle_resumes": 2,
     "spinning": 2,
+    "guarantee_failures": 2,
     "unclean_resumes": 1,
 }
 """How much each failure weighs in the sort order; ``unclean_resumes`` = resumes - clean_resumes."""
@@ -232,6 +237,11 @@ class _Replay:
                                                   f"{data.get('since', '?')}")
         elif kind == EventKind.ESCALATED:
             self.count("escalations", e.ts, e.epoch, str(data.get("reason", "")))
+        elif kind == EventKind.GUARANTEE_FAILED:
+            failed = [f for f in data.get("failed") or [] if isinstance(f, dict)]
+            self.count("guarantee_failures", e.ts, e.epoch, "done refused: " + "; ".join(
+                f"guarantee {str(f.get('guarantee', ''))!r} failed (check {f.get('check', '')} {f.get('detail', '')})"
+                for f in failed))
         if kind == EventKind.STALLED:
             self.gap_stalled = e.ts
         elif kind in (EventKind.EXITED, EventKind.RELEASED):
@@ -443,7 +453,8 @@ class Report:
             return f"no handoffs to report{window}{skipped}"
         cols = (("STARTS", "dispatches"), ("RESUMES", "resumes"), ("CLEAN", "clean_resumes"),
                 ("REDONE", "redone_steps"), ("SKIPPED", "skipped_steps"), ("BYPASS", "bypassed_blocks"),
-                ("STALE", "stale_resumes"), ("IDLE", "idle_resumes"), ("SPIN", "spinning"), ("ESC", "escalations"))
+                ("STALE", "stale_resumes"), ("IDLE", "idle_resumes"), ("SPIN", "spinning"), ("ESC", "escalations"),
+                ("GUAR", "guarantee_failures"))
         header = ("TASK", "STATUS", "SCORE", *(c for c, _ in cols), "TTR", "DURATION")
         rows: list[tuple[str, ...]] = [header]
 

@@ -18,7 +18,9 @@ Three things, each safe against a running daemon and running agents:
   and its baton and logs removed. A task revived meanwhile (retried, edited) is skipped
   and its record in the file is ignored, because no ``archived`` event names it.
   Failed tasks are archived only with ``archive_failed = true``: by default a failure waits
-  for a human.
+  for a human. A task another task in the store depends on (its ``after``, or an ``after:``/
+  ``task:`` gate, at any distance) is kept until that task goes too: an upstream leaves with
+  (or after) its last downstream, never before (``skipped``: "kept: task C depends on it").
 - **Folding touches.** In a finished (done or failed) task, ``touched`` rows that no
   report metric reads (not an agent's first write after its start, before the finish)
   are removed and one ``compacted`` event records how many (``data.folded``), with their
@@ -48,13 +50,13 @@ import os
 import re
 import stat
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from heartbeat.baton import Baton, Status
+from heartbeat.baton import Baton, GateKind, Status
 from heartbeat.config import RetentionConfig
 from heartbeat.errors import HeartbeatError, StoreError
 from heartbeat.layout import StateLayout
@@ -156,6 +158,10 @@ def run_gc(store: Any, config: RetentionConfig, *, now: datetime, dry_run: bool 
         finished = {Status.DONE, Status.FAILED} if config.archive_failed else {Status.DONE}
         candidates = [e.baton for e in entries.values()
                       if e.baton is not None and e.error is None and _archivable(e.baton, cutoff, finished)]
+        needed = _needed_upstreams(entries.values(), {b.meta.id for b in candidates})
+        for baton in [b for b in candidates if b.meta.id in needed]:
+            candidates.remove(baton)
+            result.skipped.append((baton.meta.id, f"kept: task {needed[baton.meta.id]} depends on it"))
         archived = _archive(store, candidates, result, now=now, dry_run=dry_run)
         for task_id, entry in entries.items():
             if task_id in archived or entry.baton is None or entry.error is not None:
@@ -189,6 +195,42 @@ def _gc_lock(state_dir: str, dry_run: bool) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def _upstreams_of(baton: Baton) -> list[str]:
+    """The tasks ``baton`` depends on: its ``after``, and the target of an ``after:``/``task:`` gate."""
+    out = list(baton.after)
+    gate = baton.meta.gate
+    if gate is not None and gate.kind in (GateKind.AFTER, GateKind.TASK):
+        out += [t for t in gate.target.split(",") if t and t not in out]
+    return out
+
+
+def _needed_upstreams(entries: Iterable[Any], candidates: set[str]) -> dict[str, str]:
+    """Which candidates a task staying in the store depends on, at any distance, each with one such task.
+
+    A task is archived only with (or after) every task that depends on it: a downstream waiting
+    on an ``after``/``task:`` gate would never open without its upstream's baton, its brief would
+    lose the upstream's package and inherited constraints, a done upstream of a live chain can
+    still be reopened by its downstream's ``verify``, and ``report --edges`` reads both ends. The
+    walk keeps its own stack (no recursion along a chain); an unreadable baton names nothing."""
+    batons = {e.id: e.baton for e in entries if e.baton is not None and e.error is None}
+    needed: dict[str, str] = {}
+    stack = [(task_id, task_id) for task_id in batons if task_id not in candidates]
+    seen: set[str] = set()
+    while stack:
+        task_id, waiting = stack.pop()
+        if task_id in seen:
+            continue
+        seen.add(task_id)
+        baton = batons.get(task_id)
+        if baton is None:
+            continue
+        for upstream in _upstreams_of(baton):
+            if upstream in candidates:
+                needed.setdefault(upstream, waiting)
+            stack.append((upstream, waiting))
+    return needed
 
 
 def _archivable(baton: Baton, cutoff: datetime, statuses: set[Status]) -> bool:

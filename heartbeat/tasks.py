@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from heartbeat.baton import (
     FINISHED_STATUSES,
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SETTABLE_FIELDS",
+    "build_task",
     "new_task",
     "set_fields",
     "add_items",
@@ -58,8 +59,7 @@ SETTABLE_FIELDS = tuple(f for f in SCALAR_FIELDS if f != "blocked_on")
 """Scalar fields ``set`` may change; ``blocked_on`` goes through block/unblock only."""
 
 
-def new_task(
-    store: Store,
+def build_task(
     task_id: str,
     *,
     task: str,
@@ -79,10 +79,10 @@ def new_task(
     guarantees: Sequence[Guarantee] = (),
     on_broken: str = "",
     host_labels: Sequence[str] = (),
-    actor: str = "",
     now: datetime | None = None,
 ) -> Baton:
-    """Create a task. With ``owner`` it is claimed at once (epoch 1); with ``blocked_on`` it starts blocked.
+    """The baton :func:`new_task` creates, checked but not written. With ``owner`` it is
+    claimed at once (epoch 1); with ``blocked_on`` it starts blocked.
 
     With ``after`` it starts blocked on the gate ``after:A,B`` (unless ``blocked_on`` says
     otherwise): it is dispatched once every upstream is done, with their packages in its brief.
@@ -135,7 +135,13 @@ def new_task(
     if host_labels:  # a top-level key of the baton: only daemons offering every label dispatch it
         baton.extra["host_labels"] = list(host_labels)
         baton.extra["host_labels"] = baton_host_labels(baton)
-    return store.create(baton, actor=actor, now=now)
+    return baton
+
+
+def new_task(store: Store, task_id: str, *, actor: str = "", now: datetime | None = None,
+             **fields: Any) -> Baton:
+    """Create a task (the fields as :func:`build_task` takes them)."""
+    return store.create(build_task(task_id, now=now, **fields), actor=actor, now=now)
 
 
 def set_fields(
@@ -211,9 +217,12 @@ def _add_handoff_items(store: Store, task_id: str, name: str, items: Sequence[st
                        expect_revision: int | None, epoch: int | None, actor: str) -> Baton:
     if not items or any(not item or "\0" in item for item in items):
         raise BadInput("items must be non-empty text", task=task_id, field=name)
-    if name == "after":
+    if name == "after":  # an unknown upstream or a cycle would hold the task forever, silently
+        from heartbeat.handoff import check_upstreams_exist
+
         for item in items:
             check_id(item)
+        check_upstreams_exist(store, task_id, items, field=name)
     with store.edit(task_id, expect_revision=expect_revision, epoch=epoch, actor=actor) as ed:
         values = getattr(ed.baton, name)
         values.extend(i for i in items if name != "after" or i not in values)

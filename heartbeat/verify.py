@@ -17,6 +17,7 @@ from heartbeat.baton import Baton, OnBroken, Status, parse_on_broken
 from heartbeat.errors import EXIT_CONFLICT, EXIT_NOT_ACTIVE, EXIT_OK, EXIT_STALE, BadInput, HeartbeatError, NotActive
 from heartbeat.handoff import after_gate
 from heartbeat.ledger import Event, EventKind
+from heartbeat.policy import REOPENED
 from heartbeat.timeparse import utcnow
 from heartbeat.world import GIT_HEAD_KEY, world_changes
 
@@ -122,12 +123,14 @@ def verify(
         result.message = (f"{task_id}: your epoch {epoch} {relation} the task's epoch {meta.epoch}: "
                           "another agent holds this task; stop and do not write")
     elif meta.status is not Status.ACTIVE:
-        result.code, result.status = EXIT_NOT_ACTIVE, "blocked"
+        result.code = EXIT_NOT_ACTIVE
         if meta.status is Status.BLOCKED:
+            result.status = "blocked"
             gate = meta.gate.spec() if meta.gate else "human"
             result.message = f"{task_id} is blocked on {' '.join(baton.blocked_on.split())!r} (gate {gate})"
-        else:
-            result.message = f"{task_id} is {meta.status.value}, not active"
+        else:  # done, failed, escalated, snoozed, paused: not "blocked", which would send a reader to a gate
+            result.status = "not_active"
+            result.message = f"{task_id} is {meta.status.value}, not active: nothing to act on under this baton"
     else:
         result.changed = world_changes(baton)
         if baton.after:
@@ -196,6 +199,9 @@ def apply_broken(store: Store, downstream: Baton, broken: Sequence[Mapping[str, 
                     ed.event(EventKind.ESCALATED, reason=why, by=downstream.id)
                 else:
                     meta.status = Status.ACTIVE
+                    # The dispatch's reason is this, not the last agent's clean exit ("ended its shift").
+                    meta.last_exit = None
+                    meta.last_failure = f"{REOPENED}{downstream.id}: {why}"
                     if policy is OnBroken.FALLBACK:
                         ed.baton.launcher = fallback
                     ed.event(EventKind.REOPENED, by=downstream.id, reason=why, policy=policy.value,

@@ -356,11 +356,11 @@ class TestEdgeReport:
         report = self._report(hb)
         (edge,) = report["edges"]  # type: ignore[misc]
         assert list(edge) == ["upstream", "downstream", "handoffs", "missing", "missing_parts", "rederived",
-                              "broken", "reopens", "time_to_progress_s"]
+                              "guarantee_failed", "broken", "reopens", "time_to_progress_s"]
         assert {k: edge[k] for k in ("upstream", "downstream", "handoffs", "missing", "missing_parts", "rederived",
-                                     "broken", "reopens")} == {
+                                     "guarantee_failed", "broken", "reopens")} == {
             "upstream": "build", "downstream": "review", "handoffs": 1, "missing": 0, "missing_parts": [],
-            "rederived": 0, "broken": 0, "reopens": 0}
+            "rederived": 0, "guarantee_failed": 0, "broken": 0, "reopens": 0}
         assert edge["time_to_progress_s"] >= 0
         (pair,) = report["pairs"]  # type: ignore[misc]
         assert pair["upstream_launcher"] == pair["downstream_launcher"] == "default" and pair["edges"] == 1
@@ -426,3 +426,62 @@ class TestEdgeReport:
         text = hb("report", "--edges").out
         assert "build -> review" in text and "build -> docs" in text
         assert text.index("build -> review") < text.index("build -> docs")
+
+
+class TestMessages:
+    """What heartbeat says about guarantees, finished tasks, reopened upstreams and next steps is exact."""
+
+    def test_done_names_every_failed_guarantee_with_what_happened(self, file_store: FileStore,
+                                                                   tmp_path: Path) -> None:
+        """Three checked guarantees fail three ways: the refusal names each, with its exit, its timeout and
+        the missing check (on c684e38: the first one "(and 2 more)", the timeout and missing check hidden)."""
+        make_upstream(file_store, tmp_path, guarantees=[Guarantee("the marker exists", "marker"),
+                                                        Guarantee("fast enough", "slow"),
+                                                        Guarantee("docs build", "nosuch")])
+        checks = {**CHECKS, "slow": CommandConfig("slow", ("sleep", "30"), 0.3)}
+        with pytest.raises(GuaranteeFailed) as exc:
+            tasks.finish(file_store, "build", checks=checks)
+        message = str(exc.value)
+        assert "\n" not in message and "more" not in message and "3 guarantees failed" in message
+        for text, detail in (("'the marker exists'", "exit 1"), ("'fast enough'", "timed out after 0.3s"),
+                             ("'docs build'", "no [checks.nosuch] in the config")):
+            assert text in message and detail in message, message
+
+    def test_verify_on_a_finished_task_does_not_say_blocked(self, file_store: FileStore, tmp_path: Path) -> None:
+        """A done task verifies as not active (exit 4), not as "blocked: ... is done" (c684e38)."""
+        make_upstream(file_store, tmp_path)
+        tasks.finish(file_store, "build", checks=CHECKS)
+        result = verify(file_store, "build", checks=CHECKS)
+        assert result.code == EXIT_NOT_ACTIVE and result.status == "not_active"
+        assert "blocked" not in result.render_text() and "build is done, not active" in result.render_text()
+
+    def test_a_reopened_upstream_is_dispatched_for_the_broken_guarantee(self, file_store: FileStore,
+                                                                       tmp_path: Path) -> None:
+        """An upstream whose last agent ended cleanly, sent back by its consumer's verify: the dispatch's
+        reason names the reopening and the guarantee, not "the previous agent ended its shift" (c684e38)."""
+        (tmp_path / "ok").write_text("")
+        make_upstream(file_store, tmp_path, guarantees=[Guarantee("the marker exists", "marker")])
+        with file_store.edit("build", actor="daemon") as ed:  # an agent ran and ended its shift cleanly
+            ed.baton.meta.dispatches, ed.baton.meta.epoch, ed.baton.meta.last_exit = 1, 1, 0
+        tasks.finish(file_store, "build", checks=CHECKS)
+        tasks.new_task(file_store, "review", task="Review", step="read", after=["build"])
+        tasks.unblock(file_store, "review", by="gate:after:build")
+        (tmp_path / "ok").unlink()
+        assert verify(file_store, "review", checks=CHECKS).status == "broken"
+        d = decide(file_store.load("build"), Observation(), NOW, Policy())
+        assert d.action is Action.DISPATCH and "ended its shift" not in d.reason
+        assert d.reason.startswith("reopened by review") and "the marker exists" in d.reason
+
+    @pytest.mark.parametrize(("step", "next_step", "plan", "shown"), [
+        ("write tests", "write tests", ["write code", "write tests", "ship"], "ship _(from the plan)_"),
+        ("write tests", "write tests", [], "_(not recorded)_"),
+        ("ship", "ship", ["write code", "ship"], "_(not recorded)_"),
+        ("write code", "write tests", ["write code", "write tests"], "write tests"),
+    ])
+    def test_the_brief_never_shows_the_current_step_as_next(self, step: str, next_step: str, plan: list[str],
+                                                            shown: str) -> None:
+        """A ``next_step`` left behind when the step moved on is not shown as the next step: the plan's next
+        one is, or "not recorded" (on c684e38 the brief said "Next step: write tests" on step write tests)."""
+        baton = Baton(task="t", step=step, next_step=next_step, plan=plan, meta=Meta(id="t"))
+        text = render_brief(baton, now=NOW).text
+        assert f"- Next step: {shown}\n" in text, text

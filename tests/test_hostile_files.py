@@ -26,6 +26,7 @@ import pytest
 from conftest import wait_for
 from daemon_harness import DaemonHarness, toml_list
 
+from heartbeat import tasks
 from heartbeat.errors import UnsafePath
 from heartbeat.launchers import shim
 from heartbeat.safefile import open_dir, open_regular, read_regular, write_atomic
@@ -310,7 +311,8 @@ timeout = "1h"
         h = DaemonHarness(tmp_path, stall_after="1h", agent=SLEEPER, extra=notify)
         try:
             h.start()
-            h.new("lost", "--launcher", "nope")  # not a configured launcher: escalated, the notifier runs
+            # Not a configured launcher (`new` refuses it, so the API writes it): escalated, the notifier runs.
+            tasks.new_task(h.store, "lost", task="t", step="s", workdir=str(tmp_path), launcher="nope")
             h.wait(lambda: marked_processes(marker), "the slow notifier running")
             assert h.proc is not None
             started = time.monotonic()

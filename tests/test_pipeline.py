@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
@@ -215,3 +216,179 @@ class TestPipelineFile:
         assert r.code == 2 and "not a regular file" in r.err
         r = hb("pipeline", "new", "p", "--from", str(tmp_path / "nope.toml"))
         assert r.code == 2 and "nope.toml" in r.err
+
+
+class TestPipelineRefusals:
+    """Everything a stage could be refused for is found before the first task is written."""
+
+    def test_a_key_file_outside_the_workdir_refuses_the_whole_pipeline(self, hb: Callable[..., Result],
+                                                                       tmp_path: Path) -> None:
+        """The second stage's key file leaves the workdir: exit 2 naming it, no stage created, and the same
+        name is free for the corrected file (on c684e38 the first stage was created and dispatchable, and
+        a re-run said its id was taken)."""
+        (tmp_path / "wd").mkdir()
+        bad = 'workdir = "wd"\n[stages.a]\ntask = "a"\n[stages.b]\ntask = "b"\nafter = ["a"]\nkey_files = ["../x"]\n'
+        r = hb("pipeline", "new", "p", "--from", write(tmp_path, bad))
+        assert r.code == 2 and "stages.b" in r.err and "outside the workdir" in r.err and r.err.count("\n") == 1
+        assert hb("status", "--json").out.count('"id"') == 0
+        good = bad.replace('key_files = ["../x"]', 'key_files = ["x"]')
+        assert hb("pipeline", "new", "p", "--from", write(tmp_path, good)).code == 0
+
+    def test_unknown_launchers_and_checks_are_refused_naming_the_known_ones(
+            self, hb: Callable[..., Result], tmp_path: Path) -> None:
+        """``--launcher nosuch``, ``--check artifcat``, ``on_broken = "fallback:nosuch"`` at ``new``, ``add``,
+        ``set`` and ``pipeline new``: exit 2, one line naming the configured ones, nothing written (on
+        c684e38 all were accepted and failed only after the work)."""
+        config = tmp_path / "heartbeat.toml"
+        config.write_text('[daemon]\ndefault_launcher = "claude"\n[launchers.claude]\ntype = "exec"\n'
+                          'command = ["true"]\n[launchers.codex]\ntype = "exec"\ncommand = ["true"]\n'
+                          '[checks.tests]\ncommand = ["true"]\n')
+        env = {"HEARTBEAT_CONFIG": str(config)}
+        assert hb("new", "t", "--task", "t", "--step", "s", env=env).code == 0
+        before = hb("show", "t", "--json").out
+        attempts = [
+            (("new", "x", "--task", "t", "--step", "s", "--launcher", "nosuch"), "claude, codex"),
+            (("new", "x", "--task", "t", "--step", "s", "--guarantee", "g::artifcat"), "(configured: tests)"),
+            (("new", "x", "--task", "t", "--step", "s", "--on-broken", "fallback:nosuch"), "claude, codex"),
+            (("add", "t", "guarantees", "g", "--check", "artifcat"), "(configured: tests)"),
+            (("set", "t", "launcher=nosuch"), "claude, codex"),
+            (("set", "t", "on_broken=fallback:nosuch"), "claude, codex"),
+            (("pipeline", "new", "p", "--from", write(tmp_path, '[stages.a]\ntask = "a"\nlauncher = "nosuch"\n', "1.toml")),
+             "stages.a"),
+            (("pipeline", "new", "p", "--from", write(tmp_path, '[stages.a]\ntask = "a"\n'
+                                                                'guarantees = [{ text = "g", check = "artifcat" }]\n',
+                                                  "2.toml")),
+             "(configured: tests)"),
+            (("pipeline", "new", "p", "--from", write(tmp_path, '[stages.a]\ntask = "a"\n'
+                                                                'on_broken = "fallback:nosuch"\n', "3.toml")),
+             "claude, codex"),
+        ]
+        for args, named in attempts:
+            r = hb(*args, env=env)
+            assert r.code == 2 and "unknown" in r.err and named in r.err and r.err.count("\n") == 1, (args, r.err)
+        assert [t["id"] for t in json.loads(hb("status", "--json").out)["tasks"]] == ["t"]
+        assert hb("show", "t", "--json").out == before
+        assert hb("new", "y", "--task", "t", "--step", "s", "--launcher", "codex", "--guarantee", "g::tests",
+                  "--on-broken", "fallback:claude", env=env).code == 0
+
+
+def chain(n: int, *, downstream_first: bool = True, cycle: bool = False) -> str:
+    """A pipeline file of ``n`` stages s0 <- s1 <- ... (each after the one before), last listed first."""
+    order = range(n - 1, -1, -1) if downstream_first else range(n)
+    parts = []
+    for i in order:
+        up = f"s{i - 1}" if i else (f"s{n - 1}" if cycle else "")
+        parts.append(f'[stages.s{i}]\ntask = "t"\n' + (f'after = ["{up}"]\n' if up else ""))
+    return "".join(parts)
+
+
+class TestLongChains:
+    """No walk along a chain uses Python's recursion: a long chain is handled, or refused in one line."""
+
+    def test_a_long_chain_listed_downstream_first_parses_upstreams_first(self, tmp_path: Path) -> None:
+        """1,500 stages, the last listed first: parsed in upstream order (on c684e38: RecursionError)."""
+        from heartbeat.pipeline import parse_pipeline
+
+        stages = parse_pipeline("long", chain(1500), base_dir=str(tmp_path))
+        assert [s.name for s in stages] == [f"s{i}" for i in range(1500)]
+
+    def test_a_long_cycle_is_one_line_and_creates_nothing(self, hb: Callable[..., Result], tmp_path: Path) -> None:
+        """A 1,500-stage cycle through the CLI: exit 2 naming the cycle in one line (on c684e38: a
+        RecursionError traceback)."""
+        r = hb("pipeline", "new", "long", "--from", write(tmp_path, chain(1500, cycle=True)))
+        assert r.code == 2 and "cycle of 1500" in r.err and r.err.count("\n") == 1, r.err[-500:]
+        assert hb("status", "--json").out.count('"id"') == 0
+
+    def test_status_shows_a_1500_task_chain(self, hb: Callable[..., Result], state_dir: Path) -> None:
+        """1,500 batons in one chain (past Python's recursion limit, as the probe's 3,000 were): ``status``
+        draws it flat past a few levels, each deep task with its depth (on c684e38: RecursionError for the
+        whole state dir); report, edges, brief and verify read it too."""
+        from heartbeat.baton import Baton, Gate, GateKind, Meta, Status, dump_baton
+        from heartbeat.timeparse import utcnow
+
+        batons = state_dir / "batons"
+        batons.mkdir(mode=0o700)
+        now = utcnow()
+        for i in range(1500):  # written as files: 1,500 creates through the store would take minutes
+            meta = Meta(id=f"c{i}", revision=1, created_at=now, updated_at=now, touched_at=now, progress_at=now)
+            if i:
+                meta.status, meta.gate, meta.blocked_at = Status.BLOCKED, Gate(GateKind.AFTER, f"c{i - 1}"), now
+            baton = Baton(task="t", step="s", after=[f"c{i - 1}"] if i else [], meta=meta,
+                          blocked_on=f"waiting for upstream c{i - 1}" if i else "")
+            (batons / f"c{i}.toml").write_text(dump_baton(baton))
+        r = hb("status")
+        assert r.code == 0, r.err[-500:]
+        lines = r.out.splitlines()
+        assert len(lines) == 1501 and lines[1].startswith("c0 ") and "[1499] c1499 " in lines[-1]
+        assert max(len(line) for line in lines) < 300
+        assert hb("report").code == 0 and hb("report", "--edges").code == 0
+        assert hb("brief", "c1499").code == 0 and hb("verify", "c1499").code == 4  # blocked
+
+
+class TestGateOpensOnDone:
+    @pytest.mark.parametrize("gate", ["after", "task"])
+    def test_the_downstream_starts_on_the_upstreams_done_not_on_the_tick(self, tmp_path: Path, gate: str) -> None:
+        """A 60 s tick: the watcher's look at the upstream turned done looks at its downstreams at once,
+        so a join's ``after:`` gate (or a ``task:`` gate) opens and the downstream is dispatched within
+        seconds, not at the next tick (on c684e38 it waited for the tick: nothing in 10 s)."""
+        tmp_path.chmod(0o700)
+        h = DaemonHarness(tmp_path, tick="60s", stall_after="1h")
+        holder = subprocess.Popen(["sleep", "300"])
+        try:
+            h.new("up", "--claim", "--pid", str(holder.pid))  # held by a live process: never dispatched
+            if gate == "after":
+                h.new("down", "--after", "up", plan=1)
+            else:
+                h.new("down", "--blocked-on", "up first", "--gate", "task:up", plan=1)
+            h.start()
+            h.wait_log(lambda e: e.get("event") == "tick", "the first tick")
+            assert h.cli("done", "up").returncode == 0
+            h.wait(lambda: h.events("down", "dispatched"), "down to be dispatched well before the next tick",
+                   timeout=10)
+            assert h.events("down", "unblocked")[0].data["by"] == f"gate:{gate}:up"
+        finally:
+            holder.kill()
+            holder.wait()
+            h.close()
+
+
+REFUSED_AGENT = """\
+import os, subprocess, sys
+subprocess.run([sys.executable, "-m", "heartbeat", "done", os.environ["HEARTBEAT_TASK"]])
+"""
+
+
+class TestRefusedDone:
+    def test_a_producer_that_never_meets_its_guarantee_is_counted_and_named(self, tmp_path: Path) -> None:
+        """Each agent's ``done`` is refused (exit 4) by a failing guarantee: the escalation's reason names
+        the guarantee and its check, and ``report``, ``report --edges`` and the metrics count the refusals
+        (on c684e38: "3 agents in a row ended without moving the step", and no count anywhere)."""
+        tmp_path.chmod(0o700)
+        h = DaemonHarness(tmp_path, agent=[sys.executable, "-c", REFUSED_AGENT], stall_after="30s",
+                          extra='[checks.tests]\ncommand = ["false"]\n')
+        try:
+            h.new("up", "--guarantee", "the tests pass::tests", plan=1)
+            h.new("down", "--after", "up")
+            h.start()
+            h.wait(lambda: h.baton("up").meta.status.value == "escalated", "up to escalate", timeout=60)
+            [escalated] = h.events("up", "escalated")
+            reason = escalated.data["reason"]
+            assert "guarantee 'the tests pass' failed (check tests: exit 1)" in reason, reason
+            refused = len(h.events("up", "guarantee_failed"))
+            assert refused >= 1
+            report = json.loads(h.cli("report", "--json").stdout)
+            [up] = [t for t in report["tasks"] if t["id"] == "up"]
+            assert up["metrics"]["guarantee_failures"] == refused and report["totals"]["guarantee_failures"] == refused
+            assert any("the tests pass" in i.get("what", json.dumps(i)) for i in up["incidents"]), up["incidents"]
+            assert "GUAR" in h.cli("report").stdout
+            [edge] = json.loads(h.cli("report", "--edges", "--json").stdout)["edges"]
+            assert (edge["upstream"], edge["downstream"], edge["guarantee_failed"]) == ("up", "down", refused)
+            metrics = subprocess.run([sys.executable, "-m", "heartbeat", "--config", str(h.config), "metrics"],
+                                     capture_output=True, text=True, env=h.env(), timeout=60).stdout
+            from prometheus_client.parser import text_string_to_metric_families
+
+            [family] = [f for f in text_string_to_metric_families(metrics)
+                        if f.name == "heartbeat_guarantee_failures"]
+            assert family.samples[0].value == refused
+        finally:
+            h.close()

@@ -29,7 +29,7 @@ from heartbeat.store.files import FileStore
 from heartbeat.store.memory import MemoryStore
 from heartbeat.timeparse import utcnow
 
-ZERO: dict[str, Any] = {**dict.fromkeys(METRIC_KEYS[:10], 0), "mean_time_to_resume_s": None, "duration_s": None}
+ZERO: dict[str, Any] = {**dict.fromkeys(METRIC_KEYS[:11], 0), "mean_time_to_resume_s": None, "duration_s": None}
 
 
 class Seconds:

@@ -280,12 +280,14 @@ class TestDaemonDispatch:
         no_pwned(tmp_path, h.state)
 
     def test_a_baton_chooses_only_among_configured_launchers(self, recorder: Recorder, tmp_path: Path) -> None:
-        """launcher = a valid name not in the config (or a type name like "exec"): escalated, nothing started."""
+        """launcher = a valid name not in the config (or a type name like "exec"): `new` refuses it, and a
+        baton that names it anyway (the API, a hand edit) is escalated with nothing started."""
         h = recorder.h
         recorder.start()
         for task, launcher in (("unknown", "evil"), ("typename", "exec"), ("nulltype", "null")):
             r = h.cli("new", task, "--task", "t", "--step", "s", "--workdir", str(tmp_path), "--launcher", launcher)
-            assert r.returncode == 0, r.stderr
+            assert r.returncode == 2 and f"unknown launcher {launcher!r}" in r.stderr, r.stderr
+            tasks.new_task(h.store, task, task="t", step="s", workdir=str(tmp_path), launcher=launcher)
         for task, launcher in (("unknown", "evil"), ("typename", "exec"), ("nulltype", "null")):
             h.wait(lambda task=task: h.baton(task).meta.status.value == "escalated", f"{task} escalated")
             reasons = [e.data.get("reason", "") for e in h.events(task, "escalated")]
@@ -568,3 +570,80 @@ stop_grace = "200ms"
         finally:
             recorder.close()
             listener.close()
+
+
+# -- the task graph: what a writer of `after` can make the daemon wait on ----------------------
+
+
+class TestGraphAttacks:
+    """An ``after`` edge can hold a task forever; none may be written that no event will ever open,
+    and one that appears anyway (a baton removed by hand) is reported, never waited on in silence."""
+
+    def test_add_after_refuses_a_cycle_an_unknown_task_and_itself(self, hb: Callable[..., Result]) -> None:
+        """``add ID after X``: a cycle (at any distance), an unknown task or the task itself are exit 2 with
+        a one-line reason, and the baton is unchanged (on c684e38 each was exit 0 and both tasks stalled)."""
+        assert hb("new", "a", "--task", "t", "--step", "s").code == 0
+        assert hb("new", "b", "--task", "t", "--step", "s", "--after", "a").code == 0
+        assert hb("new", "c", "--task", "t", "--step", "s", "--after", "b").code == 0
+        before = hb("show", "a", "--json").out
+        for upstream, named in (("c", "a -> c -> b -> a"), ("b", "a -> b -> a"), ("nosuch", "'nosuch'"),
+                                ("a", "itself")):
+            r = hb("add", "a", "after", upstream)
+            assert r.code == 2 and named in r.err and r.err.count("\n") == 1, (upstream, r.err)
+        assert hb("show", "a", "--json").out == before
+        assert hb("add", "c", "after", "a").code == 0  # a second path to the same upstream is no cycle
+
+    def test_a_task_held_by_a_missing_upstream_is_logged_and_shown(self, tmp_path: Path) -> None:
+        """An upstream whose baton was removed by hand: the daemon logs ``upstream_missing`` and records it
+        (the page's timeline shows the event), and ``status`` says the task is held by a task that does not
+        exist (on c684e38: nothing, the task waited in silence)."""
+        tmp_path.chmod(0o700)
+        h = DaemonHarness(tmp_path)
+        try:
+            h.new("up", "--blocked-on", "a human first")
+            h.new("down", "--after", "up")
+            h.new("side")
+            assert h.cli("add", "side", "after", "up").returncode == 0
+            (h.state / "batons" / "up.toml").unlink()
+            h.start()
+            for task in ("down", "side"):
+                h.wait_log(lambda e, t=task: e.get("event") == "upstream_missing" and e.get("task") == t
+                           and e.get("upstreams") == ["up"], f"the daemon to report {task}'s missing upstream")
+                h.wait(lambda t=task: h.events(t, "upstream_missing"), f"an upstream_missing event of {task}")
+            status = h.cli("status").stdout
+            assert status.count("[held: upstream up does not exist]") == 2, status
+            rows = {r["id"]: r for r in json.loads(h.cli("status", "--json").stdout)["tasks"]}
+            assert rows["down"]["missing_upstreams"] == ["up"] and rows["side"]["missing_upstreams"] == ["up"]
+            assert h.baton("side").meta.dispatches == 0
+        finally:
+            h.close()
+
+    def test_gc_keeps_an_upstream_a_live_downstream_waits_on(self, tmp_path: Path) -> None:
+        """A finished upstream of a join whose other upstream is still working survives gc: the join opens
+        when the second upstream is done, and its brief carries the first one's package and its never-cut
+        constraint (on c684e38 gc archived it: the join stayed blocked, the brief said "no package yet
+        from upstream a" and the constraint was gone). Once the whole chain is done, gc archives it all."""
+        tmp_path.chmod(0o700)
+        h = DaemonHarness(tmp_path)
+        try:
+            h.new("a", "--constraint", "never re-issue a refund")
+            h.new("b", "--blocked-on", "a human first")
+            h.new("c", "--after", "a", "--after", "b", "--blocked-on", "its upstreams", "--gate", "after:a,b")
+            assert h.cli("done", "a").returncode == 0
+            later = "2099-01-01T00:00:00Z"
+            gc = json.loads(h.cli("gc", "--now", later, "--json").stdout)
+            assert gc["archived"] == [] and {"task": "a", "why": "kept: task c depends on it"} in gc["skipped"]
+            assert h.baton("a").meta.status.value == "done"
+            assert h.cli("unblock", "b", "--by", "test").returncode == 0
+            assert h.cli("done", "b").returncode == 0
+            h.start()
+            h.wait(lambda: h.events("c", "unblocked"), "the join to open")
+            brief = h.cli("brief", "c")
+            assert "never re-issue a refund" in brief.stdout and "no package yet" not in brief.stdout + brief.stderr
+            h.wait(lambda: h.baton("c").meta.status.value == "done" and h.baton("c").meta.owner is None,
+                   "c to finish and its agent to be settled", timeout=40)
+            h.stop()
+            gc = json.loads(h.cli("gc", "--now", later, "--json").stdout)
+            assert sorted(gc["archived"]) == ["a", "b", "c"], gc["skipped"]
+        finally:
+            h.close()

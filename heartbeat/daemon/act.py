@@ -20,6 +20,7 @@ from heartbeat.baton import Baton, Gate, GateKind, Owner, OwnerKind, Status
 from heartbeat.config import LauncherConfig, expand_argv
 from heartbeat.daemon.shared import Shared
 from heartbeat.errors import Busy, Conflict, HeartbeatError, NotActive, NotFound
+from heartbeat.handoff import refused_done
 from heartbeat.ledger import Event, EventKind
 from heartbeat.liveness import is_alive
 from heartbeat.timeparse import utcnow
@@ -151,6 +152,9 @@ class Actor:
             from heartbeat.timeparse import format_duration
 
             reason = f"{reason} after {format_duration(duration)}"
+        # An agent whose `done` was refused by a failed guarantee: the reason names the guarantee.
+        refused = refused_done(sh.store, baton.id, meta.epoch) if any(g.check for g in baton.guarantees) and \
+            kind in (pol.ExitKind.IDLE, pol.ExitKind.FAILED) else ""
         escalate = stop.escalate_after
         stop_why = stop.why
         stop_reason = stop.reason
@@ -172,9 +176,9 @@ class Actor:
                      kind=kind.value, **(info.event_data() if info is not None else {}))
             if kind is pol.ExitKind.IDLE:
                 m.idle_resumes += 1
-                m.last_failure = f"ended without moving the step ({reason})"
+                m.last_failure = f"{refused} ({reason})" if refused else f"{pol.IDLE_FAILURE} ({reason})"
             elif kind is pol.ExitKind.FAILED:
-                m.last_failure = reason
+                m.last_failure = f"{reason}; {refused}" if refused else reason
             elif kind is pol.ExitKind.NON_RETRYABLE and m.status is not Status.ACTIVE:
                 m.last_failure = reason  # stopped already (by the agent or a human): keep their status and reason
             elif kind is pol.ExitKind.NON_RETRYABLE:

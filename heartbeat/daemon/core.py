@@ -119,6 +119,10 @@ class Core:
         self._staged_config: Config | None = None
         self._policies: dict[str, pol.Policy] = {}
         self._partition: _Partition | None = None
+        self._downstreams: dict[str, set[str]] = {}
+        """Upstream id -> the tasks held until it is done (an ``after``/``task:`` gate, or ``after``),
+        from the last pass: the watcher's look at an upstream turned done looks at them at once."""
+        self._indexed: list[Entry] | None = None
         self.counts: dict[str, int] = {}
         self.ticks = 0
         if hasattr(store.ledger, "on_unreadable"):  # a corrupt row is skipped, and logged once
@@ -271,6 +275,8 @@ class Core:
             if self.lease is not None:
                 self.lease.after_scan(entries)
             statuses = EntryStatuses(entries)
+            if entries is not self._indexed:
+                self._index_downstreams(entries)
             running_batons: list[Baton] = []
             wants: list[Want] = []
             gate_paths: dict[str, set[str]] = {}
@@ -370,29 +376,50 @@ class Core:
             self.log.warning("vitals_write_failed", file=VITALS_FILE, error=str(exc))
 
     def evaluate(self, task_id: str, now: datetime | None = None) -> None:
-        """Look at one task now (the watcher's path); dispatch it if due and admitted."""
+        """Look at one task now (the watcher's path); dispatch it if due and admitted. A task
+        found done has its downstreams looked at too: their gates open on the ``done``, not on
+        the next tick."""
         with self.shared.lock:
             if self._staged_config is not None:
                 self.apply_config(self._staged_config)
             self.shared.look_mono = self.clock.monotonic() if now is None else None
             now = now or self.clock.now()
-            try:
-                baton = self.store.load(task_id)
-                entry = Entry(id=task_id, baton=baton)
-            except NotFound:
-                return
-            except HeartbeatError as exc:
-                entry = Entry(id=task_id, error=exc)
-            if entry.baton is not None:
-                self._measure_latency(entry.baton)
-            _, want = self.look(entry, now, StatusLookup(self.store))
-            if want is not None:
-                self.dispatch([want], now)
-            gate = entry.baton.meta.gate if entry.baton is not None else None
-            watch_new_gate = gate is not None and gate.kind is GateKind.FILE and bool(gate.local) \
-                and self.watcher.add_gate_path(gate.local, task_id)
+            baton, watch_new_gate = self._evaluate_one(task_id, now)
+            if baton is not None and baton.meta.status is Status.DONE:
+                for downstream in sorted(self._downstreams.get(task_id, ())):
+                    watch_new_gate = self._evaluate_one(downstream, now)[1] or watch_new_gate
         if watch_new_gate:
             self.watcher.update_gate_watches()
+
+    def _evaluate_one(self, task_id: str, now: datetime) -> tuple[Baton | None, bool]:
+        """Look at one task (under the look lock): its baton as loaded, and whether a new gate file is watched."""
+        try:
+            baton = self.store.load(task_id)
+            entry = Entry(id=task_id, baton=baton)
+        except NotFound:
+            return None, False
+        except HeartbeatError as exc:
+            entry = Entry(id=task_id, error=exc)
+        if entry.baton is not None:
+            self._measure_latency(entry.baton)
+            for upstream in _waits_on(entry.baton):
+                self._downstreams.setdefault(upstream, set()).add(task_id)
+        _, want = self.look(entry, now, StatusLookup(self.store))
+        if want is not None:
+            self.dispatch([want], now)
+        gate = entry.baton.meta.gate if entry.baton is not None else None
+        watch_new_gate = gate is not None and gate.kind is GateKind.FILE and bool(gate.local) \
+            and self.watcher.add_gate_path(gate.local, task_id)
+        return entry.baton, watch_new_gate
+
+    def _index_downstreams(self, entries: list[Entry]) -> None:
+        index: dict[str, set[str]] = {}
+        for entry in entries:
+            if entry.baton is not None:
+                for upstream in _waits_on(entry.baton):
+                    index.setdefault(upstream, set()).add(entry.id)
+        self._downstreams = index
+        self._indexed = entries
 
     def _measure_latency(self, baton: Baton) -> None:
         """Observe write→decision latency once per revision: from the write (its updated/touched
@@ -543,3 +570,14 @@ class Core:
                     mem.lock_busy = False
             except Busy as exc:
                 self._lock_busy(adm.task_id, mem, "dispatch", exc)
+
+
+def _waits_on(baton: Baton) -> list[str]:
+    """The tasks whose ``done`` may let ``baton`` go: the targets of its ``after:``/``task:`` gate
+    while blocked, its ``after`` while active and unowned (held until every upstream is done)."""
+    meta = baton.meta
+    if meta.status is Status.BLOCKED and meta.gate is not None and meta.gate.kind in (GateKind.AFTER, GateKind.TASK):
+        return [t for t in meta.gate.target.split(",") if t]
+    if meta.status is Status.ACTIVE and baton.after and meta.owner is None:
+        return list(baton.after)
+    return []

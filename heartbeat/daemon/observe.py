@@ -13,10 +13,10 @@ from datetime import datetime
 from typing import Any
 
 from heartbeat import policy as pol
-from heartbeat.baton import Baton, Owner, OwnerKind, Status
+from heartbeat.baton import Baton, GateKind, Owner, OwnerKind, Status
 from heartbeat.daemon.ages import Ages
 from heartbeat.daemon.shared import Shared
-from heartbeat.errors import HeartbeatError, UnsafePath
+from heartbeat.errors import HeartbeatError, NotFound, UnsafePath
 from heartbeat.ledger import Event, EventKind
 
 __all__ = ["BLOCK_KINDS", "BlockMemory", "Observer"]
@@ -45,6 +45,8 @@ class BlockMemory:
     inactive_seen: tuple[str, int, datetime, float] | None = None
     """(status, epoch, first seen, first seen on the monotonic clock): when the daemon first saw
     the task not active with its agent alive."""
+    missing_upstreams: tuple[str, ...] = ()
+    """The upstreams holding the task that do not exist, as last reported (once per change)."""
 
 
 class Observer:
@@ -178,12 +180,32 @@ class Observer:
             from heartbeat.handoff import pending_upstreams
 
             pending = tuple(pending_upstreams(baton, statuses.get))
+        self._report_missing(baton, pending, statuses, now, mem)
         return pol.Observation(alive=alive, exit_code=exit_code, exit_signal=exit_signal, gate_open=gate_open,
                                block_dropped=block_dropped, spinning_reported=spinning_reported,
                                inactive_since=inactive_since, upstream_pending=pending,
                                running_for=ages["started"], silent_for=ages["signal"],
                                unchanged_for=ages["progress"], dispatched_for=ages["dispatched"],
                                inactive_for=inactive_for)
+
+    def _report_missing(self, baton: Baton, pending: tuple[str, ...], statuses: Any, now: datetime,
+                        mem: BlockMemory) -> None:
+        """A task held by an upstream that does not exist (its baton removed, or a hand-written
+        ``after``) would wait forever in silence: log it and record an ``upstream_missing`` event,
+        once each time the set of missing upstreams changes."""
+        gate = baton.meta.gate
+        held: tuple[str, ...] = pending
+        if baton.meta.status is Status.BLOCKED and gate is not None and gate.kind in (GateKind.AFTER, GateKind.TASK):
+            held = tuple(t for t in gate.target.split(",") if t)
+        missing = tuple(t for t in held if statuses.get(t) is None and not statuses.exists(t))
+        if missing == mem.missing_upstreams:
+            return
+        mem.missing_upstreams = missing
+        if missing:
+            sh = self.shared
+            sh.log.warning("upstream_missing", task=baton.id, upstreams=list(missing))
+            sh.record(Event(task=baton.id, kind=EventKind.UPSTREAM_MISSING, ts=now, epoch=baton.meta.epoch,
+                            revision=baton.meta.revision, actor="daemon", data={"upstreams": list(missing)}))
 
     def adopt_pending(self, baton: Baton) -> Owner | None:
         """A dispatch whose pid never reached the baton (the daemon died mid-launch): find its agent
@@ -224,11 +246,18 @@ class EntryStatuses:
     def __init__(self, entries: list[Any]) -> None:
         self._entries = entries
         self._index: dict[str, Status] | None = None
+        self._ids: set[str] | None = None
 
     def get(self, task_id: str) -> Status | None:
         if self._index is None:
             self._index = {e.id: e.baton.meta.status for e in self._entries if e.baton is not None}
         return self._index.get(task_id)
+
+    def exists(self, task_id: str) -> bool:
+        """A baton of that id is in this pass, readable or not."""
+        if self._ids is None:
+            self._ids = {e.id for e in self._entries}
+        return task_id in self._ids
 
 
 class StatusLookup:
@@ -242,3 +271,12 @@ class StatusLookup:
             return self.store.load(task_id).meta.status
         except HeartbeatError:
             return None
+
+    def exists(self, task_id: str) -> bool:
+        try:
+            self.store.load(task_id)
+        except NotFound:
+            return False
+        except HeartbeatError:
+            return True
+        return True
