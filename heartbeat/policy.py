@@ -67,8 +67,8 @@ class StallReason(StrEnum):
 
     OWNER_DEAD = "owner_dead"  # its process is gone with no exit recorded (or the launch never reported one)
     EXITED = "exited"  # it exited (an exit status was recorded)
-    SILENT = "silent"  # alive but no write or touch for stall_after
-    NEVER_WROTE = "never_wrote"  # alive but no write since its dispatch, for stall_after
+    SILENT = "silent"  # alive but no write, touch or output for stall_after
+    NEVER_WROTE = "never_wrote"  # alive but no write and no output since its dispatch, for stall_after
     HUNG = "hung"  # stopped for not writing (silent or never_wrote, as the stop records it)
     SPINNING = "spinning"  # alive and touching, but the step did not move for progress_after
     MAX_RUNTIME = "max_runtime"  # ran past its launcher's max_runtime
@@ -123,6 +123,9 @@ class Observation:
     (the grace before the agent is stopped counts from here; None means "just now")."""
     upstream_pending: tuple[str, ...] = ()
     """Upstreams (``after``) not done yet: an active task without an agent waits for them."""
+    output_at: datetime | None = None
+    """When the running agent last printed anything (its log's mtime, once the log is not empty):
+    its own output is proof of life as a touch is; None when it printed nothing or cannot be seen."""
 
 
 @dataclass(frozen=True)
@@ -281,12 +284,14 @@ def _judge_running(baton: Baton, obs: Observation, now: datetime, policy: Policy
     if policy.max_runtime is not None and owner.how == OwnerKind.DISPATCH and _ago(now, started) > policy.max_runtime:
         return Decision(Action.STOP_THEN_DISPATCH, f"ran past max_runtime ({format_duration(policy.max_runtime)})",
                         exit_kind=ExitKind.FAILED, stalled_why=StallReason.MAX_RUNTIME)
-    last_signal = max((t for t in (meta.touched_at, meta.dispatched_at) if t is not None), default=None)
+    # Proof of life is the note (a write or a touch) or the agent's own output, whichever is later.
+    last_signal = max((t for t in (meta.touched_at, meta.dispatched_at, obs.output_at) if t is not None), default=None)
     silent = _ago(now, last_signal)
     if silent > policy.stall_after:
-        never = meta.dispatched_at is not None and (meta.touched_at is None or meta.touched_at <= meta.dispatched_at)
+        never = meta.dispatched_at is not None and all(
+            t is None or t <= meta.dispatched_at for t in (meta.touched_at, obs.output_at))
         why = StallReason.NEVER_WROTE if never else StallReason.SILENT
-        text = "never wrote since its dispatch" if never else "alive but silent"
+        text = "no note and no output since its dispatch" if never else "alive but silent (no note, no output)"
         return Decision(Action.STOP_THEN_DISPATCH, f"hung: {text} for {format_duration(silent)}",
                         exit_kind=ExitKind.FAILED, stalled_why=why)
     since_progress = _ago(now, max((t for t in (meta.progress_at, started) if t is not None), default=None))

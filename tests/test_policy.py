@@ -82,6 +82,14 @@ TABLE = [
      Action.STOP_THEN_DISPATCH),
     ("hung: alive but silent past stall_after", baton(owner=True, touched=100, dispatched=0), ALIVE, 701,
      Action.STOP_THEN_DISPATCH),
+    ("working: never touched but printing output within stall_after", baton(owner=True, touched=0, dispatched=0),
+     Observation(alive=True, output_at=at(550)), 1100, Action.NOTHING),
+    ("hung: silent in both note and output past stall_after", baton(owner=True, touched=100, dispatched=0),
+     Observation(alive=True, output_at=at(90)), 701, Action.STOP_THEN_DISPATCH),
+    ("hung: output stopped (a stuck model) though it printed before", baton(owner=True, touched=0, dispatched=0),
+     Observation(alive=True, output_at=at(300)), 901, Action.STOP_THEN_DISPATCH),
+    ("spinning: printing output, step unchanged past progress_after", baton(owner=True, touched=0, progress=0),
+     Observation(alive=True, output_at=at(3690)), 3700, Action.STOP_THEN_ESCALATE),
     ("spinning: touching, step unchanged past progress_after", baton(owner=True, touched=3650, progress=0),
      ALIVE, 3700, Action.STOP_THEN_ESCALATE),
     ("ran past max_runtime", baton(owner=True, touched=4 * 3600, progress=4 * 3600 - 10), ALIVE, 4 * 3600 + 1,
@@ -170,6 +178,18 @@ class TestDecisionTable:
         assert "silent" in d.reason and d.stalled_why == "silent"
         d = decide(baton(owner=True, touched=0, dispatched=0), ALIVE, at(601), POLICY)
         assert d.stalled_why == "never_wrote"
+
+    def test_output_alone_is_proof_of_life(self) -> None:
+        """An agent that prints but never touches is judged by its output: alive while it prints, silent
+        (not "never wrote") once it stops, and "never wrote" only when it printed nothing since dispatch."""
+        b = baton(owner=True, touched=0, dispatched=0)
+        for seconds in (599, 1200, 5000):
+            obs = Observation(alive=True, output_at=at(seconds - 1))
+            assert decide(b, obs, at(seconds), replace(POLICY, progress_after=10**6)).action is Action.NOTHING
+        stopped = decide(b, Observation(alive=True, output_at=at(100)), at(701), POLICY)
+        assert stopped.stalled_why == "silent" and "no output" in stopped.reason
+        before = decide(b, Observation(alive=True, output_at=at(-5)), at(601), POLICY)
+        assert before.stalled_why == "never_wrote"
 
 
 class TestExitClassification:

@@ -17,6 +17,7 @@ from heartbeat.baton import Baton, Owner, OwnerKind, Status
 from heartbeat.daemon.shared import Shared
 from heartbeat.errors import HeartbeatError, UnsafePath
 from heartbeat.ledger import Event, EventKind
+from heartbeat.liveness import output_at
 
 __all__ = ["BLOCK_KINDS", "BlockMemory", "Observer"]
 
@@ -93,6 +94,7 @@ class Observer:
         alive = False
         exit_code: int | None = None
         exit_signal: int | None = None
+        output: datetime | None = None
         owner = meta.owner
         if owner is not None:
             if stopping:
@@ -117,6 +119,8 @@ class Observer:
             if alive and owner.how == OwnerKind.DISPATCH:
                 sh.running[baton.id] = owner.launcher or baton.launcher or sh.config.daemon.default_launcher
                 sh.exits.watch(baton.id, owner)
+                if meta.status is Status.ACTIVE and not stopping:  # the agent's own output is proof of life
+                    output = output_at(sh.layout.log(baton.id, meta.epoch), now.timestamp())
             else:
                 sh.running.pop(baton.id, None)
         else:
@@ -163,7 +167,8 @@ class Observer:
             pending = tuple(pending_upstreams(baton, statuses.get))
         return pol.Observation(alive=alive, exit_code=exit_code, exit_signal=exit_signal, gate_open=gate_open,
                                block_dropped=block_dropped, spinning_reported=spinning_reported,
-                               inactive_since=inactive_since, upstream_pending=pending)
+                               inactive_since=inactive_since, upstream_pending=pending,
+                               output_at=output)
 
     def adopt_pending(self, baton: Baton) -> Owner | None:
         """A dispatch whose pid never reached the baton (the daemon died mid-launch): find its agent
