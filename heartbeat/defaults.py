@@ -19,7 +19,8 @@ SWEEP_EVERY = 60.0
 watcher's reports (it sweeps at once after the watcher lost events or restarted). 0: every tick."""
 
 STALL_AFTER = 600.0
-"""Seconds without a write or touch (or since dispatch) after which a task is stalled."""
+"""Seconds without a write, a touch or any output of the agent's (or since dispatch) after which
+a task is stalled."""
 
 PROGRESS_AFTER = 3600.0
 """Seconds an alive, touching agent may stay on one step before it counts as spinning."""
@@ -35,6 +36,15 @@ BACKOFF_INITIAL = 30.0
 
 BACKOFF_MAX = 1800.0
 """The cap on the backoff between re-dispatches."""
+
+MAX_LIMIT_WAIT = 6 * 3600.0
+"""The longest a task waits for a rate or usage limit to reset (from the first limited run of a
+stretch to the reset the CLI names) before it is escalated instead: a five-hour window waits, a
+weekly one asks a human."""
+
+MAX_COST_USD = 0.0
+"""What one task's runs may cost in all (USD, summed from the CLIs' result lines) before it is
+escalated; 0: no budget."""
 
 DISPATCHES_PER_MINUTE = 30
 """Global budget of dispatches per minute, so a mass failure does not relaunch everything."""

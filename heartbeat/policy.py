@@ -40,6 +40,8 @@ __all__ = [
     "decide",
     "classify_exit",
     "backoff_delay",
+    "limit_wait",
+    "waiting_text",
     "admit",
     "stands_until",
 ]
@@ -82,6 +84,7 @@ class ExitKind(StrEnum):
     IDLE = "idle"  # exit 0 without progress: an idle resume
     FAILED = "failed"  # non-zero, signal, or vanished: a failed attempt, backoff applies
     NON_RETRYABLE = "non-retryable"  # the launcher says a human is needed
+    RATE_LIMITED = "rate-limited"  # refused by a rate or usage limit: the task waits for it, no attempt spent
     FINISHED = "finished"  # the task is done/failed/escalated (or the daemon stopped the agent of a task
     # that was no longer active): nothing follows, no attempt is counted as failed
 
@@ -101,6 +104,9 @@ class Policy:
     on_spinning: str = "escalate"
     launch_timeout: float = defaults.LAUNCH_TIMEOUT
     inactive_grace: float = defaults.INACTIVE_GRACE
+    max_limit_wait: float = defaults.MAX_LIMIT_WAIT
+    max_cost_usd: float = defaults.MAX_COST_USD
+    """0: no budget."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +187,26 @@ def backoff_delay(task_id: str, attempt: int, policy: Policy) -> float:
         return 0.0
     base = min(policy.backoff_max, policy.backoff_initial * 2 ** min(attempt - 1, 30))
     return min(policy.backoff_max, base * (0.75 + 0.5 * _jitter(task_id, attempt)))
+
+
+def limit_wait(baton: Baton, reset: datetime | None, retry_after: float | None, now: datetime,
+               policy: Policy) -> datetime:
+    """Until when a task whose run was refused by a rate or usage limit waits: the reset the CLI
+    named (when it is still ahead), else ``retry_after`` seconds, else the backoff for this many
+    limited runs in a row (``meta.limit_hits`` before this one, plus one)."""
+    if reset is not None and reset > now:
+        return reset
+    if retry_after is not None and retry_after > 0:
+        return now + timedelta(seconds=min(retry_after, 10 * 365 * 86400.0))
+    return now + timedelta(seconds=backoff_delay(baton.id, baton.meta.limit_hits + 1, policy))
+
+
+def waiting_text(baton: Baton, now: datetime) -> str:
+    """"waiting for the rate limit until T" while a limit holds the task (no agent), else ``""``."""
+    meta = baton.meta
+    if meta.wait_until is None or meta.owner is not None or meta.status is not Status.ACTIVE or now >= meta.wait_until:
+        return ""
+    return f"waiting for the rate limit until {meta.wait_until.isoformat(timespec='seconds')}"
 
 
 def decide(baton: Baton, obs: Observation, now: datetime, policy: Policy) -> Decision:
@@ -314,6 +340,16 @@ def _due(baton: Baton, now: datetime, policy: Policy) -> Decision:
     if meta.attempt >= policy.max_attempts:
         last = f"; last: {meta.last_failure}" if meta.last_failure else ""
         return Decision(Action.ESCALATE, f"{meta.attempt} attempts without progress{last}")
+    if policy.max_cost_usd > 0 and meta.cost_usd >= policy.max_cost_usd:
+        return Decision(Action.ESCALATE, f"cost budget spent: its runs cost ${meta.cost_usd:.2f} "
+                        f"(max_cost_usd ${policy.max_cost_usd:.2f})")
+    if meta.wait_until is not None and now < meta.wait_until:
+        waited = _ago(meta.wait_until, meta.wait_since or now)
+        said = f": {meta.wait_reason}" if meta.wait_reason else ""
+        if waited > policy.max_limit_wait:
+            return Decision(Action.ESCALATE, f"rate limited until {meta.wait_until.isoformat(timespec='seconds')}, "
+                            f"past max_limit_wait ({format_duration(policy.max_limit_wait)}){said}")
+        return Decision(Action.NOTHING, waiting_text(baton, now) + said, not_before=meta.wait_until)
     if meta.dispatches == 0:
         return Decision(Action.DISPATCH, "new task, no agent yet")
     if meta.attempt > 0 and meta.last_exit != 0:

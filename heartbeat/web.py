@@ -40,6 +40,7 @@ from heartbeat.baton import Baton, Status, check_id, dump_baton
 from heartbeat.errors import BadInput, HeartbeatError, NotFound
 from heartbeat.layout import LOGS_DIR, StateLayout, log_name
 from heartbeat.ledger import Event
+from heartbeat.policy import waiting_text
 from heartbeat.timeparse import format_duration, utcnow
 
 __all__ = ["DEFAULT_LISTEN", "LOG_TAIL_BYTES", "TIMELINE_EVENTS", "LogTail", "parse_listen", "is_loopback",
@@ -212,7 +213,7 @@ def _row(entry: Any, now: datetime, default_launcher: str) -> dict[str, Any]:
     if baton is None:
         return {"id": entry.id, "status": "invalid", "error": str(entry.error), "age": "-", "step": "",
                 "attempt": "", "epoch": "", "owner": "", "blocked_on": "", "gate": "", "last_exit": "",
-                "launcher": ""}
+                "launcher": "", "waiting": ""}
     meta = baton.meta
     return {
         "id": entry.id,
@@ -228,6 +229,7 @@ def _row(entry: Any, now: datetime, default_launcher: str) -> dict[str, Any]:
         "gate": _gate_text(baton),
         "last_exit": _last_exit(baton),
         "launcher": baton.launcher or default_launcher,
+        "waiting": waiting_text(baton, now),
     }
 
 
@@ -235,6 +237,7 @@ _SUMMARY_KEYS = {
     "dispatched": ("launcher", "attempt", "reason", "resume"),
     "exited": ("kind", "code", "signal", "duration_s", "progress", "pid"),
     "stalled": ("why",),
+    "rate_limited": ("until", "source", "hits", "reason"),
     "blocked": ("on", "gate"),
     "unblocked": ("by", "note", "gate"),
     "escalated": ("reason",),
