@@ -128,6 +128,17 @@ HOOK_MAX_STOP_BLOCKS = 1
 """Stop-hook blocks in a row (one session, no allowed stop in between) before heartbeat
 lets the agent stop anyway (``hooks.max_stop_blocks``): a reminder, never a loop."""
 
+CLAUDE_HOOK_CONTEXT_LIMIT = 10_000
+"""The longest ``additionalContext`` (in UTF-16 code units, JavaScript's string length) one hook
+may give Claude Code and have the model receive it whole: past it, claude 2.1.332 puts a ~2 KB
+preview and a file path in its place (measured against the real CLI: 10,000 passes, 10,001 is
+previewed; tests/test_hook_context.py)."""
+
+HOOK_BRIEF_BUDGET = 2000
+"""Tokens (UTF-8 bytes / 4) of the brief the SessionStart hook gives: at most 8,000 bytes, so
+at most 8,000 code units, which leaves room under ``CLAUDE_HOOK_CONTEXT_LIMIT`` for the hook's own
+lines; what does not fit is named and left to ``heartbeat brief ID``."""
+
 HOOK_TIMEOUT = 30
 """Seconds Claude Code gives ``heartbeat hook claude`` (the ``timeout`` written into settings)."""
 
