@@ -70,10 +70,14 @@ class TestPresetConfig:
     """``preset =`` expands into the argv, brief delivery and defaults of the real CLI."""
 
     def test_claude_code_expands_to_print_stream_json_with_a_pinned_session(self, tmp_path: Path) -> None:
-        """claude-code: -p --output-format stream-json --verbose, the user's args, --session-id {session}; stdin."""
+        """claude-code: -p --output-format stream-json --verbose, --allowedTools for heartbeat's own commands on
+        the task, the user's args, --session-id {session}; stdin."""
         lc = launcher(f'preset = "claude-code"\nargs = {toml_list(CLAUDE_ARGS)}')
-        assert lc.command == ("claude", "-p", "--output-format", "stream-json", "--verbose", *CLAUDE_ARGS,
-                              "--session-id", "{session}")
+        rules = ",".join(f"Bash(heartbeat {sub} {{id}}:*)" for sub in (
+            "show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done")) + ",mcp__heartbeat"
+        assert lc.command == ("claude", "-p", "--output-format", "stream-json", "--verbose", "--allowedTools", rules,
+                              *CLAUDE_ARGS, "--session-id", "{session}")
+        assert build_argv(lc, request(tmp_path))[6] == rules.replace("{id}", "t1")
         assert lc.brief == "stdin" and lc.preset == "claude-code" and lc.session == "fresh"
         assert build_argv(lc, request(tmp_path))[-2:] == ["--session-id", UUID1]
         assert build_argv(lc, request(tmp_path, resume=True))[-2:] == ["--resume", UUID1]
