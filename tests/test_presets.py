@@ -495,7 +495,7 @@ if mode == "crash":
     print("Killed mid-turn", flush=True)
     sys.exit(1)
 if mode == "error0":
-    result.update(is_error=True, result="API Error: 529 Overloaded", terminal_reason="api_error")
+    result.update(is_error=True, result="API Error: Connection error.", terminal_reason="api_error")
     print(json.dumps(result))
     sys.exit(0)
 if mode == "noconv" and flag == "--resume":
@@ -595,12 +595,12 @@ class TestDaemonSessions:
             h.new("s4", "--launcher", "claude")
             exited = h.wait(lambda: h.events("s4", "exited"), "the exit")[0]
             assert exited.data["code"] == 0 and exited.data["kind"] == "failed"
-            assert exited.data["is_error"] is True and exited.data["result"] == "API Error: 529 Overloaded"
+            assert exited.data["is_error"] is True and exited.data["result"] == "API Error: Connection error."
             assert exited.data["cost_usd"] == 0.01 and exited.data["num_turns"] == 2
             h.wait(lambda: len(runs(h)) >= 2, "the retry")
             dispatched = h.events("s4", "dispatched")[1]
             assert "retry after a failed attempt" in dispatched.data["reason"]
-            assert "529 Overloaded" in dispatched.data["reason"]
+            assert "Connection error" in dispatched.data["reason"]
         finally:
             h.close()
 
