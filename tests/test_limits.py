@@ -8,11 +8,13 @@ scripted model is in tests/test_real_claude_limits.py.
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from daemon_harness import DaemonHarness
+from web_scenario import start_web
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +71,8 @@ class TestRateLimitsWait:
         assert waits and waits[0].data["source"] == "backoff" and waits[-1].data["hits"] >= 4
 
     def test_a_named_reset_is_waited_for_and_shown(self, tmp_path: Path, cleanup: list[DaemonHarness]) -> None:
-        """"resets 3pm (UTC)": no dispatch before it, and status says "waiting for the rate limit until T"."""
+        """"resets 3pm (UTC)": no dispatch before it, and status and the page (list and task) say
+        "waiting for the rate limit until T"."""
         h = preset_daemon(tmp_path, fake_claude(tmp_path, "claude_usage_limit.log", 1),
                           daemon_extra='max_limit_wait = "25h"')
         cleanup.append(h)
@@ -82,6 +85,13 @@ class TestRateLimitsWait:
         assert r.returncode == 0 and f"waiting for the rate limit until {wait.data['until']}" in r.stdout
         doc = json.loads(h.cli("status", "--json").stdout)
         assert doc["tasks"][0]["waiting"].startswith("waiting for the rate limit until")
+        web = start_web(h)
+        try:
+            for page in ("", "tasks/usage"):
+                with urllib.request.urlopen(web.url + page, timeout=30) as response:
+                    assert f"waiting for the rate limit until {wait.data['until']}" in response.read().decode()
+        finally:
+            web.stop()
         h.wait_log(lambda e: e.get("event") == "decision" and e.get("task") == "usage"
                    and str(e.get("reason", "")).startswith("waiting for the rate limit until"), "the wait decided")
         # Several ticks later it has still not been dispatched again, nor escalated.
