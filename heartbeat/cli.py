@@ -1006,8 +1006,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--task", help="pin the task id (else $HEARTBEAT_TASK or the workdir decides)")
     command("mcp", cmd_mcp, "serve the batons over MCP on stdio (needs heartbeat[mcp])", task=False)
     p = command("web", cmd_web, "the read-only status page (needs heartbeat[web])", task=False)
-    p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8787); beyond loopback a token is required")
+    p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8787; a token is required) or unix:PATH "
+                   "(a 0600 socket; relative: in the state dir)")
     p.add_argument("--token", help="require this token (else $HEARTBEAT_WEB_TOKEN): Authorization: Bearer, or ?token=")
+    p.add_argument("--allow-host", action="append", metavar="NAME",
+                   help="also answer requests for this host name (else [http] allowed_hosts); repeatable")
     p = command("metrics", cmd_metrics, "Prometheus metrics, printed or written for node_exporter (needs heartbeat[web])",
                 task=False)
     p.add_argument("--textfile", help="write them atomically to this file (name it *.prom, in the collector's dir)")

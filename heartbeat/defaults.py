@@ -195,3 +195,21 @@ GC_FIRST_DELAY_MAX = 300.0
 
 RELAY_MAX_CLIENTS = 16
 """Agents' writes the daemon's relay (:mod:`heartbeat.relay`) serves at once; one more writes by itself."""
+
+WEB_MAX_CONNECTIONS = 32
+"""Connections the status page holds open at once; one more is closed as it is accepted, so a flood
+of idle connections costs the daemon at most this many descriptors (its clock shares them)."""
+
+WEB_REQUEST_TIMEOUT = 10.0
+"""Seconds a connection to the status page may take to send a request (from its accept, or from the
+previous response) before it is closed: an idle or trickling client cannot keep its descriptor."""
+
+WEB_BACKLOG = 16
+"""The status page's listen backlog: connections the kernel queues (holding none of the daemon's
+descriptors), and the most asyncio accepts in one go before the cap of :data:`WEB_MAX_CONNECTIONS`
+closes the ones over it: the server holds at most that cap plus a few such batches of descriptors."""
+
+WEB_ERROR_LOG_EVERY = 60.0
+"""Seconds between two log lines of the same status-page server error (``socket.accept() out of
+system resource`` repeats thousands of times a second while descriptors are short); the next line
+says how many were left out."""

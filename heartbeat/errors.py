@@ -17,6 +17,7 @@ __all__ = [
     "BadInput",
     "ConfigError",
     "InvalidBaton",
+    "UnreadableBaton",
     "UnsafePath",
     "NotFound",
     "AlreadyExists",
@@ -101,6 +102,12 @@ class InvalidBaton(BadInput):
 
     The file is left exactly as it is for a human to fix.
     """
+
+
+class UnreadableBaton(InvalidBaton):
+    """A baton file that could not be read just now (out of descriptors, permission denied, an I/O
+    error): reported like an invalid baton, but never remembered as one, since the same file may
+    read fine at the next scan."""
 
 
 class UnsafePath(BadInput):

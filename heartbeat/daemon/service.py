@@ -168,12 +168,17 @@ class Daemon(Core):
             from heartbeat import web
 
             token = http.token or os.environ.get("HEARTBEAT_WEB_TOKEN", "")
-            host, port = web.parse_listen(http.listen, what="[http] listen")
-            web.check_exposure(host, token)
+            listen = web.parse_listen(http.listen, what="[http] listen").in_dir(self.config.state_dir)
+            web.check_exposure(listen, token)
             app = web.build_app(open_store(self.config, claim=False), state_dir=self.config.state_dir, token=token,
+                                hosts=web.HostCheck(listen, http.allowed_hosts),
                                 max_attempts=self.config.daemon.max_attempts,
                                 default_launcher=self.config.daemon.default_launcher, vitals=self.vitals)
-            server, _, url = web.start_in_thread(app, host, port)
+
+            def error(message: str, left_out: int) -> None:
+                self.log.error("http_error", error=message, left_out=left_out)
+
+            server, _, url = web.start_in_thread(app, listen, on_error=error)
         except ImportError as exc:
             self.log.error("http_failed", error=f"{exc}: install heartbeat[web] for [http]")
             return None
