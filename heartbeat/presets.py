@@ -419,15 +419,16 @@ def parse_reset(text: str, now: datetime, local: tzinfo | None = None) -> tuple[
     for found in _RESETS.finditer(text) if reset is None else ():
         when = found["when"].strip()
         iso = _ISO.match(when)
-        if iso is not None:
-            try:
+        try:
+            if iso is not None:
                 parsed = datetime.fromisoformat(iso.group(0).replace("Z", "+00:00"))
-            except ValueError:
-                continue
-            reset = (parsed if parsed.tzinfo else parsed.replace(tzinfo=local or now.astimezone().tzinfo))
-            reset = reset.astimezone(timezone.utc)
-            break
-        reset = _clock_reset(when, now, local)
+                reset = (parsed if parsed.tzinfo else parsed.replace(tzinfo=local or now.astimezone().tzinfo))
+                reset = reset.astimezone(timezone.utc)
+                break
+            reset = _clock_reset(when, now, local)
+        except (ValueError, OverflowError):  # year 9999 in a zone west of UTC, a 30th of February
+            reset = None
+            continue
         if reset is not None:
             break
     retry_after: float | None = None

@@ -701,6 +701,9 @@ RESETS = [
     ("API Error: Request rejected (429) · Number of request tokens has exceeded your per-minute rate limit", None, None),
     ("resets 11", None, None),
     ("resets 25:99pm (Not/AZone)", None, None),
+    ("resets at 9999-12-31T23:59:00-05:00", None, None),
+    ("resets at 0001-01-01T00:00:00+05:00", None, None),
+    ("resets Feb 30, 5am (UTC)", None, None),
 ]
 
 
