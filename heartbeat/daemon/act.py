@@ -167,8 +167,8 @@ class Actor:
             ed.event(EventKind.EXITED, code=obs_code, signal=obs_signal, pid=owner.pid if owner else None,
                      duration_s=round(duration, 3) if duration is not None else None, progress=progressed,
                      kind=kind.value, **(info.event_data() if info is not None else {}))
-            if info is not None and info.cost_usd:
-                m.cost_usd = round(m.cost_usd + info.cost_usd, 6)
+            if info is not None and info.cost_usd:  # capped: an agent's output must not make its baton unreadable
+                m.cost_usd = min(round(m.cost_usd + info.cost_usd, 6), float(2**53))
             if kind is pol.ExitKind.RATE_LIMITED:
                 self.wait_for_limit(ed, info, now)
             else:
