@@ -13,7 +13,11 @@ Vocabulary (DESIGN.md, "Ownership, progress, attempts"):
   healthy shift changes never accumulates attempts;
 - an agent that exits 0 after progress has ended its shift: its successor is due at once;
 - one that exits 0 without progress is an *idle resume*; ``max_idle_resumes`` of them in a
-  row escalate the task; ``max_attempts`` dispatches without progress escalate it too.
+  row escalate the task; ``max_attempts`` dispatches without progress escalate it too;
+- a run refused by a rate or usage limit is a *wait*, not an attempt: the task holds until
+  ``meta.wait_until`` (:func:`limit_wait`), and escalates only once the stretch of waiting
+  passes ``max_limit_wait``; its runs' summed cost past ``max_cost_usd`` escalates it;
+- *proof of life* is a write, a touch, or the agent's own output (``Observation.output_at``).
 """
 
 from __future__ import annotations
