@@ -88,7 +88,7 @@ class TestRateLimitsWait:
         web = start_web(h)
         try:
             for page in ("", "tasks/usage"):
-                with urllib.request.urlopen(web.url + page, timeout=30) as response:
+                with urllib.request.urlopen(web.at(page), timeout=30) as response:
                     assert f"waiting for the rate limit until {wait.data['until']}" in response.read().decode()
         finally:
             web.stop()
