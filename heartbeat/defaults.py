@@ -125,8 +125,8 @@ HOOK_FRESH_WITHIN = 300.0
 (``hooks.fresh_within``); the report counts compactions that found the note fresh or stale."""
 
 HOOK_MAX_STOP_BLOCKS = 1
-"""Stop-hook blocks in a row (one session, no allowed stop in between) before heartbeat
-lets the agent stop anyway (``hooks.max_stop_blocks``): a reminder, never a loop."""
+"""Stop-hook blocks per session (per ``session_id``, whatever the turns) before heartbeat lets
+a bound agent stop anyway (``hooks.max_stop_blocks``): a reminder, never a loop."""
 
 CLAUDE_HOOK_CONTEXT_LIMIT = 10_000
 """The longest ``additionalContext`` (in UTF-16 code units, JavaScript's string length) one hook
@@ -140,7 +140,7 @@ at most 8,000 code units, which leaves room under ``CLAUDE_HOOK_CONTEXT_LIMIT`` 
 lines; what does not fit is named and left to ``heartbeat brief ID``."""
 
 HOOK_TIMEOUT = 30
-"""Seconds Claude Code gives ``heartbeat hook claude`` (the ``timeout`` written into settings)."""
+"""Seconds Claude Code and codex give ``heartbeat hook claude|codex`` (the ``timeout`` install writes)."""
 
 MAX_HOOK_INPUT_BYTES = 1024 * 1024
 """Bytes of hook event JSON read from stdin; a larger event is refused (the hook does nothing)."""
@@ -213,3 +213,9 @@ WEB_ERROR_LOG_EVERY = 60.0
 """Seconds between two log lines of the same status-page server error (``socket.accept() out of
 system resource`` repeats thousands of times a second while descriptors are short); the next line
 says how many were left out."""
+CLOCK_STEP_TOLERANCE = 1.0
+"""Seconds the wall clock may move apart from the monotonic one between two looks before the
+daemon calls it a step (logs ``clock_stepped`` and re-arms its scheduler); NTP's slewing stays far below."""
+
+CLOCK_CHECK_EVERY = 1.0
+"""Seconds, at most, between the daemon's looks for a wall-clock step (its main thread, on the monotonic clock)."""

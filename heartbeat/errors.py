@@ -147,6 +147,9 @@ class Busy(StoreError):
 class DaemonRunning(HeartbeatError):
     """Another daemon holds the state dir's daemon lock: one clock per state dir."""
 
+    holder: str = ""
+    """The pid the lock file names ("unknown" when it names none)."""
+
 
 class GuaranteeFailed(HeartbeatError):
     """``done`` refused: a guarantee the task promises its consumers does not hold (its check failed)."""

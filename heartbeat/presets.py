@@ -442,6 +442,12 @@ def parse_reset(text: str, now: datetime, local: tzinfo | None = None) -> tuple[
     return reset, retry_after
 
 
+CODEX_STATE_WRITABLE = "sandbox_workspace_write.writable_roots=['{state_dir}']"
+"""The codex preset's ``-c``: the state dir is writable from codex's ``workspace-write`` sandbox, so the
+agent's ``heartbeat set``/``add``/``done`` can write its note (the sandbox makes everything outside the
+workdir, ``/tmp`` and ``$TMPDIR`` read-only: "cannot open lock: Read-only file system")."""
+
+
 AGENT_COMMANDS = ("show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done")
 """The heartbeat commands the brief and the hooks tell an agent to run on its task."""
 
@@ -500,13 +506,14 @@ PRESETS: dict[PresetName, Preset] = {
     PresetName.CODEX: Preset(
         name=PresetName.CODEX,
         program="codex",
-        fixed=("exec", "--json", "--skip-git-repo-check"),
+        fixed=("exec", "--json", "--skip-git-repo-check", "-c", CODEX_STATE_WRITABLE),
         fresh=("-",),
         resume=("resume", "{session}", "-"),
         parse=parse_codex,
         pins_session=False,
         max_runtime=defaults.CODEX_MAX_RUNTIME,
-        output="the JSONL events: thread.started's thread_id is the session; turn.completed is success, "
+        output="the JSONL events (the state dir is added to the workspace-write sandbox's writable roots so the "
+               "agent can keep its note): thread.started's thread_id is the session; turn.completed is success, "
                "turn.failed or a final error is a failed attempt (an authentication error blocks the task "
                "on a human); token usage goes into the exited event",
     ),

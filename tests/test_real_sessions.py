@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -169,7 +171,9 @@ class TestKilledMidTask:
             self, tmp_path: Path, model: ScriptedModel, session: str) -> None:
         """The model holds its answer after step 2's file is written and before its note; the agent is
         killed there. The successor (a fresh session from the brief, or the same session resumed) ends
-        the task with every step done once, except step 2 at most twice."""
+        the task with every step done once, except step 2 at most twice. The resumed session redoes
+        nothing (fails on c684e38 in resume mode: a killed agent whose notes had moved the step got a
+        fresh session, the daemon counting only attempts without progress as retries)."""
         s = Session(tmp_path, model, args=README_ARGS, session=session)
         s.control(hold_after_step=2)
         try:
@@ -189,11 +193,81 @@ class TestKilledMidTask:
             dispatched = s.h.events("real", "dispatched")
             assert len(dispatched) == 2
             second = dispatched[1].data
-            if session == "resume":
-                assert second["session"] == first.data["session"] and "resume" in second["reason"] + second.get(
-                    "session_why", "")
-            else:
-                assert second["session"] != first.data["session"]
+            if session == "resume":  # the same session, resumed: its transcript holds step 2's write
+                assert second["session_resumed"] is True and second["session"] == first.data["session"]
+                assert done == list(STEPS)
+            else:  # a fresh session from the brief: step 2's note was not written, so step 2 is redone
+                assert second["session_resumed"] is False and second["session"] != first.data["session"]
+                assert done == [STEPS[0], STEPS[1], STEPS[1], STEPS[2]]
             assert s.h.baton("real").done == list(STEPS)
         finally:
             s.h.close()
+
+
+DOCS_STEPS = ("Reproduce", "Write a failing test", "Fix")
+
+
+class TestTheDocsAsWritten:
+    """docs/agents.md's Claude Code section, copy-pasted: its config and its commands, headless."""
+
+    def test_the_claude_code_config_and_commands_work_as_written(self, tmp_path: Path) -> None:
+        """The config block verbatim, the shell block with /srv/repo moved into a temp dir, `claude` on
+        PATH and the scripted model as the API: the daemon's claude finishes the task, notes every step,
+        keeps the task's constraint (its first step would write config/prod.yaml), and fires the hooks
+        `hooks install claude` wrote (fails on c684e38: the agent's heartbeat commands are refused)."""
+        import re
+
+        import psutil
+
+        from heartbeat.store.files import FileStore
+
+        claude = agent_cli("claude")
+        text = (Path(__file__).resolve().parent.parent / "docs" / "agents.md").read_text()
+        section = text[text.index("### The config"):]
+        config = re.search(r"```toml\n(.*?)```", section, re.S)
+        commands = re.search(r"```sh\n(.*?)```", section, re.S)
+        assert config and commands
+        tmp_path.chmod(0o700)
+        where, repo, home = tmp_path / "agents", tmp_path / "repo", tmp_path / "home"
+        for d in (where, repo, home):
+            d.mkdir()
+        (where / "heartbeat.toml").write_text(config.group(1))
+        script = commands.group(1).replace("/srv/repo", str(repo))
+        assert script.rstrip().endswith("heartbeat run")
+        setup = script.rstrip()[: -len("heartbeat run")]
+        workload = Workload(steps=DOCS_STEPS, touches={DOCS_STEPS[0]: "config/prod.yaml"})
+        with scripted_model(tmp_path / "model", workload) as model:
+            env = {**claude_env(model, home), "LANG": "C.UTF-8",
+                   "PATH": f"{BIN}:{claude.parent}:/usr/local/bin:/usr/bin:/bin"}
+            r = subprocess.run(["bash", "-ec", setup], cwd=where, env=env, capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+            log = open(tmp_path / "daemon.log", "wb")  # noqa: SIM115
+            daemon = subprocess.Popen(["bash", "-c", "exec heartbeat run"], cwd=where, env=env, stdout=log,
+                                      stderr=subprocess.STDOUT)
+            log.close()
+            store = FileStore(str(where / "state"))
+            try:
+                deadline = time.monotonic() + 240
+                while store.load("fix-fallback").meta.status.value != "done":
+                    assert daemon.poll() is None, (tmp_path / "daemon.log").read_text()[-2000:]
+                    assert time.monotonic() < deadline, (tmp_path / "daemon.log").read_text()[-2000:]
+                    time.sleep(0.1)
+                baton = store.load("fix-fallback")
+                assert baton.done == list(DOCS_STEPS)
+                record = model.brain.record.entries()
+                assert [e for e in record if e["event"] == "refused"] == []
+                assert [e["step"] for e in record if e["event"] == "step_done"] == list(DOCS_STEPS)
+                assert not (repo / "config" / "prod.yaml").exists()
+                assert [e for e in record if e["event"] == "skipped_touch"]
+                kinds = {e.kind for e in store.ledger.events("fix-fallback")}
+                assert "session_started" in kinds  # the hook install wrote fired in the daemon's claude
+            finally:
+                daemon.send_signal(signal.SIGTERM)
+                daemon.wait(timeout=30)
+                for proc in psutil.process_iter():
+                    try:
+                        if proc.environ().get("HEARTBEAT_STATE_DIR") == str(where / "state"):
+                            proc.kill()
+                    except psutil.Error:
+                        pass
+                store.close()

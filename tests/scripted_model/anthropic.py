@@ -134,7 +134,7 @@ def messages(ex: Exchange, model: ScriptedModel) -> None:
             headers = {"retry-after": f"{fault.retry_after:g}"} if fault.retry_after is not None else {}
             ex.send_json(fault.status, {"type": "error", "error": {"type": kind, "message": fault.message}}, headers)
             return
-    usage = _usage(ex)
+    usage = ex.usage = _usage(ex)
     name = str(req.get("model") or "scripted")
     if req.get("stream"):
         ex.start_events()

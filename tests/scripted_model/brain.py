@@ -143,7 +143,7 @@ def step_file(index: int) -> str:
 _STEP_PATH = re.compile(r"(?:^|/)steps/(\d{2})\.txt$")
 _TASK = re.compile(r"heartbeat (?:show|set|add|touch|done|verify|block) ([A-Za-z0-9][A-Za-z0-9._-]*)")
 _CWD = re.compile(r"Primary working directory: ([^\n\\]+)")
-_FORBID = re.compile(r"[Dd]o not (?:touch|write|edit|change) `?([\w./-]+?)`?(?=[\s,.;:)\"']|$)")
+_FORBID = re.compile(r"[Dd]o not (?:touch|write|edit|change) `?([\w./-]*\w)")
 _SUMMARY = re.compile(r"summary of the conversation|summarize|summarise|compact", re.IGNORECASE)
 
 

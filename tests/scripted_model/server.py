@@ -45,6 +45,8 @@ class Exchange:
         self.headers = {k.lower(): v for k, v in handler.headers.items()}
         self.body = body
         self.status = 0
+        self.usage: dict[str, int] = {}
+        """The token counts the wire reported in its answer (logged with the request)."""
 
     def json(self) -> Any:
         try:
@@ -141,7 +143,7 @@ class ScriptedModel:
                     ex.status = ex.status or 499  # the client went away (killed) mid-answer
                 finally:
                     model.log(method=ex.method, path=self.path, status=ex.status,
-                              session=ex.headers.get("x-claude-code-session-id", ""))
+                              session=ex.headers.get("x-claude-code-session-id", ""), **ex.usage)
 
             do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = _serve
 
