@@ -116,6 +116,19 @@ class TestHookContextFits:
         assert context_length(text) <= defaults.CLAUDE_HOOK_CONTEXT_LIMIT
         assert f"its {len(many)} constraints" in text and f"`heartbeat brief {task_id}`" in text
 
+    def test_a_long_command_prefix_is_counted_too(self, tmp_path: Path) -> None:
+        """Hooks installed with a long --state-dir/--config print every command with it: the context
+        still fits, every command carries the prefix, and the essentials stay whole."""
+        state, work = tmp_path / "state", tmp_path / "work"
+        state.mkdir(mode=0o700)
+        work.mkdir()
+        task_id = big_task(state, work)
+        prefix = "heartbeat --state-dir /srv/" + "very-long-directory-name/" * 8 + "state"
+        text = session_context(load(state, task_id), "startup", {}, prefix=prefix)
+        assert context_length(text) <= defaults.CLAUDE_HOOK_CONTEXT_LIMIT
+        assert f"`{prefix} add {task_id} done" in text and "`heartbeat add" not in text
+        assert_essentials(text.replace(prefix, "heartbeat"), task_id)
+
     def test_the_limit_is_counted_as_the_cli_counts(self, tmp_path: Path) -> None:
         """Characters outside the BMP count twice (JavaScript's length), so emoji cannot push it over."""
         assert context_length("a😀é") == 4
