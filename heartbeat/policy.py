@@ -340,7 +340,8 @@ def _judge_running(baton: Baton, obs: Observation, now: datetime, policy: Policy
         never = meta.dispatched_at is not None and all(
             t is None or t <= meta.dispatched_at for t in (meta.touched_at, obs.output_at))
         why = StallReason.NEVER_WROTE if never else StallReason.SILENT
-        text = "no note and no output since its dispatch" if never else "alive but silent (no note, no output)"
+        text = "never wrote nor printed anything since its dispatch" if never \
+            else "alive but silent (no note, no output)"
         return Decision(Action.STOP_THEN_DISPATCH, f"hung: {text} for {format_duration(silent)}",
                         exit_kind=ExitKind.FAILED, stalled_why=why)
     since_progress = _age(obs.unchanged_for, now,

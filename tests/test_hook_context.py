@@ -22,7 +22,7 @@ from scripted_model import ScriptedModel, Workload, scripted_model
 from heartbeat import defaults, tasks
 from heartbeat.baton import Baton
 from heartbeat.brief import render_brief
-from heartbeat.hooks import context_length, install_claude, session_context
+from heartbeat.hooks import command_prefix, context_length, install_claude, session_context
 from heartbeat.store.files import FileStore
 
 BIN = Path(sys.executable).parent
@@ -215,4 +215,6 @@ class TestWithTheRealCLI:
         install_claude(str(work), state_dir=str(state))
         request = run_claude(model, work, home)
         assert PREVIEW not in request
-        assert_essentials(request, task_id)
+        prefix = command_prefix(str(state))  # the hook prints its commands with the --state-dir it was given
+        assert f"{prefix} add {task_id} done" in request
+        assert_essentials(request.replace(prefix, "heartbeat"), task_id)
