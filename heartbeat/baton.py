@@ -252,6 +252,16 @@ class Meta:
     """The agent session of the current (or last) epoch, as the launcher's output reported it."""
     session_resumes: int = 0
     """How many dispatches in a row resumed ``session`` (``session = "resume"`` launchers)."""
+    wait_until: datetime | None = None
+    """A rate or usage limit holds the task until then: no dispatch before it (not a failure)."""
+    wait_since: datetime | None = None
+    """When the first of the rate-limited runs in a row ended (``max_limit_wait`` counts from here)."""
+    wait_reason: str = ""
+    """What the agent's CLI said about the limit, one line."""
+    limit_hits: int = 0
+    """Rate-limited runs in a row (the backoff when the CLI names no reset)."""
+    cost_usd: float = 0.0
+    """What the task's runs have cost so far, summed from their result lines (``max_cost_usd``)."""
     owner: Owner | None = None
     gate: Gate | None = None
     world: dict[str, str] = field(default_factory=dict)
@@ -356,7 +366,7 @@ def _deep(value: Any) -> Any:
 
 
 _META_TIMES = ("created_at", "updated_at", "touched_at", "progress_at", "dispatched_at", "blocked_at", "snooze_until",
-               "ended_at")
+               "ended_at", "wait_until", "wait_since")
 _META_INTS = ("schema", "revision", "epoch", "attempt", "dispatches", "idle_resumes")
 
 
@@ -383,6 +393,12 @@ def _meta_to_dict(meta: Meta) -> dict[str, Any]:
         out["session"] = meta.session
     if meta.session_resumes:
         out["session_resumes"] = meta.session_resumes
+    if meta.wait_reason:
+        out["wait_reason"] = meta.wait_reason
+    if meta.limit_hits:
+        out["limit_hits"] = meta.limit_hits
+    if meta.cost_usd:
+        out["cost_usd"] = meta.cost_usd
     out.update(meta.extra)
     if meta.owner is not None:
         owner: dict[str, Any] = {}
@@ -586,6 +602,11 @@ def _meta_from_dict(r: _Reader, doc: dict[str, Any], expected_id: str | None) ->
     meta.last_exit = r.integer(doc, "last_exit", "meta.last_exit", None)
     meta.session = r.string(doc, "session", "meta.session")
     meta.session_resumes = r.integer(doc, "session_resumes", "meta.session_resumes", 0) or 0
+    meta.wait_reason = r.string(doc, "wait_reason", "meta.wait_reason")
+    meta.limit_hits = r.integer(doc, "limit_hits", "meta.limit_hits", 0) or 0
+    meta.cost_usd = r.number(doc, "cost_usd", "meta.cost_usd") or 0.0
+    if meta.cost_usd < 0:
+        raise r.fail("meta.cost_usd", f"must not be negative, got {meta.cost_usd}")
     owner_doc = r.table(doc, "owner", "meta.owner")
     if owner_doc is not None:
         meta.owner = Owner(

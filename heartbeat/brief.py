@@ -90,8 +90,15 @@ def render_brief(
     now: datetime | None = None,
     epoch: int | None = None,
     upstream: Sequence[Mapping[str, Any]] = (),
+    essentials_first: bool = False,
+    brief_file: str = "",
 ) -> Brief:
     """Render the brief for ``baton`` within ``budget`` tokens.
+
+    ``essentials_first`` (a hook's context, which the agent CLI caps): the current and next
+    step and the block are never cut, the note-keeping commands come right after them and are
+    never cut either, and what is cut is left to ``heartbeat brief ID`` (and ``brief_file``,
+    when there is one) by name.
 
     ``max_attempts`` is the policy's bound (shown as "attempt N of M"); ``epoch`` is the
     caller's epoch, warned about when it has been superseded. The baton is expected as
@@ -163,9 +170,14 @@ def render_brief(
         for text, label in _package_lines(package):
             add(text, "upstream", label)
 
-    add("\n## Where things stand\n", "state")
+    add("\n## Where things stand\n", "state", required=essentials_first)
     for line in _state_lines(baton, max_attempts, now, epoch):
-        add(line + "\n", "state", "where things stand")
+        essential = essentials_first and line.startswith(_ESSENTIAL_STATE)
+        add(line + "\n", "state", "where things stand", required=essential)
+    if essentials_first:
+        add("\n## Keeping the baton\n", "howto", required=True)
+        for line in _howto_lines(task_id):
+            add(line + "\n", "howto", required=True)
 
     earlier = max(0, len(baton.done) - RECENT_DONE)
     context = (
@@ -207,11 +219,12 @@ def render_brief(
         for text, label in pointers:
             add(text, "pointers", label)
 
-    add("\n## Keeping the baton\n", "howto")
-    for line in _howto_lines(task_id):
-        add(line + "\n", "howto", "how to keep the baton")
+    if not essentials_first:
+        add("\n## Keeping the baton\n", "howto")
+        for line in _howto_lines(task_id):
+            add(line + "\n", "howto", "how to keep the baton")
 
-    brief = _fit(task_id, units, budget, warnings, changed)
+    brief = _fit(task_id, units, budget, warnings, changed, brief_file=brief_file)
     if earlier:
         brief.omitted.insert(0, f"done ({earlier} earlier items, summarized)")
     return brief
@@ -267,7 +280,8 @@ def _package_lines(package: Mapping[str, Any]) -> list[tuple[str, str]]:
     return lines
 
 
-def _fit(task_id: str, units: list[_Unit], budget: int, warnings: list[str], changed: list[dict[str, str]]) -> Brief:
+def _fit(task_id: str, units: list[_Unit], budget: int, warnings: list[str], changed: list[dict[str, str]],
+         *, brief_file: str = "") -> Brief:
     """Keep the longest prefix of units that fits (required units always), and say what was cut."""
     full = "".join(u.text for u in units)
     if estimate_tokens(full) <= budget:
@@ -288,7 +302,7 @@ def _fit(task_id: str, units: list[_Unit], budget: int, warnings: list[str], cha
         if n < len(optional) and optional[n].label:
             label = optional[n].label
             dropped_counts[label] = dropped_counts.get(label, 0) + 1
-        note = _omission_note(task_id, _labels(totals, dropped_counts), budget)
+        note = _omission_note(task_id, _labels(totals, dropped_counts), budget, brief_file)
         if (base + prefix[n] + len(note.encode("utf-8")) + 3) // 4 <= budget:
             cut_at = n
             break
@@ -298,7 +312,7 @@ def _fit(task_id: str, units: list[_Unit], budget: int, warnings: list[str], cha
     omitted = _labels(totals, _label_counts(dropped))
     keep = {id(u) for u in optional[:cut_at]}
     kept = [u for u in units if u.required or id(u) in keep]
-    text = "".join(u.text for u in kept) + _omission_note(task_id, omitted, budget)
+    text = "".join(u.text for u in kept) + _omission_note(task_id, omitted, budget, brief_file)
     tokens = estimate_tokens(text)
     if tokens > budget:
         warnings = [*warnings, f"the intent and constraints alone take {tokens} tokens, over the budget of {budget}"]
@@ -323,12 +337,14 @@ def _labels(totals: dict[str, int], cut: dict[str, int]) -> list[str]:
     return out
 
 
-def _omission_note(task_id: str, labels: list[str], budget: int) -> str:
+def _omission_note(task_id: str, labels: list[str], budget: int, brief_file: str = "") -> str:
     if not labels:
         return ""
+    where = (f"Read `{brief_file}` or run `heartbeat brief {task_id}` for the whole brief"
+             if brief_file else f"Run `heartbeat brief {task_id}` for the whole brief")
     return (
         f"\n{_OMITTED_PREFIX} the budget of {budget} tokens: {', '.join(labels)}. "
-        f"Run `heartbeat show {task_id}` for the whole baton._\n"
+        f"{where}, `heartbeat show {task_id}` for the whole baton._\n"
     )
 
 
@@ -362,6 +378,10 @@ def _next_step(baton: Baton) -> str:
         if later:
             return f"{later[0]} _(from the plan)_"
     return "_(not recorded)_"
+
+
+_ESSENTIAL_STATE = ("- Step (current):", "- Next step:", "- **Blocked on:")
+"""The state lines a hook's context never cuts (``essentials_first``)."""
 
 
 def _state_lines(baton: Baton, max_attempts: int | None, now: datetime, epoch: int | None) -> list[str]:

@@ -329,6 +329,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from heartbeat.policy import waiting_text
     from heartbeat.timeparse import utcnow
 
     store = _store(args, read=True)
@@ -354,6 +355,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             "age_s": round((now - last).total_seconds(), 3) if last else None,
             "owner_pid": meta.owner.pid if meta.owner else None,
             "blocked_on": entry.baton.blocked_on,
+            "waiting": waiting_text(entry.baton, now),
             "error": None,
             "after": list(entry.baton.after),
             "missing_upstreams": _missing_upstreams(entry.baton, ids),
@@ -380,7 +382,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         rows, cells = [r for _, r in ordered], {id(r): cell for cell, r in ordered}
     for r in rows:
         step = r["error"] if r["status"] == "invalid" else (
-            f"{r['step']}  [blocked on: {r['blocked_on']}]" if r["blocked_on"] else r["step"])
+            f"{r['step']}  [blocked on: {r['blocked_on']}]" if r["blocked_on"] else
+            f"[{r['waiting']}] {r['step']}" if r.get("waiting") else r["step"])
         if r.get("missing_upstreams"):
             step += f"  [held: upstream {', '.join(r['missing_upstreams'])} does not exist]"
         cols = [cells[id(r)], r["status"], "-" if r["attempt"] is None else str(r["attempt"]),

@@ -8,6 +8,7 @@ programs the daemon runs.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import stat
@@ -112,6 +113,10 @@ class DaemonConfig:
     default_launcher: str = defaults.DEFAULT_LAUNCHER
     on_spinning: str = defaults.ON_SPINNING
     inactive_grace: float = defaults.INACTIVE_GRACE
+    max_limit_wait: float = defaults.MAX_LIMIT_WAIT
+    """The longest a task waits for a rate or usage limit to reset before it is escalated."""
+    max_cost_usd: float = defaults.MAX_COST_USD
+    """What one task's runs may cost in all before it is escalated (0: no budget)."""
     sweep_every: float = defaults.SWEEP_EVERY
     relay: bool = True
     log_format: str = "auto"
@@ -426,6 +431,17 @@ class _Parser:
             raise self.error(f"{prefix}{key}", f"must be at least {minimum}")
         return value
 
+    def money(self, doc: dict[str, Any], key: str, prefix: str, default: float) -> float:
+        """An amount in USD: a finite number, 0 or more."""
+        if key not in doc:
+            return default
+        value = doc[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.error(f"{prefix}{key}", f"expected an amount in USD (a number, e.g. 5 or 2.5), got {value!r}")
+        if value < 0:
+            raise self.error(f"{prefix}{key}", "must not be negative (0: no budget)")
+        return float(value)
+
     def boolean(self, doc: dict[str, Any], key: str, prefix: str, default: bool) -> bool:
         value = doc.get(key, default)
         if not isinstance(value, bool):
@@ -564,6 +580,8 @@ class _Parser:
             default_launcher=launcher,
             on_spinning=self.string(doc, "on_spinning", p, defaults.ON_SPINNING, ("escalate", "restart", "report")),
             inactive_grace=self.duration(doc, "inactive_grace", p, defaults.INACTIVE_GRACE, positive=False),
+            max_limit_wait=self.duration(doc, "max_limit_wait", p, defaults.MAX_LIMIT_WAIT),
+            max_cost_usd=self.money(doc, "max_cost_usd", p, defaults.MAX_COST_USD),
             sweep_every=self.duration(doc, "sweep_every", p, defaults.SWEEP_EVERY, positive=False),
             relay=self.boolean(doc, "relay", p, True),
             log_format=self.string(doc, "log_format", p, "auto", ("auto", "json", "console")),

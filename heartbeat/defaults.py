@@ -19,7 +19,8 @@ SWEEP_EVERY = 60.0
 watcher's reports (it sweeps at once after the watcher lost events or restarted). 0: every tick."""
 
 STALL_AFTER = 600.0
-"""Seconds without a write or touch (or since dispatch) after which a task is stalled."""
+"""Seconds without a write, a touch or any output of the agent's (or since dispatch) after which
+a task is stalled."""
 
 PROGRESS_AFTER = 3600.0
 """Seconds an alive, touching agent may stay on one step before it counts as spinning."""
@@ -35,6 +36,15 @@ BACKOFF_INITIAL = 30.0
 
 BACKOFF_MAX = 1800.0
 """The cap on the backoff between re-dispatches."""
+
+MAX_LIMIT_WAIT = 6 * 3600.0
+"""The longest a task waits for a rate or usage limit to reset (from the first limited run of a
+stretch to the reset the CLI names) before it is escalated instead: a five-hour window waits, a
+weekly one asks a human."""
+
+MAX_COST_USD = 0.0
+"""What one task's runs may cost in all (USD, summed from the CLIs' result lines) before it is
+escalated; 0: no budget."""
 
 DISPATCHES_PER_MINUTE = 30
 """Global budget of dispatches per minute, so a mass failure does not relaunch everything."""
@@ -117,6 +127,17 @@ HOOK_FRESH_WITHIN = 300.0
 HOOK_MAX_STOP_BLOCKS = 1
 """Stop-hook blocks per session (per ``session_id``, whatever the turns) before heartbeat lets
 a bound agent stop anyway (``hooks.max_stop_blocks``): a reminder, never a loop."""
+
+CLAUDE_HOOK_CONTEXT_LIMIT = 10_000
+"""The longest ``additionalContext`` (in UTF-16 code units, JavaScript's string length) one hook
+may give Claude Code and have the model receive it whole: past it, claude 2.1.332 puts a ~2 KB
+preview and a file path in its place (measured against the real CLI: 10,000 passes, 10,001 is
+previewed; tests/test_hook_context.py)."""
+
+HOOK_BRIEF_BUDGET = 2000
+"""Tokens (UTF-8 bytes / 4) of the brief the SessionStart hook gives: at most 8,000 bytes, so
+at most 8,000 code units, which leaves room under ``CLAUDE_HOOK_CONTEXT_LIMIT`` for the hook's own
+lines; what does not fit is named and left to ``heartbeat brief ID``."""
 
 HOOK_TIMEOUT = 30
 """Seconds Claude Code and codex give ``heartbeat hook claude|codex`` (the ``timeout`` install writes)."""

@@ -69,6 +69,8 @@ __all__ = [
     "handle_event",
     "run_hook",
     "hook_main",
+    "session_context",
+    "context_length",
     "install_claude",
     "uninstall_claude",
     "allow_rules",
@@ -225,15 +227,10 @@ def handle_event(
                             actor=_ACTOR, data={"session_id": session_id, **data})])
 
     if name == "SessionStart":
-        from heartbeat.brief import render_brief
-
         source = _str(event, "source") or "startup"
         record("session_started", source=source)
-        brief = render_brief(baton, max_attempts=max_attempts, epoch=epoch, now=now)
-        head = (f"heartbeat: this session works on task {baton.id!r} (session {source}). Its baton is the "
-                "state note that survives compaction and restarts: read the brief below first, and keep the "
-                "note current with `heartbeat set`/`heartbeat add` as you go.\n\n")
-        context = _with_prefix(head + brief.text, command_prefix(state_dir_arg, config_arg))
+        context = session_context(baton, source, env, max_attempts=max_attempts, epoch=epoch, now=now,
+                                  prefix=command_prefix(state_dir_arg, config_arg))
         out = {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": context}}
         return HookResult(json.dumps(out, ensure_ascii=False) + "\n")
     events = store.ledger.events(baton.id)
@@ -271,6 +268,51 @@ def handle_event(
               "finished), then stop.")
     record("stop_blocked", note_age_s=round((now - last_write).total_seconds(), 3) if last_write else None)
     return HookResult(json.dumps({"decision": "block", "reason": reason}, ensure_ascii=False) + "\n")
+
+
+def context_length(text: str) -> int:
+    """``text``'s length as Claude Code measures it (JavaScript's: UTF-16 code units)."""
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def session_context(baton: Baton, source: str, env: Mapping[str, str], *, max_attempts: int | None = None,
+                    epoch: int | None = None, now: datetime | None = None,
+                    budget: int = defaults.HOOK_BRIEF_BUDGET,
+                    limit: int = defaults.CLAUDE_HOOK_CONTEXT_LIMIT, prefix: str = "heartbeat") -> str:
+    """The SessionStart hook's ``additionalContext``: always within ``limit`` code units, so the CLI
+    never swaps it for a preview. Essentials first (intent, every constraint, the current and next
+    step, the block, the note-keeping commands with the task id spelled out), then as much of the
+    rest of the brief as ``budget`` holds, the rest named and left to ``heartbeat brief ID`` (and the
+    dispatch's brief file). Every `` `heartbeat ...` `` command is run as ``prefix`` (with the
+    ``--state-dir``/``--config`` the hook was installed with), which the limit counts too. Should
+    the essentials alone not fit (hundreds of constraints), the context says so and points at the
+    whole brief instead of letting the CLI cut it."""
+    from heartbeat.brief import render_brief
+
+    brief_file = env.get("HEARTBEAT_BRIEF", "") if env.get("HEARTBEAT_TASK") == baton.id else ""
+    where = f"`heartbeat brief {baton.id}`" + (f" or `{brief_file}`" if brief_file else "")
+    head = (f"heartbeat: this session works on task {baton.id!r} (session {source}). Its baton is the "
+            "state note that survives compaction and restarts: read the brief below first, and keep the "
+            f"note current with `heartbeat set {baton.id}`/`heartbeat add {baton.id}` as you go "
+            f"(the whole brief: {where}).\n\n")
+    brief = render_brief(baton, budget=budget, max_attempts=max_attempts, epoch=epoch, now=now,
+                         essentials_first=True, brief_file=brief_file)
+    for smaller in (budget, budget * 3 // 4, budget // 2, budget // 4):  # long prefixes take room too
+        if smaller != budget:
+            brief = render_brief(baton, budget=smaller, max_attempts=max_attempts, epoch=epoch, now=now,
+                                 essentials_first=True, brief_file=brief_file)
+        text = _with_prefix(head + brief.text, prefix)
+        if context_length(text) <= limit:
+            return text
+    short = (f"heartbeat: this session works on task {baton.id!r} (session {source}). Its brief is too long "
+             f"to give here whole ({context_length(brief.text)} characters): before anything else, run "
+             f"{where} and read it all, above all its {len(baton.constraints)} constraints (DO NOT BREAK THESE). "
+             f"Keep the note with `heartbeat set {baton.id} step=\"...\" next_step=\"...\"` and "
+             f"`heartbeat add {baton.id} done \"...\"`; `heartbeat done {baton.id}` when finished.\n")
+    short = _with_prefix(short, prefix)
+    if context_length(short) > limit:  # a path of thousands of characters: cut, never over the limit
+        short = short.encode("utf-16-le", "surrogatepass")[: 2 * limit].decode("utf-16-le", "ignore")
+    return short
 
 
 def _read_event(stdin: IO[bytes]) -> dict[str, Any]:

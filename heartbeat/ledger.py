@@ -59,6 +59,7 @@ class EventKind(StrEnum):
     ADOPTED = "adopted"
     EXITED = "exited"
     STALLED = "stalled"
+    RATE_LIMITED = "rate_limited"
     SPINNING = "spinning"
     STOPPED = "stopped"
     ESCALATED = "escalated"

@@ -1,22 +1,28 @@
 """Is an agent still alive? psutil, with the process's create time so a reused pid is not
-mistaken for the agent, and zombies counted as dead. And stopping one: its whole process
-group, SIGTERM then SIGKILL, never a process that merely inherited its pid."""
+mistaken for the agent, and zombies counted as dead; and is it still doing anything, read
+from its own output (:func:`output_at`). And stopping one: its whole process group,
+SIGTERM then SIGKILL, never a process that merely inherited its pid."""
 
 from __future__ import annotations
 
 import os
 import signal
 import socket
+import stat
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 from heartbeat.baton import Owner
 from heartbeat.launchers.shim import group_members
 
-__all__ = ["identify", "is_alive", "note_boot_time", "same_start", "this_host", "group_members", "group_leftovers",
+__all__ = ["identify", "is_alive", "note_boot_time", "output_at", "same_start", "this_host", "group_members",
+           "group_leftovers",
            "stop_process_group"]
 
 _CREATE_TIME_SLACK = 0.05  # psutil's create_time is derived from jiffies: allow rounding
+_OUTPUT_FUTURE_SKEW = 5.0
+"""Seconds an output log's mtime may lie ahead of the reader's clock before it is ignored as forged."""
 
 _BOOT_TIMES: set[float] = set()
 """Every boot time this process has read (``/proc/stat``'s ``btime``, in wall-clock seconds). A
@@ -30,6 +36,27 @@ def this_host() -> str:
     """This host's id: ``$HEARTBEAT_HOST`` when set (a daemon exports its ``daemon.host`` there,
     so its launchers and agents agree with it), else the hostname."""
     return os.environ.get("HEARTBEAT_HOST", "").strip() or socket.gethostname()
+
+
+def output_at(log_path: str, now: float | None = None) -> datetime | None:
+    """When the agent last printed anything: the mtime of its log (``logs/<id>/<epoch>.log``, which
+    the launcher opened as the agent's stdout and stderr), or None when the log is empty, missing
+    or not a regular file.
+
+    The kernel updates the mtime at every write, so this is one ``lstat`` per look, whatever the
+    agent prints: nothing is read or parsed (a FIFO or a link planted there is never opened).
+    An empty log says nothing (the launcher creates it at dispatch), and an mtime more than a few
+    seconds ahead of ``now`` is ignored: an agent cannot buy itself a future with ``touch -d``.
+    """
+    try:
+        st = os.lstat(log_path)
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+        return None
+    if st.st_mtime > (time.time() if now is None else now) + _OUTPUT_FUTURE_SKEW:
+        return None
+    return datetime.fromtimestamp(st.st_mtime, UTC)
 
 
 def identify(pid: int) -> tuple[int, float] | None:

@@ -13,7 +13,11 @@ Vocabulary (DESIGN.md, "Ownership, progress, attempts"):
   healthy shift changes never accumulates attempts;
 - an agent that exits 0 after progress has ended its shift: its successor is due at once;
 - one that exits 0 without progress is an *idle resume*; ``max_idle_resumes`` of them in a
-  row escalate the task; ``max_attempts`` dispatches without progress escalate it too.
+  row escalate the task; ``max_attempts`` dispatches without progress escalate it too;
+- a run refused by a rate or usage limit is a *wait*, not an attempt: the task holds until
+  ``meta.wait_until`` (:func:`limit_wait`), and escalates only once the stretch of waiting
+  passes ``max_limit_wait``; its runs' summed cost past ``max_cost_usd`` escalates it;
+- *proof of life* is a write, a touch, or the agent's own output (``Observation.output_at``).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ __all__ = [
     "decide",
     "classify_exit",
     "backoff_delay",
+    "limit_wait",
+    "waiting_text",
     "admit",
     "stands_until",
 ]
@@ -67,8 +73,8 @@ class StallReason(StrEnum):
 
     OWNER_DEAD = "owner_dead"  # its process is gone with no exit recorded (or the launch never reported one)
     EXITED = "exited"  # it exited (an exit status was recorded)
-    SILENT = "silent"  # alive but no write or touch for stall_after
-    NEVER_WROTE = "never_wrote"  # alive but no write since its dispatch, for stall_after
+    SILENT = "silent"  # alive but no write, touch or output for stall_after
+    NEVER_WROTE = "never_wrote"  # alive but no write and no output since its dispatch, for stall_after
     HUNG = "hung"  # stopped for not writing (silent or never_wrote, as the stop records it)
     SPINNING = "spinning"  # alive and touching, but the step did not move for progress_after
     MAX_RUNTIME = "max_runtime"  # ran past its launcher's max_runtime
@@ -82,6 +88,7 @@ class ExitKind(StrEnum):
     IDLE = "idle"  # exit 0 without progress: an idle resume
     FAILED = "failed"  # non-zero, signal, or vanished: a failed attempt, backoff applies
     NON_RETRYABLE = "non-retryable"  # the launcher says a human is needed
+    RATE_LIMITED = "rate-limited"  # refused by a rate or usage limit: the task waits for it, no attempt spent
     FINISHED = "finished"  # the task is done/failed/escalated (or the daemon stopped the agent of a task
     # that was no longer active): nothing follows, no attempt is counted as failed
 
@@ -101,6 +108,9 @@ class Policy:
     on_spinning: str = "escalate"
     launch_timeout: float = defaults.LAUNCH_TIMEOUT
     inactive_grace: float = defaults.INACTIVE_GRACE
+    max_limit_wait: float = defaults.MAX_LIMIT_WAIT
+    max_cost_usd: float = defaults.MAX_COST_USD
+    """0: no budget."""
 
 
 @dataclass(frozen=True)
@@ -123,13 +133,16 @@ class Observation:
     (the grace before the agent is stopped counts from here; None means "just now")."""
     upstream_pending: tuple[str, ...] = ()
     """Upstreams (``after``) not done yet: an active task without an agent waits for them."""
+    output_at: datetime | None = None
+    """When the running agent last printed anything (its log's mtime, once the log is not empty):
+    its own output is proof of life as a touch is; None when it printed nothing or cannot be seen."""
     # The durations that stop agents and escalate tasks, as the daemon measured them on the
     # monotonic clock (heartbeat.daemon.ages): a stepped wall clock must never kill or escalate.
     # None: measured from the baton's timestamps against ``now`` (a table test's clock never steps).
     running_for: float | None = None
     """Seconds since the agent started (``owner.started_at``, else ``dispatched_at``): ``max_runtime``."""
     silent_for: float | None = None
-    """Seconds since its last proof of life (``touched_at`` or ``dispatched_at``): ``stall_after``."""
+    """Seconds since its last proof of life (``touched_at``, ``dispatched_at`` or ``output_at``): ``stall_after``."""
     unchanged_for: float | None = None
     """Seconds since the step last moved (``progress_at``, or the start): ``progress_after``."""
     dispatched_for: float | None = None
@@ -196,6 +209,26 @@ def backoff_delay(task_id: str, attempt: int, policy: Policy) -> float:
         return 0.0
     base = min(policy.backoff_max, policy.backoff_initial * 2 ** min(attempt - 1, 30))
     return min(policy.backoff_max, base * (0.75 + 0.5 * _jitter(task_id, attempt)))
+
+
+def limit_wait(baton: Baton, reset: datetime | None, retry_after: float | None, now: datetime,
+               policy: Policy) -> datetime:
+    """Until when a task whose run was refused by a rate or usage limit waits: the reset the CLI
+    named (when it is still ahead), else ``retry_after`` seconds, else the backoff for this many
+    limited runs in a row (``meta.limit_hits`` before this one, plus one)."""
+    if reset is not None and reset > now:
+        return reset
+    if retry_after is not None and retry_after > 0:
+        return now + timedelta(seconds=min(retry_after, 10 * 365 * 86400.0))
+    return now + timedelta(seconds=backoff_delay(baton.id, baton.meta.limit_hits + 1, policy))
+
+
+def waiting_text(baton: Baton, now: datetime) -> str:
+    """"waiting for the rate limit until T" while a limit holds the task (no agent), else ``""``."""
+    meta = baton.meta
+    if meta.wait_until is None or meta.owner is not None or meta.status is not Status.ACTIVE or now >= meta.wait_until:
+        return ""
+    return f"waiting for the rate limit until {meta.wait_until.isoformat(timespec='seconds')}"
 
 
 def decide(baton: Baton, obs: Observation, now: datetime, policy: Policy) -> Decision:
@@ -300,12 +333,15 @@ def _judge_running(baton: Baton, obs: Observation, now: datetime, policy: Policy
             and _age(obs.running_for, now, started) > policy.max_runtime:
         return Decision(Action.STOP_THEN_DISPATCH, f"ran past max_runtime ({format_duration(policy.max_runtime)})",
                         exit_kind=ExitKind.FAILED, stalled_why=StallReason.MAX_RUNTIME)
-    last_signal = max((t for t in (meta.touched_at, meta.dispatched_at) if t is not None), default=None)
+    # Proof of life is the note (a write or a touch) or the agent's own output, whichever is later.
+    last_signal = max((t for t in (meta.touched_at, meta.dispatched_at, obs.output_at) if t is not None), default=None)
     silent = _age(obs.silent_for, now, last_signal)
     if silent > policy.stall_after:
-        never = meta.dispatched_at is not None and (meta.touched_at is None or meta.touched_at <= meta.dispatched_at)
+        never = meta.dispatched_at is not None and all(
+            t is None or t <= meta.dispatched_at for t in (meta.touched_at, obs.output_at))
         why = StallReason.NEVER_WROTE if never else StallReason.SILENT
-        text = "never wrote since its dispatch" if never else "alive but silent"
+        text = "never wrote nor printed anything since its dispatch" if never \
+            else "alive but silent (no note, no output)"
         return Decision(Action.STOP_THEN_DISPATCH, f"hung: {text} for {format_duration(silent)}",
                         exit_kind=ExitKind.FAILED, stalled_why=why)
     since_progress = _age(obs.unchanged_for, now,
@@ -330,6 +366,16 @@ def _due(baton: Baton, now: datetime, policy: Policy) -> Decision:
         return Decision(Action.ESCALATE, f"{meta.idle_resumes} agents in a row ended without moving the step{why}")
     if meta.attempt >= policy.max_attempts:
         return Decision(Action.ESCALATE, f"{meta.attempt} attempts without progress{last}")
+    if policy.max_cost_usd > 0 and meta.cost_usd >= policy.max_cost_usd:
+        return Decision(Action.ESCALATE, f"cost budget spent: its runs cost ${meta.cost_usd:.2f} "
+                        f"(max_cost_usd ${policy.max_cost_usd:.2f})")
+    if meta.wait_until is not None and now < meta.wait_until:
+        waited = _ago(meta.wait_until, meta.wait_since or now)
+        said = f": {meta.wait_reason}" if meta.wait_reason else ""
+        if waited > policy.max_limit_wait:
+            return Decision(Action.ESCALATE, f"rate limited until {meta.wait_until.isoformat(timespec='seconds')}, "
+                            f"past max_limit_wait ({format_duration(policy.max_limit_wait)}){said}")
+        return Decision(Action.NOTHING, waiting_text(baton, now) + said, not_before=meta.wait_until)
     if meta.dispatches == 0:
         return Decision(Action.DISPATCH, "new task, no agent yet")
     if meta.attempt > 0 and meta.last_exit != 0:

@@ -29,8 +29,10 @@ import stat
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone, tzinfo
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from heartbeat import defaults
 
@@ -49,6 +51,7 @@ __all__ = [
     "parse_gemini",
     "preset_argv",
     "parse_result",
+    "parse_reset",
     "read_log_tail",
     "plan_session",
     "resume_note",
@@ -80,6 +83,12 @@ _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}
 _MAX_TEXT = 300
 _MAX_NUMBER = 2**53
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+_LIMIT = re.compile(
+    r"\b(429|529)\b|rate[ _-]?limit|usage[ _-]?limit|hit your (usage )?limit|limit reached|overloaded|"
+    r"quota exceeded|resource[_ ]exhausted|too many requests",
+    re.IGNORECASE,
+)
+"""A rate limit, an overload or a usage limit: the run waits for it, it did not fail."""
 _AUTH = re.compile(
     r"not logged in|please run /login|invalid api key|authentication[_ ]?(failed|error)|"
     r"unauthori[sz]ed|oauth token|set an auth method|\b401\b",
@@ -130,6 +139,8 @@ class ResultInfo:
     """No retry can fix it (not logged in, a bad API key): a human is needed."""
     resume_failed: bool = False
     """The session to resume does not exist (any more): the next dispatch must start a fresh one."""
+    rate_limited: bool = False
+    """The run was refused by a rate or usage limit (429, 529, "usage limit reached", ...): a wait."""
     reason: str = ""
     """One line: the CLI's result or error text."""
     session_id: str = ""
@@ -159,6 +170,8 @@ class ResultInfo:
             data["non_retryable"] = True
         if self.resume_failed:
             data["resume_failed"] = True
+        if self.rate_limited:
+            data["rate_limited"] = True
         return data
 
 
@@ -219,10 +232,14 @@ def parse_claude(data: bytes) -> ResultInfo:
         or _text(result.get("subtype"))
     status = result.get("api_error_status")
     non_retryable = is_error and (auth or bool(_AUTH.search(reason)) or status in (401, 403))
+    limited = is_error and not non_retryable and (
+        status in (429, 529) or result.get("api_error_type") in ("rate_limit_error", "overloaded_error")
+        or bool(_LIMIT.search(reason)))
     return ResultInfo(
         found=True,
         is_error=is_error,
         non_retryable=non_retryable,
+        rate_limited=limited,
         resume_failed=is_error and any("No conversation found" in e for e in errors),
         reason=reason,
         session_id=valid_session_id(result.get("session_id")) or session,
@@ -268,10 +285,12 @@ def parse_codex(data: bytes) -> ResultInfo:
     is_error = last.get("type") != "turn.completed"
     error = last.get("error")
     reason = _text(error.get("message")) if isinstance(error, dict) else _text(last.get("message"))
+    non_retryable = is_error and bool(_AUTH.search(reason))
     return ResultInfo(
         found=True,
         is_error=is_error,
-        non_retryable=is_error and bool(_AUTH.search(reason)),
+        non_retryable=non_retryable,
+        rate_limited=is_error and not non_retryable and bool(_LIMIT.search(reason)),
         resume_failed=resume_failed,
         reason=reason,
         session_id=thread,
@@ -314,14 +333,113 @@ def parse_gemini(data: bytes) -> ResultInfo:
     error = result.get("error")
     reason = _text(error.get("message")) if isinstance(error, dict) else ""
     stats = result.get("stats")
+    non_retryable = is_error and bool(_AUTH.search(reason))
     return ResultInfo(
         found=True,
         is_error=is_error,
-        non_retryable=is_error and bool(_AUTH.search(reason)),
+        non_retryable=non_retryable,
+        rate_limited=is_error and not non_retryable and bool(_LIMIT.search(reason)),
         reason=reason,
         session_id=session,
         usage=_usage(stats, _GEMINI_USAGE),
     )
+
+
+_EPOCH_SUFFIX = re.compile(r"\|\s*(\d{10})(?!\d)")
+_ISO = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?")
+_RESETS = re.compile(r"(?:resets?|try again|retry)(?: at| on)?\s+(?P<when>[^.;·∙\n]{1,80})", re.IGNORECASE)
+_CLOCK = re.compile(r"^(?:(?P<month>[A-Za-z]{3})[a-z]*\s+(?P<day>\d{1,2}),?\s+(?:at\s+)?)?"
+                    r"(?P<h>\d{1,2})(?::(?P<m>\d{2}))?\s*(?P<ampm>[ap]\.?m\.?)?"
+                    r"(?:\s*\(?(?P<tz>UTC|GMT|[A-Za-z_]+/[A-Za-z_/+-]+)\)?)?", re.IGNORECASE)
+_IN = re.compile(r"(?:try again|retry|resets?)\s+(?:in|after)\s+(?P<span>(?:\d+(?:\.\d+)?\s*"
+                 r"(?:days?|d|hours?|hrs?|h|minutes?|mins?|m|seconds?|secs?|s)\b[\s,]*(?:and\s+)?)+)", re.IGNORECASE)
+_RETRY_AFTER = re.compile(r"retry[- ]after:?\s*(?P<seconds>\d+(?:\.\d+)?)", re.IGNORECASE)
+_UNIT = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+
+
+def _span_seconds(span: str) -> float:
+    total = 0.0
+    for number, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]+)", span.lower()):
+        total += float(number) * _UNIT.get(unit[0], 0.0)
+    return total
+
+
+def _clock_reset(when: str, now: datetime, local: tzinfo | None) -> datetime | None:
+    """``3pm``, ``3:45 PM (Europe/Paris)``, ``Dec 2, 5am (UTC)``, ``15:00``: the next such instant after ``now``."""
+    found = _CLOCK.match(when.strip())
+    if found is None or (found["m"] is None and found["ampm"] is None):
+        return None  # a bare number is not a time of day
+    hour, minute = int(found["h"]), int(found["m"] or 0)
+    if found["ampm"]:
+        if not 1 <= hour <= 12:
+            return None
+        hour = hour % 12 + (12 if found["ampm"][0].lower() == "p" else 0)
+    if hour > 23 or minute > 59:
+        return None
+    zone: tzinfo | None = local
+    if found["tz"]:
+        name = found["tz"].upper() if found["tz"].upper() in ("UTC", "GMT") else found["tz"]
+        try:
+            zone = timezone.utc if name in ("UTC", "GMT") else ZoneInfo(name)
+        except (ValueError, OSError, ZoneInfoNotFoundError):
+            zone = local
+    here = now.astimezone(zone)
+    if found["month"]:
+        try:
+            month = _MONTHS.index(found["month"][:3].lower()) + 1
+            candidate = here.replace(month=month, day=int(found["day"]), hour=hour, minute=minute, second=0,
+                                     microsecond=0)
+        except ValueError:
+            return None
+        if candidate < here - timedelta(days=1):  # "Jan 2" seen on Dec 31 is next year's
+            candidate = candidate.replace(year=candidate.year + 1)
+        return candidate.astimezone(timezone.utc)
+    candidate = here.replace(hour=hour, minute=minute, second=0, microsecond=0)
+    if candidate <= here:
+        candidate += timedelta(days=1)
+    return candidate.astimezone(timezone.utc)
+
+
+def parse_reset(text: str, now: datetime, local: tzinfo | None = None) -> tuple[datetime | None, float | None]:
+    """What a limit message says about when to try again: ``(reset, retry_after)``.
+
+    ``reset``: the instant the CLI names ("resets 3pm (UTC)", "resets at 2026-12-01T18:00Z",
+    "try again at 3:45 PM", Claude's older "usage limit reached|1764612000"), as UTC, or None.
+    ``retry_after``: seconds the text says to wait ("try again in 2 hours 5 minutes", "retry in
+    35s", "retry-after: 30"), or None. A time of day with no zone is read in ``local`` (the
+    daemon's own zone when None) and is the next such instant after ``now``. Pure: no clock.
+    """
+    if not text:
+        return None, None
+    reset: datetime | None = None
+    epoch = _EPOCH_SUFFIX.search(text)
+    if epoch is not None:
+        reset = datetime.fromtimestamp(int(epoch.group(1)), timezone.utc)
+    for found in _RESETS.finditer(text) if reset is None else ():
+        when = found["when"].strip()
+        iso = _ISO.match(when)
+        try:
+            if iso is not None:
+                parsed = datetime.fromisoformat(iso.group(0).replace("Z", "+00:00"))
+                reset = (parsed if parsed.tzinfo else parsed.replace(tzinfo=local or now.astimezone().tzinfo))
+                reset = reset.astimezone(timezone.utc)
+                break
+            reset = _clock_reset(when, now, local)
+        except (ValueError, OverflowError):  # year 9999 in a zone west of UTC, a 30th of February
+            reset = None
+            continue
+        if reset is not None:
+            break
+    retry_after: float | None = None
+    span = _IN.search(text)
+    if span is not None:
+        retry_after = _span_seconds(span["span"]) or None
+    else:
+        header = _RETRY_AFTER.search(text)
+        if header is not None:
+            retry_after = float(header["seconds"])
+    return reset, retry_after
 
 
 CODEX_STATE_WRITABLE = "sandbox_workspace_write.writable_roots=['{state_dir}']"

@@ -16,7 +16,7 @@ STARTER = '''\
 [daemon]
 state_dir = {state_dir}      # batons/, logs/, ledger.sqlite3 (created 0700)
 tick = "30s"                      # how often every baton is re-read
-stall_after = "10m"               # no write/touch for this long (or since dispatch): stalled
+stall_after = "10m"               # no write/touch and no output for this long: stalled
 progress_after = "1h"             # alive and touching but the step has not moved: spinning
 max_attempts = 5                  # dispatches without progress before escalation
 max_idle_resumes = 3              # agents in a row that exited 0 without progress

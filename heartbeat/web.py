@@ -45,6 +45,7 @@ from heartbeat.config import Listen, parse_listen
 from heartbeat.errors import BadInput, HeartbeatError, NotFound
 from heartbeat.layout import LOGS_DIR, StateLayout, log_name
 from heartbeat.ledger import Event
+from heartbeat.policy import waiting_text
 from heartbeat.timeparse import format_duration, utcnow
 
 __all__ = ["DEFAULT_LISTEN", "LOG_TAIL_BYTES", "TIMELINE_EVENTS", "Listen", "HostCheck", "LogTail", "parse_listen",
@@ -271,7 +272,7 @@ def _row(entry: Any, now: datetime, default_launcher: str) -> dict[str, Any]:
     if baton is None:
         return {"id": entry.id, "status": "invalid", "error": str(entry.error), "age": "-", "step": "",
                 "attempt": "", "epoch": "", "owner": "", "blocked_on": "", "gate": "", "last_exit": "",
-                "launcher": ""}
+                "launcher": "", "waiting": ""}
     meta = baton.meta
     return {
         "id": entry.id,
@@ -287,6 +288,7 @@ def _row(entry: Any, now: datetime, default_launcher: str) -> dict[str, Any]:
         "gate": _gate_text(baton),
         "last_exit": _last_exit(baton),
         "launcher": baton.launcher or default_launcher,
+        "waiting": waiting_text(baton, now),
     }
 
 
@@ -294,6 +296,7 @@ _SUMMARY_KEYS = {
     "dispatched": ("launcher", "attempt", "reason", "resume"),
     "exited": ("kind", "code", "signal", "duration_s", "progress", "pid"),
     "stalled": ("why",),
+    "rate_limited": ("until", "source", "hits", "reason"),
     "blocked": ("on", "gate"),
     "unblocked": ("by", "note", "gate"),
     "escalated": ("reason",),

@@ -18,7 +18,9 @@ from heartbeat.policy import (
     backoff_delay,
     classify_exit,
     decide,
+    limit_wait,
     stands_until,
+    waiting_text,
 )
 from heartbeat.store.memory import MemoryStore
 
@@ -82,6 +84,14 @@ TABLE = [
      Action.STOP_THEN_DISPATCH),
     ("hung: alive but silent past stall_after", baton(owner=True, touched=100, dispatched=0), ALIVE, 701,
      Action.STOP_THEN_DISPATCH),
+    ("working: never touched but printing output within stall_after", baton(owner=True, touched=0, dispatched=0),
+     Observation(alive=True, output_at=at(550)), 1100, Action.NOTHING),
+    ("hung: silent in both note and output past stall_after", baton(owner=True, touched=100, dispatched=0),
+     Observation(alive=True, output_at=at(90)), 701, Action.STOP_THEN_DISPATCH),
+    ("hung: output stopped (a stuck model) though it printed before", baton(owner=True, touched=0, dispatched=0),
+     Observation(alive=True, output_at=at(300)), 901, Action.STOP_THEN_DISPATCH),
+    ("spinning: printing output, step unchanged past progress_after", baton(owner=True, touched=0, progress=0),
+     Observation(alive=True, output_at=at(3690)), 3700, Action.STOP_THEN_ESCALATE),
     ("spinning: touching, step unchanged past progress_after", baton(owner=True, touched=3650, progress=0),
      ALIVE, 3700, Action.STOP_THEN_ESCALATE),
     ("ran past max_runtime", baton(owner=True, touched=4 * 3600, progress=4 * 3600 - 10), ALIVE, 4 * 3600 + 1,
@@ -170,6 +180,18 @@ class TestDecisionTable:
         assert "silent" in d.reason and d.stalled_why == "silent"
         d = decide(baton(owner=True, touched=0, dispatched=0), ALIVE, at(601), POLICY)
         assert d.stalled_why == "never_wrote"
+
+    def test_output_alone_is_proof_of_life(self) -> None:
+        """An agent that prints but never touches is judged by its output: alive while it prints, silent
+        (not "never wrote") once it stops, and "never wrote" only when it printed nothing since dispatch."""
+        b = baton(owner=True, touched=0, dispatched=0)
+        for seconds in (599, 1200, 5000):
+            obs = Observation(alive=True, output_at=at(seconds - 1))
+            assert decide(b, obs, at(seconds), replace(POLICY, progress_after=10**6)).action is Action.NOTHING
+        stopped = decide(b, Observation(alive=True, output_at=at(100)), at(701), POLICY)
+        assert stopped.stalled_why == "silent" and "no output" in stopped.reason
+        before = decide(b, Observation(alive=True, output_at=at(-5)), at(601), POLICY)
+        assert before.stalled_why == "never_wrote"
 
 
 class TestExitClassification:
@@ -308,3 +330,72 @@ class TestStandsUntil:
             assert stands_until(b, decide(b, DEAD, at(10), POLICY)) is None
         timed = baton(Status.BLOCKED, gate=Gate(GateKind.TIME, at(500).isoformat()))
         assert stands_until(timed, decide(timed, DEAD, at(10), POLICY)) == at(500)
+
+
+def limited(*, until: float, since: float, hits: int = 1, reason: str = "API Error: Request rejected (429)",
+            cost: float = 0.0, attempt: int = 0) -> Baton:
+    """A task whose last run was refused by a rate limit, holding until ``until`` (seconds after T0)."""
+    b = baton(attempt=attempt, last_exit=1, ended=since)
+    b.meta.wait_until, b.meta.wait_since, b.meta.limit_hits, b.meta.wait_reason = at(until), at(since), hits, reason
+    b.meta.cost_usd = cost
+    return b
+
+
+class TestLimits:
+    """A rate or usage limit is a wait, not a failure; a cost budget escalates with the spend named."""
+
+    LIMIT_TABLE = [
+        ("before the reset: waits, never dispatches", limited(until=3600, since=0), 1800, Action.NOTHING),
+        ("at the reset: dispatches", limited(until=3600, since=0), 3600, Action.DISPATCH),
+        ("a reset past max_limit_wait: escalates", limited(until=7 * 3600, since=0), 60, Action.ESCALATE),
+        ("a stretch of waits past max_limit_wait: escalates", limited(until=6 * 3600 + 10, since=0, hits=9),
+         6 * 3600, Action.ESCALATE),
+        ("the attempts it did not spend do not escalate", limited(until=3600, since=0, attempt=4), 3600,
+         Action.DISPATCH),
+    ]
+
+    @pytest.mark.parametrize(("name", "b", "now", "expected"), LIMIT_TABLE, ids=[row[0] for row in LIMIT_TABLE])
+    def test_row(self, name: str, b: Baton, now: float, expected: Action) -> None:
+        """Each limit row gives its action."""
+        policy = replace(POLICY, max_limit_wait=6 * 3600)
+        assert decide(b, DEAD, at(now), policy).action is expected
+
+    def test_the_wait_says_until_when_and_stands_until_then(self) -> None:
+        """The decision names the reset, and the daemon need not look again before it."""
+        b = limited(until=3600, since=0, reason="You've hit your limit · resets 7am (UTC)")
+        d = decide(b, DEAD, at(10), POLICY)
+        assert d.reason.startswith(f"waiting for the rate limit until {at(3600).isoformat(timespec='seconds')}")
+        assert "resets 7am" in d.reason
+        assert d.not_before == at(3600) and stands_until(b, d) == at(3600)
+
+    def test_escalation_names_the_longest_wait_and_the_limit(self) -> None:
+        """Past max_limit_wait the escalation says so, with what the CLI said."""
+        d = decide(limited(until=8 * 3600, since=0, reason="weekly limit reached"), DEAD, at(5),
+                   replace(POLICY, max_limit_wait=6 * 3600))
+        assert "max_limit_wait (6h)" in d.reason and "weekly limit reached" in d.reason
+
+    def test_limit_wait_prefers_the_reset_then_retry_after_then_backoff(self) -> None:
+        """The CLI's reset when it is ahead; else its retry-after; else the backoff for the hits so far."""
+        b = baton()
+        assert limit_wait(b, at(900), 30, at(0), POLICY) == at(900)
+        assert limit_wait(b, at(-5), 30, at(0), POLICY) == at(30)  # a reset already past is no wait
+        assert limit_wait(b, None, None, at(0), POLICY) == at(backoff_delay("t", 1, POLICY))
+        b.meta.limit_hits = 4
+        assert limit_wait(b, None, None, at(0), POLICY) == at(backoff_delay("t", 5, POLICY))
+
+    def test_waiting_text_only_while_the_wait_holds(self) -> None:
+        """Status and the page show the wait only before the reset and with no agent running."""
+        b = limited(until=100, since=0)
+        assert waiting_text(b, at(50)) == f"waiting for the rate limit until {at(100).isoformat(timespec='seconds')}"
+        assert waiting_text(b, at(100)) == ""
+        b.meta.owner = Owner(pid=1, how="dispatch")
+        assert waiting_text(b, at(50)) == ""
+
+    def test_cost_budget_escalates_with_the_spend_named(self) -> None:
+        """Once the task's runs cost max_cost_usd, it is escalated, saying what was spent; 0 is no budget."""
+        b = baton(attempt=0, last_exit=0, ended=0)
+        b.meta.cost_usd = 5.25
+        d = decide(b, DEAD, at(10), replace(POLICY, max_cost_usd=5.0))
+        assert d.action is Action.ESCALATE and "$5.25" in d.reason and "max_cost_usd $5.00" in d.reason
+        assert decide(b, DEAD, at(10), replace(POLICY, max_cost_usd=6.0)).action is Action.DISPATCH
+        assert decide(b, DEAD, at(10), replace(POLICY, max_cost_usd=0.0)).action is Action.DISPATCH

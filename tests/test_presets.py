@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from heartbeat.presets import (
     parse_claude,
     parse_codex,
     parse_gemini,
+    parse_reset,
     plan_session,
     read_log_tail,
     resume_note,
@@ -173,6 +175,27 @@ class TestParseRecordedStreams:
         info = parse_claude(fixture("claude_error_exit0.log"))
         assert info.is_error and not info.non_retryable
         assert info.reason == "API Error: 529 Overloaded" and info.event_data()["result"] == info.reason
+
+    def test_claude_rate_limit_is_a_wait_not_a_failure(self) -> None:
+        """The real CLI's 429 result (api_error_status 429): an error, rate-limited, not non-retryable."""
+        info = parse_claude(fixture("claude_rate_limited.log"))
+        assert info.is_error and info.rate_limited and not info.non_retryable
+        assert info.reason.startswith("API Error: Request rejected (429)")
+        assert info.event_data()["rate_limited"] is True
+        assert parse_reset(info.reason, datetime(2026, 12, 1, 16, 0, tzinfo=timezone.utc)) == (None, None)
+
+    def test_claude_usage_limit_names_its_reset(self) -> None:
+        """A usage limit the CLI passes on ("resets 3pm (UTC)") is rate-limited with the reset it names."""
+        info = parse_claude(fixture("claude_usage_limit.log"))
+        assert info.rate_limited and "resets 3pm (UTC)" in info.reason
+        reset, _ = parse_reset(info.reason, datetime(2026, 12, 1, 16, 0, tzinfo=timezone.utc))
+        assert reset == datetime(2026, 12, 2, 15, 0, tzinfo=timezone.utc)
+
+    def test_an_overloaded_api_is_rate_limited_but_not_logged_in_is_not(self) -> None:
+        """529 Overloaded waits; an authentication error stays non-retryable and never waits."""
+        assert parse_claude(fixture("claude_error_exit0.log")).rate_limited
+        assert not parse_claude(fixture("claude_not_logged_in.log")).rate_limited
+        assert not parse_claude(fixture("claude_success.log")).rate_limited
 
     def test_claude_resume_of_an_unknown_session_marks_the_resume_failed(self) -> None:
         """The real "No conversation found" result: the next dispatch must start a fresh session."""
@@ -475,7 +498,7 @@ if mode == "crash":
     print("Killed mid-turn", flush=True)
     sys.exit(1)
 if mode == "error0":
-    result.update(is_error=True, result="API Error: 529 Overloaded", terminal_reason="api_error")
+    result.update(is_error=True, result="API Error: Connection error.", terminal_reason="api_error")
     print(json.dumps(result))
     sys.exit(0)
 if mode == "noconv" and flag == "--resume":
@@ -575,12 +598,12 @@ class TestDaemonSessions:
             h.new("s4", "--launcher", "claude")
             exited = h.wait(lambda: h.events("s4", "exited"), "the exit")[0]
             assert exited.data["code"] == 0 and exited.data["kind"] == "failed"
-            assert exited.data["is_error"] is True and exited.data["result"] == "API Error: 529 Overloaded"
+            assert exited.data["is_error"] is True and exited.data["result"] == "API Error: Connection error."
             assert exited.data["cost_usd"] == 0.01 and exited.data["num_turns"] == 2
             h.wait(lambda: len(runs(h)) >= 2, "the retry")
             dispatched = h.events("s4", "dispatched")[1]
             assert "retry after a failed attempt" in dispatched.data["reason"]
-            assert "529 Overloaded" in dispatched.data["reason"]
+            assert "Connection error" in dispatched.data["reason"]
         finally:
             h.close()
 
@@ -666,3 +689,39 @@ class TestCompactionHeavySessions:
         finally:
             d.shutdown()
             store.close()
+
+
+NOW = datetime(2026, 12, 1, 16, 20, tzinfo=timezone.utc)
+RESETS = [
+    ("You've hit your limit · resets 3pm (UTC)", datetime(2026, 12, 2, 15, 0, tzinfo=timezone.utc), None),
+    ("5-hour limit reached ∙ resets 5:30pm (Europe/Paris)", datetime(2026, 12, 1, 16, 30, tzinfo=timezone.utc), None),
+    ("Claude AI usage limit reached|1764612000", datetime(2025, 12, 1, 18, 0, tzinfo=timezone.utc), None),
+    ("usage limit reached, resets at 2026-12-01T18:00:00Z", datetime(2026, 12, 1, 18, 0, tzinfo=timezone.utc), None),
+    ("resets Dec 2, 5am (UTC)", datetime(2026, 12, 2, 5, 0, tzinfo=timezone.utc), None),
+    ("try again at 3:45 PM", datetime(2026, 12, 2, 15, 45, tzinfo=timezone.utc), None),
+    ("You've hit your usage limit. Try again in 2 days 3 hours 5 minutes.", None, 2 * 86400 + 3 * 3600 + 300.0),
+    ("Quota exceeded. Please retry in 35.2s.", None, 35.2),
+    ("429 Too Many Requests; retry-after: 30", None, 30.0),
+    ("API Error: Request rejected (429) · Number of request tokens has exceeded your per-minute rate limit", None, None),
+    ("resets 11", None, None),
+    ("resets 25:99pm (Not/AZone)", None, None),
+    ("resets at 9999-12-31T23:59:00-05:00", None, None),
+    ("resets at 0001-01-01T00:00:00+05:00", None, None),
+    ("resets Feb 30, 5am (UTC)", None, None),
+]
+
+
+class TestParseReset:
+    """What a limit message says about when to try again, read without a clock."""
+
+    @pytest.mark.parametrize(("text", "reset", "retry_after"), RESETS, ids=[r[0][:40] for r in RESETS])
+    def test_row(self, text: str, reset: datetime | None, retry_after: float | None) -> None:
+        """The reset the text names (as UTC, the next such instant) and its retry-after, each or neither."""
+        assert parse_reset(text, NOW, timezone.utc) == (reset, retry_after)
+
+    def test_a_time_of_day_without_a_zone_is_read_in_the_local_zone(self) -> None:
+        """"resets 3pm" with no zone is 3pm where the daemon runs (the CLI printed its own local time)."""
+        from zoneinfo import ZoneInfo
+
+        reset, _ = parse_reset("resets 3pm", NOW, ZoneInfo("America/New_York"))
+        assert reset == datetime(2026, 12, 1, 20, 0, tzinfo=timezone.utc)

@@ -174,6 +174,13 @@ class Actor:
             ed.event(EventKind.EXITED, code=obs_code, signal=obs_signal, pid=owner.pid if owner else None,
                      duration_s=round(duration, 3) if duration is not None else None, progress=progressed,
                      kind=kind.value, **(info.event_data() if info is not None else {}))
+            if info is not None and info.cost_usd:  # capped: an agent's output must not make its baton unreadable
+                m.cost_usd = min(round(m.cost_usd + info.cost_usd, 6), float(2**53))
+            if kind is pol.ExitKind.RATE_LIMITED:
+                self.wait_for_limit(ed, info, now)
+            else:
+                m.wait_until = m.wait_since = None
+                m.wait_reason, m.limit_hits = "", 0
             if kind is pol.ExitKind.IDLE:
                 m.idle_resumes += 1
                 m.last_failure = f"{refused} ({reason})" if refused else f"{pol.IDLE_FAILURE} ({reason})"
@@ -189,7 +196,7 @@ class Actor:
                 m.blocked_at = now
                 m.last_failure = reason
                 ed.event(EventKind.BLOCKED, on=ed.baton.blocked_on, gate="human")
-            if kind is not pol.ExitKind.FINISHED and m.status is Status.ACTIVE:
+            if kind not in (pol.ExitKind.FINISHED, pol.ExitKind.RATE_LIMITED) and m.status is Status.ACTIVE:
                 ed.event(EventKind.STALLED, why=stop_why or d.stalled_why or pol.StallReason.EXITED)
         stop.reason = ""
         stop.why = None
@@ -202,6 +209,27 @@ class Actor:
         if escalate and new.meta.status is Status.ACTIVE:
             return self.escalate(new, stop_reason or d.reason, now)
         return new
+
+    def wait_for_limit(self, ed: Any, info: ResultInfo | None, now: datetime) -> None:
+        """A run refused by a rate or usage limit (inside the settle's edit): give back the attempt its
+        dispatch counted and hold the task until the reset the CLI named (else its retry-after, else
+        the backoff for this many limited runs in a row); :func:`policy.decide` waits or escalates."""
+        from heartbeat.presets import parse_reset
+
+        m = ed.baton.meta
+        d = self.shared.config.daemon
+        said = info.reason if info is not None else ""
+        reset, retry_after = parse_reset(said, now)
+        until = pol.limit_wait(ed.baton, reset, retry_after, now,
+                               pol.Policy(backoff_initial=d.backoff_initial, backoff_max=d.backoff_max))
+        source = "reset" if until == reset else "retry-after" if retry_after else "backoff"
+        m.attempt = max(0, m.attempt - 1)
+        m.wait_since = m.wait_since or now
+        m.wait_until = until
+        m.wait_reason = said or "rate limited"
+        m.limit_hits += 1
+        ed.event(EventKind.RATE_LIMITED, until=until.isoformat(), source=source, hits=m.limit_hits,
+                 reason=m.wait_reason)
 
     # -- escalating and notifying ----------------------------------------------------------
 
@@ -519,6 +547,8 @@ def judge_result(info: ResultInfo | None, kind: pol.ExitKind, reason: str, launc
         said = info.reason or "an authentication error"
         return (pol.ExitKind.NON_RETRYABLE, f"{reason}: {said}",
                 f"launcher {launcher} reports: {said} (not retryable: a human is needed)")
+    if info.rate_limited and kind in (pol.ExitKind.SHIFT_END, pol.ExitKind.IDLE, pol.ExitKind.FAILED):
+        return pol.ExitKind.RATE_LIMITED, f"{reason}: {info.reason or 'rate limited'}", ""
     if info.is_error and kind in (pol.ExitKind.SHIFT_END, pol.ExitKind.IDLE, pol.ExitKind.FAILED):
         return pol.ExitKind.FAILED, f"{reason}: {info.reason or 'the agent reported an error'}", ""
     return kind, reason, ""

@@ -520,6 +520,8 @@ class Core:
             on_spinning=d.on_spinning,
             launch_timeout=defaults.LAUNCH_TIMEOUT,
             inactive_grace=d.inactive_grace,
+            max_limit_wait=d.max_limit_wait,
+            max_cost_usd=d.max_cost_usd,
         )
 
     def _lock_busy(self, task_id: str, mem: LookMemory, action: str, exc: Busy) -> None:

@@ -18,6 +18,7 @@ from heartbeat.daemon.ages import Ages
 from heartbeat.daemon.shared import Shared
 from heartbeat.errors import HeartbeatError, NotFound, UnsafePath
 from heartbeat.ledger import Event, EventKind
+from heartbeat.liveness import output_at
 
 __all__ = ["BLOCK_KINDS", "BlockMemory", "Observer"]
 
@@ -104,6 +105,7 @@ class Observer:
         alive = False
         exit_code: int | None = None
         exit_signal: int | None = None
+        output: datetime | None = None
         owner = meta.owner
         if owner is not None:
             if stopping:
@@ -128,6 +130,8 @@ class Observer:
             if alive and owner.how == OwnerKind.DISPATCH:
                 sh.running[baton.id] = owner.launcher or baton.launcher or sh.config.daemon.default_launcher
                 sh.exits.watch(baton.id, owner)
+                if meta.status is Status.ACTIVE and not stopping:  # the agent's own output is proof of life
+                    output = output_at(sh.layout.log(baton.id, meta.epoch), now.timestamp())
             else:
                 sh.running.pop(baton.id, None)
         else:
@@ -171,7 +175,8 @@ class Observer:
         started = (owner.started_at if owner is not None else None) or meta.dispatched_at
         ages = self.ages.measure(baton.id, {
             "started": started,
-            "signal": max((t for t in (meta.touched_at, meta.dispatched_at) if t is not None), default=None),
+            # proof of life: a write, a touch, or the agent's own output (its log's mtime)
+            "signal": max((t for t in (meta.touched_at, meta.dispatched_at, output) if t is not None), default=None),
             "progress": max((t for t in (meta.progress_at, started) if t is not None), default=None),
             "dispatched": meta.dispatched_at,
         }, now, mono)
@@ -184,7 +189,7 @@ class Observer:
         return pol.Observation(alive=alive, exit_code=exit_code, exit_signal=exit_signal, gate_open=gate_open,
                                block_dropped=block_dropped, spinning_reported=spinning_reported,
                                inactive_since=inactive_since, upstream_pending=pending,
-                               running_for=ages["started"], silent_for=ages["signal"],
+                               output_at=output, running_for=ages["started"], silent_for=ages["signal"],
                                unchanged_for=ages["progress"], dispatched_for=ages["dispatched"],
                                inactive_for=inactive_for)
 
