@@ -733,6 +733,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         try:
             target = open_exact(args.to)
             try:
+                _refuse_database_daemons(source, "--from", args.from_)
+                _refuse_database_daemons(target, "--to", args.to)
                 result, skipped = migrate(source, target, where=args.from_)
             finally:
                 target.close()
@@ -746,6 +748,19 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         print(f"heartbeat: left out invalid baton {line}", file=sys.stderr)
     print(result.summary("copied"))
     return 0
+
+
+def _refuse_database_daemons(store: object, option: str, where: str) -> None:
+    """DaemonRunning when a daemon runs on the database store ``store`` (it holds no state dir's
+    lock file: its lock is in the database)."""
+    from heartbeat.errors import DaemonRunning
+
+    backends = getattr(store, "daemon_backends", None)
+    pids = backends() if backends is not None else []
+    if pids:
+        raise DaemonRunning(f"{option} {getattr(store, 'label', where)}: a daemon is running on this database (server pid "
+                            f"{', '.join(map(str, pids))}); stop it first (systemctl stop heartbeat on its "
+                            "host), then migrate")
 
 
 def _hold_for_migrate(where: str, option: str, *, must_exist: bool = False) -> int | None:

@@ -322,7 +322,13 @@ def load_config(path: str) -> Config:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text (byte {exc.start})", path=path) from None
-    return parse_config(text, path=path)
+    config = parse_config(text, path=path)
+    if config.http.token and mode & 0o044:
+        # Whoever reads the token reads every baton through the status page.
+        raise ConfigError(f"holds [http] token and is readable by others (mode {mode:04o}), who could read every "
+                          f"baton through the status page with it; fix it with: chmod go-r {path} "
+                          "(or set $HEARTBEAT_WEB_TOKEN instead)", path=path)
+    return config
 
 
 def parse_config(text: str, *, path: str = "heartbeat.toml") -> Config:

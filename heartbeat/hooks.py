@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -516,24 +517,38 @@ def _finite(text: str) -> float:
     return value
 
 
+def _read_bytes(path: str, what: str) -> bytes | None:
+    """The whole of the regular file at ``path`` (through a symlink), None when there is none;
+    anything else there (a directory, a FIFO, a device) or a file past the size limit is refused
+    with one line. Opened without blocking: a FIFO would wait for a writer for ever."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise BadInput(f"{path}: is a directory, not {what}") from None
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BadInput(f"{path}: not a regular file, not {what}; left untouched")
+        try:
+            raw = handle.read(_MAX_SETTINGS_BYTES + 1)
+        except OSError as exc:
+            raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
+    if len(raw) > _MAX_SETTINGS_BYTES:
+        raise BadInput(f"{path}: larger than {_MAX_SETTINGS_BYTES} bytes; left untouched")
+    return raw
+
+
 def _load_json(path: str, what: str) -> dict[str, Any]:
     """A JSON object file, or {} when missing; anything else is refused with one line.
 
     A number no JSON reader can hold (``1e400``, ``NaN``, ``Infinity``) is refused too: Python
     would read it as infinity and write it back as ``Infinity``, which is not JSON.
     """
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(_MAX_SETTINGS_BYTES + 1)
-    except FileNotFoundError:
-        return {}
-    except IsADirectoryError:
-        raise BadInput(f"{path}: is a directory, not {what}") from None
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
-    if len(raw) > _MAX_SETTINGS_BYTES:
-        raise BadInput(f"{path}: larger than {_MAX_SETTINGS_BYTES} bytes; left untouched")
-    if not raw.strip():
+    raw = _read_bytes(path, what)
+    if raw is None or not raw.strip():
         return {}
     try:
         doc = json.loads(raw.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite)
@@ -840,15 +855,12 @@ def agents_section(task: str | None = None, hb: str = "heartbeat") -> str:
 
 
 def _read_text(path: str) -> str:
+    """All of ``path`` (``""`` when missing): a file cut at the size limit would be written back cut."""
+    raw = _read_bytes(path, "an AGENTS.md")
     try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read(_MAX_SETTINGS_BYTES + 1)
-    except FileNotFoundError:
-        return ""
+        return "" if raw is None else raw.decode("utf-8")
     except UnicodeDecodeError:
         raise BadInput(f"{path}: not UTF-8; left untouched") from None
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
 
 
 def _strip_section(text: str, path: str) -> str:
@@ -876,14 +888,15 @@ def install_codex(directory: str | None = None, *, user: bool = False, state_dir
     path = codex_hooks_path(directory, user=user, env=env)
     doc, changed = _merge_hooks(_load_json(path, "a hooks file"), path, "codex", state_dir=state_dir,
                                 config=config, task=task)
+    project = not (user and directory is None)
+    agents = os.path.join(os.path.abspath(directory or "."), "AGENTS.md")
+    text = _read_text(agents) if project else ""  # (read before anything is written: refused, nothing is)
     written = []
     if changed:
         _write_atomic(path, _dump(doc))
         written.append(path)
-    if user and directory is None:
+    if not project:
         return written
-    agents = os.path.join(os.path.abspath(directory or "."), "AGENTS.md")
-    text = _read_text(agents)
     base = _strip_section(text, agents)
     if base and not base.endswith("\n"):
         base += "\n"
@@ -903,14 +916,15 @@ def uninstall_codex(directory: str | None = None, *, user: bool = False, state_d
     written = []
     original = _load_json(path, "a hooks file")
     new_doc = _unmerge_hooks(original, path, "codex", serving)
+    project = not (user and directory is None)
+    agents = os.path.join(os.path.abspath(directory or "."), "AGENTS.md")
+    text = _read_text(agents) if project else ""  # (read before anything is written: refused, nothing is)
+    new = _strip_section(text, agents)
     if new_doc != original:
         _write_atomic(path, _dump(new_doc))
         written.append(path)
-    if user and directory is None:
+    if not project:
         return written
-    agents = os.path.join(os.path.abspath(directory or "."), "AGENTS.md")
-    text = _read_text(agents)
-    new = _strip_section(text, agents)
     if new != text:
         if new.strip():
             _write_atomic(agents, new)

@@ -117,7 +117,7 @@ stop_grace = "500ms"
     def write_config(self, text: str | None = None) -> None:
         tmp = self.config.with_suffix(".tmp")
         tmp.write_text(self.config_text() if text is None else text)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o600)  # it may hold an [http] token: readable by others, it is refused
         os.replace(tmp, self.config)
 
     def env(self) -> dict[str, str]:

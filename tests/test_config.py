@@ -182,6 +182,20 @@ class TestErrors:
         assert r.code == 2
         assert f"is writable by others (mode {mode:04o})" in r.err and f"chmod go-w {path}" in r.err
 
+    @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604])
+    def test_a_token_others_can_read_is_refused(self, hb: Hb, tmp_path: Path, mode: int) -> None:
+        """An [http] token in a config group or others can read (0644, the default umask's) is no secret:
+        another local user reads it and then every baton through the status page (issue 17 item 1 by
+        another door). Refused with the chmod fix; 0600, or the same file without a token, loads."""
+        text = '[http]\nlisten = "127.0.0.1:8787"\ntoken = "s3cret-token"\n'
+        path = _write(tmp_path / "heartbeat.toml", text, mode)
+        r = hb("--config", str(path), "check-config")
+        assert r.code == 2 and r.err.count("\n") == 1, r.err
+        assert f"holds [http] token and is readable by others (mode {mode:04o})" in r.err
+        assert f"chmod go-r {path}" in r.err and "s3cret" not in r.err
+        assert hb("--config", str(_write(path, text, 0o600)), "check-config").code == 0
+        assert hb("--config", str(_write(path, text.replace("s3cret-token", ""), mode)), "check-config").code == 0
+
     def test_missing_and_special_files(self, hb: Hb, tmp_path: Path) -> None:
         """A config that is missing, a directory or a FIFO is a one-line exit 2, never a hang."""
         r = hb("--config", str(tmp_path / "nope.toml"), "check-config")

@@ -556,6 +556,32 @@ class TestInstall:
         assert hb("hooks", "uninstall", "codex", "--dir", str(work)).code == 0
         assert not (work / "AGENTS.md").exists()
 
+    def test_codex_an_agents_md_too_large_to_read_is_left_whole(self, hb: Callable[..., Result], work: Path) -> None:
+        """An AGENTS.md larger than the read limit is refused untouched: it was read only up to the
+        limit and written back cut there, losing the rest of a person's file."""
+        agents = work / "AGENTS.md"
+        original = "# Project rules\n" + "Run the tests before every commit.\n" * 140_000 + "THE LAST RULE\n"
+        agents.write_text(original)
+        r = hb("hooks", "install", "codex", "--dir", str(work))
+        assert r.code == 2 and "larger than" in r.err and len(r.err.strip().splitlines()) == 1, r.err
+        assert agents.read_text() == original
+
+    @pytest.mark.parametrize("name", [".claude/settings.json", "AGENTS.md"])
+    def test_a_fifo_instead_of_a_file_is_refused_without_hanging(self, hb: Callable[..., Result], work: Path,
+                                                                 name: str) -> None:
+        """A FIFO where a settings file or AGENTS.md belongs (anything in a workdir can make one) is
+        refused with one line: opening it to read waited for a writer for ever."""
+        fifo = work / name
+        fifo.parent.mkdir(exist_ok=True)
+        os.mkfifo(fifo)
+        agent = "claude" if name.startswith(".claude") else "codex"
+        try:
+            r = hb("hooks", "install", agent, "--dir", str(work), timeout=20)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"hooks install {agent} hung on a FIFO at {name}") from None
+        assert r.code == 2 and "not a regular file" in r.err, r.err
+        assert fifo.is_fifo()
+
     def test_codex_hooks_json(self, hb: Callable[..., Result], work: Path, tmp_path: Path) -> None:
         """codex: the four hooks merge into .codex/hooks.json next to a person's own (kept, with the file's
         other keys); --user writes $CODEX_HOME/hooks.json and, without --dir, no AGENTS.md."""

@@ -129,3 +129,37 @@ class TestReRuns:
         _tasks(hb, "m1")
         r = hb("migrate", "--from", str(state_dir), "--to", str(state_dir) + "/")
         _one_line(r, 2, "same store")
+
+
+@pytest.mark.slow
+class TestBesideADaemonOnADatabase:
+    """A daemon on a PostgreSQL store holds its host's advisory lock there, not a state dir's lock
+    file: migrate checks the database for one."""
+
+    @pytest.mark.parametrize("side", ["--from", "--to"])
+    def test_a_daemon_on_the_database_is_refused_and_nothing_written(
+            self, side: str, pg_url: str, tmp_path: Path, state_dir: Path, hb: Callable[..., Result]) -> None:
+        """The lock a daemon takes (``claim_daemon``, held here as ``heartbeat run`` holds it): exit 1,
+        one line, nothing copied (on main 5107149: exit 0 and "copied 1 baton(s)", a copy of a moving
+        store, as issue 20 item 3 found for a state dir)."""
+        from heartbeat.store.postgres import PostgresStore
+
+        (tmp_path / "dst").mkdir(mode=0o700)
+        daemon = PostgresStore(pg_url)
+        try:
+            if side == "--from":
+                _tasks(hb, "seed")
+                assert hb("migrate", "--from", str(state_dir), "--to", pg_url).code == 0
+                daemon.claim_daemon("host-a")
+                target = tmp_path / "dst"
+                r = hb("migrate", "--from", pg_url, "--to", str(target))
+                _one_line(r, 1, "--from", "a daemon", "stop it first")
+                assert not (target / "batons").exists() or not list((target / "batons").glob("*.toml"))
+            else:
+                _tasks(hb, "m1")
+                daemon.claim_daemon("host-a")
+                r = hb("migrate", "--from", str(state_dir), "--to", pg_url)
+                _one_line(r, 1, "--to", "a daemon", "stop it first")
+                assert daemon.scan() == []
+        finally:
+            daemon.close()

@@ -643,6 +643,16 @@ class PostgresStore:
             )
         self._daemon_conn = conn
 
+    def daemon_backends(self) -> list[int]:
+        """The server pids of the sessions holding a daemon lock (:meth:`claim_daemon`) on this
+        database, whatever their host id: empty when no daemon runs on it."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 "
+                "AND classid::bigint = %s AND database = (SELECT oid FROM pg_database "
+                "WHERE datname = current_database())", (_DAEMON_LOCK,)).fetchall()
+        return sorted(int(row[0]) for row in rows)
+
     def close(self) -> None:
         if self._daemon_conn is not None:
             self._daemon_conn.close()
