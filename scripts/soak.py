@@ -1272,8 +1272,8 @@ timeout = "5s"
         directions by ``step_size``), while the daemon ticks; hold off its kills for ``STEP_WATCH``."""
         if to is None:
             span = self.daemon_spans[-1][0] if self.daemon_spans else float("inf")
-            if not self.daemon_alive() or not any(name == "WATCHDOG" and t > span for t, name in self.tick_watch.beats):
-                return False  # a daemon not yet ticking would read the stepped clock as its own at start
+            if not self.daemon_alive() or not any(name == "READY" and t > span for t, name in self.tick_watch.beats):
+                return False  # the daemon looks for steps every second once it serves (READY)
             cycle = (self.step_size, 0.0, -self.step_size, 0.0)
             to = cycle[len(self.clock_steps) % len(cycle)]
         if to == self.clock_shift:
@@ -1721,12 +1721,15 @@ timeout = "5s"
         logged and ticked through (:func:`check_clock_steps`)."""
         beats = list(self.tick_watch.beats)
         for step in self.clock_steps:
-            step.watched = any(lo <= step.wall and step.wall + STEP_WATCH <= hi
-                               and any(name == "WATCHDOG" and lo < t < step.wall for t, name in beats)
-                               for lo, hi in self.daemon_spans)
+            span = next(((lo, hi) for lo, hi in self.daemon_spans if lo <= step.wall and step.wall + STEP_WATCH <= hi),
+                        None)
+            if span is not None:
+                step.watched = any(name == "READY" and span[0] < t < step.wall for t, name in beats)
+                step.ticking = any(name == "WATCHDOG" and span[0] < t < step.wall for t, name in beats)
             self.counts["clock_steps_watched" if step.watched else "clock_steps_unwatched"] += 1
+            self.counts["clock_steps_in_a_first_pass"] += step.watched and not step.ticking
             after = [m for m, name in self.tick_watch.mono_beats if name == "WATCHDOG" and m > step.mono]
-            if step.watched and after:
+            if step.ticking and after:
                 self.counts["max_first_tick_after_step_ms"] = max(self.counts["max_first_tick_after_step_ms"],
                                                                   round(1000 * (after[0] - step.mono)))
         self.counts["clock_stepped_lines"] = len(self.step_lines)

@@ -73,10 +73,11 @@ The invariants (each violation is kept with its evidence):
     targets stay byte-identical (checked by the soak).
 ``clock-step``
     The soak steps the daemon's wall clock (forward and back, by hours, through its test
-    clock's offset file: :class:`ClockStep`). For each step the daemon was up to see (ticking
+    clock's offset file: :class:`ClockStep`). For each step the daemon was up to see (serving
     at the step and up ``watch`` seconds after): it logs ``clock_stepped`` with the step's
-    direction and size, and its tick goes on (a ``WATCHDOG=1`` within ``watch`` seconds of the
-    soak's monotonic clock); it logs no ``clock_stepped`` the soak did not make. No daemon
+    direction and size, and, when it had ticked before the step, its tick goes on (a
+    ``WATCHDOG=1`` within ``watch`` seconds of the soak's monotonic clock); it logs no
+    ``clock_stepped`` the soak did not make. No daemon
     decision in the ledger cites a duration longer than the soak has run ("hung ... for 2h",
     "step unchanged for 2h"), and no agent is stopped past ``max_runtime`` before it ran that
     long (:func:`check_stepped_decisions`). Ledger times the daemon stamped on its shifted
@@ -1167,7 +1168,11 @@ class ClockStep:
     after: float
     """And after it."""
     watched: bool = False
-    """The daemon was ticking at the step and stayed up ``watch`` seconds after it (set by the soak)."""
+    """The daemon was serving (``READY``) at the step and stayed up ``watch`` seconds after it (set by
+    the soak): it must log the step."""
+    ticking: bool = False
+    """Watched, and the daemon had ticked since it started (its first pass, which may take
+    ``FIRST_PASS``, was over): its tick must go on within ``watch``."""
 
     @property
     def size(self) -> float:
@@ -1198,24 +1203,26 @@ def check_clock_steps(steps: Sequence[ClockStep], lines: Sequence[tuple[float, s
     """Each watched step has its ``clock_stepped`` line and a tick after it; no line without a step.
 
     ``lines``: (machine wall time of the log line, ``direction``, ``seconds``); ``beats``: (the soak's
-    monotonic time, name) of the daemon's notifications. A line belongs to a step when it came within
-    [step - 0.5 s, step + ``watch`` + 2 s], says the step's direction, and its size is the step's within
-    ``tolerance`` seconds."""
+    monotonic time, name) of the daemon's notifications. A line belongs to a step when it came after it
+    (0.5 s of log-stamp slack), says the step's direction, and its size is the step's within
+    ``tolerance`` seconds (a step made while the daemon started may be logged late, once it serves); a
+    watched step's line must come within ``watch`` + 2 s."""
     out = []
     used: set[int] = set()
     for step in steps:
         direction = "back" if step.size < 0 else "forward"
         match = next((i for i, (t, d, secs) in enumerate(lines)
-                      if i not in used and step.wall - 0.5 <= t <= step.wall + watch + 2.0 and d == direction
+                      if i not in used and step.wall - 0.5 <= t and d == direction
                       and abs(secs - abs(step.size)) <= tolerance), None)
         if match is not None:
             used.add(match)
         if not step.watched:
             continue
-        if match is None:
-            out.append(Violation("clock-step", "", f"no clock_stepped line ({direction}, {abs(step.size):.0f}s) for "
-                                                   f"the step the soak made at {step.wall:.3f}"))
-        if not any(name == "WATCHDOG" and step.mono < m <= step.mono + watch for m, name in beats):
+        if match is None or lines[match][0] > step.wall + watch + 2.0:
+            out.append(Violation("clock-step", "", f"no clock_stepped line ({direction}, {abs(step.size):.0f}s) "
+                                                   f"within {watch + 2.0:g}s of the step the soak made at "
+                                                   f"{step.wall:.3f}"))
+        if step.ticking and not any(name == "WATCHDOG" and step.mono < m <= step.mono + watch for m, name in beats):
             out.append(Violation("clock-step", "", f"no tick within {watch:g}s (monotonic) after the {direction} "
                                                    f"step of {abs(step.size):.0f}s at {step.wall:.3f}"))
     for i, (t, d, secs) in enumerate(lines):
