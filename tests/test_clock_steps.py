@@ -445,3 +445,38 @@ class TestTheTestClock:
         finally:
             h._daemon_env = False
             h.close()
+
+
+class TestTheRecordAcrossAStep:
+    """What the daemon records of a run is measured on the monotonic clock too."""
+
+    def test_an_exit_after_a_step_forward_records_how_long_the_agent_really_ran(
+            self, tmp_path: Path, stop_after: list[Daemon]) -> None:
+        """An agent runs a few seconds; the wall clock steps two hours forward; it is killed. Its
+        ``exited`` event says it ran seconds, and the reason does not say "after 2h" (found by the
+        soak's clock step on 79ecbff: "killed by signal 9 after 2h" for a run of seconds)."""
+        import os
+        import signal
+
+        tmp_path.chmod(0o700)
+        hang = f"""
+[launchers.agent]
+type = "exec"
+command = {toml_list([*TOY, "--mode", "hang"])}
+stop_grace = "500ms"
+"""
+        d, clock, _log = serving(tmp_path, 'tick = "100ms"\nstall_after = "1h"\nbackoff_initial = "1h"\nbackoff_max = "2h"',
+                                launchers=hang)
+        tasks.new_task(d.store, "k1", task="Hang", step="one")
+        d.initialize()
+        d.start_scheduler()
+        stop_after.append(d)
+        human = FileStore(d.store.state_dir)
+        owner = wait_for(lambda: (b := human.load("k1")).meta.owner is not None and b.meta.owner.pid and b.meta.owner,
+                         timeout=30, message="the agent running")
+        clock.step(2 * HOUR)
+        wait_for(lambda: d.steps.steps >= 1, timeout=30, message="the step seen")
+        os.killpg(owner.pid, signal.SIGKILL)
+        exited = wait_for(lambda: d.store.ledger.events("k1", kinds=["exited"]), timeout=60, message="the exit settled")
+        assert exited[0].data["duration_s"] < 600, exited[0].data
+        assert "after 2h" not in (human.load("k1").meta.last_failure or ""), human.load("k1").meta.last_failure
