@@ -1248,8 +1248,10 @@ def check_stepped_decisions(events: Sequence[LedgerEvent], groups: Sequence[Grou
 
     - a daemon event (stopped, escalated, stalled, spinning, exited, ...) whose reason cites a duration
       longer than ``span`` (the soak's whole run): no agent was silent, spinning or waiting that long;
-    - a ``stopped`` event for ``max_runtime`` whose epoch's agent group started less than
-      ``max_runtime`` - ``margin`` seconds before the stop."""
+    - a ``stopped`` event for ``max_runtime`` less than ``max_runtime`` - ``margin`` seconds after its
+      epoch's ``dispatched`` event (the daemon counts a run from its dispatch, which may come seconds
+      before the agent's process on a loaded machine), or, with no such event, after the epoch's
+      agent group started."""
     out = []
     for e in events:
         if e.actor != "daemon":
@@ -1260,9 +1262,10 @@ def check_stepped_decisions(events: Sequence[LedgerEvent], groups: Sequence[Grou
                                                            f"longer than the soak's {span:.0f}s: {value!r:.160}"))
                 break
         if e.kind == "stopped" and "max_runtime" in str(e.data.get("reason", "")):
-            mine = [g for g in groups if g.epoch == e.epoch and g.start_wall]
-            if mine and e.ts - min(g.start_wall for g in mine) < max_runtime - margin:
-                ran = e.ts - min(g.start_wall for g in mine)
-                out.append(Violation("clock-step", e.task, f"stopped past max_runtime ({max_runtime:g}s) after "
-                                                           f"{ran:.1f}s (id {e.id}, epoch {e.epoch})"))
+            starts = [d.ts for d in events if d.kind == "dispatched" and d.epoch == e.epoch and d.id < e.id] or [
+                g.start_wall for g in groups if g.epoch == e.epoch and g.start_wall]
+            if starts and e.ts - min(starts) < max_runtime - margin:
+                ran = e.ts - min(starts)
+                out.append(Violation("clock-step", e.task, f"stopped past max_runtime ({max_runtime:g}s) {ran:.1f}s "
+                                                           f"after its dispatch (id {e.id}, epoch {e.epoch})"))
     return out

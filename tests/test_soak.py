@@ -429,6 +429,9 @@ class TestClockSteps:
         assert len(check_stepped_decisions([stop], [group], span=300.0, max_runtime=5.0)) == 1
         late = LedgerEvent(1, 54.5, "t", "stopped", 2, 0, "daemon", dict(stop.data))
         assert check_stepped_decisions([late], [group], span=300.0, max_runtime=5.0) == []
+        # The daemon counts from the dispatch, which may come seconds before the process (a slow launch).
+        dispatched = LedgerEvent(0, 44.0, "t", "dispatched", 2, 1, "daemon", {})
+        assert check_stepped_decisions([dispatched, stop], [group], span=300.0, max_runtime=5.0) == []
 
 
 class TestTickGaps:
