@@ -323,6 +323,8 @@ class Soak:
         self.clock_file.write_text("0\n")
         self.clock_shift = 0.0
         self.clock_steps: list[ClockStep] = []
+        self.step_waits = 0
+        """Tries that found the daemon serving but still in its first pass (a step waits for a few)."""
         self.step_lines: list[tuple[float, str, float]] = []
         """The daemon's ``clock_stepped`` lines: (log time, direction, seconds)."""
         self.step_size = max(STEP_HOURS * 3600.0, 2.0 * (args.duration + args.drain) + 600.0)
@@ -1272,8 +1274,13 @@ timeout = "5s"
         directions by ``step_size``), while the daemon ticks; hold off its kills for ``STEP_WATCH``."""
         if to is None:
             span = self.daemon_spans[-1][0] if self.daemon_spans else float("inf")
-            if not self.daemon_alive() or not any(name == "READY" and t > span for t, name in self.tick_watch.beats):
+            beats = [name for t, name in self.tick_watch.beats if t > span]
+            if not self.daemon_alive() or "READY" not in beats:
                 return False  # the daemon looks for steps every second once it serves (READY)
+            if "WATCHDOG" not in beats and self.step_waits < 8:
+                self.step_waits += 1  # rather after its first pass, so the tick after the step is judged too
+                return False
+            self.step_waits = 0
             cycle = (self.step_size, 0.0, -self.step_size, 0.0)
             to = cycle[len(self.clock_steps) % len(cycle)]
         if to == self.clock_shift:
