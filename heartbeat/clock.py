@@ -11,10 +11,15 @@ keeps their next runs as wall-clock times). The tick itself beats on the monoton
 
 :class:`ShiftedClock` is a wall clock shifted in-process, for tests (as huey's tests pass
 ``now``): the daemon reads every wall-clock time through its :class:`Clock`.
+:class:`OffsetFileClock` is the same for a daemon in another process (``heartbeat run`` given
+:data:`~heartbeat.defaults.TEST_CLOCK_ENV`, a test seam): its shift is read from a file, so the
+soak steps a real daemon's wall clock with no libfaketime (whose 0.9.10 breaks ``time.sleep``
+when the monotonic clock is left alone).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +28,8 @@ from typing import Protocol
 
 from heartbeat import defaults
 
-__all__ = ["Clock", "Metronome", "ShiftedClock", "StepWatch", "SystemClock", "SYSTEM"]
+__all__ = ["Clock", "Metronome", "OffsetFileClock", "ShiftedClock", "StepWatch", "SystemClock", "SYSTEM",
+           "clock_from_env"]
 
 
 class Clock(Protocol):
@@ -65,6 +71,46 @@ class ShiftedClock:
 
     def monotonic(self) -> float:
         return time.monotonic()
+
+
+class OffsetFileClock:
+    """The system's clocks with the wall clock shifted by the seconds written in ``path`` (a
+    number, negative: behind), re-read at every look; for tests only (the soak steps a real
+    daemon's wall clock by rewriting the file). The monotonic clock is the machine's.
+
+    A file unreadable or not a finite number at start raises :class:`ValueError` (one line);
+    later, the last good shift holds until the file reads well again."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        shift = self._read()
+        if shift is None:
+            raise ValueError(f"{defaults.TEST_CLOCK_ENV}={path}: not a readable file holding a number of seconds")
+        self.shift = shift
+
+    def _read(self) -> float | None:
+        try:
+            with open(self.path, "rb") as handle:
+                value = float(handle.read(64).decode("ascii").strip())
+        except (OSError, ValueError, UnicodeDecodeError):
+            return None
+        return value if abs(value) < 1e9 else None  # (also refuses nan and inf)
+
+    def now(self) -> datetime:
+        shift = self._read()
+        if shift is not None:
+            self.shift = shift
+        return datetime.now(UTC) + timedelta(seconds=self.shift)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+def clock_from_env(env: dict[str, str] | None = None) -> Clock:
+    """The machine's clocks, or an :class:`OffsetFileClock` when :data:`~heartbeat.defaults.TEST_CLOCK_ENV`
+    names a file (a test seam; raises :class:`ValueError` for a file it cannot read)."""
+    path = (os.environ if env is None else env).get(defaults.TEST_CLOCK_ENV)
+    return OffsetFileClock(path) if path else SYSTEM
 
 
 class StepWatch:

@@ -222,3 +222,9 @@ daemon calls it a step (logs ``clock_stepped`` and re-arms its scheduler); NTP's
 
 CLOCK_CHECK_EVERY = 1.0
 """Seconds, at most, between the daemon's looks for a wall-clock step (its main thread, on the monotonic clock)."""
+
+TEST_CLOCK_ENV = "HEARTBEAT_TEST_CLOCK_OFFSET_FILE"
+"""A test seam, never for production: ``heartbeat run`` started with this set reads its wall clock
+as the machine's plus the seconds written in that file, re-read at every look, so a test (the soak)
+steps the daemon's wall clock by rewriting the file (:class:`heartbeat.clock.OffsetFileClock`). The
+daemon logs ``test_clock`` at start when it is set."""

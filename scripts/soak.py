@@ -37,7 +37,13 @@ random. Meanwhile the soak:
 - migrates the live store (``heartbeat migrate --from STATE --to`` a fresh dir) beside the
   running daemon: it must exit 1 naming the daemon's pid and how to stop it, and write no
   baton to the target (a daemon stopped by the soak meanwhile may let it copy: counted);
-- holds a baton's lock (``locks/<id>.lock``, flock) from another process for 1-3 s.
+- holds a baton's lock (``locks/<id>.lock``, flock) from another process for 1-3 s;
+- steps the daemon's wall clock by hours, forward and back (its test clock: ``heartbeat run``
+  given ``HEARTBEAT_TEST_CLOCK_OFFSET_FILE`` reads its wall clock as the machine's plus the
+  seconds in that file), and holds off its daemon kills for ``STEP_WATCH`` seconds so the
+  daemon is there to see it: it must log ``clock_stepped``, tick on, and stop or escalate no
+  agent over the step. The agents, the CLI and the soak keep the machine's clock; the checker
+  maps the ledger times the daemon stamped on its shifted clock back to the machine's.
 
 Agents may also leave a ``setsid`` grandchild behind (``chaos_agent.py``, behaviour
 ``setsid-child``), which must not outlive its agent's shift.
@@ -81,15 +87,19 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from soak_checker import (  # noqa: E402  (tests/ is not a package)
     Checker,
+    ClockStep,
     TickWatch,
     check_blocks,
     check_bypasses,
+    check_clock_steps,
     check_dispatch_epochs,
     check_dispatch_status,
     check_fencing,
     check_group_starts,
     check_inactive_agents,
     check_notify,
+    check_stepped_decisions,
+    map_ledger_times,
     read_ledger,
     tick_gaps,
 )
@@ -112,12 +122,21 @@ PLANT_EXCUSES = {"launch_failed", "dispatch_unrecorded"}
 TICKS = ("150ms", "200ms", "300ms")
 """The ticks a good SIGHUP picks from; a tick gap is judged against the longest (5 x 300 ms)."""
 RETRY_SOON = {"fifo_logs", "symlink_logs", "fifo_workdir", "race", "restore_baton", "corrupt_ledger",
-              "second_daemon", "hold_lock", "hup_broken", "live_migrate"}
+              "second_daemon", "hold_lock", "hup_broken", "live_migrate", "clock_step"}
 """Faults that, finding nothing to act on (no daemon up, no candidate task), are tried again within
 a second instead of waiting their whole interval: the short soak must try each of them."""
 MIGRATE_WITHIN = 8.0
 """Seconds a live migration gets to meet the running daemon (start and reach its lock, on a loaded
 machine) before the soak may stop that daemon."""
+STEP_WATCH = 5.0
+"""Seconds after a clock step the soak holds off its daemon kills: the daemon looks for a step every
+second (``CLOCK_CHECK_EVERY``) and must log ``clock_stepped`` and tick again within this."""
+STEP_HOURS = 2.0
+"""The least clock step, in hours: every step is longer than the whole soak (``--long`` runs about
+32 minutes), so a duration measured across one is beyond anything an agent really did."""
+TEST_CLOCK_ENV = "HEARTBEAT_TEST_CLOCK_OFFSET_FILE"
+"""The daemon's test clock (``heartbeat.defaults.TEST_CLOCK_ENV``): its wall clock is the machine's
+plus the seconds written in this file."""
 LOCK_HOLDERS = ("second daemon", "migrate")
 """Background commands that take the daemon lock: stopped before the soak restarts its daemon."""
 STARTUP_GRACE = 3.0
@@ -157,6 +176,7 @@ FAULTS: dict[str, tuple[float, float]] = {
     "second_daemon": (6.0, 12.0),
     "hold_lock": (3.0, 7.0),
     "live_migrate": (6.0, 12.0),
+    "clock_step": (7.0, 13.0),
 }
 
 
@@ -299,7 +319,18 @@ class Soak:
         self._task_seq = 0
         self._edit_seq = 0
         self.tick_watch = TickWatch(str(self.root / "notify.sock"))
-        self.env_daemon = {**self.env, "NOTIFY_SOCKET": str(self.root / "notify.sock")}
+        self.clock_file = self.root / "clock-offset"
+        self.clock_file.write_text("0\n")
+        self.clock_shift = 0.0
+        self.clock_steps: list[ClockStep] = []
+        self.step_waits = 0
+        """Tries that found the daemon serving but still in its first pass (a step waits for a few)."""
+        self.step_lines: list[tuple[float, str, float]] = []
+        """The daemon's ``clock_stepped`` lines: (log time, direction, seconds)."""
+        self.step_size = max(STEP_HOURS * 3600.0, 2.0 * (args.duration + args.drain) + 600.0)
+        self.started_wall = time.time()
+        self.env_daemon = {**self.env, "NOTIFY_SOCKET": str(self.root / "notify.sock"),
+                           TEST_CLOCK_ENV: str(self.clock_file)}
         self.ticks_used = {self.tick}
         self.plants: list[Plant] = []
         self.plant_removed_at: dict[str, float] = {}
@@ -486,6 +517,10 @@ timeout = "5s"
                 self.log_events.append(event)
             if name == "invalid_baton":
                 self.counts["invalid_logged"] += 1
+            if name == "clock_stepped":
+                with contextlib.suppress(ValueError, TypeError):
+                    self.step_lines.append((datetime.fromisoformat(str(event.get("timestamp"))).timestamp(),
+                                            str(event.get("direction")), float(event.get("seconds"))))
         return self.log_events
 
     def garbage_at(self, task: str, stamp: object) -> bool:
@@ -655,6 +690,8 @@ timeout = "5s"
             return self.hold_lock()
         elif name == "live_migrate":
             return self.live_migrate()
+        elif name == "clock_step":
+            return self.step_clock()
         return True
 
     def kill_agent(self, how: str) -> None:
@@ -1232,6 +1269,33 @@ timeout = "5s"
                                     {1}, holder, target=str(target)))
         return True
 
+    def step_clock(self, *, to: float | None = None) -> bool:
+        """Step the daemon's wall clock (forward, back to where it was, back, forward again: both
+        directions by ``step_size``), while the daemon ticks; hold off its kills for ``STEP_WATCH``."""
+        if to is None:
+            span = self.daemon_spans[-1][0] if self.daemon_spans else float("inf")
+            beats = [name for t, name in self.tick_watch.beats if t > span]
+            if not self.daemon_alive() or "READY" not in beats:
+                return False  # the daemon looks for steps every second once it serves (READY)
+            if "WATCHDOG" not in beats and self.step_waits < 8:
+                self.step_waits += 1  # rather after its first pass, so the tick after the step is judged too
+                return False
+            self.step_waits = 0
+            cycle = (self.step_size, 0.0, -self.step_size, 0.0)
+            to = cycle[len(self.clock_steps) % len(cycle)]
+        if to == self.clock_shift:
+            return True
+        tmp = self.clock_file.with_suffix(".tmp")
+        tmp.write_text(f"{to}\n")
+        os.replace(tmp, self.clock_file)
+        step = ClockStep(time.time(), time.monotonic(), self.clock_shift, to)
+        self.clock_steps.append(step)
+        self.clock_shift = to
+        self.counts["clock_steps_forward" if step.size > 0 else "clock_steps_back"] += 1
+        for name in ("daemon_kill", "daemon_term"):  # the daemon must be there to see it
+            self.next_fault[name] = max(self.next_fault[name], time.monotonic() + STEP_WATCH)
+        return True
+
     def judge_migration(self, job: Pending, code: int | None, text: str) -> None:
         c = self.checker
         batons = sorted(p.name for p in (Path(job.target) / "batons").glob("*.toml"))
@@ -1460,6 +1524,8 @@ timeout = "5s"
         """Stop the chaos: repair everything, turn agents calm, open every file gate, let it settle."""
         self.calm = True
         (self.root / "calm").write_text("calm\n")
+        if self.clock_shift and "clock_step" not in self.args.skip:
+            self.step_clock(to=0.0)  # the drain's snoozes and time gates run on the machine's time
         self.clean_plants(force=True)
         self.release_locks(force=True)
         self.repair_rows(force=True)
@@ -1598,6 +1664,10 @@ timeout = "5s"
         events = read_ledger(str(self.state / "ledger.sqlite3"), self.checker.planted_rows, problems)
         for text in problems:
             self.checker.violate("ledger-kept", "", text)
+        shifts = [s.after for s in self.clock_steps]
+        events, moved = map_ledger_times(events, shifts, self.started_wall - 60.0, time.time() + 60.0)
+        self.counts["ledger_times_mapped_from_a_stepped_clock"] = moved
+        self.check_clock_steps()
         self.check_tick_gaps(final=True)
         self.check_outside()
         tick = max(parse_seconds(t) for t in self.ticks_used)
@@ -1635,6 +1705,8 @@ timeout = "5s"
             c.extend(check_dispatch_epochs(evs, final, c.seen_epochs.get(task, ())))
             c.extend(check_fencing(evs, writes))
             c.extend(check_group_starts(c.groups_of(task), evs))
+            c.extend(check_stepped_decisions(evs, c.groups_of(task), span=time.time() - self.started_wall,
+                                             max_runtime=5.0))
             c.extend(check_bypasses(evs, c.drops.get(task, ()), c.drops_found.get(task, ())))
         self.counts["agents_alive_when_their_task_left_active"] = len(outlived)
         self.counts["longest_such_agent_ms"] = round(1000 * max(outlived, default=0.0))
@@ -1650,6 +1722,26 @@ timeout = "5s"
         self.check_hups(final=True)
         for text in self.sampler_errors:
             c.violate("checker", "", f"a sampler failed: {text[-400:]}")
+
+    def check_clock_steps(self) -> None:
+        """Each clock step the daemon was up to see (ticking at the step, up ``STEP_WATCH`` after it) is
+        logged and ticked through (:func:`check_clock_steps`)."""
+        beats = list(self.tick_watch.beats)
+        for step in self.clock_steps:
+            span = next(((lo, hi) for lo, hi in self.daemon_spans if lo <= step.wall and step.wall + STEP_WATCH <= hi),
+                        None)
+            if span is not None:
+                step.watched = any(name == "READY" and span[0] < t < step.wall for t, name in beats)
+                step.ticking = any(name == "WATCHDOG" and span[0] < t < step.wall for t, name in beats)
+            self.counts["clock_steps_watched" if step.watched else "clock_steps_unwatched"] += 1
+            self.counts["clock_steps_in_a_first_pass"] += step.watched and not step.ticking
+            after = [m for m, name in self.tick_watch.mono_beats if name == "WATCHDOG" and m > step.mono]
+            if step.ticking and after:
+                self.counts["max_first_tick_after_step_ms"] = max(self.counts["max_first_tick_after_step_ms"],
+                                                                  round(1000 * (after[0] - step.mono)))
+        self.counts["clock_stepped_lines"] = len(self.step_lines)
+        self.checker.extend(check_clock_steps(self.clock_steps, self.step_lines, list(self.tick_watch.mono_beats),
+                                              watch=STEP_WATCH))
 
     def agent_writes(self, task: str) -> list[dict[str, Any]]:
         path = self.root / "writes" / f"{task}.jsonl"
@@ -1729,6 +1821,10 @@ timeout = "5s"
             "second_daemons_refused": self.counts["second_daemons_refused"],
             "live_migrations": self.counts["live_migrations"],
             "live_migrations_refused": self.counts["live_migrations_refused"],
+            "clock_steps": len(self.clock_steps),
+            "clock_steps_forward": self.counts["clock_steps_forward"],
+            "clock_steps_back": self.counts["clock_steps_back"],
+            "clock_steps_watched": self.counts["clock_steps_watched"],
             "baton_locks_held": self.counts["baton_locks_held"],
             "setsid_grandchildren": len(c.grandchildren),
             "max_tick_gap_ms": self.counts["max_tick_gap_ms"],
@@ -1746,7 +1842,8 @@ timeout = "5s"
                     "sighups_broken", "hand_edits", "garbage_batons", "invalid_events", "bypasses",
                     "stale_writes_refused", "zombie_writes_refused", "fifos_planted", "links_planted", "races",
                     "batons_restored", "ledger_rows_corrupted", "second_daemons", "second_daemons_refused",
-                    "live_migrations", "live_migrations_refused", "baton_locks_held", "setsid_grandchildren",
+                    "live_migrations", "live_migrations_refused", "clock_steps", "clock_steps_forward",
+                    "clock_steps_back", "clock_steps_watched", "baton_locks_held", "setsid_grandchildren",
                     "max_tick_gap_ms", "max_sigterm_stop_ms", "process_samples",
                     "baton_samples", "ledger_samples", "elapsed_s"):
             print(f"{key:>24}: {figures[key]}")

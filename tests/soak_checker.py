@@ -71,6 +71,17 @@ The invariants (each violation is kept with its evidence):
 ``outside-write``
     Nothing is written through a symlink the soak planted under ``logs/``: the outside
     targets stay byte-identical (checked by the soak).
+``clock-step``
+    The soak steps the daemon's wall clock (forward and back, by hours, through its test
+    clock's offset file: :class:`ClockStep`). For each step the daemon was up to see (serving
+    at the step and up ``watch`` seconds after): it logs ``clock_stepped`` with the step's
+    direction and size, and, when it had ticked before the step, its tick goes on (a
+    ``WATCHDOG=1`` within ``watch`` seconds of the soak's monotonic clock); it logs no
+    ``clock_stepped`` the soak did not make. No daemon
+    decision in the ledger cites a duration longer than the soak has run ("hung ... for 2h",
+    "step unchanged for 2h"), and no agent is stopped past ``max_runtime`` before it ran that
+    long (:func:`check_stepped_decisions`). Ledger times the daemon stamped on its shifted
+    clock are mapped back to the machine's (:func:`map_ledger_times`) before any check reads them.
 """
 
 from __future__ import annotations
@@ -81,13 +92,14 @@ import itertools
 import json
 import math
 import os
+import re
 import socket
 import sqlite3
 import threading
 import time
 import tomllib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
@@ -113,6 +125,10 @@ __all__ = [
     "TickWatch",
     "tick_gaps",
     "GRANDCHILD_GRACE",
+    "ClockStep",
+    "map_ledger_times",
+    "check_clock_steps",
+    "check_stepped_decisions",
 ]
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -1070,6 +1086,8 @@ class TickWatch:
         self.sock.settimeout(0.2)
         self.beats: list[tuple[float, str]] = []
         """(wall time, ``READY`` | ``WATCHDOG`` | ``STOPPING`` | ``RELOADING``), in arrival order."""
+        self.mono_beats: list[tuple[float, str]] = []
+        """The same, stamped on the monotonic clock (what the clock-step check measures on)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="soak-tickwatch", daemon=True)
         self._thread.start()
@@ -1082,11 +1100,12 @@ class TickWatch:
                 continue
             except OSError:
                 return
-            now = time.time()
+            now, mono = time.time(), time.monotonic()
             for line in data.decode(errors="replace").splitlines():
                 name = line.split("=", 1)[0]
                 if name in ("READY", "WATCHDOG", "STOPPING", "RELOADING"):
                     self.beats.append((now, name))
+                    self.mono_beats.append((mono, name))
 
     def close(self) -> None:
         self._stop.set()
@@ -1133,4 +1152,120 @@ def tick_gaps(beats: Sequence[tuple[float, str]], up: Sequence[tuple[float, floa
         allowed = first_pass if first else limit
         if stop - last > allowed:
             out.append((last, stop))
+    return out
+
+
+@dataclass
+class ClockStep:
+    """A step of the daemon's wall clock the soak made (by rewriting its test clock's offset file)."""
+
+    wall: float
+    """When, on the machine's wall clock (the soak's own, which never steps)."""
+    mono: float
+    """When, on the soak's monotonic clock."""
+    before: float
+    """The daemon's shift before the step (seconds)."""
+    after: float
+    """And after it."""
+    watched: bool = False
+    """The daemon was serving (``READY``) at the step and stayed up ``watch`` seconds after it (set by
+    the soak): it must log the step."""
+    ticking: bool = False
+    """Watched, and the daemon had ticked since it started (its first pass, which may take
+    ``FIRST_PASS``, was over): its tick must go on within ``watch``."""
+
+    @property
+    def size(self) -> float:
+        return self.after - self.before
+
+
+def map_ledger_times(events: Sequence[LedgerEvent], offsets: Iterable[float], lo: float,
+                     hi: float) -> tuple[list[LedgerEvent], int]:
+    """Ledger times on the machine's clock: an event stamped by a daemon whose wall clock was shifted by one
+    of ``offsets`` is shifted back. A time inside [lo, hi] (the soak's run, machine clock) stays; any other is
+    moved by the one offset that puts it inside (the soak steps by more than its whole run, so at most one
+    does). Returns the events and how many were moved."""
+    shifts = sorted({o for o in offsets if o != 0.0})
+    out, moved = [], 0
+    for e in events:
+        if not lo <= e.ts <= hi:
+            o = next((o for o in shifts if lo <= e.ts - o <= hi), None)
+            if o is not None:
+                e = replace(e, ts=e.ts - o)
+                moved += 1
+        out.append(e)
+    return out, moved
+
+
+def check_clock_steps(steps: Sequence[ClockStep], lines: Sequence[tuple[float, str, float]],
+                      beats: Sequence[tuple[float, str]], *, watch: float,
+                      tolerance: float = 5.0) -> list[Violation]:
+    """Each watched step has its ``clock_stepped`` line and a tick after it; no line without a step.
+
+    ``lines``: (machine wall time of the log line, ``direction``, ``seconds``); ``beats``: (the soak's
+    monotonic time, name) of the daemon's notifications. A line belongs to a step when it came after it
+    (0.5 s of log-stamp slack), says the step's direction, and its size is the step's within
+    ``tolerance`` seconds (a step made while the daemon started may be logged late, once it serves); a
+    watched step's line must come within ``watch`` + 2 s."""
+    out = []
+    used: set[int] = set()
+    for step in steps:
+        direction = "back" if step.size < 0 else "forward"
+        match = next((i for i, (t, d, secs) in enumerate(lines)
+                      if i not in used and step.wall - 0.5 <= t and d == direction
+                      and abs(secs - abs(step.size)) <= tolerance), None)
+        if match is not None:
+            used.add(match)
+        if not step.watched:
+            continue
+        if match is None or lines[match][0] > step.wall + watch + 2.0:
+            out.append(Violation("clock-step", "", f"no clock_stepped line ({direction}, {abs(step.size):.0f}s) "
+                                                   f"within {watch + 2.0:g}s of the step the soak made at "
+                                                   f"{step.wall:.3f}"))
+        if step.ticking and not any(name == "WATCHDOG" and step.mono < m <= step.mono + watch for m, name in beats):
+            out.append(Violation("clock-step", "", f"no tick within {watch:g}s (monotonic) after the {direction} "
+                                                   f"step of {abs(step.size):.0f}s at {step.wall:.3f}"))
+    for i, (t, d, secs) in enumerate(lines):
+        if i not in used:
+            out.append(Violation("clock-step", "", f"the daemon logged clock_stepped ({d}, {secs}s) at {t:.3f} "
+                                                   "with no step made by the soak"))
+    return out
+
+
+_DURATION = re.compile(r"\b(?:for|after) ((?:\d+(?:\.\d+)?(?:ms|d|h|m|s))+)\b")
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _durations(text: str) -> list[float]:
+    """The durations a daemon's reason cites ("hung: alive but silent for 2h3s" -> [7203.0])."""
+    return [sum(float(n) * _UNIT[u] for n, u in _PART.findall(m)) for m in _DURATION.findall(text)]
+
+
+def check_stepped_decisions(events: Sequence[LedgerEvent], groups: Sequence[Group], *, span: float,
+                            max_runtime: float, margin: float = 1.0) -> list[Violation]:
+    """No daemon decision measured across a clock step (one task's events, times already mapped).
+
+    - a daemon event (stopped, escalated, stalled, spinning, exited, ...) whose reason cites a duration
+      longer than ``span`` (the soak's whole run): no agent was silent, spinning or waiting that long;
+    - a ``stopped`` event for ``max_runtime`` less than ``max_runtime`` - ``margin`` seconds after its
+      epoch's ``dispatched`` event (the daemon counts a run from its dispatch, which may come seconds
+      before the agent's process on a loaded machine), or, with no such event, after the epoch's
+      agent group started."""
+    out = []
+    for e in events:
+        if e.actor != "daemon":
+            continue
+        for value in e.data.values():
+            if isinstance(value, str) and any(d > span for d in _durations(value)):
+                out.append(Violation("clock-step", e.task, f"{e.kind} (id {e.id}, epoch {e.epoch}) cites a duration "
+                                                           f"longer than the soak's {span:.0f}s: {value!r:.160}"))
+                break
+        if e.kind == "stopped" and "max_runtime" in str(e.data.get("reason", "")):
+            starts = [d.ts for d in events if d.kind == "dispatched" and d.epoch == e.epoch and d.id < e.id] or [
+                g.start_wall for g in groups if g.epoch == e.epoch and g.start_wall]
+            if starts and e.ts - min(starts) < max_runtime - margin:
+                ran = e.ts - min(starts)
+                out.append(Violation("clock-step", e.task, f"stopped past max_runtime ({max_runtime:g}s) {ran:.1f}s "
+                                                           f"after its dispatch (id {e.id}, epoch {e.epoch})"))
     return out

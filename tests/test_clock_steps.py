@@ -379,3 +379,104 @@ class TestAgentsKeepTheirIdentity:
         finally:
             agent.kill()
             agent.wait()
+
+
+class OffsetClockDaemon(DaemonHarness):
+    """A real daemon on its test clock (``HEARTBEAT_TEST_CLOCK_OFFSET_FILE``): its wall clock is the
+    machine's plus the seconds in ``clock-offset``; the CLI and the agents keep the machine's."""
+
+    def __init__(self, root: Path, **kwargs: Any) -> None:
+        self.offset_file = root / "clock-offset"
+        self.offset_file.write_text("0\n")
+        super().__init__(root, **kwargs)
+
+    def start(self) -> None:
+        self._daemon_env = True
+        try:
+            super().start()
+        finally:
+            self._daemon_env = False
+
+    def env(self) -> dict[str, str]:
+        extra = {"HEARTBEAT_TEST_CLOCK_OFFSET_FILE": str(self.offset_file)} if getattr(self, "_daemon_env", False) else {}
+        return {**super().env(), **extra}
+
+    def step_to(self, seconds: float) -> None:
+        tmp = self.offset_file.with_suffix(".tmp")
+        tmp.write_text(f"{seconds}\n")
+        tmp.replace(self.offset_file)
+
+    def ticks(self) -> int:
+        return sum(1 for e in self.log() if e.get("event") == "tick")
+
+
+@pytest.mark.slow
+class TestTheTestClock:
+    """The soak's seam: ``heartbeat run`` steps its wall clock when a test rewrites the offset file."""
+
+    def test_a_real_daemon_on_its_test_clock_sees_both_steps_and_ticks_on(self, tmp_path: Path) -> None:
+        """Says at start that its clock is a test's; two hours forward, then back: each step logged with
+        its direction and size, the tick going on after each."""
+        tmp_path.chmod(0o700)
+        h = OffsetClockDaemon(tmp_path, tick="100ms")
+        try:
+            h.start()
+            h.wait_log(lambda e: e.get("event") == "test_clock", "the test clock said at start")
+            for to, direction in ((2 * HOUR, "forward"), (0.0, "back")):
+                h.wait(lambda: h.ticks() >= 3, "ticks")
+                h.step_to(to)
+                line = h.wait_log(lambda e, d=direction: e.get("event") == "clock_stepped" and e["direction"] == d,
+                                  f"the {direction} step in the log")
+                assert abs(line["seconds"] - 2 * HOUR) < 5, line
+                before = h.ticks()
+                h.wait(lambda b=before: h.ticks() >= b + 5, f"five ticks after the {direction} step")
+        finally:
+            h.close()
+
+    def test_an_unreadable_offset_file_is_one_line_and_no_daemon(self, tmp_path: Path) -> None:
+        tmp_path.chmod(0o700)
+        h = OffsetClockDaemon(tmp_path)
+        try:
+            h.offset_file.write_text("two hours\n")
+            h._daemon_env = True
+            r = h.cli("run")
+            assert r.returncode != 0 and "HEARTBEAT_TEST_CLOCK_OFFSET_FILE" in r.stderr, r
+            assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        finally:
+            h._daemon_env = False
+            h.close()
+
+
+class TestTheRecordAcrossAStep:
+    """What the daemon records of a run is measured on the monotonic clock too."""
+
+    def test_an_exit_after_a_step_forward_records_how_long_the_agent_really_ran(
+            self, tmp_path: Path, stop_after: list[Daemon]) -> None:
+        """An agent runs a few seconds; the wall clock steps two hours forward; it is killed. Its
+        ``exited`` event says it ran seconds, and the reason does not say "after 2h" (found by the
+        soak's clock step on 79ecbff: "killed by signal 9 after 2h" for a run of seconds)."""
+        import os
+        import signal
+
+        tmp_path.chmod(0o700)
+        hang = f"""
+[launchers.agent]
+type = "exec"
+command = {toml_list([*TOY, "--mode", "hang"])}
+stop_grace = "500ms"
+"""
+        d, clock, _log = serving(tmp_path, 'tick = "100ms"\nstall_after = "1h"\nbackoff_initial = "1h"\nbackoff_max = "2h"',
+                                launchers=hang)
+        tasks.new_task(d.store, "k1", task="Hang", step="one")
+        d.initialize()
+        d.start_scheduler()
+        stop_after.append(d)
+        human = FileStore(d.store.state_dir)
+        owner = wait_for(lambda: (b := human.load("k1")).meta.owner is not None and b.meta.owner.pid and b.meta.owner,
+                         timeout=30, message="the agent running")
+        clock.step(2 * HOUR)
+        wait_for(lambda: d.steps.steps >= 1, timeout=30, message="the step seen")
+        os.killpg(owner.pid, signal.SIGKILL)
+        exited = wait_for(lambda: d.store.ledger.events("k1", kinds=["exited"]), timeout=60, message="the exit settled")
+        assert exited[0].data["duration_s"] < 600, exited[0].data
+        assert "after 2h" not in (human.load("k1").meta.last_failure or ""), human.load("k1").meta.last_failure

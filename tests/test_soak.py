@@ -21,11 +21,13 @@ from conftest import ROOT, clean_env, wait_for
 from soak_checker import (
     GRANDCHILD_GRACE,
     Checker,
+    ClockStep,
     Group,
     LedgerEvent,
     TickWatch,
     check_blocks,
     check_bypasses,
+    check_clock_steps,
     check_dispatch_epochs,
     check_dispatch_status,
     check_fencing,
@@ -33,6 +35,8 @@ from soak_checker import (
     check_inactive_agents,
     check_notify,
     check_overlaps,
+    check_stepped_decisions,
+    map_ledger_times,
     read_ledger,
     tick_gaps,
 )
@@ -365,6 +369,71 @@ def _human() -> object:
     return Gate.parse("human")
 
 
+HOURS2 = 7200.0
+
+
+class TestClockSteps:
+    """The soak steps its daemon's wall clock: the checker maps the ledger back, and catches a missing
+    ``clock_stepped`` line, a tick that stops, and a decision measured across the step."""
+
+    def test_ledger_times_from_a_shifted_clock_are_mapped_back(self) -> None:
+        """Times inside the run stay; one two hours ahead (or behind) moves back into it; others stay."""
+        events = [ev(1, "created", ts=100.0), ev(2, "dispatched", ts=110.0 + HOURS2),
+                  ev(3, "stopped", ts=120.0 - HOURS2), ev(4, "done", ts=5000.0)]
+        mapped, moved = map_ledger_times(events, [HOURS2, 0.0, -HOURS2], 50.0, 200.0)
+        assert [e.ts for e in mapped] == [100.0, 110.0, 120.0, 5000.0] and moved == 2
+
+    def steps(self) -> list[ClockStep]:
+        return [ClockStep(100.0, 1000.0, 0.0, HOURS2, watched=True, ticking=True),
+                ClockStep(110.0, 1010.0, HOURS2, 0.0, watched=True, ticking=True)]
+
+    def test_each_step_logged_and_ticked_through_passes(self) -> None:
+        lines = [(101.0, "forward", 7200.002), (110.9, "back", 7199.99)]
+        beats = [(1000.5, "WATCHDOG"), (1010.3, "WATCHDOG")]
+        assert check_clock_steps(self.steps(), lines, beats, watch=5.0) == []
+
+    def test_a_missing_or_wrong_line_is_caught(self) -> None:
+        """No line for the step back; one saying "back" for a forward step is no answer (and is a step unmade)."""
+        beats = [(1000.5, "WATCHDOG"), (1010.3, "WATCHDOG")]
+        found = check_clock_steps(self.steps(), [(101.0, "forward", 7200.0)], beats, watch=5.0)
+        assert [v.invariant for v in found] == ["clock-step"] and "back, 7200s" in found[0].evidence
+        found = check_clock_steps(self.steps()[:1], [(101.0, "back", 7200.0)], beats, watch=5.0)
+        assert len(found) == 2 and "no step made by the soak" in found[1].evidence
+
+    def test_a_tick_that_stops_at_a_step_is_caught(self) -> None:
+        """The daemon logged the step but sent no WATCHDOG for the 5 s after it (APScheduler's wait)."""
+        lines = [(101.0, "forward", 7200.0), (110.9, "back", 7200.0)]
+        found = check_clock_steps(self.steps(), lines, [(1000.5, "WATCHDOG")], watch=5.0)
+        assert len(found) == 1 and "no tick within 5s" in found[0].evidence
+        in_first_pass = [ClockStep(100.0, 1000.0, 0.0, HOURS2, watched=True), ClockStep(110.0, 1010.0, HOURS2, 0.0,
+                                                                                        watched=True)]
+        assert check_clock_steps(in_first_pass, lines, [], watch=5.0) == []
+
+    def test_a_step_the_daemon_was_not_up_to_see_is_not_held_to_it(self) -> None:
+        step = ClockStep(100.0, 1000.0, 0.0, HOURS2, watched=False)
+        assert check_clock_steps([step], [], [], watch=5.0) == []
+
+    def test_a_decision_over_a_stepped_duration_is_caught(self) -> None:
+        """The issue's forward step: a healthy agent stopped as "spinning ... for 2h13s"; a real 4 s is fine."""
+        stopped = LedgerEvent(1, 50.0, "t", "stopped", 2, 0, "daemon",
+                              {"why": "spinning", "reason": "spinning: alive and touching, step unchanged for 2h13s"})
+        escalated = LedgerEvent(2, 51.0, "t", "escalated", 2, 3, "daemon",
+                                {"reason": "stopped: hung: alive but silent for 4s after 1m2s"})
+        found = check_stepped_decisions([stopped, escalated], [], span=300.0, max_runtime=5.0)
+        assert [v.evidence.split(" ")[0] for v in found] == ["stopped"]
+
+    def test_a_max_runtime_stop_before_the_agent_ran_that_long_is_caught(self) -> None:
+        group = Group("t", 7, start=0.0, first_seen=0.0, last_seen=1.0, start_wall=48.0, epoch=2)
+        stop = LedgerEvent(1, 50.0, "t", "stopped", 2, 0, "daemon", {"why": "max_runtime",
+                                                                      "reason": "ran past max_runtime (5s)"})
+        assert len(check_stepped_decisions([stop], [group], span=300.0, max_runtime=5.0)) == 1
+        late = LedgerEvent(1, 54.5, "t", "stopped", 2, 0, "daemon", dict(stop.data))
+        assert check_stepped_decisions([late], [group], span=300.0, max_runtime=5.0) == []
+        # The daemon counts from the dispatch, which may come seconds before the process (a slow launch).
+        dispatched = LedgerEvent(0, 44.0, "t", "dispatched", 2, 1, "daemon", {})
+        assert check_stepped_decisions([dispatched, stop], [group], span=300.0, max_runtime=5.0) == []
+
+
 class TestTickGaps:
     """Beats on a socket the soak owns; a silence longer than the limit while the daemon is up is caught."""
 
@@ -503,6 +572,8 @@ class TestShortSoak:
         assert figures["second_daemons"] > 0 and figures["baton_locks_held"] > 0, report
         assert figures["second_daemons_refused"] > 0, report
         assert figures["live_migrations_refused"] > 0, report
+        assert figures["clock_steps_forward"] > 0 and figures["clock_steps_back"] > 0, report
+        assert figures["clock_steps_watched"] > 0, report
         assert figures["setsid_grandchildren"] > 0 and figures["ledger_samples"] > 0, report
         leftover = _processes_with(str(tmp_path / "soak" / "state"))
         assert leftover == [], f"processes left running: {leftover}"

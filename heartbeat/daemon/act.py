@@ -85,15 +85,17 @@ class Actor:
 
     # -- the decision's act --------------------------------------------------------------
 
-    def act(self, baton: Baton, d: pol.Decision, now: datetime, last_blocked: dict[str, Any]) -> Baton | None:
+    def act(self, baton: Baton, d: pol.Decision, now: datetime, last_blocked: dict[str, Any], *,
+            ran_for: float | None = None) -> Baton | None:
         """Carry out a decision other than a dispatch; the baton as written, or None when nothing was.
+        ``ran_for``: how long the agent has run, on the monotonic clock (the observation's).
 
         Raises the store's refusals (:class:`Busy`, :class:`Conflict`, ...) for the caller to judge.
         """
         a = pol.Action
         store = self.shared.store
         if d.action is a.SETTLE:
-            return self.settle(baton, d, now)
+            return self.settle(baton, d, now, ran_for=ran_for)
         if d.action is a.WAKE:
             with store.edit(baton.id, expect_revision=baton.meta.revision, actor="daemon", now=now) as ed:
                 ed.baton.meta.status = Status.ACTIVE
@@ -119,8 +121,10 @@ class Actor:
             return None
         return None
 
-    def settle(self, baton: Baton, d: pol.Decision, now: datetime) -> Baton:
-        """Record the exit of the task's agent: its code or signal, how long it ran, what kind of end."""
+    def settle(self, baton: Baton, d: pol.Decision, now: datetime, *, ran_for: float | None = None) -> Baton:
+        """Record the exit of the task's agent: its code or signal, how long it ran (``ran_for``, on the
+        monotonic clock: a wall clock stepped meanwhile must not record "after 2h" for a run of
+        seconds; without it, from the baton's wall-clock start), what kind of end."""
         sh = self.shared
         meta = baton.meta
         owner = meta.owner
@@ -136,7 +140,7 @@ class Actor:
         if stop.why is pol.StallReason.INACTIVE:  # stopped because its task was no longer active: not a failed attempt
             kind = pol.ExitKind.FINISHED
         started = (owner.started_at if owner else None) or meta.dispatched_at
-        duration = (now - started).total_seconds() if started else None
+        duration = ran_for if ran_for is not None else (now - started).total_seconds() if started else None
         progressed = kind is pol.ExitKind.SHIFT_END
         if stop.reason:
             reason = f"stopped: {stop.reason}"

@@ -455,7 +455,7 @@ class Core:
             return baton.meta.status.value, None
         self.actor.escalation_seen(baton)
         for _ in range(4):  # settle / wake / unblock change the baton; then look again
-            decision = self.decide(baton, now, statuses)
+            obs, decision = self.decide(baton, now, statuses)
             if decision.action in (pol.Action.NOTHING, pol.Action.WAIT_LAUNCH):
                 if baton is entry.baton and not self.actor.is_stopping(baton.id):
                     mem.quiet_entry = entry
@@ -474,7 +474,8 @@ class Core:
                 since = baton.meta.ended_at or baton.meta.updated_at or now
                 return baton.meta.status.value, Want(baton.id, launcher, since, decision, baton.meta.revision)
             try:
-                new = self.actor.act(baton, decision, now, self.observer.last_blocked(baton.id))
+                new = self.actor.act(baton, decision, now, self.observer.last_blocked(baton.id),
+                                     ran_for=obs.running_for)
             except Busy as exc:
                 self._lock_busy(baton.id, mem, decision.action.value, exc)
                 break
@@ -492,11 +493,12 @@ class Core:
             baton = new
         return baton.meta.status.value, None
 
-    def decide(self, baton: Baton, now: datetime, statuses: Any) -> pol.Decision:
+    def decide(self, baton: Baton, now: datetime, statuses: Any) -> tuple[pol.Observation, pol.Decision]:
+        """What the daemon sees of the task, and what it decides from that."""
         obs = self.observer.observe(baton, now, statuses, stopping=self.actor.is_stopping(baton.id),
                                     spinning_reported_for=self.actor.spinning_reported.get(baton.id),
                                     mono=self.shared.look_mono)
-        return pol.decide(baton, obs, now, self.policy(baton))
+        return obs, pol.decide(baton, obs, now, self.policy(baton))
 
     def policy(self, baton: Baton) -> pol.Policy:
         name = baton.launcher or self.config.daemon.default_launcher

@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from heartbeat import defaults, systemd
-from heartbeat.clock import SYSTEM, Clock, Metronome
+from heartbeat.clock import SYSTEM, Clock, Metronome, OffsetFileClock, clock_from_env
 from heartbeat.config import Config, load_config
 from heartbeat.daemon.core import Core
 from heartbeat.daemon.leased import renew_interval
@@ -303,10 +303,17 @@ def run_from_cli(args: Any) -> int:
         raise ConfigError("no config found (tried --config, $HEARTBEAT_CONFIG, ./heartbeat.toml, "
                           "/etc/heartbeat/heartbeat.toml): run `heartbeat init`")
     config = load_config(path)
+    try:
+        clock = clock_from_env()  # the machine's, unless a test gave it a shifted one
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     lock_fd = hold_daemon_lock(config.state_dir)  # --once and --dry-run too: they dispatch (or decide) as well
     try:
         configure(fmt=config.daemon.log_format, level=config.daemon.log_level)
-        daemon = Daemon(config, dry_run=args.dry_run)
+        daemon = Daemon(config, dry_run=args.dry_run, clock=clock)
+        if isinstance(clock, OffsetFileClock):
+            daemon.log.warning("test_clock", path=clock.path, shift_s=clock.shift,
+                               hint=f"{defaults.TEST_CLOCK_ENV} is a test seam: the wall clock is shifted by that file")
         if args.once:
             daemon.initialize()
             daemon.tick()
