@@ -317,3 +317,120 @@ class TestGatesByHost:
 
         assert opened(b, "named") and not opened(a, "named")
         assert opened(a, "owned") and not opened(b, "owned")
+
+
+def kill_host_lock(url: str) -> list[int]:
+    """``pg_terminate_backend`` every connection holding a daemon's host-id lock (as a database restart,
+    a failover or an idle timeout would end it); the backends' pids."""
+    from heartbeat.store.postgres import _DAEMON_LOCK
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute("SELECT pid, pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
+                            "AND classid::bigint = %s AND objsubid = 2", (_DAEMON_LOCK,)).fetchall()
+    return [r[0] for r in rows]
+
+
+def launch(h: Host) -> None:
+    """Start ``h``'s daemon without waiting for it to start (it may be refused)."""
+    import subprocess
+    import sys
+
+    log = open(h.log_path, "ab")  # noqa: SIM115
+    h.proc = subprocess.Popen([sys.executable, "-m", "heartbeat", "--config", str(h.config), "run"],
+                              stdout=log, stderr=subprocess.STDOUT, env=h.env(), cwd=str(h.root))
+    log.close()
+
+
+def agents_and_epochs(h: Host, ids: list[str]) -> tuple[dict[str, set[int]], dict[str, int]]:
+    return h.live_agents(), {t: h.store.load(t).meta.epoch for t in ids}
+
+
+class TestOneHostId:
+    """Issue 17 item 5: the host-id lock is a session advisory lock, which dies with its connection. A
+    second daemon with the same host id must never act beside the first: each would take the other's
+    agents for its own (on two machines: settle them as gone, re-dispatch, and kill the other's)."""
+
+    def test_a_second_daemon_is_refused_while_the_first_lives_though_its_lock_connection_died(
+            self, pg_url: str, tmp_path: Path) -> None:
+        """The first daemon's lock connection is terminated and a second daemon with its host id starts at
+        once: the second is refused with one line and exits 1; the first keeps acting (takes its lock back),
+        and no agent is stopped, re-dispatched or settled."""
+        tmp_path.chmod(0o700)
+        hang = [*TOY, "--mode", "hang"]
+        a = Host(tmp_path / "a", pg_url, "host-x", agent=hang, max_concurrent=4)
+        b = Host(tmp_path / "b", pg_url, "host-x", agent=hang, max_concurrent=4)
+        ids = ["s1", "s2"]
+        new_tasks(a.store, ids, tmp_path)  # type: ignore[arg-type]
+        try:
+            a.start()
+            a.wait(lambda: len(a.live_agents()) == 2, "host-x running both")
+            a.wait(lambda: all(a.store.ledger.events(t, kinds=["launched"]) for t in ids), "both launched")
+            agents, epochs = agents_and_epochs(a, ids)
+            last_event = max(e.id or 0 for e in a.store.ledger.events())
+            assert kill_host_lock(pg_url), "no daemon lock to terminate"
+            launch(b)
+            assert b.proc is not None
+            b.wait(lambda: b.proc is not None and b.proc.poll() is not None, "the second daemon refused", timeout=30)
+            assert b.proc.returncode == 1
+            refusal = [e["line"] for e in b.log() if e.get("event") == "non-json"]
+            assert len(refusal) == 1 and "another heartbeat daemon with host id 'host-x'" in refusal[0], refusal
+            assert not b.lines("started") and not b.lines("dispatched")
+            a.wait(lambda: a.lines("host_lock_retaken"), "the first daemon taking its lock back")
+            time.sleep(TTL)  # the first daemon goes on; a twin would have settled or re-dispatched by now
+            assert agents_and_epochs(a, ids) == (agents, epochs)
+            assert a.proc is not None and a.proc.poll() is None
+            assert not a.lines("host_taken") and not a.lines("fenced_agent_stopped")
+            after = [e for e in a.store.ledger.events() if (e.id or 0) > last_event]
+            assert after == [], [(e.task, e.kind, e.data) for e in after]
+            # ...and with the lock back, the next one is refused by the lock itself.
+            r = b.cli("run", "--once")
+            assert r.returncode == 1 and "another heartbeat daemon with host id 'host-x'" in r.stderr
+            assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        finally:
+            for h in (a, b):
+                h.close()
+
+    def test_a_paused_daemon_displaced_by_a_successor_stands_down_and_leaves_the_agents_alone(
+            self, pg_url: str, tmp_path: Path) -> None:
+        """The first daemon is paused (SIGSTOP) and its lock connection terminated; a second daemon with its
+        host id waits until the host's row is lease_ttl old, then becomes the host and adopts the running
+        agents. The first, resumed, finds its row taken: it stands down with one line and exits 1, writing
+        nothing and stopping no agent; the agents run on, never re-dispatched."""
+        tmp_path.chmod(0o700)
+        hang = [*TOY, "--mode", "hang"]
+        a = Host(tmp_path / "a", pg_url, "host-x", agent=hang, max_concurrent=4)
+        b = Host(tmp_path / "b", pg_url, "host-x", agent=hang, max_concurrent=4)
+        ids = ["p1", "p2"]
+        new_tasks(a.store, ids, tmp_path)  # type: ignore[arg-type]
+        try:
+            a.start()
+            a.wait(lambda: len(a.live_agents()) == 2, "host-x running both")
+            a.wait(lambda: all(a.store.ledger.events(t, kinds=["launched"]) for t in ids), "both launched")
+            agents, epochs = agents_and_epochs(a, ids)
+            assert a.proc is not None
+            a.proc.send_signal(signal.SIGSTOP)
+            assert kill_host_lock(pg_url), "no daemon lock to terminate"
+            b.start()  # waits for "started": after the host's row went lease_ttl unrenewed
+            b.wait(lambda: any(e.get("action") == "nothing" for e in b.lines("decision")), "host-x (b) looking")
+            last_event = max(e.id or 0 for e in a.store.ledger.events())
+            a.proc.send_signal(signal.SIGCONT)
+            a.wait(lambda: a.proc is not None and a.proc.poll() is not None, "the displaced daemon exiting",
+                   timeout=30)
+            assert a.proc.returncode == 1
+            taken = a.lines("host_taken")
+            assert len(taken) == 1 and sorted(taken[0]["tasks"]) == ids
+            assert any("took this host over" in e["line"] for e in a.log() if e.get("event") == "non-json")
+            time.sleep(TTL)
+            assert agents_and_epochs(a, ids) == (agents, epochs)
+            assert not a.lines("fenced_agent_stopped") and not b.lines("fenced_agent_stopped")
+            after = [e for e in a.store.ledger.events() if (e.id or 0) > last_event]
+            assert after == [], [(e.task, e.kind, e.data) for e in after]
+            assert b.proc is not None and b.proc.poll() is None
+            with psycopg.connect(pg_url) as conn:
+                row = conn.execute("SELECT pid, stopped_at FROM heartbeat_hosts WHERE host = 'host-x'").fetchone()
+            assert row == (b.proc.pid, None)  # the displaced daemon's stop did not mark its successor stopped
+        finally:
+            if a.proc is not None and a.proc.poll() is None:
+                a.proc.send_signal(signal.SIGCONT)
+            for h in (a, b):
+                h.close()

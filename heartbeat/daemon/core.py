@@ -250,6 +250,8 @@ class Core:
             now = now or utcnow()
             for launcher in self.launchers.values():
                 launcher.reap()
+            if self.lease is not None and not self.lease.acting():  # displaced by a daemon of our host id
+                return {}
             if self.lease is not None:  # a dead host's tasks: taken over here, then looked at in this pass
                 self.lease.before_pass()
             # Between sweeps only the batons the watcher reported are stat'ed (see heartbeat.changes).
@@ -348,6 +350,8 @@ class Core:
             if self._staged_config is not None:
                 self.apply_config(self._staged_config)
             now = now or utcnow()
+            if self.lease is not None and not self.lease.acting():  # displaced by a daemon of our host id
+                return
             try:
                 baton = self.store.load(task_id)
                 entry = Entry(id=task_id, baton=baton)
@@ -392,6 +396,8 @@ class Core:
             return "invalid", None
         mem.invalid_reported = ""
         baton = entry.baton
+        if self.lease is not None and self.lease.stood_down:  # another daemon of our host id supervises it
+            return baton.meta.status.value, None
         held = self.lease.held_elsewhere(baton) if self.lease is not None else ""
         if held:  # liveness is local: the host running the agent judges it, while its lease lasts
             if held != mem.last_reason:

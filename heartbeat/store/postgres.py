@@ -380,6 +380,9 @@ class PostgresStore:
         self._cache: dict[str, tuple[tuple[int, str], Entry]] = {}
         self._sorted: list[Entry] = []
         self._daemon_conn: psycopg.Connection[Any] | None = None
+        self._daemon_host: str | None = None
+        """The host id :meth:`claim_daemon` locked (None: not claimed)."""
+        self._daemon_lock_guard = threading.Lock()
         self._pool = ConnectionPool(
             url,
             min_size=1,
@@ -631,7 +634,9 @@ class PostgresStore:
         """Hold, for this store's life, the lock that says a daemon with host id ``host`` runs
         on this database. Daemons on many hosts share one database through leases
         (:mod:`heartbeat.lease`), but two with one host id would each take the other's tasks
-        for their own: the second is refused."""
+        for their own: the second is refused. The lock lives as long as its connection, so the
+        daemon re-checks it at every renewal (:meth:`keep_daemon_lock`); the host's row in
+        ``heartbeat_hosts`` is what says which daemon is the host (:meth:`heartbeat.lease.Lease.take_host`)."""
         from heartbeat.liveness import this_host
 
         host = host or this_host()
@@ -644,9 +649,47 @@ class PostgresStore:
                 "give each daemon its own daemon.host (or $HEARTBEAT_HOST)"
             )
         self._daemon_conn = conn
+        self._daemon_host = host
+
+    def keep_daemon_lock(self) -> str:
+        """Re-check the lock :meth:`claim_daemon` took; re-take it on a new connection when the old
+        one died (killed, a database restart, a failover, an idle timeout). Returns ``"held"``,
+        ``"retaken"``, ``"lost"`` (gone, and another process holds it or the database is out of
+        reach) or ``""`` (never claimed). Thread-safe."""
+        with self._daemon_lock_guard:
+            host = self._daemon_host
+            if host is None:
+                return ""
+            conn = self._daemon_conn
+            if conn is not None:
+                try:
+                    row = conn.execute(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() "
+                        "AND granted AND classid::bigint = %s AND objsubid = 2", (_DAEMON_LOCK,)).fetchone()
+                    if row and row[0]:
+                        return "held"
+                except psycopg.Error:
+                    pass
+                conn.close()
+                self._daemon_conn = None
+            try:
+                conn = connect(self.url, autocommit=True)
+            except StoreError:
+                return "lost"
+            try:
+                row = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (_DAEMON_LOCK, host)).fetchone()
+            except psycopg.Error:
+                row = None
+            if not row or not row[0]:
+                conn.close()
+                return "lost"
+            self._daemon_conn = conn
+            return "retaken"
 
     def close(self) -> None:
-        if self._daemon_conn is not None:
-            self._daemon_conn.close()
-            self._daemon_conn = None
+        with self._daemon_lock_guard:
+            self._daemon_host = None
+            if self._daemon_conn is not None:
+                self._daemon_conn.close()
+                self._daemon_conn = None
         self._pool.close(timeout=1.0)
