@@ -405,16 +405,16 @@ def open_state(args: Any) -> OpenState:
     """The store for ``--state-dir``/``--config`` (as every other command finds it), and the config's
     ``max_attempts`` and ``default_launcher`` when there is a config."""
     from heartbeat import defaults
-    from heartbeat.config import find_config, load_config, resolve_state_dir
-    from heartbeat.store import open_store
+    from heartbeat.config import find_config, load_config
+    from heartbeat.store import open_configured
 
     max_attempts, default_launcher = defaults.MAX_ATTEMPTS, defaults.DEFAULT_LAUNCHER
     path = find_config(args.config)
     if path is not None and (args.config or not args.state_dir):
         config = load_config(path)
         max_attempts, default_launcher = config.daemon.max_attempts, config.daemon.default_launcher
-    state_dir = resolve_state_dir(args.state_dir, args.config)
-    return OpenState(open_store(state_dir), state_dir, max_attempts, default_launcher)
+    store, state_dir = open_configured(args.state_dir, args.config)
+    return OpenState(store, state_dir, max_attempts, default_launcher)
 
 
 def run_from_cli(args: Any) -> int:
