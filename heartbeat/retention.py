@@ -58,7 +58,7 @@ from heartbeat.baton import Baton, Status, parse_baton
 from heartbeat.config import RetentionConfig
 from heartbeat.errors import HeartbeatError, StoreError
 from heartbeat.layout import StateLayout
-from heartbeat.ledger import Event
+from heartbeat.ledger import Event, tally
 from heartbeat.safefile import fsync_dir, write_file_atomic
 
 __all__ = [
@@ -442,6 +442,7 @@ def _retire(store: Any, c: _Candidate, archive_name: str, now: datetime) -> str:
                 "rows": len(c.events),
                 "baton_sha256": c.record["baton_sha256"],
                 "kinds": dict(Counter(e.kind for e in c.events)),
+                "counted": tally(c.events),  # the metrics' counters keep counting these (heartbeat.metrics)
                 "first_ts": c.events[0].ts.isoformat() if c.events else None,
                 "last_ts": c.events[-1].ts.isoformat() if c.events else None,
             })
