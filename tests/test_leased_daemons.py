@@ -434,3 +434,62 @@ class TestOneHostId:
                 a.proc.send_signal(signal.SIGCONT)
             for h in (a, b):
                 h.close()
+
+
+class TestFrozenWriter:
+    """Issue 19 item 3: takeover skips locked rows, and nothing bounded a paused session's locks: a daemon
+    SIGSTOPped (or cut off) inside a transaction pinned its task for as long as the session lived."""
+
+    def test_a_task_locked_by_a_frozen_writer_is_taken_over_once_its_session_times_out(
+            self, pair: tuple[Host, Host], tmp_path: Path) -> None:
+        """A writer holds a task's row lock inside a heartbeat edit and is SIGSTOPped there; the task's host
+        dies. The server ends the frozen session after idle_in_transaction_session_timeout (shortened to 2 s
+        in the frozen process, as any heartbeat session sets it), and the other host takes the task over; the
+        frozen writer, resumed, writes nothing."""
+        import subprocess
+        import sys
+        import textwrap
+
+        a, b = pair
+        new_tasks(a.store, ["f1"], tmp_path)  # type: ignore[arg-type]
+        a.start()
+        a.wait(lambda: len(a.live_agents()) == 1, "host-a running f1")
+        b.start()
+        code = textwrap.dedent(f"""
+            import os, signal, sys
+            from heartbeat import defaults
+            defaults.PG_IDLE_IN_TRANSACTION_TIMEOUT = 2.0
+            from heartbeat.store.postgres import PostgresStore
+            store = PostgresStore({a.url!r})
+            with store.edit("f1", actor="frozen") as ed:
+                ed.baton.step = "written by a frozen writer"
+                print("locked", flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+        """)
+        frozen = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=a.env())
+        try:
+            assert frozen.stdout is not None and frozen.stdout.readline().strip() == "locked", frozen.communicate()
+            a.wait(lambda: psutil_status(frozen.pid) == "stopped", "the writer frozen inside its transaction")
+            a.kill(signal.SIGKILL)
+            a.kill_agents()
+            b.wait(lambda: a.store.ledger.events("f1", kinds=["taken_over"]), "f1 taken over", timeout=30)
+            b.wait(lambda: len(b.live_agents()) == 1, "host-b running f1")
+            frozen.send_signal(signal.SIGCONT)
+            _, err = frozen.communicate(timeout=30)
+            assert frozen.returncode != 0, err  # its commit failed: the server had ended its session
+            assert a.store.load("f1").step != "written by a frozen writer"
+        finally:
+            if frozen.poll() is None:
+                frozen.send_signal(signal.SIGCONT)
+                frozen.kill()
+                frozen.wait()
+
+
+def psutil_status(pid: int) -> str:
+    import psutil
+
+    try:
+        return str(psutil.Process(pid).status())
+    except psutil.Error:
+        return ""

@@ -629,3 +629,32 @@ class TestEveryCommandOnTheConfiguredStore:
                      input=json.dumps(ev))
         assert r.code == 0 and r.err == "", r.err
         assert "additionalContext" in r.out
+
+
+class TestSessionBounds:
+    def test_every_heartbeat_session_bounds_idle_transactions_locks_and_dead_peers(self, pg_url: str) -> None:
+        """Issue 19 item 3: pooled and direct connections alike set idle_in_transaction_session_timeout,
+        lock_timeout, statement_timeout and the server's TCP keepalives, and ask libpq for keepalives
+        (a paused or cut-off session must not hold its row locks for ever)."""
+        from heartbeat import defaults
+        from heartbeat.store.postgres import connect
+
+        store = PostgresStore(pg_url)
+        direct = connect(pg_url, autocommit=True)
+        try:
+            with store._conn() as pooled:
+                for conn in (pooled, direct):
+                    show = {name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
+                            for name in ("idle_in_transaction_session_timeout", "lock_timeout",
+                                         "statement_timeout")}
+                    assert show == {"idle_in_transaction_session_timeout":
+                                    f"{int(defaults.PG_IDLE_IN_TRANSACTION_TIMEOUT)}s",
+                                    "lock_timeout": f"{int(defaults.LOCK_TIMEOUT)}s",
+                                    "statement_timeout": f"{int(defaults.PG_STATEMENT_TIMEOUT)}s"}
+                    params = conn.info.get_parameters()
+                    assert params.get("keepalives") == "1"
+                    assert params.get("keepalives_idle") == str(int(defaults.PG_KEEPALIVE_IDLE))
+                pooled.commit()
+        finally:
+            direct.close()
+            store.close()

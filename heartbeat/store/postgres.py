@@ -145,7 +145,14 @@ def _connect_kwargs(url: str) -> dict[str, Any]:
         info = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.Error as exc:
         raise BadInput(f"not a PostgreSQL URL: {_one_line(exc)}", field="store.url") from None
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {
+        # The client's side of a cut-off TCP connection (a Unix socket ignores them); the URL may say otherwise.
+        "keepalives": 1,
+        "keepalives_idle": int(defaults.PG_KEEPALIVE_IDLE),
+        "keepalives_interval": int(defaults.PG_KEEPALIVE_INTERVAL),
+        "keepalives_count": int(defaults.PG_KEEPALIVE_COUNT),
+    }
+    kwargs = {k: v for k, v in kwargs.items() if k not in info}
     if "connect_timeout" not in info:
         kwargs["connect_timeout"] = max(2, int(defaults.PG_CONNECT_TIMEOUT))
     if "application_name" not in info:
@@ -153,11 +160,25 @@ def _connect_kwargs(url: str) -> dict[str, Any]:
     return kwargs
 
 
+def _session_settings() -> list[str]:
+    """What every heartbeat session sets: UTC; no statement, lock wait or idle transaction longer than
+    the timeouts (a process paused or cut off mid-write must not hold its row locks for ever); and the
+    server's side of TCP keepalives (a partitioned host's session ends in seconds, not hours)."""
+    return [
+        "SET TIME ZONE 'UTC'",
+        f"SET statement_timeout = {int(defaults.PG_STATEMENT_TIMEOUT * 1000)}",
+        f"SET lock_timeout = {int(defaults.LOCK_TIMEOUT * 1000)}",
+        f"SET idle_in_transaction_session_timeout = {int(defaults.PG_IDLE_IN_TRANSACTION_TIMEOUT * 1000)}",
+        f"SET tcp_keepalives_idle = {int(defaults.PG_KEEPALIVE_IDLE)}",
+        f"SET tcp_keepalives_interval = {int(defaults.PG_KEEPALIVE_INTERVAL)}",
+        f"SET tcp_keepalives_count = {int(defaults.PG_KEEPALIVE_COUNT)}",
+    ]
+
+
 def _configure(conn: psycopg.Connection[Any]) -> None:
-    """Every connection: UTC, and no statement (or lock wait) longer than the timeouts."""
-    conn.execute("SET TIME ZONE 'UTC'")
-    conn.execute(f"SET statement_timeout = {int(defaults.PG_STATEMENT_TIMEOUT * 1000)}")
-    conn.execute(f"SET lock_timeout = {int(defaults.LOCK_TIMEOUT * 1000)}")
+    """Every pooled connection: :func:`_session_settings`."""
+    for statement in _session_settings():
+        conn.execute(statement)  # our own constant SQL
     conn.commit()
 
 
@@ -174,8 +195,8 @@ def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
     try:
         conn = psycopg.connect(url, autocommit=autocommit, **_connect_kwargs(url))
         if autocommit:
-            conn.execute("SET TIME ZONE 'UTC'")
-            conn.execute(f"SET statement_timeout = {int(defaults.PG_STATEMENT_TIMEOUT * 1000)}")
+            for statement in _session_settings():
+                conn.execute(statement)  # our own constant SQL
         else:
             _configure(conn)
     except psycopg.OperationalError as exc:
