@@ -38,9 +38,10 @@ class Host(DaemonHarness):
     """A daemon with its own host id and state dir, on a shared PostgreSQL store."""
 
     def __init__(self, root: Path, url: str, host: str, *, max_concurrent: int = 10, agent: list[str] | None = None,
-                 stall_after: str = "1h") -> None:
+                 stall_after: str = "1h", ttl: float = TTL) -> None:
         self.url = url
         self.host = host
+        self.ttl = ttl
         root.mkdir(mode=0o700, exist_ok=True)
         super().__init__(root, tick=f"{int(TICK * 1000)}ms", stall_after=stall_after, max_concurrent=max_concurrent,
                          dispatches_per_minute=6000, agent=agent, extra=f"[store]\nurl = {json.dumps(url)}\n")
@@ -49,7 +50,7 @@ class Host(DaemonHarness):
 
     def config_text(self) -> str:
         return super().config_text().replace(
-            'log_level = "debug"\n', f'log_level = "debug"\nhost = "{self.host}"\nlease_ttl = "{TTL}s"\n', 1)
+            'log_level = "debug"\n', f'log_level = "debug"\nhost = "{self.host}"\nlease_ttl = "{self.ttl}s"\n', 1)
 
     def lines(self, event: str) -> list[dict[str, Any]]:
         return [e for e in self.log() if e.get("event") == event]
@@ -387,6 +388,47 @@ class TestOneHostId:
             assert r.returncode == 1 and "another heartbeat daemon with host id 'host-x'" in r.stderr
             assert len(r.stderr.strip().splitlines()) == 1, r.stderr
         finally:
+            for h in (a, b):
+                h.close()
+
+    def test_a_newcomer_holding_the_free_lock_waits_on_the_hosts_row_and_is_refused_when_it_renews(
+            self, pg_url: str, tmp_path: Path) -> None:
+        """The first daemon is paused and its lock connection terminated, so the second daemon takes the free
+        lock; it finds the host's row renewed recently by another daemon and waits (host_busy, one line).
+        Resumed, the first daemon renews its row: the second is refused in one line (exit 1) without ever
+        acting, and the first takes its lock back and goes on, its agents untouched."""
+        tmp_path.chmod(0o700)
+        hang = [*TOY, "--mode", "hang"]
+        a = Host(tmp_path / "a", pg_url, "host-x", agent=hang, max_concurrent=4, ttl=30.0)
+        b = Host(tmp_path / "b", pg_url, "host-x", agent=hang, max_concurrent=4, ttl=30.0)
+        ids = ["w1", "w2"]
+        new_tasks(a.store, ids, tmp_path)  # type: ignore[arg-type]
+        try:
+            a.start()
+            a.wait(lambda: all(a.store.ledger.events(t, kinds=["launched"]) for t in ids), "both launched")
+            agents, epochs = agents_and_epochs(a, ids)
+            last_event = max(e.id or 0 for e in a.store.ledger.events())
+            assert a.proc is not None
+            a.proc.send_signal(signal.SIGSTOP)
+            assert kill_host_lock(pg_url), "no daemon lock to terminate"
+            launch(b)
+            busy = b.wait(lambda: b.lines("host_busy"), "the second daemon waiting on the host's row", timeout=60)
+            assert busy[0]["pid"] == a.proc.pid
+            a.proc.send_signal(signal.SIGCONT)
+            b.wait(lambda: b.proc is not None and b.proc.poll() is not None, "the second daemon refused", timeout=30)
+            assert b.proc is not None and b.proc.returncode == 1
+            refusal = [e["line"] for e in b.log() if e.get("event") == "non-json"]
+            assert len(refusal) == 1 and f"(pid {a.proc.pid})" in refusal[0] and "renewed" in refusal[0], refusal
+            assert not b.lines("started")
+            a.wait(lambda: a.lines("host_lock_retaken"), "the first daemon taking its lock back")
+            time.sleep(1.0)
+            assert agents_and_epochs(a, ids) == (agents, epochs)
+            assert a.proc.poll() is None and not a.lines("host_taken")
+            after = [e for e in a.store.ledger.events() if (e.id or 0) > last_event]
+            assert after == [], [(e.task, e.kind, e.data) for e in after]
+        finally:
+            if a.proc is not None and a.proc.poll() is None:
+                a.proc.send_signal(signal.SIGCONT)
             for h in (a, b):
                 h.close()
 
