@@ -1,7 +1,7 @@
 """heartbeat: keep long-running agent work alive across the seams between invocations.
 
 The Python API is :func:`open_task`; the rest lives in one module per concept (see the
-README's "Code map"). Importing this package is cheap: nothing heavy is loaded until used.
+"Code map" in docs/development.md). Importing this package is cheap: nothing heavy is loaded until used.
 """
 
 from __future__ import annotations

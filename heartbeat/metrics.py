@@ -229,7 +229,7 @@ FROM events WHERE kind IN ({', '.join(f"'{k}'" for k in _COUNTED_KINDS)}) GROUP 
 def _count_events(ledger: Any) -> dict[str, dict[str, int]]:
     """Counted events per kind and label. The SQLite ledger is counted in SQL, read-only, by
     a connection of its own (a scrape must not decode every event in Python: see the
-    README's figures); any other ledger, or an SQLite without JSON functions, through
+    figures in docs/operating.md); any other ledger, or an SQLite without JSON functions, through
     ``events()``."""
     counted: dict[str, dict[str, int]] = {kind: {} for kind in _COUNTED_KINDS}
 

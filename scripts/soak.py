@@ -97,7 +97,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "short": {"tasks": 60, "duration": 45.0, "drain": 35.0, "max_concurrent": 10},
     "long": {"tasks": 300, "duration": 1800.0, "drain": 120.0, "max_concurrent": 16},
 }
-"""``--short`` is sized for CI (about 80 s in all); ``--long`` is the one the README reports."""
+"""``--short`` is sized for CI (about 80 s in all); ``--long`` is the one docs/development.md reports."""
 
 NON_RETRYABLE = 75
 NOTIFIER = "file"
@@ -1078,7 +1078,7 @@ timeout = "5s"
 
         Only over a task with no live agent, from a copy of the same epoch with a lower revision,
         and never to revive or bury a finished task, nor to turn snoozed into active (or back) by
-        hand: those are other acts, with no event a checker could hold them to (see the README)."""
+        hand: those are other acts, with no event a checker could hold them to (see docs/development.md)."""
         for task in self.rng.sample(sorted(self.checker.latest), min(3, len(self.checker.latest))):
             if task in self.checker.garbage:
                 continue
