@@ -388,6 +388,22 @@ class TestDaemonLock:
             holder.close()
 
 
+    def test_run_once_twice_in_a_row_takes_the_host_at_once(self, pg_url: str, tmp_path: Path) -> None:
+        """`run --once` marks its host's row stopped when it ends: the next `run --once` with the same host id
+        takes the host at once instead of waiting for the row to be lease_ttl old (host_busy)."""
+        config = tmp_path / "heartbeat.toml"
+        config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nhost = "host-a"\nlog_format = "json"\n\n'
+                          f'[store]\nurl = "{pg_url}"\n')
+        config.chmod(0o644)
+        for _ in range(2):
+            r = _run_cli("--config", str(config), "run", "--once", env={}, cwd=tmp_path)
+            assert r.code == 0, r.err
+            assert "host_busy" not in r.out + r.err
+        with psycopg.connect(pg_url) as conn:
+            row = conn.execute("SELECT stopped_at IS NOT NULL FROM heartbeat_hosts WHERE host = 'host-a'").fetchone()
+        assert row == (True,)
+
+
 class TestDatabaseDown:
     def test_stopped_server_gives_one_line_and_the_store_recovers(self, own_cluster: Cluster, tmp_path: Path) -> None:
         """With the server stopped a store call fails fast with `cannot reach the database`; started again, it works."""

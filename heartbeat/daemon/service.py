@@ -311,6 +311,8 @@ def run_from_cli(args: Any) -> int:
             daemon.initialize()
             daemon.tick()
             daemon.shared.pool.shutdown(wait=True)
+            if daemon.lease is not None:  # the host's row marked stopped: the next run takes it at once
+                daemon.lease.close()
             daemon.store.close()
             return 0
         return daemon.serve()
