@@ -100,6 +100,10 @@ PG_IDLE_IN_TRANSACTION_TIMEOUT = 30.0
 mid-write) before the server ends the session and releases its row locks: a frozen daemon's
 locked task is then taken over (takeover skips locked rows) instead of pinned for ever."""
 
+FENCE_STOP_WAIT = 5.0
+"""Seconds beyond the longest launcher ``stop_grace`` a daemon standing down (another daemon took
+its host id) waits for the stops of its fenced agents before it exits."""
+
 PG_KEEPALIVE_IDLE = 10.0
 """Seconds of silence on a PostgreSQL TCP connection before keepalive probes start (both ends)."""
 

@@ -253,6 +253,8 @@ class Lease:
 
     def observe(self, entries: Iterable[Entry]) -> None:
         """After a full scan: the tasks whose agent this host runs are the ones it renews."""
+        if not self.acting():  # (a pass resumed after a pause: its scan may be older than the pause)
+            return
         found: dict[str, tuple[int | None, Owner | None]] = {}
         for entry in entries:
             baton = entry.baton
@@ -396,21 +398,39 @@ class Lease:
             "daemon.host (or $HEARTBEAT_HOST)")
 
     def _stand_down(self) -> None:
-        """Another daemon with this host id took the host's row: act no more, and leave the agents
-        alone (that daemon supervises them now, or takes their tasks over)."""
+        """Another daemon with this host id took the host's row: act no more. An agent whose task is
+        still at the epoch this daemon started it in is left alone (the successor supervises it); one
+        whose task moved on meanwhile is fenced, supervised by nobody: it is stopped, as any host
+        stops its fenced agents. Nothing is written."""
         with self._lock:
             if self.stood_down:
                 return
             self.stood_down = True
             self._fenced_all = True
-            left = sorted(self._supervised)
+            left = dict(self._supervised)
             self._supervised.clear()
         if self._taking:
             return  # take_host refuses with one line
-        self.log.error("host_taken", host=self.host, pid=os.getpid(), tasks=left,
+        self.log.error("host_taken", host=self.host, pid=os.getpid(), tasks=sorted(left),
                        reason="another daemon with this host id took the host's row: this daemon stops "
                               "acting, leaves its agents to that daemon and exits")
+        self._fence_moved(left)
         self.on_stood_down()
+
+    def _fence_moved(self, left: dict[str, tuple[int | None, Owner | None]]) -> None:
+        ids = [task_id for task_id, (epoch, _) in left.items() if epoch is not None]
+        if not ids:
+            return
+        try:
+            rows = _fetch(self.store, "SELECT id, epoch FROM heartbeat_batons WHERE id = ANY(%(ids)s)", {"ids": ids})
+        except HeartbeatError:
+            return  # not known: never stop an agent on a guess
+        current = {r[0]: int(r[1]) for r in rows}
+        for task_id in ids:
+            epoch, owner = left[task_id]
+            if task_id in current and current[task_id] != epoch:
+                self._fence(task_id, epoch, owner, why="the task moved on while this daemon was displaced",
+                            standing_down=True)
 
     def _keep_lock(self) -> None:
         """Re-check the database lock of this host id; say once when it is lost and when it is back."""
@@ -444,11 +464,15 @@ class Lease:
         self._watch.start()
 
     def _watch_loop(self) -> None:
+        last = time.monotonic()
         while not self._stop.wait(min(self.interval, 1.0)):
             with self._lock:
                 at = self._renewed_at
                 fenced = self._fenced_all or self.stood_down
             now = time.monotonic()
+            woke_late, last = now - last > min(self.interval, 1.0) + self.interval, now
+            if woke_late:  # this whole process was paused: a renewal in flight since then answers first
+                continue
             if at is None or fenced or now < at + self._fence_after():
                 continue
             # Past the deadline because renewals fail or hang, not because this whole process
@@ -466,7 +490,10 @@ class Lease:
             for task_id, (epoch, owner) in lost.items():
                 self._fence(task_id, epoch, owner, why="this host could not renew its lease")
 
-    def _fence(self, task_id: str, epoch: int | None, owner: Owner | None, *, why: str) -> None:
+    def _fence(self, task_id: str, epoch: int | None, owner: Owner | None, *, why: str,
+               standing_down: bool = False) -> None:
+        if self.stood_down and not standing_down:
+            return  # the successor supervises this host's agents: only _fence_moved may stop one
         if owner is None or epoch is None:
             return  # claimed, never dispatched: no agent to stop
         if owner.how != "dispatch":

@@ -477,6 +477,48 @@ class TestOneHostId:
             for h in (a, b):
                 h.close()
 
+    def test_a_displaced_daemon_stops_only_its_agents_whose_task_moved_on(self, pg_url: str,
+                                                                          tmp_path: Path) -> None:
+        """As above, but while the first daemon is paused one task moves on to a new epoch (as a successor on
+        another machine, which cannot see the agent, would re-dispatch it). Resumed and standing down, the
+        first daemon stops that task's old agent (fenced: nobody supervises it) and leaves the other, which
+        its successor adopted, alone; it writes nothing."""
+        tmp_path.chmod(0o700)
+        hang = [*TOY, "--mode", "hang"]
+        a = Host(tmp_path / "a", pg_url, "host-x", agent=hang, max_concurrent=4)
+        b = Host(tmp_path / "b", pg_url, "host-x", agent=hang, max_concurrent=4)
+        ids = ["m1", "m2"]
+        new_tasks(a.store, ids, tmp_path)  # type: ignore[arg-type]
+        try:
+            a.start()
+            a.wait(lambda: all(a.store.ledger.events(t, kinds=["launched"]) for t in ids), "both launched")
+            old = a.live_agents()
+            assert a.proc is not None
+            a.proc.send_signal(signal.SIGSTOP)
+            assert kill_host_lock(pg_url), "no daemon lock to terminate"
+            b.start()
+            with a.store.edit("m1", actor="test") as ed:  # m1 moves on: its running agent is fenced
+                ed.baton.meta.epoch += 1
+                ed.baton.meta.owner = None
+            resumed = len(a.log())
+            a.proc.send_signal(signal.SIGCONT)
+            a.wait(lambda: a.proc is not None and a.proc.poll() is not None, "the displaced daemon exiting",
+                   timeout=30)
+            assert a.proc.returncode == 1
+            stopped = a.lines("fenced_agent_stopped")
+            assert [e["task"] for e in stopped] == ["m1"] and stopped[0]["gone"] is True, json.dumps(
+                [e for e in a.log()[resumed:] if e.get("event") not in ("tick",)])[:3000]
+            now = a.live_agents()
+            assert "m1" not in now and now.get("m2") == old["m2"]
+            acted = [e for e in a.log()[resumed:] if e.get("event") in ("dispatched", "launched", "exited", "raced")
+                     or (e.get("event") == "decision" and e.get("action") != "nothing")]
+            assert acted == [], json.dumps(acted)[:2000]
+        finally:
+            if a.proc is not None and a.proc.poll() is None:
+                a.proc.send_signal(signal.SIGCONT)
+            for h in (a, b):
+                h.close()
+
 
 class TestFrozenWriter:
     """Issue 19 item 3: takeover skips locked rows, and nothing bounded a paused session's locks: a daemon

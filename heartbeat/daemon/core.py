@@ -396,7 +396,7 @@ class Core:
             return "invalid", None
         mem.invalid_reported = ""
         baton = entry.baton
-        if self.lease is not None and self.lease.stood_down:  # another daemon of our host id supervises it
+        if self.lease is not None and not self.lease.acting():  # (a pass resumed after a pause checks again)
             return baton.meta.status.value, None
         held = self.lease.held_elsewhere(baton) if self.lease is not None else ""
         if held:  # liveness is local: the host running the agent judges it, while its lease lasts

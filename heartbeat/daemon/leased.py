@@ -26,8 +26,10 @@ exactly as before.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
+from heartbeat import defaults
 from heartbeat.baton import Baton, Gate, Owner
 from heartbeat.daemon.shared import Shared
 from heartbeat.lease import Lease, for_store, resolve_host
@@ -54,7 +56,7 @@ class LeasePart:
         d = shared.config.daemon
         self.lease = Lease(shared.store, host=shared.host, labels=d.labels, ttl=d.lease_ttl,  # type: ignore[arg-type]
                            capacity=d.max_concurrent, interval=renew_interval(shared), log=shared.log,
-                           stop_agent=self._stop_fenced, on_stood_down=lambda: self.on_stood_down())
+                           stop_agent=self._stop_fenced, on_stood_down=self._stood_down)
         self.on_stood_down: Any = lambda: None
         """Set by the service: stop the daemon (another daemon with this host id is the host now)."""
         self._fencing: set[tuple[str, int]] = set()
@@ -122,6 +124,17 @@ class LeasePart:
 
     def close(self) -> None:
         self.lease.close()
+
+    def _stood_down(self) -> None:
+        """The fenced agents' stops under way finish before the daemon stops (its pool drops queued work)."""
+        deadline = time.monotonic() + max((lc.stop_grace for lc in self.shared.config.launchers.values()),
+                                          default=defaults.STOP_GRACE) + defaults.FENCE_STOP_WAIT
+        while time.monotonic() < deadline:
+            with self._fence_lock:
+                if not self._fencing:
+                    break
+            time.sleep(0.05)
+        self.on_stood_down()
 
     # -- fenced agents ----------------------------------------------------------------------
 
