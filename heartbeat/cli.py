@@ -731,22 +731,49 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from heartbeat.transfer import Counts, export_lines, import_lines, open_exact
+    from heartbeat.transfer import migrate, open_exact
 
-    source = open_exact(args.from_, must_exist=True)
+    if os.path.realpath(args.from_) == os.path.realpath(args.to):
+        raise BadInput("--from and --to are the same store")
+    # A daemon writing either side meanwhile would leave the target a stale copy that exits 0:
+    # both state dirs' daemon locks are held for the migration, so none can start either.
+    locks = [_hold_for_migrate(args.from_, "--from", must_exist=True), _hold_for_migrate(args.to, "--to")]
     try:
-        target = open_exact(args.to)
+        source = open_exact(args.from_, must_exist=True)
         try:
-            counts = Counts()
-            result = import_lines(target, list(export_lines(source, counts)), where=args.from_)
+            target = open_exact(args.to)
+            try:
+                result, skipped = migrate(source, target, where=args.from_)
+            finally:
+                target.close()
         finally:
-            target.close()
+            source.close()
     finally:
-        source.close()
-    for line in counts.skipped:
+        for fd in locks:
+            if fd is not None:
+                os.close(fd)
+    for line in skipped:
         print(f"heartbeat: left out invalid baton {line}", file=sys.stderr)
     print(result.summary("copied"))
     return 0
+
+
+def _hold_for_migrate(where: str, option: str, *, must_exist: bool = False) -> int | None:
+    """The daemon lock of the state dir ``where`` (None for a database URL), or DaemonRunning
+    saying how to stop the daemon that holds it."""
+    from heartbeat.daemon.service import hold_daemon_lock
+    from heartbeat.errors import DaemonRunning
+
+    if where.startswith(("postgresql://", "postgres://")):
+        return None
+    if must_exist and not os.path.isdir(where):
+        raise BadInput(f"{where}: no such state dir")
+    try:
+        return hold_daemon_lock(where)
+    except DaemonRunning as exc:
+        pid = exc.holder or "unknown"
+        raise DaemonRunning(f"{option} {where}: a daemon (pid {pid}) is running on it; stop it first "
+                            f"(systemctl stop heartbeat, or kill -TERM {pid}), then migrate") from None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -765,19 +792,24 @@ def cmd_hooks(args: argparse.Namespace) -> int:
     from heartbeat import hooks
 
     if args.agent == "codex":
-        if args.user or args.mcp:
-            raise BadInput("--user and --mcp are for claude; codex reads AGENTS.md in --dir")
-        written = (hooks.install_codex(args.dir, task=args.task) if args.action == "install"
-                   else hooks.uninstall_codex(args.dir))
+        if args.mcp:
+            raise BadInput("--mcp is for claude; codex reads its MCP servers from its own config.toml")
+        written = (hooks.install_codex(args.dir, user=args.user, state_dir=args.state_dir, config=args.config,
+                                       task=args.task) if args.action == "install"
+                   else hooks.uninstall_codex(args.dir, user=args.user, state_dir=args.state_dir, config=args.config))
     elif args.action == "install":
         written = hooks.install_claude(args.dir, user=args.user, mcp=args.mcp, state_dir=args.state_dir,
                                        config=args.config, task=args.task)
     else:
-        written = hooks.uninstall_claude(args.dir, user=args.user)
+        written = hooks.uninstall_claude(args.dir, user=args.user, state_dir=args.state_dir, config=args.config)
     for path in written:
         print(f"{'wrote' if args.action == 'install' else 'updated'} {path}")
     if not written:
         print("nothing to change: " + ("already installed" if args.action == "install" else "not installed"))
+    elif args.agent == "codex" and args.action == "install":
+        print("codex runs a new or changed hook only once it is trusted: review it with /hooks in `codex` "
+              "(project hooks also need a trusted project: `codex exec --trust`), or run `codex exec "
+              "--dangerously-bypass-hook-trust`")
     return 0
 
 
@@ -989,22 +1021,26 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--since", help="count only what happened at or after this ISO 8601 time")
     p.add_argument("--edges", action="store_true", help="profile the handoffs between tasks (upstream -> "
                    "downstream, and by launcher pair) instead")
-    p = command("hook", cmd_hook, "run by Claude Code at a hook event (JSON on stdin); always exits 0",
+    p = command("hook", cmd_hook, "run by Claude Code or Codex at a hook event (JSON on stdin); always exits 0",
                 task=False)
-    p.add_argument("agent", choices=["claude"])
+    p.add_argument("agent", choices=["claude", "codex"])
     p.add_argument("--task", help="the task (else $HEARTBEAT_TASK, else the one whose workdir is the event's cwd)")
-    p = command("hooks", cmd_hooks, "install or uninstall heartbeat's Claude Code hooks / Codex AGENTS.md section",
-                task=False)
+    p = command("hooks", cmd_hooks, "install or uninstall heartbeat's Claude Code / Codex hooks (and Codex's "
+                "AGENTS.md section)", task=False)
     p.add_argument("action", choices=["install", "uninstall"])
     p.add_argument("agent", choices=["claude", "codex"])
     p.add_argument("--dir", help="the project directory (default: here)")
-    p.add_argument("--user", action="store_true", help="claude: ~/.claude/settings.json instead of the project's")
+    p.add_argument("--user", action="store_true", help="~/.claude/settings.json or $CODEX_HOME/hooks.json instead of "
+                   "the project's")
     p.add_argument("--mcp", action="store_true", help="claude: also register `heartbeat mcp` in the project's .mcp.json")
     p.add_argument("--task", help="pin the task id (else $HEARTBEAT_TASK or the workdir decides)")
     command("mcp", cmd_mcp, "serve the batons over MCP on stdio (needs heartbeat[mcp])", task=False)
     p = command("web", cmd_web, "the read-only status page (needs heartbeat[web])", task=False)
-    p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8787); beyond loopback a token is required")
+    p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8787; a token is required) or unix:PATH "
+                   "(a 0600 socket; relative: in the state dir)")
     p.add_argument("--token", help="require this token (else $HEARTBEAT_WEB_TOKEN): Authorization: Bearer, or ?token=")
+    p.add_argument("--allow-host", action="append", metavar="NAME",
+                   help="also answer requests for this host name (else [http] allowed_hosts); repeatable")
     p = command("metrics", cmd_metrics, "Prometheus metrics, printed or written for node_exporter (needs heartbeat[web])",
                 task=False)
     p.add_argument("--textfile", help="write them atomically to this file (name it *.prom, in the collector's dir)")

@@ -136,9 +136,11 @@ class HttpConfig:
     """``[http]``: the status page and ``/metrics`` served by ``heartbeat run`` (needs heartbeat[web])."""
 
     listen: str = ""
-    """``HOST:PORT``; empty: no server in the daemon."""
+    """``HOST:PORT`` or ``unix:PATH`` (relative: in the state dir); empty: no server in the daemon."""
     token: str = ""
-    """Required beyond loopback (else ``$HEARTBEAT_WEB_TOKEN``)."""
+    """Required on TCP, loopback too (else ``$HEARTBEAT_WEB_TOKEN``); a Unix socket needs none."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Names the page answers in a ``Host`` header besides its listen address (DNS rebinding)."""
 
 
 @dataclass(frozen=True)
@@ -426,7 +428,10 @@ class _Parser:
                 parse_listen(listen, what="")
             except BadInput as exc:
                 raise self.error("http.listen", exc.message) from None
-        return HttpConfig(listen=listen, token=self.string(doc, "token", p, ""))
+        hosts = doc.get("allowed_hosts", [])
+        if not isinstance(hosts, list) or not all(isinstance(h, str) and h.strip() and "\0" not in h for h in hosts):
+            raise self.error("http.allowed_hosts", "expected a list of host names, e.g. [\"status.example.org\"]")
+        return HttpConfig(listen=listen, token=self.string(doc, "token", p, ""), allowed_hosts=tuple(hosts))
 
     def parse_retention(self, doc: dict[str, Any]) -> RetentionConfig:
         p = "retention."

@@ -135,11 +135,11 @@ HOOK_FRESH_WITHIN = 300.0
 (``hooks.fresh_within``); the report counts compactions that found the note fresh or stale."""
 
 HOOK_MAX_STOP_BLOCKS = 1
-"""Stop-hook blocks in a row (one session, no allowed stop in between) before heartbeat
-lets the agent stop anyway (``hooks.max_stop_blocks``): a reminder, never a loop."""
+"""Stop-hook blocks per session (per ``session_id``, whatever the turns) before heartbeat lets
+a bound agent stop anyway (``hooks.max_stop_blocks``): a reminder, never a loop."""
 
 HOOK_TIMEOUT = 30
-"""Seconds Claude Code gives ``heartbeat hook claude`` (the ``timeout`` written into settings)."""
+"""Seconds Claude Code and codex give ``heartbeat hook claude|codex`` (the ``timeout`` install writes)."""
 
 MAX_HOOK_INPUT_BYTES = 1024 * 1024
 """Bytes of hook event JSON read from stdin; a larger event is refused (the hook does nothing)."""
@@ -194,3 +194,27 @@ GC_FIRST_DELAY_MAX = 300.0
 
 RELAY_MAX_CLIENTS = 16
 """Agents' writes the daemon's relay (:mod:`heartbeat.relay`) serves at once; one more writes by itself."""
+
+WEB_MAX_CONNECTIONS = 32
+"""Connections the status page holds open at once; one more is closed as it is accepted, so a flood
+of idle connections costs the daemon at most this many descriptors (its clock shares them)."""
+
+WEB_REQUEST_TIMEOUT = 10.0
+"""Seconds a connection to the status page may take to send a request (from its accept, or from the
+previous response) before it is closed: an idle or trickling client cannot keep its descriptor."""
+
+WEB_BACKLOG = 16
+"""The status page's listen backlog: connections the kernel queues (holding none of the daemon's
+descriptors), and the most asyncio accepts in one go before the cap of :data:`WEB_MAX_CONNECTIONS`
+closes the ones over it: the server holds at most that cap plus a few such batches of descriptors."""
+
+WEB_ERROR_LOG_EVERY = 60.0
+"""Seconds between two log lines of the same status-page server error (``socket.accept() out of
+system resource`` repeats thousands of times a second while descriptors are short); the next line
+says how many were left out."""
+CLOCK_STEP_TOLERANCE = 1.0
+"""Seconds the wall clock may move apart from the monotonic one between two looks before the
+daemon calls it a step (logs ``clock_stepped`` and re-arms its scheduler); NTP's slewing stays far below."""
+
+CLOCK_CHECK_EVERY = 1.0
+"""Seconds, at most, between the daemon's looks for a wall-clock step (its main thread, on the monotonic clock)."""

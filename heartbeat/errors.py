@@ -17,6 +17,7 @@ __all__ = [
     "BadInput",
     "ConfigError",
     "InvalidBaton",
+    "UnreadableBaton",
     "UnsafePath",
     "NotFound",
     "AlreadyExists",
@@ -103,6 +104,12 @@ class InvalidBaton(BadInput):
     """
 
 
+class UnreadableBaton(InvalidBaton):
+    """A baton file that could not be read just now (out of descriptors, permission denied, an I/O
+    error): reported like an invalid baton, but never remembered as one, since the same file may
+    read fine at the next scan."""
+
+
 class UnsafePath(BadInput):
     """A path is refused: a symlink, not a regular file, outside its root, or writable by others."""
 
@@ -139,6 +146,9 @@ class Busy(StoreError):
 
 class DaemonRunning(HeartbeatError):
     """Another daemon holds the state dir's daemon lock: one clock per state dir."""
+
+    holder: str = ""
+    """The pid the lock file names ("unknown" when it names none)."""
 
 
 class GuaranteeFailed(HeartbeatError):

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from heartbeat.baton import Owner
-from heartbeat.liveness import identify, this_host
+from heartbeat.liveness import identify, same_start, this_host
 
 __all__ = ["ExitWatch", "pidfds_available"]
 
@@ -84,7 +84,8 @@ class ExitWatch:
         except OSError:  # gone already (the next look settles it), or a fake pid
             return False
         found = identify(pid)
-        if found is None or (owner.create_time is not None and abs(found[1] - owner.create_time) > 1.0):
+        if found is None or (owner.create_time is not None and abs(found[1] - owner.create_time) > 1.0
+                             and not same_start(found[1], owner.create_time)):
             os.close(fd)  # the pid names another process now, or none
             return False
         with self._lock:

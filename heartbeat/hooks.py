@@ -1,8 +1,9 @@
-"""The compaction seam: Claude Code hooks, and the install that wires them in.
+"""The compaction seam: Claude Code and Codex hooks, and the install that wires them in.
 
-A live Claude Code session crosses seams no process exit shows: its context is compacted,
-cleared or resumed, and the agent goes on from a summary. ``heartbeat hook claude`` is the
-command Claude Code runs at those moments (one hook event as JSON on stdin); it acts on
+A live agent session crosses seams no process exit shows: its context is compacted,
+cleared or resumed, and the agent goes on from a summary. ``heartbeat hook claude`` (and
+``heartbeat hook codex``: codex 0.171's hooks take the same JSON in and out) is the command
+the CLI runs at those moments (one hook event as JSON on stdin); it acts on
 ``hook_event_name``:
 
 ``SessionStart``
@@ -12,28 +13,39 @@ command Claude Code runs at those moments (one hook event as JSON on stdin); it 
     records ``compacting`` (``trigger``, ``note_age_s``: seconds since the note was last
     written, ``fresh``: within ``hooks.fresh_within``).
 ``Stop``
-    when the task is still active and its note was not written since the session's last
-    start or previous stop, blocks the stop once (``{"decision": "block", "reason": ...}``,
-    the reason naming the ``heartbeat set``/``add`` to run) and records ``stop_blocked``;
-    never when ``stop_hook_active`` is true, never more than ``hooks.max_stop_blocks`` in a
-    row. An allowed stop is recorded as ``stop_allowed`` (the next stop's reference point).
+    only in a session *bound* to the task (its environment names it: ``$HEARTBEAT_TASK``,
+    which the daemon sets for every agent it launches and a person sets to bind a session
+    by hand): when the task is still active and its note was not written since the
+    session's last start or previous stop, blocks the stop (``{"decision": "block",
+    "reason": ...}``, the reason naming the ``heartbeat set``/``add`` to run) and records
+    ``stop_blocked``; at most ``hooks.max_stop_blocks`` times per session, never when
+    ``stop_hook_active`` is true, never for an agent whose epoch was superseded. An allowed
+    stop is recorded as ``stop_allowed`` (the next stop's reference point).
 ``SessionEnd``
     records ``session_ended`` (``reason``).
 
-The task is ``$HEARTBEAT_TASK``, else ``--task``, else the one task whose ``workdir`` is the
-event's ``cwd``; with none (or several) the hook does nothing. A hook never breaks the
-agent: every failure is one line on stderr and exit 0. It never creates a state dir.
+The task is ``$HEARTBEAT_TASK``, else ``--task``, else the one open task whose ``workdir`` is
+the event's ``cwd`` or holds it (the deepest such workdir); with none (or several) the hook
+does nothing. Every command it prints carries the ``--state-dir``/``--config`` it was run
+with. A hook never breaks the agent: every failure is one line on stderr and exit 0. It
+never creates a state dir.
 
 ``heartbeat hooks install claude`` merges the four hooks into ``.claude/settings.json``
-(``--user``: ``~/.claude/settings.json``) keeping everything already there, and with
+(``--user``: ``~/.claude/settings.json``) keeping everything already there, adds permission
+rules that let a session run heartbeat's own agent commands (:func:`allow_rules`), and with
 ``--mcp`` registers ``heartbeat mcp`` in ``.mcp.json``; ``heartbeat hooks install codex``
-adds a marked section to ``AGENTS.md``. ``uninstall`` removes exactly those entries.
+merges them into ``.codex/hooks.json`` (``--user``: ``$CODEX_HOME/hooks.json``) and adds a
+marked section to ``AGENTS.md``. Each hook heartbeat writes ends in the marker
+``# heartbeat-hook``; install and uninstall touch only marked hooks (and those of the same
+state dir and config, when another heartbeat install serves another), never a person's own.
+A file holding a value JSON cannot (``1e400``, ``NaN``) is refused untouched.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -58,12 +70,17 @@ __all__ = [
     "hook_main",
     "install_claude",
     "uninstall_claude",
+    "allow_rules",
     "install_codex",
     "uninstall_codex",
+    "HOOK_AGENTS",
 ]
 
 HOOK_EVENTS = ("SessionStart", "PreCompact", "Stop", "SessionEnd")
-"""The Claude Code hook events heartbeat installs and acts on."""
+"""The hook events heartbeat installs and acts on (Claude Code 2.1.332 and codex 0.171.0 both fire them)."""
+
+HOOK_AGENTS = ("claude", "codex")
+"""The agent CLIs ``heartbeat hook`` serves."""
 
 SEAM_KINDS = ("session_started", "compacting", "stop_blocked", "stop_allowed", "session_ended")
 """The ledger event kinds the hook records."""
@@ -74,6 +91,9 @@ _ACTOR = "hook"
 _AGENTS_BEGIN = "<!-- heartbeat:begin (written by `heartbeat hooks install codex`; remove with uninstall) -->"
 _AGENTS_END = "<!-- heartbeat:end -->"
 _MAX_SETTINGS_BYTES = 4 * 1024 * 1024
+_MARK = "# heartbeat-hook"
+"""Ends every hook command heartbeat writes: what install and uninstall recognise as theirs."""
+_HOOK_OPTIONS = ("--state-dir", "--config", "--task")
 
 
 # -- the hook ----------------------------------------------------------------------------
@@ -93,7 +113,12 @@ def _str(event: Mapping[str, Any], key: str) -> str:
 
 
 def _find_task(store: Store, task: str | None, cwd: str, env: Mapping[str, str]) -> Baton | None:
-    """The task this session works on, or None when it cannot be told."""
+    """The task this session works on, or None when it cannot be told.
+
+    ``$HEARTBEAT_TASK``, else ``--task``, else by the event's ``cwd``: of the tasks whose
+    workdir is the cwd or one of its parents, the open ones (all, when none is open), the
+    deepest workdir; two at that depth are ambiguous.
+    """
     from heartbeat.baton import FINISHED_STATUSES
 
     task_id = env.get("HEARTBEAT_TASK") or task
@@ -102,11 +127,26 @@ def _find_task(store: Store, task: str | None, cwd: str, env: Mapping[str, str])
     if not cwd:
         return None
     here = os.path.realpath(cwd)
-    found = [e.baton for e in store.scan()
-             if e.baton is not None and e.baton.workdir and os.path.realpath(e.baton.workdir) == here]
-    if len(found) > 1:
-        found = [b for b in found if b.meta.status not in FINISHED_STATUSES]
+    holding: list[tuple[int, Baton]] = []
+    for entry in store.scan():
+        baton = entry.baton
+        if baton is None or not baton.workdir:
+            continue
+        workdir = os.path.realpath(baton.workdir)
+        if here == workdir or here.startswith(workdir.rstrip(os.sep) + os.sep):
+            holding.append((len(workdir), baton))
+    pool = [(depth, b) for depth, b in holding if b.meta.status not in FINISHED_STATUSES] or holding
+    if not pool:
+        return None
+    deepest = max(depth for depth, _ in pool)
+    found = [b for depth, b in pool if depth == deepest]
     return found[0] if len(found) == 1 else None
+
+
+def _bound(baton: Baton, env: Mapping[str, str]) -> bool:
+    """Whether the session is bound to ``baton``'s task: its environment names the task
+    (``$HEARTBEAT_TASK``, set by the daemon for its agents and by a person who binds a session)."""
+    return env.get("HEARTBEAT_TASK") == baton.id
 
 
 def _epoch(baton: Baton, env: Mapping[str, str]) -> int:
@@ -132,11 +172,21 @@ def _session_marks(events: Sequence[Event], session_id: str) -> list[Event]:
     return [e for e in events if e.kind in _MARK_KINDS and e.data.get("session_id") == session_id]
 
 
-def _command_hint(state_dir_arg: str) -> str:
+def command_prefix(state_dir_arg: str = "", config_arg: str = "") -> str:
+    """``heartbeat`` with the ``--state-dir``/``--config`` the hook was run with, for the commands it prints."""
     import shlex
 
-    where = f" --state-dir {shlex.quote(os.path.abspath(state_dir_arg))}" if state_dir_arg else ""
-    return f"heartbeat{where}"
+    argv = ["heartbeat"]
+    if state_dir_arg:
+        argv += ["--state-dir", os.path.abspath(state_dir_arg)]
+    if config_arg:
+        argv += ["--config", os.path.abspath(config_arg)]
+    return shlex.join(argv)
+
+
+def _with_prefix(text: str, prefix: str) -> str:
+    """``text`` with every quoted heartbeat command (`` `heartbeat ...` ``) run as ``prefix``."""
+    return text if prefix == "heartbeat" else text.replace("`heartbeat ", f"`{prefix} ")
 
 
 def handle_event(
@@ -147,10 +197,11 @@ def handle_event(
     hooks: HooksConfig | None = None,
     env: Mapping[str, str] | None = None,
     state_dir_arg: str = "",
+    config_arg: str = "",
     max_attempts: int | None = None,
     now: datetime | None = None,
 ) -> HookResult:
-    """Act on one Claude Code hook event for the task it belongs to; record the seam."""
+    """Act on one hook event for the task it belongs to; record the seam."""
     from heartbeat.baton import Status
     from heartbeat.config import HooksConfig
     from heartbeat.ledger import Event
@@ -181,7 +232,8 @@ def handle_event(
         head = (f"heartbeat: this session works on task {baton.id!r} (session {source}). Its baton is the "
                 "state note that survives compaction and restarts: read the brief below first, and keep the "
                 "note current with `heartbeat set`/`heartbeat add` as you go.\n\n")
-        out = {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": head + brief.text}}
+        context = _with_prefix(head + brief.text, command_prefix(state_dir_arg, config_arg))
+        out = {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": context}}
         return HookResult(json.dumps(out, ensure_ascii=False) + "\n")
     events = store.ledger.events(baton.id)
     last_write = _last_note_write(events)
@@ -195,23 +247,21 @@ def handle_event(
         record("session_ended", reason=_str(event, "reason") or "other")
         return HookResult()
     # Stop
+    if not _bound(baton, env):
+        return HookResult()  # a person's own session in the workdir is never held up
     if event.get("stop_hook_active") is True:
         record("stop_allowed", why="stop_hook_active")
         return HookResult()
-    if baton.meta.status is not Status.ACTIVE:
+    if baton.meta.status is not Status.ACTIVE or epoch < baton.meta.epoch:
         return HookResult()
     mine = _session_marks(events, session_id)
     since = mine[-1].ts if mine and mine[-1].kind != "session_ended" else None
-    in_a_row = 0
-    for e in reversed(mine):
-        if e.kind != "stop_blocked":
-            break
-        in_a_row += 1
+    blocked = sum(1 for e in mine if e.kind == "stop_blocked")
     stale = since is not None and (last_write is None or last_write < since)
-    if not stale or in_a_row >= hooks.max_stop_blocks:
-        record("stop_allowed", why="note written" if not stale else f"{in_a_row} block(s) in a row")
+    if not stale or blocked >= hooks.max_stop_blocks:
+        record("stop_allowed", why="note written" if not stale else f"{blocked} block(s) in this session")
         return HookResult()
-    hb = _command_hint(state_dir_arg)
+    hb = command_prefix(state_dir_arg, config_arg)
     reason = (f"heartbeat: the state note of task {baton.id!r} has not been written since this session "
               f"{'started' if mine[-1].kind == 'session_started' else 'last stopped'}. Before you stop, write it so "
               f"the next session (after a compaction, a crash or a handoff) can continue: run "
@@ -251,14 +301,14 @@ def run_hook(
     stderr = stderr or sys.stderr
     env = os.environ if env is None else env
     try:
-        if agent != "claude":
-            raise BadInput(f"no hooks for {agent!r} (known: claude)")
+        if agent not in HOOK_AGENTS:
+            raise BadInput(f"no hooks for {agent!r} (known: {', '.join(HOOK_AGENTS)})")
         event = _read_event(stdin or sys.stdin.buffer)
         store, hooks, max_attempts = _open(state_dir, config, env)
         if store is None:
             return 0
         result = handle_event(event, store, task=task, hooks=hooks, env=env, state_dir_arg=state_dir or "",
-                              max_attempts=max_attempts)
+                              config_arg=config or "", max_attempts=max_attempts)
         if result.stdout:
             stdout.write(result.stdout)
             stdout.flush()
@@ -301,8 +351,8 @@ def _open(state_dir: str | None, config: str | None, env: Mapping[str, str]) -> 
 
 
 def hook_main(argv: Sequence[str]) -> int:
-    """``heartbeat hook claude [--task ID] [--state-dir DIR] [--config FILE]``, parsed without argparse
-    (Claude Code runs the hook at every turn's end)."""
+    """``heartbeat hook claude|codex [--task ID] [--state-dir DIR] [--config FILE]``, parsed without
+    argparse (the CLI runs the hook at every turn's end)."""
     opts: dict[str, str] = {}
     agent = ""
     args = list(argv)
@@ -346,25 +396,64 @@ def heartbeat_argv() -> list[str]:
     return [sys.executable, "-m", "heartbeat"]
 
 
-def hook_command(*, state_dir: str | None = None, config: str | None = None, task: str | None = None) -> str:
-    """The shell command line written into settings.json for ``heartbeat hook claude``."""
+def hook_command(*, agent: str = "claude", state_dir: str | None = None, config: str | None = None,
+                 task: str | None = None) -> str:
+    """The shell command line written into the CLI's settings for ``heartbeat hook AGENT``, marked
+    as heartbeat's by its trailing ``# heartbeat-hook`` comment."""
     import shlex
 
-    argv = [*heartbeat_argv(), "hook", "claude"]
+    argv = [*heartbeat_argv(), "hook", agent]
     if state_dir:
         argv += ["--state-dir", os.path.abspath(state_dir)]
     if config:
         argv += ["--config", os.path.abspath(config)]
     if task:
         argv += ["--task", task]
-    return shlex.join(argv)
+    return f"{shlex.join(argv)} {_MARK}"
 
 
-def _is_ours(entry: Any) -> bool:
+@dataclass(frozen=True)
+class _Ours:
+    """One of heartbeat's hook commands, read back: which state dir and config it serves."""
+
+    state_dir: str
+    config: str
+
+
+def _read_ours(entry: Any, agent: str) -> _Ours | None:
+    """``entry`` as one of heartbeat's hooks for ``agent``, or None when it is anyone else's.
+
+    Heartbeat's own: a command hook whose command is ``HEARTBEAT hook AGENT [--state-dir D]
+    [--config F] [--task T]``, HEARTBEAT being a ``heartbeat`` executable or ``PYTHON -m
+    heartbeat``, and ending in the marker (or, as written before the marker existed, without
+    it). Anything else that merely mentions heartbeat is not.
+    """
+    import shlex
+
     if not isinstance(entry, dict) or entry.get("type") != "command":
-        return False
+        return None
     command = entry.get("command")
-    return isinstance(command, str) and " hook claude" in command and "heartbeat" in command
+    if not isinstance(command, str) or len(command) > 8192:
+        return None
+    body = command[: -len(_MARK)].rstrip() if command.endswith(" " + _MARK) else command
+    try:
+        argv = shlex.split(body)
+    except ValueError:
+        return None
+    for at in range(len(argv) - 1):
+        if argv[at:at + 2] == ["hook", agent]:
+            break
+    else:
+        return None
+    program, rest = argv[:at], argv[at + 2:]
+    runs_heartbeat = (len(program) == 1 and os.path.basename(program[0]) == "heartbeat") or (
+        len(program) == 3 and program[1:] == ["-m", "heartbeat"])
+    if not runs_heartbeat or len(rest) % 2:
+        return None
+    options = dict(zip(rest[::2], rest[1::2], strict=True))
+    if len(options) * 2 != len(rest) or not set(options) <= set(_HOOK_OPTIONS):
+        return None
+    return _Ours(state_dir=options.get("--state-dir", ""), config=options.get("--config", ""))
 
 
 def settings_path(directory: str | None, *, user: bool) -> str:
@@ -373,8 +462,31 @@ def settings_path(directory: str | None, *, user: bool) -> str:
     return os.path.join(os.path.abspath(directory or "."), ".claude", "settings.json")
 
 
+def codex_hooks_path(directory: str | None, *, user: bool, env: Mapping[str, str] | None = None) -> str:
+    """``.codex/hooks.json`` in the project, or (``user``) in ``$CODEX_HOME`` (default ``~/.codex``)."""
+    env = os.environ if env is None else env
+    if user:
+        return os.path.join(env.get("CODEX_HOME") or os.path.join(os.path.expanduser("~"), ".codex"), "hooks.json")
+    return os.path.join(os.path.abspath(directory or "."), ".codex", "hooks.json")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:40]} is too large for a JSON number")
+    return value
+
+
 def _load_json(path: str, what: str) -> dict[str, Any]:
-    """A JSON object file, or {} when missing; anything else is refused with one line."""
+    """A JSON object file, or {} when missing; anything else is refused with one line.
+
+    A number no JSON reader can hold (``1e400``, ``NaN``, ``Infinity``) is refused too: Python
+    would read it as infinity and write it back as ``Infinity``, which is not JSON.
+    """
     try:
         with open(path, "rb") as handle:
             raw = handle.read(_MAX_SETTINGS_BYTES + 1)
@@ -389,7 +501,7 @@ def _load_json(path: str, what: str) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        doc = json.loads(raw.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite)
     except UnicodeDecodeError:
         raise BadInput(f"{path}: not UTF-8; left untouched") from None
     except RecursionError:
@@ -443,12 +555,17 @@ def _hooks_table(doc: dict[str, Any], path: str) -> dict[str, Any]:
     return hooks
 
 
-def _without_ours(groups: list[Any]) -> list[Any]:
-    """``groups`` with heartbeat's hook entries taken out (and groups left empty by that removed)."""
+def _without_ours(groups: list[Any], agent: str, serving: _Ours | None) -> list[Any]:
+    """``groups`` with heartbeat's hook entries taken out (only those serving ``serving``'s state dir
+    and config, when given), and groups left empty by that removed."""
     kept = []
     for group in groups:
         inner = group.get("hooks", [])
-        remaining = [h for h in inner if not _is_ours(h)]
+        remaining = []
+        for hook in inner:
+            ours = _read_ours(hook, agent)
+            if ours is None or (serving is not None and ours != serving):
+                remaining.append(hook)
         if len(remaining) == len(inner):
             kept.append(group)
         elif remaining:
@@ -456,8 +573,95 @@ def _without_ours(groups: list[Any]) -> list[Any]:
     return kept
 
 
+def allow_rules(*, state_dir: str | None = None, config: str | None = None, task: str | None = None) -> list[str]:
+    """The permission rules ``install`` adds: heartbeat's agent commands (on ``task``, else on any task),
+    as the brief writes them and with the global options the install was given, and the MCP server."""
+    import shlex
+
+    from heartbeat.presets import claude_allow_rules
+
+    prefixes = ["heartbeat"]
+    options = [*(["--state-dir", os.path.abspath(state_dir)] if state_dir else []),
+               *(["--config", os.path.abspath(config)] if config else [])]
+    if options:
+        prefixes.append(shlex.join(["heartbeat", *options]))
+    rules: list[str] = []
+    for prefix in prefixes:
+        rules += [r for r in claude_allow_rules(task or "", prefix=prefix) if r not in rules]
+    return rules
+
+
+_OUR_RULE = re.compile(r"Bash\(heartbeat( --(state-dir|config) \S+)* (show|brief|verify|set|add|touch|block|snooze|done)"
+                       r"( [A-Za-z0-9][A-Za-z0-9._-]*)?:\*\)|mcp__heartbeat")
+
+
+def _rule_serves(rule: str, serving: _Ours) -> bool:
+    """Whether a permission rule is the one install wrote for that state dir and config."""
+    import shlex
+
+    options = [*(["--state-dir", serving.state_dir] if serving.state_dir else []),
+               *(["--config", serving.config] if serving.config else [])]
+    return bool(options) and rule.startswith(f"Bash({shlex.join(['heartbeat', *options])} ")
+
+
+def _permissions(doc: dict[str, Any], path: str) -> tuple[dict[str, Any], list[Any]]:
+    perms = doc.get("permissions", {})
+    if not isinstance(perms, dict):
+        raise BadInput(f"{path}: permissions: expected a JSON object, got {type(perms).__name__}; left untouched")
+    allow = perms.get("allow", [])
+    if not isinstance(allow, list):
+        raise BadInput(f"{path}: permissions.allow: expected a list, got {type(allow).__name__}; left untouched")
+    return perms, allow
+
+
 def _dump(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    return json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def _serving(state_dir: str | None, config: str | None) -> _Ours:
+    return _Ours(state_dir=os.path.abspath(state_dir) if state_dir else "",
+                 config=os.path.abspath(config) if config else "")
+
+
+def _merge_hooks(doc: dict[str, Any], path: str, agent: str, *, state_dir: str | None, config: str | None,
+                 task: str | None) -> tuple[dict[str, Any], bool]:
+    """``doc`` (the settings file at ``path``) with heartbeat's hooks for ``agent`` (re)placed, and
+    whether that changed it."""
+    hooks = _hooks_table(doc, path)
+    command = hook_command(agent=agent, state_dir=state_dir, config=config, task=task)
+    serving = _serving(state_dir, config)
+    entry = {"type": "command", "command": command, "timeout": defaults.HOOK_TIMEOUT}
+    new_hooks = dict(hooks)
+    for name in HOOK_EVENTS:
+        groups = list(hooks.get(name, []))
+        serving_this = [h for g in groups for h in g.get("hooks", []) if _read_ours(h, agent) == serving]
+        if serving_this == [entry]:
+            continue  # already there as it would be written: keep its place
+        new_hooks[name] = [*_without_ours(groups, agent, serving), {"hooks": [entry]}]
+    return {**doc, "hooks": new_hooks}, new_hooks != hooks or "hooks" not in doc
+
+
+def _unmerge_hooks(doc: dict[str, Any], path: str, agent: str, serving: _Ours | None) -> dict[str, Any]:
+    """``doc`` without heartbeat's hooks for ``agent`` (those serving ``serving``, when given)."""
+    if "hooks" not in doc:
+        return doc
+    hooks = _hooks_table(doc, path)
+    new_hooks = dict(hooks)
+    for name in HOOK_EVENTS:
+        if name in hooks:
+            groups = _without_ours(hooks[name], agent, serving)
+            if groups:
+                new_hooks[name] = groups
+            elif hooks[name]:  # we emptied it: the key was ours
+                del new_hooks[name]
+    if new_hooks == hooks:
+        return doc
+    new_doc = dict(doc)
+    if new_hooks or not hooks:
+        new_doc["hooks"] = new_hooks
+    else:
+        del new_doc["hooks"]
+    return new_doc
 
 
 def install_claude(
@@ -473,20 +677,15 @@ def install_claude(
     path = settings_path(directory, user=user)
     if mcp and user:
         raise BadInput("--mcp registers the server per project (.mcp.json in --dir), not with --user")
-    doc = _load_json(path, "a settings file")
-    hooks = _hooks_table(doc, path)
-    command = hook_command(state_dir=state_dir, config=config, task=task)
+    doc, changed = _merge_hooks(_load_json(path, "a settings file"), path, "claude", state_dir=state_dir,
+                                config=config, task=task)
+    perms, allow = _permissions(doc, path)
+    new_allow = allow + [r for r in allow_rules(state_dir=state_dir, config=config, task=task) if r not in allow]
     mcp_file = mcp_path(directory) if mcp else None
     mcp_doc = _mcp_doc_with_server(mcp_file, state_dir=state_dir, config=config) if mcp_file else None
-    new_hooks = dict(hooks)
-    for name in HOOK_EVENTS:
-        groups = _without_ours(list(hooks.get(name, [])))
-        entry: dict[str, Any] = {"type": "command", "command": command, "timeout": defaults.HOOK_TIMEOUT}
-        groups.append({"hooks": [entry]})
-        new_hooks[name] = groups
     written = []
-    if new_hooks != hooks or "hooks" not in doc:
-        _write_atomic(path, _dump({**doc, "hooks": new_hooks}))
+    if changed or new_allow != allow:
+        _write_atomic(path, _dump({**doc, "permissions": {**perms, "allow": new_allow}}))
         written.append(path)
     if mcp_file is not None and mcp_doc is not None and mcp_doc != _load_json(mcp_file, "an MCP config"):
         _write_atomic(mcp_file, _dump(mcp_doc))
@@ -494,29 +693,29 @@ def install_claude(
     return written
 
 
-def uninstall_claude(directory: str | None = None, *, user: bool = False) -> list[str]:
-    """Remove exactly the hooks (and the ``.mcp.json`` server) install added; returns the files written."""
+def uninstall_claude(directory: str | None = None, *, user: bool = False, state_dir: str | None = None,
+                     config: str | None = None) -> list[str]:
+    """Remove exactly the hooks (and the ``.mcp.json`` server) install added; returns the files written.
+
+    With ``state_dir`` or ``config``, only the hooks serving that state dir and config go.
+    """
     path = settings_path(directory, user=user)
-    written = []
-    doc = _load_json(path, "a settings file")
-    if "hooks" in doc:
-        hooks = _hooks_table(doc, path)
-        new_hooks = dict(hooks)
-        for name in HOOK_EVENTS:
-            if name in hooks:
-                groups = _without_ours(hooks[name])
-                if groups:
-                    new_hooks[name] = groups
-                elif hooks[name]:  # we emptied it: the key was ours
-                    del new_hooks[name]
-        if new_hooks != hooks:
-            new_doc = dict(doc)
-            if new_hooks or not hooks:
-                new_doc["hooks"] = new_hooks
-            else:
-                del new_doc["hooks"]
-            _write_atomic(path, _dump(new_doc))
-            written.append(path)
+    written: list[str] = []
+    serving = _serving(state_dir, config) if state_dir or config else None
+    original = _load_json(path, "a settings file")
+    doc = _unmerge_hooks(original, path, "claude", serving)
+    perms, allow = _permissions(doc, path)
+    # The rules install added go, but those another install still serving this file needs stay.
+    others = any(_read_ours(h, "claude") is not None for name in HOOK_EVENTS
+                 for g in (doc.get("hooks") or {}).get(name, []) for h in g.get("hooks", []))
+    kept = [r for r in allow if not (isinstance(r, str) and _OUR_RULE.fullmatch(r) and (
+        not others or (serving is not None and _rule_serves(r, serving))))]
+    if kept != allow:  # a permissions table or allow list we emptied goes too
+        new_perms = {**perms, "allow": kept} if kept else {k: v for k, v in perms.items() if k != "allow"}
+        doc = {**doc, "permissions": new_perms} if new_perms else {k: v for k, v in doc.items() if k != "permissions"}
+    if doc != original:
+        _write_atomic(path, _dump(doc))
+        written.append(path)
     if not user:
         mcp_file = mcp_path(directory)
         mcp_doc = _load_json(mcp_file, "an MCP config")
@@ -559,22 +758,23 @@ def _mcp_doc_with_server(path: str, *, state_dir: str | None, config: str | None
     return {**doc, "mcpServers": {**servers, "heartbeat": server}}
 
 
-def agents_section(task: str | None = None) -> str:
-    """The marked AGENTS.md section for Codex (and any agent that reads AGENTS.md)."""
+def agents_section(task: str | None = None, hb: str = "heartbeat") -> str:
+    """The marked AGENTS.md section for Codex (and any agent that reads AGENTS.md); ``hb`` is how
+    heartbeat is run (with the ``--state-dir``/``--config`` install was given)."""
     task_ref = task or "$HEARTBEAT_TASK"
     return "\n".join([
         _AGENTS_BEGIN,
         "## heartbeat: keep the baton",
         "",
         "This work is kept alive by heartbeat across context loss, crashes and handoffs. Its state",
-        f"lives in the task's baton (task `{task_ref}`; `heartbeat status` lists the tasks), not in your memory.",
+        f"lives in the task's baton (task `{task_ref}`; `{hb} status` lists the tasks), not in your memory.",
         "",
-        f"- **First**, before anything else: `heartbeat brief {task_ref}` and read all of it.",
-        f"- Before anything irreversible: `heartbeat verify {task_ref}` (0 fresh, 3 stale: re-read, "
+        f"- **First**, before anything else: `{hb} brief {task_ref}` and read all of it.",
+        f"- Before anything irreversible: `{hb} verify {task_ref}` (0 fresh, 3 stale: re-read, "
         "5 superseded: stop).",
-        f"- After each step: `heartbeat set {task_ref} step=\"...\" next_step=\"...\"` and "
-        f"`heartbeat add {task_ref} done \"...\"`; while working, `heartbeat touch {task_ref}`.",
-        f"- Blocked on a person: `heartbeat block {task_ref} --on \"...\"`; finished: `heartbeat done {task_ref}`.",
+        f"- After each step: `{hb} set {task_ref} step=\"...\" next_step=\"...\"` and "
+        f"`{hb} add {task_ref} done \"...\"`; while working, `{hb} touch {task_ref}`.",
+        f"- Blocked on a person: `{hb} block {task_ref} --on \"...\"`; finished: `{hb} done {task_ref}`.",
         _AGENTS_END,
         "",
     ])
@@ -608,29 +808,54 @@ def _strip_section(text: str, path: str) -> str:
     return before + text[end:]
 
 
-def install_codex(directory: str | None = None, *, task: str | None = None) -> list[str]:
-    """Add (or refresh) heartbeat's marked section at the end of ``AGENTS.md``."""
-    path = os.path.join(os.path.abspath(directory or "."), "AGENTS.md")
-    text = _read_text(path)
-    base = _strip_section(text, path)
+def install_codex(directory: str | None = None, *, user: bool = False, state_dir: str | None = None,
+                  config: str | None = None, task: str | None = None,
+                  env: Mapping[str, str] | None = None) -> list[str]:
+    """Merge heartbeat's hooks into codex's ``hooks.json`` and add (or refresh) the marked section at
+    the end of the project's ``AGENTS.md`` (read even where the hooks are not trusted yet; with
+    ``user`` only when ``directory`` names the project); returns the files written."""
+    path = codex_hooks_path(directory, user=user, env=env)
+    doc, changed = _merge_hooks(_load_json(path, "a hooks file"), path, "codex", state_dir=state_dir,
+                                config=config, task=task)
+    written = []
+    if changed:
+        _write_atomic(path, _dump(doc))
+        written.append(path)
+    if user and directory is None:
+        return written
+    agents = os.path.join(os.path.abspath(directory or "."), "AGENTS.md")
+    text = _read_text(agents)
+    base = _strip_section(text, agents)
     if base and not base.endswith("\n"):
         base += "\n"
-    new = base + ("\n" if base else "") + agents_section(task)
-    if new == text:
-        return []
-    _write_atomic(path, new)
-    return [path]
+    new = base + ("\n" if base else "") + agents_section(task, command_prefix(state_dir or "", config or ""))
+    if new != text:
+        _write_atomic(agents, new)
+        written.append(agents)
+    return written
 
 
-def uninstall_codex(directory: str | None = None) -> list[str]:
-    """Remove heartbeat's section from ``AGENTS.md`` (the file too, when nothing else is left in it)."""
-    path = os.path.join(os.path.abspath(directory or "."), "AGENTS.md")
-    text = _read_text(path)
-    new = _strip_section(text, path)
-    if new == text:
-        return []
-    if new.strip():
-        _write_atomic(path, new)
-    else:
-        os.unlink(path)
-    return [path]
+def uninstall_codex(directory: str | None = None, *, user: bool = False, state_dir: str | None = None,
+                    config: str | None = None, env: Mapping[str, str] | None = None) -> list[str]:
+    """Remove heartbeat's hooks from codex's ``hooks.json`` and its section from ``AGENTS.md`` (that
+    file too, when nothing else is left in it)."""
+    path = codex_hooks_path(directory, user=user, env=env)
+    serving = _serving(state_dir, config) if state_dir or config else None
+    written = []
+    original = _load_json(path, "a hooks file")
+    new_doc = _unmerge_hooks(original, path, "codex", serving)
+    if new_doc != original:
+        _write_atomic(path, _dump(new_doc))
+        written.append(path)
+    if user and directory is None:
+        return written
+    agents = os.path.join(os.path.abspath(directory or "."), "AGENTS.md")
+    text = _read_text(agents)
+    new = _strip_section(text, agents)
+    if new != text:
+        if new.strip():
+            _write_atomic(agents, new)
+        else:
+            os.unlink(agents)
+        written.append(agents)
+    return written

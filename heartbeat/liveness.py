@@ -13,9 +13,17 @@ from collections.abc import Callable
 from heartbeat.baton import Owner
 from heartbeat.launchers.shim import group_members
 
-__all__ = ["identify", "is_alive", "this_host", "group_members", "group_leftovers", "stop_process_group"]
+__all__ = ["identify", "is_alive", "note_boot_time", "same_start", "this_host", "group_members", "group_leftovers",
+           "stop_process_group"]
 
 _CREATE_TIME_SLACK = 0.05  # psutil's create_time is derived from jiffies: allow rounding
+
+_BOOT_TIMES: set[float] = set()
+"""Every boot time this process has read (``/proc/stat``'s ``btime``, in wall-clock seconds). A
+create time is the boot time plus the process's start in ticks since boot; a wall-clock step
+moves the boot time, and every create time with it. A create time recorded before the step
+(in a baton, a pid file) still names the same process when it matches under a boot time seen
+before: a step must not make a live agent look gone, and get it a twin."""
 
 
 def this_host() -> str:
@@ -39,6 +47,33 @@ def identify(pid: int) -> tuple[int, float] | None:
         return None
 
 
+def same_start(found: float, recorded: float) -> bool:
+    """Whether a create time read now (``found``) and one recorded earlier name the same start,
+    across wall-clock steps (see ``_BOOT_TIMES``)."""
+    if abs(found - recorded) <= _CREATE_TIME_SLACK:
+        return True
+    import psutil
+
+    try:
+        boot = float(psutil.boot_time())
+    except (OSError, RuntimeError, ValueError):
+        return False
+    _BOOT_TIMES.add(boot)
+    since_boot = found - boot
+    return any(abs(since_boot + seen - recorded) <= _CREATE_TIME_SLACK for seen in _BOOT_TIMES if seen != boot)
+
+
+def note_boot_time() -> None:
+    """Remember the boot time now (the daemon at its start, and at every pass), so a step that
+    comes later is recognised (see ``_BOOT_TIMES``)."""
+    import psutil
+
+    try:
+        _BOOT_TIMES.add(float(psutil.boot_time()))
+    except (OSError, RuntimeError, ValueError):
+        pass
+
+
 def is_alive(owner: Owner | None, *, host: str | None = None) -> bool:
     """True when the owner's process still runs: same pid, same create time, not a zombie.
 
@@ -54,7 +89,7 @@ def is_alive(owner: Owner | None, *, host: str | None = None) -> bool:
         return False
     if owner.create_time is None:
         return True
-    return abs(found[1] - owner.create_time) <= _CREATE_TIME_SLACK
+    return same_start(found[1], owner.create_time)
 
 
 _CONFIRM_AFTER_KILL = 2.0
@@ -65,7 +100,7 @@ def _matches(pid: int, create_time: float | None) -> bool:
     found = identify(pid)
     if found is None:
         return False
-    return create_time is None or abs(found[1] - create_time) <= _CREATE_TIME_SLACK
+    return create_time is None or same_start(found[1], create_time)
 
 
 def _orphans(pgid: int, create_time: float | None) -> list[int]:

@@ -4,8 +4,9 @@ An agent that speaks MCP (Claude Code, Codex, any MCP client) reads and keeps it
 through tools instead of shelling out: ``show``, ``status``, ``brief``, ``verify``, ``set``,
 ``add``, ``touch``, ``block``, ``done``, ``snooze``, with the CLI's semantics (the same verbs
 in :mod:`heartbeat.tasks`) and its epoch fencing: the server's ``HEARTBEAT_EPOCH`` applies to
-the server's ``HEARTBEAT_TASK``, so a superseded agent's writes are refused here too. A
-refused call is an MCP tool error (``isError``) whose text is the CLI's one-line message and
+the server's ``HEARTBEAT_TASK``, so a superseded agent's writes are refused here too, and a
+call naming another ``epoch`` is refused rather than obeyed (the argument is for a server no
+environment binds). A refused call is an MCP tool error (``isError``) whose text is the CLI's one-line message and
 its exit code, ``... (exit 5)``. ``verify`` answers its code as data (0 fresh, 3 stale,
 4 not active, 5 superseded), as the CLI answers it as an exit status. The resource
 ``baton://{id}`` is the baton's TOML.
@@ -27,7 +28,11 @@ from heartbeat.errors import BadInput, HeartbeatError
 if TYPE_CHECKING:
     from heartbeat.store.base import Store
 
-__all__ = ["TOOL_NAMES", "build_server", "serve"]
+__all__ = ["EPOCH_NOTE", "TOOL_NAMES", "build_server", "serve"]
+
+EPOCH_NOTE = (" `epoch` fences the call for a server not bound to one; a server started with HEARTBEAT_EPOCH "
+              "(an agent the daemon launched) acts only for that epoch and refuses any other.")
+"""Said in the description of every tool that takes ``epoch``."""
 
 TOOL_NAMES = ("show", "status", "brief", "verify", "set", "add", "touch", "block", "done", "snooze")
 """The tools the server offers, each named as the CLI command it mirrors."""
@@ -55,11 +60,17 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
         return opened[0]
 
     def fence(task_id: str, epoch: int | None) -> int | None:
-        if epoch is not None:
-            if epoch < 0:
-                raise BadInput("epoch must not be negative")
-            return epoch
-        return epoch_from_env(task_id)
+        # The environment's epoch is the agent's identity, not a default: a refusal names the
+        # current epoch, and a confused model must not be one retry away from writing for it.
+        bound = epoch_from_env(task_id)
+        if epoch is None or epoch == bound:
+            return bound
+        if bound is not None:
+            raise BadInput(f"this server is bound to epoch {bound} of task {task_id} by HEARTBEAT_EPOCH and "
+                           f"acts for no other epoch (asked for {epoch})")
+        if epoch < 0:
+            raise BadInput("epoch must not be negative")
+        return epoch
 
     @contextmanager
     def tool_errors() -> Iterator[None]:
@@ -116,7 +127,7 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
             return render_brief(store().load(id), **kwargs).text
 
     @server.tool(name="verify", description="Does the baton still hold? code 0 fresh, 3 stale, 4 not active, "
-                                            "5 superseded (your epoch is no longer the task's).")
+                                            "5 superseded (your epoch is no longer the task's)." + EPOCH_NOTE)
     def verify(id: str, epoch: int | None = None) -> dict[str, Any]:
         from heartbeat.world import verify as verify_task
 
@@ -125,7 +136,7 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
             return dict(result.to_json())
 
     @server.tool(name="set", description="Set scalar fields (step, next_step, intent, ...), like "
-                                         "`heartbeat set ID FIELD=VALUE`.")
+                                         "`heartbeat set ID FIELD=VALUE`." + EPOCH_NOTE)
     def set_(id: str, fields: dict[str, str], expect_revision: int | None = None,
              epoch: int | None = None) -> dict[str, Any]:
         with tool_errors():
@@ -133,7 +144,8 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
                                      actor=_actor())
             return {"id": id, "revision": baton.meta.revision}
 
-    @server.tool(name="add", description="Append items to a list field (done, decisions, constraints, ...).")
+    @server.tool(name="add", description="Append items to a list field (done, decisions, constraints, ...)."
+                                         + EPOCH_NOTE)
     def add(id: str, field: str, values: list[str], expect_revision: int | None = None,
             epoch: int | None = None) -> dict[str, Any]:
         with tool_errors():
@@ -141,13 +153,14 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
                                     epoch=fence(id, epoch), actor=_actor())
             return {"id": id, "revision": baton.meta.revision}
 
-    @server.tool(name="touch", description="Alive, still on this step (not progress).")
+    @server.tool(name="touch", description="Alive, still on this step (not progress)." + EPOCH_NOTE)
     def touch(id: str, epoch: int | None = None) -> dict[str, Any]:
         with tool_errors():
             baton = tasks.touch(store(), id, epoch=fence(id, epoch), actor=_actor())
             return {"id": id, "revision": baton.meta.revision}
 
-    @server.tool(name="block", description="Block the task on something (a person by default) until a gate opens.")
+    @server.tool(name="block", description="Block the task on something (a person by default) until a gate "
+                                           "opens." + EPOCH_NOTE)
     def block(id: str, on: str, gate: str = "human", epoch: int | None = None) -> dict[str, Any]:
         from heartbeat.baton import Gate
 
@@ -155,14 +168,14 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
             baton = tasks.block(store(), id, on, Gate.parse(gate), epoch=fence(id, epoch), actor=_actor())
             return {"id": id, "revision": baton.meta.revision, "status": baton.meta.status.value}
 
-    @server.tool(name="done", description="Mark the task done.")
+    @server.tool(name="done", description="Mark the task done." + EPOCH_NOTE)
     def done(id: str, note: str = "", epoch: int | None = None) -> dict[str, Any]:
         with tool_errors():
             baton = tasks.finish(store(), id, note=note, epoch=fence(id, epoch), actor=_actor())
             return {"id": id, "revision": baton.meta.revision, "status": baton.meta.status.value}
 
     @server.tool(name="snooze", description="End the shift; the daemon wakes the task later. Give `until` "
-                                            "(ISO 8601) or `duration` (30m, 2h).")
+                                            "(ISO 8601) or `duration` (30m, 2h)." + EPOCH_NOTE)
     def snooze(id: str, until: str | None = None, duration: str | None = None,
                epoch: int | None = None) -> dict[str, Any]:
         from datetime import timedelta

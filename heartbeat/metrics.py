@@ -415,6 +415,8 @@ class OpenState:
     state_dir: str
     max_attempts: int
     default_launcher: str
+    allowed_hosts: tuple[str, ...] = ()
+    """``[http] allowed_hosts``: the names the status page answers besides its listen address."""
 
 
 def require_extra(*modules: str) -> None:
@@ -436,12 +438,14 @@ def open_state(args: Any) -> OpenState:
     from heartbeat.store import open_configured
 
     max_attempts, default_launcher = defaults.MAX_ATTEMPTS, defaults.DEFAULT_LAUNCHER
+    allowed_hosts: tuple[str, ...] = ()
     path = find_config(args.config)
     if path is not None and (args.config or not args.state_dir):
         config = load_config(path)
         max_attempts, default_launcher = config.daemon.max_attempts, config.daemon.default_launcher
+        allowed_hosts = config.http.allowed_hosts
     store, state_dir = open_configured(args.state_dir, args.config)
-    return OpenState(store, state_dir, max_attempts, default_launcher)
+    return OpenState(store, state_dir, max_attempts, default_launcher, allowed_hosts)
 
 
 def run_from_cli(args: Any) -> int:
@@ -481,7 +485,14 @@ def exposition(registry: Any, accept: str = "") -> tuple[bytes, str]:
 
 
 def write_textfile(path: str, registry: Any) -> None:
-    """Write the metrics for node_exporter's textfile collector atomically (temp file + rename)."""
-    from prometheus_client import write_to_textfile
+    """Write the metrics for node_exporter's textfile collector atomically, through heartbeat's own
+    writer (:func:`heartbeat.safefile.write_file_atomic`: an exclusive, no-follow temp file in the
+    target's directory, then a rename). ``prometheus_client.write_to_textfile`` opens its temp file
+    ``PATH.<pid>.<thread>`` with a plain ``open`` that follows a link planted at that name, and
+    the textfile directory is often writable by others."""
+    from prometheus_client import generate_latest
 
-    write_to_textfile(path, registry)
+    from heartbeat.safefile import write_file_atomic
+
+    # 0644: node_exporter, another user, reads it (as write_to_textfile's files are).
+    write_file_atomic(path, generate_latest(registry), 0o644)

@@ -123,6 +123,19 @@ class Observation:
     (the grace before the agent is stopped counts from here; None means "just now")."""
     upstream_pending: tuple[str, ...] = ()
     """Upstreams (``after``) not done yet: an active task without an agent waits for them."""
+    # The durations that stop agents and escalate tasks, as the daemon measured them on the
+    # monotonic clock (heartbeat.daemon.ages): a stepped wall clock must never kill or escalate.
+    # None: measured from the baton's timestamps against ``now`` (a table test's clock never steps).
+    running_for: float | None = None
+    """Seconds since the agent started (``owner.started_at``, else ``dispatched_at``): ``max_runtime``."""
+    silent_for: float | None = None
+    """Seconds since its last proof of life (``touched_at`` or ``dispatched_at``): ``stall_after``."""
+    unchanged_for: float | None = None
+    """Seconds since the step last moved (``progress_at``, or the start): ``progress_after``."""
+    dispatched_for: float | None = None
+    """Seconds since ``dispatched_at``: a launch's timeout."""
+    inactive_for: float | None = None
+    """Seconds since ``inactive_since``: ``inactive_grace``."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +153,11 @@ class Decision:
 
 def _ago(now: datetime, then: datetime | None) -> float:
     return (now - then).total_seconds() if then is not None else float("inf")
+
+
+def _age(measured: float | None, now: datetime, then: datetime | None) -> float:
+    """The daemon's measure of a duration when it has one, else ``now - then``."""
+    return measured if measured is not None else _ago(now, then)
 
 
 def classify_exit(baton: Baton, obs: Observation, policy: Policy) -> ExitKind:
@@ -192,7 +210,7 @@ def decide(baton: Baton, obs: Observation, now: datetime, policy: Policy) -> Dec
 
     # An owner recorded but not yet known by pid: a dispatch is (or was) in flight.
     if owner is not None and owner.how == OwnerKind.DISPATCH and owner.pid is None and not owner.unit:
-        if _ago(now, meta.dispatched_at) < policy.launch_timeout:
+        if _age(obs.dispatched_for, now, meta.dispatched_at) < policy.launch_timeout:
             return Decision(Action.WAIT_LAUNCH, "launch in progress")
         return Decision(Action.SETTLE, "the launch never reported a process", exit_kind=ExitKind.FAILED,
                         stalled_why=StallReason.OWNER_DEAD)
@@ -262,11 +280,11 @@ def _judge_inactive(baton: Baton, obs: Observation, now: datetime, policy: Polic
     if owner.how != OwnerKind.DISPATCH:
         return Decision(Action.NOTHING, f"{what}; its claimed agent is left to end on its own")
     started = owner.started_at or meta.dispatched_at
-    if policy.max_runtime is not None and _ago(now, started) > policy.max_runtime:
+    if policy.max_runtime is not None and _age(obs.running_for, now, started) > policy.max_runtime:
         return Decision(Action.STOP, f"{what}: agent ran past max_runtime ({format_duration(policy.max_runtime)})",
                         stalled_why=StallReason.INACTIVE)
     since = obs.inactive_since or now
-    if _ago(now, since) >= policy.inactive_grace:
+    if _age(obs.inactive_for, now, since) >= policy.inactive_grace:
         return Decision(Action.STOP, f"{what}: agent still running after grace "
                         f"({format_duration(policy.inactive_grace)})", stalled_why=StallReason.INACTIVE)
     return Decision(Action.NOTHING, f"{what}; its agent may end on its own until "
@@ -278,18 +296,20 @@ def _judge_running(baton: Baton, obs: Observation, now: datetime, policy: Policy
     owner = meta.owner
     assert owner is not None
     started = owner.started_at or meta.dispatched_at
-    if policy.max_runtime is not None and owner.how == OwnerKind.DISPATCH and _ago(now, started) > policy.max_runtime:
+    if policy.max_runtime is not None and owner.how == OwnerKind.DISPATCH \
+            and _age(obs.running_for, now, started) > policy.max_runtime:
         return Decision(Action.STOP_THEN_DISPATCH, f"ran past max_runtime ({format_duration(policy.max_runtime)})",
                         exit_kind=ExitKind.FAILED, stalled_why=StallReason.MAX_RUNTIME)
     last_signal = max((t for t in (meta.touched_at, meta.dispatched_at) if t is not None), default=None)
-    silent = _ago(now, last_signal)
+    silent = _age(obs.silent_for, now, last_signal)
     if silent > policy.stall_after:
         never = meta.dispatched_at is not None and (meta.touched_at is None or meta.touched_at <= meta.dispatched_at)
         why = StallReason.NEVER_WROTE if never else StallReason.SILENT
         text = "never wrote since its dispatch" if never else "alive but silent"
         return Decision(Action.STOP_THEN_DISPATCH, f"hung: {text} for {format_duration(silent)}",
                         exit_kind=ExitKind.FAILED, stalled_why=why)
-    since_progress = _ago(now, max((t for t in (meta.progress_at, started) if t is not None), default=None))
+    since_progress = _age(obs.unchanged_for, now,
+                          max((t for t in (meta.progress_at, started) if t is not None), default=None))
     if since_progress > policy.progress_after:
         text = f"spinning: alive and touching, step unchanged for {format_duration(since_progress)}"
         if policy.on_spinning == "escalate":

@@ -54,6 +54,8 @@ __all__ = [
     "resume_note",
     "valid_session_id",
     "explain",
+    "AGENT_COMMANDS",
+    "claude_allow_rules",
 ]
 
 
@@ -322,6 +324,33 @@ def parse_gemini(data: bytes) -> ResultInfo:
     )
 
 
+CODEX_STATE_WRITABLE = "sandbox_workspace_write.writable_roots=['{state_dir}']"
+"""The codex preset's ``-c``: the state dir is writable from codex's ``workspace-write`` sandbox, so the
+agent's ``heartbeat set``/``add``/``done`` can write its note (the sandbox makes everything outside the
+workdir, ``/tmp`` and ``$TMPDIR`` read-only: "cannot open lock: Read-only file system")."""
+
+
+AGENT_COMMANDS = ("show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done")
+"""The heartbeat commands the brief and the hooks tell an agent to run on its task."""
+
+MCP_SERVER_RULE = "mcp__heartbeat"
+"""Claude Code's rule for every tool of the MCP server ``hooks install claude --mcp`` registers."""
+
+
+def claude_allow_rules(task: str = "", *, prefix: str = "heartbeat") -> tuple[str, ...]:
+    """Claude Code permission rules that allow exactly heartbeat's agent commands, nothing else.
+
+    One ``Bash(PREFIX SUB TASK:*)`` per :data:`AGENT_COMMANDS` (``:*`` is a prefix match at a
+    word boundary, so ``heartbeat show t1`` does not allow ``heartbeat show t10``, and the CLI
+    still refuses a command joined to another with ``&&``, ``;`` or ``|``, or holding
+    ``$(...)`` or ``$VAR``), plus :data:`MCP_SERVER_RULE`. With no ``task``, any task.
+    A headless ``claude -p`` refuses every Bash command no rule allows ("This command requires
+    approval"), whatever ``--permission-mode`` short of bypassing them all.
+    """
+    target = f" {task}" if task else ""
+    return (*(f"Bash({prefix} {sub}{target}:*)" for sub in AGENT_COMMANDS), MCP_SERVER_RULE)
+
+
 @dataclass(frozen=True)
 class Preset:
     """How to run one agent CLI: ``program *fixed *args *fresh`` (or ``*resume``), brief on stdin."""
@@ -344,25 +373,29 @@ PRESETS: dict[PresetName, Preset] = {
     PresetName.CLAUDE_CODE: Preset(
         name=PresetName.CLAUDE_CODE,
         program="claude",
-        fixed=("-p", "--output-format", "stream-json", "--verbose"),
+        fixed=("-p", "--output-format", "stream-json", "--verbose",
+               "--allowedTools", ",".join(claude_allow_rules("{id}"))),
         fresh=("--session-id", "{session}"),
         resume=("--resume", "{session}"),
         parse=parse_claude,
         pins_session=True,
-        output="the final stream-json result line: is_error decides success (even with exit 0); "
+        output="--allowedTools lets the agent run heartbeat's own commands on its task (show, brief, verify, "
+               "set, add, touch, block, snooze, done) and the heartbeat MCP server's tools, nothing else; "
+               "the final stream-json result line: is_error decides success (even with exit 0); "
                "not logged in / authentication errors block the task on a human; session_id, num_turns, "
                "total_cost_usd and token usage go into the exited event",
     ),
     PresetName.CODEX: Preset(
         name=PresetName.CODEX,
         program="codex",
-        fixed=("exec", "--json", "--skip-git-repo-check"),
+        fixed=("exec", "--json", "--skip-git-repo-check", "-c", CODEX_STATE_WRITABLE),
         fresh=("-",),
         resume=("resume", "{session}", "-"),
         parse=parse_codex,
         pins_session=False,
         max_runtime=defaults.CODEX_MAX_RUNTIME,
-        output="the JSONL events: thread.started's thread_id is the session; turn.completed is success, "
+        output="the JSONL events (the state dir is added to the workspace-write sandbox's writable roots so the "
+               "agent can keep its note): thread.started's thread_id is the session; turn.completed is success, "
                "turn.failed or a final error is a failed attempt (an authentication error blocks the task "
                "on a human); token usage goes into the exited event",
     ),

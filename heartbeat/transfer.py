@@ -10,7 +10,14 @@ event::
 
 Importing is idempotent: a baton whose id the target already has is kept as it is (and
 counted), and a task's events are copied only when the target has no events for that
-task yet. Running the same import (or ``migrate``) twice copies nothing twice.
+task yet. Running the same import twice copies nothing twice.
+
+``migrate`` (:func:`migrate`) is stricter, because its target is meant to replace its source:
+a task the target already has must be the same there (the same baton text, and a ledger that is
+the start of the source's, whose missing end is then copied); a target that contradicts the
+source (a baton changed on either side since an earlier copy) is refused, nothing written,
+rather than reported as copied. The command line also refuses to migrate beside a daemon
+running on either state dir.
 """
 
 from __future__ import annotations
@@ -23,11 +30,11 @@ from datetime import datetime
 from typing import IO, Any
 
 from heartbeat.baton import check_id, dump_baton
-from heartbeat.errors import BadInput, HeartbeatError
+from heartbeat.errors import BadInput, Conflict, HeartbeatError
 from heartbeat.ledger import Event
 from heartbeat.store.base import Store
 
-__all__ = ["FORMAT", "Counts", "export_lines", "import_lines", "open_exact"]
+__all__ = ["FORMAT", "Counts", "export_lines", "import_lines", "migrate", "open_exact"]
 
 FORMAT = 1
 """The export format's version (the header's ``heartbeat_export``)."""
@@ -160,6 +167,72 @@ def import_lines(store: Store, lines: Iterable[str], *, where: str = "import") -
         else:
             counts.kept += 1
     return counts
+
+
+def _same_event(a: Event, b: Event) -> bool:
+    """The same ledger row on both sides. A touch row is rewritten in place while its minute lasts
+    (coalescing), so a copy of it is the same row whatever its time and data."""
+    if a.kind == "touched" and b.kind == "touched":
+        return a.epoch == b.epoch
+    return (a.kind, a.ts, a.epoch, a.revision, a.actor, a.data) == (b.kind, b.ts, b.epoch, b.revision, b.actor, b.data)
+
+
+def _by_task(events: Iterable[Event]) -> dict[str, list[Event]]:
+    out: dict[str, list[Event]] = {}
+    for event in events:
+        out.setdefault(event.task, []).append(event)
+    return out
+
+
+def migrate(source: Store, target: Store, *, where: str = "migrate") -> tuple[Counts, list[str]]:
+    """Copy ``source`` into ``target``, which is to replace it; the counts, and the invalid
+    batons left out. Raises :class:`Conflict` (nothing written) when the target contradicts the
+    source: a baton whose text differs on the two sides, or a task whose ledger in the target is
+    not the start of the source's. A task the target has the same gets the source's later events."""
+    from heartbeat.baton import parse_baton
+
+    exported = Counts()
+    batons, events = _parse(export_lines(source, exported), where)
+    for task_id, text in batons:
+        parse_baton(text, path=f"{where}:{task_id}", expected_id=task_id)
+    put = getattr(target, "put_text", None)
+    if put is None:
+        raise BadInput("this store cannot import batons")
+    theirs = _by_task(target.ledger.events())
+    contradictions: list[str] = []
+    new_batons: list[tuple[str, str]] = []
+    kept = 0
+    for task_id, text in batons:
+        try:
+            there = baton_text(target, task_id)
+        except (HeartbeatError, OSError):  # (NotFound: not copied yet)
+            new_batons.append((task_id, text))
+            continue
+        if there != text:
+            contradictions.append(f"{task_id} (its baton differs: changed on one side since an earlier copy)")
+        else:
+            kept += 1
+    new_events: list[Event] = []
+    for task_id, ours in _by_task(events).items():
+        had = theirs.get(task_id, [])
+        if len(had) > len(ours) or not all(_same_event(a, b) for a, b in zip(had, ours, strict=False)):
+            contradictions.append(f"{task_id} (the target's ledger is not the start of the source's)")
+            continue
+        new_events.extend(ours[len(had):])
+    if contradictions:
+        first = sorted(set(contradictions))
+        more = f" and {len(first) - 3} more" if len(first) > 3 else ""
+        raise Conflict(f"the target contradicts the source for {', '.join(first[:3])}{more}; nothing was written: "
+                       "migrate into an empty store, or stop whatever writes to the target")
+    if new_events:
+        target.ledger.append(new_events)
+    counts = Counts(events=len(new_events), kept=kept)
+    for task_id, text in new_batons:
+        if put(task_id, text):
+            counts.batons += 1
+        else:  # written meanwhile: the target is not this migration's alone
+            raise Conflict(f"{task_id}: written in the target during the migration; stop whatever writes to it")
+    return counts, exported.skipped
 
 
 def write_export(store: Store, out: IO[str]) -> Counts:

@@ -13,10 +13,14 @@ script allowed by a per-response nonce) is the second line behind the escaping.
 - ``/report``: the handoff report, worst tasks first;
 - ``/metrics``: Prometheus metrics (see :mod:`heartbeat.metrics`).
 
-Only GET and HEAD are served (any other method: 405). The server binds loopback
-unless told otherwise; any other address needs a token, and with a token every
-request must carry it (``Authorization: Bearer T`` or ``?token=T``, compared in
-constant time).
+Who may ask: on TCP every request must carry the token (``Authorization: Bearer T`` or
+``?token=T``, compared in constant time), loopback included, since every local user can
+connect to a port; without a token the server serves only a Unix socket (``unix:PATH``,
+created 0600: this user and root). A ``Host`` header naming neither the listen address
+nor a configured name is refused (421), so a DNS-rebinding page reads nothing. Only GET
+and HEAD are served (any other method: 405). Connections are bounded in number and in
+the time a request may take to arrive, so a flood cannot take the descriptors the
+daemon's clock needs when the server runs inside ``heartbeat run``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import secrets
 import stat
 import threading
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -42,8 +46,8 @@ from heartbeat.layout import LOGS_DIR, StateLayout, log_name
 from heartbeat.ledger import Event
 from heartbeat.timeparse import format_duration, utcnow
 
-__all__ = ["DEFAULT_LISTEN", "LOG_TAIL_BYTES", "TIMELINE_EVENTS", "LogTail", "parse_listen", "is_loopback",
-           "check_exposure", "read_log_tail", "build_app", "serve", "start_in_thread", "run_from_cli"]
+__all__ = ["DEFAULT_LISTEN", "LOG_TAIL_BYTES", "TIMELINE_EVENTS", "Listen", "HostCheck", "LogTail", "parse_listen",
+           "is_loopback", "check_exposure", "read_log_tail", "build_app", "serve", "start_in_thread", "run_from_cli"]
 
 DEFAULT_LISTEN = "127.0.0.1:8787"
 """Where ``heartbeat web`` listens when ``--listen`` is not given: loopback only."""
@@ -77,18 +81,44 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # -- listening: where, and who may ask ----------------------------------------------------
 
 
-def parse_listen(value: str, *, what: str = "--listen") -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port); :class:`BadInput` otherwise."""
+@dataclass(frozen=True)
+class Listen:
+    """Where the page is served: TCP ``host:port``, or the Unix socket at ``path`` (``unix:PATH``)."""
+
+    host: str = ""
+    port: int = 0
+    path: str = ""
+
+    def in_dir(self, state_dir: str) -> Listen:
+        """A relative socket path is in the state dir; TCP and absolute paths are unchanged."""
+        if self.path and not os.path.isabs(self.path):
+            return Listen(path=os.path.join(state_dir, self.path))
+        return self
+
+    def __str__(self) -> str:
+        if self.path:
+            return f"unix:{self.path}"
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_listen(value: str, *, what: str = "--listen") -> Listen:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) or ``unix:PATH``; :class:`BadInput` otherwise."""
     what = f"{what} " if what else ""
+    if value.startswith("unix:"):
+        path = value[len("unix:"):]
+        if not path or "\0" in path:
+            raise BadInput(f"{what}{value!r}: expected unix:PATH, e.g. unix:web.sock (in the state dir)")
+        return Listen(path=path)
     host, sep, port_text = value.rpartition(":")
     if not sep or not host or not port_text.isdigit():
-        raise BadInput(f"{what}{value!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN} or [::1]:8787")
+        raise BadInput(f"{what}{value!r}: expected HOST:PORT or unix:PATH, e.g. {DEFAULT_LISTEN}, [::1]:8787 "
+                       "or unix:web.sock")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     port = int(port_text)
     if not 0 <= port <= 65535:
         raise BadInput(f"{what}{value!r}: port {port} is out of range")
-    return host, port
+    return Listen(host=host, port=port)
 
 
 def is_loopback(host: str) -> bool:
@@ -101,11 +131,79 @@ def is_loopback(host: str) -> bool:
         return False  # a host name may resolve anywhere
 
 
-def check_exposure(host: str, token: str) -> None:
-    """Refuse to serve beyond loopback without a token."""
-    if not is_loopback(host) and not token:
-        raise BadInput(f"refusing to listen on {host}, which is not loopback, without a token: "
-                       f"give --token (or ${_TOKEN_ENV}, or [http] token)")
+def check_exposure(listen: Listen, token: str) -> None:
+    """Refuse to serve TCP without a token: every local user can connect to a port, loopback too.
+
+    A Unix socket is created 0600 (:func:`_bind_unix`): only this user (and root) can connect.
+    """
+    if not listen.path and not token:
+        raise BadInput(f"refusing to serve {listen} without a token (any local user can connect to a TCP port, "
+                       f"loopback too): set --token, ${_TOKEN_ENV} or [http] token, or listen on unix:PATH")
+
+
+def _strip_port(header: str) -> str | None:
+    """The host of a ``Host`` header (``name``, ``1.2.3.4``, ``[::1]``, each with an optional ``:port``),
+    lowercased, without the port and a trailing dot; None when it is not one of those shapes."""
+    value = header.strip().lower()
+    if value.startswith("["):
+        name, bracket, rest = value[1:].partition("]")
+        if not bracket:
+            return None
+    else:
+        name, bracket, rest = value.partition(":")
+        rest = bracket + rest
+    if rest and not (rest[0] == ":" and rest[1:].isdigit()):
+        return None
+    return name.rstrip(".") or None
+
+
+def _is_unspecified(host: str) -> bool:
+    """``0.0.0.0`` or ``::``: listening on every address of the machine."""
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
+
+
+class HostCheck:
+    """Which ``Host`` headers this server answers: a DNS-rebinding page sends its own name.
+
+    An address literal cannot be rebound; a name can. Served: the listen address itself, any
+    address literal when listening on a wildcard address, ``localhost`` (and the loopback
+    literals) when listening on loopback, a wildcard or a Unix socket, and the names of
+    ``[http] allowed_hosts`` (``--allow-host``). The port is not compared: a rebinding page
+    already uses the right one.
+    """
+
+    def __init__(self, listen: Listen, names: Iterable[str] = ()) -> None:
+        self.names: set[str] = set()
+        self.addresses: set[Any] = set()
+        self.any_address = _is_unspecified(listen.host)
+        for name in (*names, listen.host):
+            # As a Host header spells it ("name", "name:8443", "[::1]"), a bare IPv6 address bracketed.
+            bare_v6 = name.count(":") > 1 and not name.startswith("[")
+            self._add(_strip_port(f"[{name}]" if bare_v6 else name))
+        if listen.path or is_loopback(listen.host) or self.any_address:
+            self.names.add("localhost")
+            self.addresses.update((ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")))
+
+    def _add(self, host: str | None) -> None:
+        if not host:
+            return
+        try:
+            self.addresses.add(ipaddress.ip_address(host))
+        except ValueError:
+            self.names.add(host)
+
+    def allows(self, header: str) -> bool:
+        host = _strip_port(header)
+        if host is None:
+            return False
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return host in self.names
+        return self.any_address or address in self.addresses
 
 
 # -- the agent's log, read as hostile input ------------------------------------------------
@@ -273,11 +371,13 @@ def _event_row(event: Event) -> dict[str, Any]:
 
 
 class _Guard:
-    """ASGI middleware: only GET/HEAD, and the token when one is set, before anything else runs."""
+    """ASGI middleware, before anything else runs: the Host header (:class:`HostCheck`), only
+    GET/HEAD, and the token when one is set."""
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    def __init__(self, app: ASGIApp, token: str, hosts: HostCheck | None) -> None:
         self.app = app
         self.token = token.encode()
+        self.hosts = hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         from starlette.requests import Request
@@ -286,10 +386,17 @@ class _Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if scope["method"] not in ("GET", "HEAD"):
+        request = Request(scope)
+        host = request.headers.get("host", "")
+        if self.hosts is not None and not self.hosts.allows(host):
+            # 421 Misdirected Request: a page served under another name (DNS rebinding) reads nothing.
+            shown = host.encode("ascii", "backslashreplace").decode()[:100]
+            response = PlainTextResponse(f"host {shown!r} is not served here: add it to [http] allowed_hosts "
+                                         "(heartbeat web --allow-host)\n", 421)
+        elif scope["method"] not in ("GET", "HEAD"):
             response = PlainTextResponse("read-only: this server answers GET and HEAD only\n", 405,
                                          headers={"Allow": "GET, HEAD"})
-        elif self.token and not self._authorized(Request(scope)):
+        elif self.token and not self._authorized(request):
             response = PlainTextResponse("a token is required: Authorization: Bearer TOKEN, or ?token=TOKEN\n", 401,
                                          headers={"WWW-Authenticate": 'Bearer realm="heartbeat"'})
         else:
@@ -314,9 +421,12 @@ def _templates() -> Any:
     return env
 
 
-def build_app(store: Any, *, state_dir: str, token: str = "", max_attempts: int = defaults.MAX_ATTEMPTS,
-              default_launcher: str = defaults.DEFAULT_LAUNCHER, vitals: Any = None) -> Any:
-    """The ASGI application over ``store`` (read-only). ``vitals``: the daemon's own, when in-process."""
+def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck | None = None,
+              max_attempts: int = defaults.MAX_ATTEMPTS, default_launcher: str = defaults.DEFAULT_LAUNCHER,
+              vitals: Any = None) -> Any:
+    """The ASGI application over ``store`` (read-only). ``hosts``: the Host headers answered (None:
+    any, for an app mounted behind something that checks them); ``vitals``: the daemon's own, when
+    in-process."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import HTMLResponse, Response
@@ -441,7 +551,7 @@ def build_app(store: Any, *, state_dir: str, token: str = "", max_attempts: int 
         Route("/metrics", metrics, methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={404: not_found})
-    return _Guard(app, token)
+    return _Guard(app, token, hosts)
 
 
 @dataclass
@@ -456,79 +566,243 @@ class _Entry:
 # -- serving ----------------------------------------------------------------------------------
 
 
-def _bind(host: str, port: int) -> Any:
-    """A listening socket, or :class:`BadInput` naming the address (in use, not ours, ...)."""
+def _bind(listen: Listen) -> tuple[Any, Callable[[], None]]:
+    """A listening socket and what closes it (removing a Unix socket's file if it is still the one
+    bound here), or :class:`BadInput` naming the address (in use, not ours, ...)."""
     import socket
 
+    if listen.path:
+        return _bind_unix(listen.path)
+    host, port = listen.host, listen.port
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         infos = socket.getaddrinfo(host, port, family if host != "localhost" else socket.AF_UNSPEC,
                                    socket.SOCK_STREAM)
     except OSError as exc:
-        raise BadInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        raise BadInput(f"cannot listen on {listen}: {exc.strerror or exc}") from None
     fam, _, _, _, addr = infos[0]
     sock = socket.socket(fam, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(addr)
-        sock.listen(128)
+        sock.listen(defaults.WEB_BACKLOG)
     except OSError as exc:
         sock.close()
-        raise BadInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        raise BadInput(f"cannot listen on {listen}: {exc.strerror or exc}") from None
     sock.set_inheritable(False)
-    return sock
+    return sock, sock.close
 
 
-def _server(app: Any) -> Any:
+def _bind_unix(path: str) -> tuple[Any, Callable[[], None]]:
+    """A Unix socket at ``path`` that only this user can connect to (created 0600, whatever the umask).
+
+    A socket left at ``path`` by a server that is gone is replaced; one that answers is in use;
+    anything else there is refused, untouched.
+    """
+    import socket
+
+    where = f"cannot listen on unix:{path}"
+    if len(os.fsencode(path)) > 107:
+        raise BadInput(f"{where}: the path is longer than Linux allows a socket's (107 bytes)")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise BadInput(f"{where}: {exc.strerror}") from None
+    else:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise BadInput(f"{where}: something that is not a socket is there; heartbeat leaves it alone")
+        if st.st_uid != os.geteuid():
+            raise BadInput(f"{where}: the socket there belongs to uid {st.st_uid}, not to this user")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)  # a server that is gone left it
+        else:
+            raise BadInput(f"{where}: a server is answering there already")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(path)
+        sock.listen(defaults.WEB_BACKLOG)
+        bound = os.lstat(path)
+    except OSError as exc:
+        sock.close()
+        raise BadInput(f"{where}: {exc.strerror or exc}") from None
+    finally:
+        os.umask(old_umask)
+
+    def close() -> None:  # (twice is harmless)
+        sock.close()
+        try:
+            st = os.lstat(path)
+            if (st.st_dev, st.st_ino) == (bound.st_dev, bound.st_ino):
+                os.unlink(path)
+        except OSError:
+            pass
+
+    return sock, close
+
+
+class _RateLimited:
+    """An event loop's exception handler that passes each kind of error on at most once per
+    ``every`` seconds, with the count left out since: ``socket.accept() out of system resource``
+    comes thousands of times a second while descriptors are short, and must not flood the log."""
+
+    def __init__(self, report: Callable[[str, int], None], every: float = defaults.WEB_ERROR_LOG_EVERY) -> None:
+        self.report = report
+        self.every = every
+        self.last: dict[str, tuple[float, int]] = {}
+
+    def __call__(self, loop: Any, context: dict[str, Any]) -> None:
+        message = str(context.get("message") or "error")
+        exc = context.get("exception")
+        key = f"{message}: {type(exc).__name__}" if exc is not None else message
+        now = time.monotonic()
+        last, left_out = self.last.get(key, (float("-inf"), 0))
+        if now - last < self.every:
+            self.last[key] = (last, left_out + 1)
+            return
+        self.last[key] = (now, 0)
+        self.report(f"{message}: {exc}" if exc is not None else message, left_out)
+
+
+def _server(app: Any, on_error: Callable[[str, int], None], on_stop: Callable[[], None]) -> Any:
+    """A uvicorn server for ``app`` whose connections and error log are bounded (see :func:`_bounded_h11`);
+    ``on_stop`` runs once it has shut down (uvicorn then re-raises a SIGTERM it caught: no ``finally``
+    after ``run`` would)."""
+    import asyncio
+
     import uvicorn
+
+    class Server(uvicorn.Server):
+        async def serve(self, sockets: Any = None) -> None:
+            asyncio.get_running_loop().set_exception_handler(_RateLimited(on_error))
+            await super().serve(sockets)
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            try:
+                await super().shutdown(sockets)
+            finally:
+                on_stop()
 
     # No access log: a ?token= in a URL must not land in the journal.
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", server_header=False,
-                            proxy_headers=False, timeout_graceful_shutdown=2)
-    return uvicorn.Server(config)
+                            proxy_headers=False, timeout_graceful_shutdown=2, http=_bounded_h11(),
+                            backlog=defaults.WEB_BACKLOG)
+    return Server(config)
 
 
-def serve(app: Any, host: str, port: int, *, on_ready: Callable[[str], None] | None = None) -> None:
+def _bounded_h11() -> type:
+    """uvicorn's h11 protocol, bounded: at most :data:`~heartbeat.defaults.WEB_MAX_CONNECTIONS`
+    connections (one more is closed as it is accepted) and :data:`~heartbeat.defaults.WEB_REQUEST_TIMEOUT`
+    seconds for each request to arrive (uvicorn's keep-alive timeout starts only after a response,
+    so a client that never sends one would hold its descriptor for ever). ``limit_concurrency`` is
+    no bound here: it answers 503 to requests, and an idle connection sends none."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class BoundedH11(H11Protocol):
+        _request_timer: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > defaults.WEB_MAX_CONNECTIONS:
+                transport.abort()
+                return
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._request_timer is not None:
+                self._request_timer.cancel()
+            super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def _arm(self) -> None:
+            if self._request_timer is not None:
+                self._request_timer.cancel()
+            self._request_timer = self.loop.call_later(defaults.WEB_REQUEST_TIMEOUT, self._request_late)
+
+        def _request_late(self) -> None:
+            # No request under way (none came, or the last one was answered): close; one in flight finishes.
+            if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
+                self.transport.abort()
+
+    return BoundedH11
+
+
+def serve(app: Any, listen: Listen, *, on_ready: Callable[[str], None] | None = None,
+          on_error: Callable[[str, int], None]) -> None:
     """Serve ``app`` until SIGINT/SIGTERM (uvicorn's own handlers)."""
-    sock = _bind(host, port)
-    server = _server(app)
-    if on_ready is not None:
-        bound = sock.getsockname()
-        on_ready(f"http://{'[' + bound[0] + ']' if ':' in bound[0] else bound[0]}:{bound[1]}/")
-    server.run(sockets=[sock])
+    sock, close = _bind(listen)
+    try:
+        server = _server(app, on_error, close)
+        if on_ready is not None:
+            on_ready(_url(sock))
+        server.run(sockets=[sock])
+    finally:
+        close()
 
 
-def start_in_thread(app: Any, host: str, port: int) -> tuple[Any, threading.Thread, str]:
+def start_in_thread(app: Any, listen: Listen, *, on_error: Callable[[str, int], None]
+                    ) -> tuple[Any, threading.Thread, str]:
     """Serve ``app`` from a daemon thread (inside ``heartbeat run``); set ``server.should_exit`` to stop."""
-    sock = _bind(host, port)
-    server = _server(app)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="heartbeat-web", daemon=True)
+    sock, close = _bind(listen)
+    server = _server(app, on_error, close)
+
+    def run() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:
+            close()
+
+    thread = threading.Thread(target=run, name="heartbeat-web", daemon=True)
     thread.start()
-    bound = sock.getsockname()
-    return server, thread, f"http://{bound[0]}:{bound[1]}/"
+    return server, thread, _url(sock)
+
+
+def _url(sock: Any) -> str:
+    import socket
+
+    if sock.family == socket.AF_UNIX:
+        return f"unix:{sock.getsockname()}"
+    host, port = sock.getsockname()[:2]
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
 
 
 def run_from_cli(args: Any) -> int:
-    """``heartbeat web [--listen HOST:PORT] [--token T]``."""
+    """``heartbeat web [--listen HOST:PORT|unix:PATH] [--token T] [--allow-host NAME]...``."""
     import sys
 
     from heartbeat.metrics import open_state, require_extra
 
     require_extra("starlette", "uvicorn", "jinja2", "prometheus_client")
     token = args.token if args.token is not None else os.environ.get(_TOKEN_ENV, "")
-    host, port = parse_listen(args.listen or DEFAULT_LISTEN)
-    check_exposure(host, token)
+    listen = parse_listen(args.listen or DEFAULT_LISTEN)
+    check_exposure(listen, token)
     state = open_state(args)
     store, state_dir = state.store, state.state_dir
-    app = build_app(store, state_dir=state_dir, token=token, max_attempts=state.max_attempts,
+    listen = listen.in_dir(state_dir)
+    hosts = HostCheck(listen, [*state.allowed_hosts, *(args.allow_host or ())])
+    app = build_app(store, state_dir=state_dir, token=token, hosts=hosts, max_attempts=state.max_attempts,
                     default_launcher=state.default_launcher)
 
     def ready(url: str) -> None:
         print(f"heartbeat web: serving {state_dir} at {url} (read-only{', token required' if token else ''})",
               file=sys.stderr, flush=True)
 
+    def error(message: str, left_out: int) -> None:
+        more = f" (and {left_out} more like it since)" if left_out else ""
+        print(f"heartbeat web: {message}{more}", file=sys.stderr, flush=True)
+
     try:
-        serve(app, host, port, on_ready=ready)
+        serve(app, listen, on_ready=ready, on_error=error)
     finally:
         store.close()
     return 0

@@ -21,7 +21,7 @@ from heartbeat.baton import Baton, Gate, GateKind, Meta
 from heartbeat.ledger import Event
 from heartbeat.store import open_store
 from heartbeat.timeparse import utcnow
-from heartbeat.web import build_app, start_in_thread
+from heartbeat.web import HostCheck, Listen, build_app, start_in_thread
 
 
 def main() -> int:
@@ -40,14 +40,17 @@ def main() -> int:
                  for i in range(n_events)]
         for start in range(0, len(batch), 10_000):
             store.ledger.append(batch[start:start + 10_000])
-        server, thread, url = start_in_thread(build_app(open_store(state), state_dir=state), "127.0.0.1", 0)
+        listen = Listen("127.0.0.1", 0)
+        app = build_app(open_store(state), state_dir=state, token="bench", hosts=HostCheck(listen))
+        server, thread, url = start_in_thread(app, listen, on_error=lambda message, _: print(message, file=sys.stderr))
         time.sleep(0.5)
         print(f"{n_tasks} tasks, {n_events} ledger events")
         for path in ("metrics", "", "tasks/t1", "report"):
             times = []
             for _ in range(5):
                 started = time.perf_counter()
-                with urllib.request.urlopen(url + path, timeout=300) as response:
+                request = urllib.request.Request(url + path, headers={"Authorization": "Bearer bench"})
+                with urllib.request.urlopen(request, timeout=300) as response:
                     response.read()
                 times.append(time.perf_counter() - started)
             print(f"GET /{path:<10} median {statistics.median(times) * 1000:8.1f} ms")

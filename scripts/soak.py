@@ -34,6 +34,9 @@ random. Meanwhile the soak:
   runs ``heartbeat report``, and repairs the row a few seconds later;
 - starts a second ``heartbeat run`` (or ``run --once`` / ``--dry-run``) on the same state
   dir: it must exit 1 at once naming the running daemon's pid;
+- migrates the live store (``heartbeat migrate --from STATE --to`` a fresh dir) beside the
+  running daemon: it must exit 1 naming the daemon's pid and how to stop it, and write no
+  baton to the target (a daemon stopped by the soak meanwhile may let it copy: counted);
 - holds a baton's lock (``locks/<id>.lock``, flock) from another process for 1-3 s.
 
 Agents may also leave a ``setsid`` grandchild behind (``chaos_agent.py``, behaviour
@@ -109,9 +112,14 @@ PLANT_EXCUSES = {"launch_failed", "dispatch_unrecorded"}
 TICKS = ("150ms", "200ms", "300ms")
 """The ticks a good SIGHUP picks from; a tick gap is judged against the longest (5 x 300 ms)."""
 RETRY_SOON = {"fifo_logs", "symlink_logs", "fifo_workdir", "race", "restore_baton", "corrupt_ledger",
-              "second_daemon", "hold_lock", "hup_broken"}
+              "second_daemon", "hold_lock", "hup_broken", "live_migrate"}
 """Faults that, finding nothing to act on (no daemon up, no candidate task), are tried again within
 a second instead of waiting their whole interval: the short soak must try each of them."""
+MIGRATE_WITHIN = 8.0
+"""Seconds a live migration gets to meet the running daemon (start and reach its lock, on a loaded
+machine) before the soak may stop that daemon."""
+LOCK_HOLDERS = ("second daemon", "migrate")
+"""Background commands that take the daemon lock: stopped before the soak restarts its daemon."""
 STARTUP_GRACE = 3.0
 """Seconds from the daemon's ``started`` line to its ``READY`` before a missing tick counts (start-up
 on a loaded machine; from ``READY`` on, the clock is due). A daemon stuck at start is still caught."""
@@ -148,6 +156,7 @@ FAULTS: dict[str, tuple[float, float]] = {
     "corrupt_ledger": (6.0, 12.0),
     "second_daemon": (6.0, 12.0),
     "hold_lock": (3.0, 7.0),
+    "live_migrate": (6.0, 12.0),
 }
 
 
@@ -189,9 +198,12 @@ class Pending:
     deadline: float
     expect: set[int] | None
     holder: int = 0
-    """For a second daemon: the pid of the daemon running when it was started."""
+    """For a second daemon (or a live migration): the pid of the daemon running when it was started."""
     main_gone_at: float | None = None
-    """For a second daemon: when (wall clock) the soak stopped the first one (the second may then take over)."""
+    """For a second daemon (or a live migration): when (wall clock) the soak stopped the first one
+    (the second may then take over; the migration may then copy)."""
+    target: str = ""
+    """For a live migration: its target state dir."""
     ended_at: float | None = None
     """When the process ended (monotonic), noted by a thread waiting on it: the soak's own loop may
     look late, so its clock at the look is not the command's end."""
@@ -370,7 +382,7 @@ timeout = "5s"
         corrupt ledger row) is a violation, and the soak tries again a second later, as a human would."""
         if self.config_broken:
             self.write_config()
-        self.finish_pending(second_daemons_only=True)  # never two daemons because the soak restarted one
+        self.finish_pending(second_daemons_only=True)  # never two daemons (or a migration's lock) at a restart
         launched_at = time.time()
         with open(self.log_path, "ab") as log:
             self.daemon = subprocess.Popen([sys.executable, "-m", "heartbeat", "--config", str(self.config_path), "run"],
@@ -421,7 +433,7 @@ timeout = "5s"
             self.daemon.kill()
             self.daemon.wait()
         for job in self.pending:
-            if job.what.startswith("second daemon") and job.main_gone_at is None:
+            if job.what.startswith(LOCK_HOLDERS) and job.main_gone_at is None:
                 job.main_gone_at = time.time()
         self.daemon_intervals[-1][1] = self.daemon_spans[-1][1] = time.time()
         self.read_log()
@@ -641,6 +653,8 @@ timeout = "5s"
             return self.second_daemon()
         elif name == "hold_lock":
             return self.hold_lock()
+        elif name == "live_migrate":
+            return self.live_migrate()
         return True
 
     def kill_agent(self, how: str) -> None:
@@ -970,6 +984,9 @@ timeout = "5s"
     def judge(self, job: Pending, code: int | None, text: str, took: float, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         c = self.checker
+        if job.what.startswith("migrate"):
+            self.judge_migration(job, code, text)
+            return
         if job.what.startswith("second daemon"):
             self.counts[f"second daemon exit {code}"] += 1
             # A second daemon writes nothing before it holds the lock, so its first log line dates
@@ -1196,9 +1213,45 @@ timeout = "5s"
         self.counts["second_daemons_started"] += 1
         return True
 
+    def live_migrate(self) -> bool:
+        """``heartbeat migrate`` of the live store into a fresh dir, beside the running daemon: it must
+        exit 1 naming the daemon's pid and how to stop it, and leave the target without a baton."""
+        if not self.daemon_alive() or any(j.what.startswith("migrate") for j in self.pending):
+            return False
+        self.counts["live_migrations"] += 1
+        target = self.root / "migrated" / str(self.counts["live_migrations"])
+        target.parent.mkdir(mode=0o700, exist_ok=True)
+        out = tempfile.TemporaryFile()  # noqa: SIM115  (closed by poll_pending)
+        proc = subprocess.Popen([sys.executable, "-m", "heartbeat", "migrate", "--from", str(self.state),
+                                 "--to", str(target)], stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                                cwd=str(self.root))
+        holder = self.daemon.pid if self.daemon is not None else 0
+        for name in ("daemon_kill", "daemon_term"):  # it must meet the daemon it is to be refused by
+            self.next_fault[name] = max(self.next_fault[name], time.monotonic() + MIGRATE_WITHIN)
+        self.pending.append(Pending("migrate (live)", "", proc, out, time.monotonic(), time.monotonic() + 20.0,
+                                    {1}, holder, target=str(target)))
+        return True
+
+    def judge_migration(self, job: Pending, code: int | None, text: str) -> None:
+        c = self.checker
+        batons = sorted(p.name for p in (Path(job.target) / "batons").glob("*.toml"))
+        if code == 1 and f"pid {job.holder}" in text and "stop it first" in text:
+            self.counts["live_migrations_refused"] += 1
+            if batons:
+                c.violate("migrate", "", f"a refused migration wrote {len(batons)} baton(s) to {job.target}")
+        elif code in (0, None) and job.main_gone_at is not None:
+            self.counts["live_migrations_after_the_daemon_stopped"] += 1  # the soak stopped it meanwhile
+        elif code is None and not text.strip():
+            self.counts["live_migrations_slow_to_start"] += 1  # still importing (a loaded machine): not past the lock
+        elif code is None:
+            c.violate("migrate", "", f"a migration beside daemon pid {job.holder} did not answer: {text[-300:]!r}")
+        else:
+            c.violate("migrate", "", f"a migration beside daemon pid {job.holder} exited {code} (expected 1 "
+                                     f"naming it): {text[-300:]!r}")
+
     def finish_pending(self, *, second_daemons_only: bool = False) -> None:
         """Judge the background commands now; one still running is judged as such, then stopped."""
-        keep = [j for j in self.pending if second_daemons_only and not j.what.startswith("second daemon")]
+        keep = [j for j in self.pending if second_daemons_only and not j.what.startswith(LOCK_HOLDERS)]
         self.pending = [j for j in self.pending if j not in keep]
         running = [j for j in self.pending if j.proc.poll() is None]
         self.poll_pending(final=True)  # judges the running ones as "did not answer / not refused"
@@ -1674,6 +1727,8 @@ timeout = "5s"
             "ledger_rows_corrupted": self.counts["ledger_rows_corrupted"],
             "second_daemons": self.counts["second_daemons_started"],
             "second_daemons_refused": self.counts["second_daemons_refused"],
+            "live_migrations": self.counts["live_migrations"],
+            "live_migrations_refused": self.counts["live_migrations_refused"],
             "baton_locks_held": self.counts["baton_locks_held"],
             "setsid_grandchildren": len(c.grandchildren),
             "max_tick_gap_ms": self.counts["max_tick_gap_ms"],
@@ -1691,7 +1746,8 @@ timeout = "5s"
                     "sighups_broken", "hand_edits", "garbage_batons", "invalid_events", "bypasses",
                     "stale_writes_refused", "zombie_writes_refused", "fifos_planted", "links_planted", "races",
                     "batons_restored", "ledger_rows_corrupted", "second_daemons", "second_daemons_refused",
-                    "baton_locks_held", "setsid_grandchildren", "max_tick_gap_ms", "max_sigterm_stop_ms", "process_samples",
+                    "live_migrations", "live_migrations_refused", "baton_locks_held", "setsid_grandchildren",
+                    "max_tick_gap_ms", "max_sigterm_stop_ms", "process_samples",
                     "baton_samples", "ledger_samples", "elapsed_s"):
             print(f"{key:>24}: {figures[key]}")
         print("  details:")

@@ -35,7 +35,7 @@ def main() -> int:
             web = start_web(scenario.h)
             try:
                 for name, path in PAGES.items():
-                    chromium(web.url + path, screenshot=str(out / name))
+                    chromium(web.at(path), screenshot=str(out / name))  # the token, as a browser carries it
                     print(out / name)
             finally:
                 web.stop()

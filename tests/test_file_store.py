@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
+import resource
 import signal
 import sqlite3
 import stat
@@ -11,6 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -494,6 +498,72 @@ class TestScanCache:
             handle.write(text)
             handle.truncate()
         assert _step_in_scan(file_store, "a") == "edited by hand, longer"
+
+
+@contextmanager
+def _out_of_descriptors(spare: int) -> Iterator[None]:
+    """This process out of descriptors but ``spare``: the soft RLIMIT_NOFILE lowered and filled (both undone after)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 32, hard))
+    held: list[int] = []
+    try:
+        while True:
+            try:
+                held.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            except OSError as exc:
+                assert exc.errno == errno.EMFILE, exc
+                break
+        for _ in range(spare):
+            os.close(held.pop())
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+class TestReadErrorsPass:
+    @pytest.mark.parametrize("next_scan", ["full", "trusted"])
+    def test_a_baton_read_while_out_of_descriptors_is_read_again(self, file_store: FileStore, state_dir: Path,
+                                                                 next_scan: str) -> None:
+        """A read that fails with EMFILE shows the baton as unreadable in that scan only: the next scan,
+        full or trusted (the daemon's between sweeps, told of no change), reads it again. A passing
+        error was cached as "invalid" until the baton was rewritten: a task created during a
+        descriptor flood stayed undispatched after it (issue 17, item 3)."""
+        _new(file_store, "a")
+        file_store.scan()
+        other = FileStore(str(state_dir))  # another process creates b: this store has never read it
+        _new(other, "b")
+        other.close()
+        with _out_of_descriptors(spare=1):  # one for the scan's listing, none for b's open
+            during = {e.id: e for e in file_store.scan()}
+        assert during["a"].baton is not None
+        assert during["b"].baton is None and "unreadable: Too many open files" in str(during["b"].error)
+        after = {e.id: e for e in file_store.scan(only=[] if next_scan == "trusted" else None)}
+        assert after["b"].baton is not None and after["b"].error is None
+        assert file_store.load("b").meta.id == "b"
+
+    def test_an_unreadable_baton_is_read_again_once_it_may_be(self, file_store: FileStore,
+                                                              state_dir: Path) -> None:
+        """EACCES (mode 000) is reported while it lasts, and the baton is read once the mode is back,
+        its stat otherwise unchanged."""
+        if os.geteuid() == 0:
+            pytest.skip("running as root: chmod 000 does not stop root from reading the file "
+                        "(test_a_baton_read_while_out_of_descriptors_is_read_again covers the cache as root)")
+        _new(file_store, "locked")
+        path = state_dir / "batons" / "locked.toml"
+        path.chmod(0)
+        assert "Permission denied" in str(file_store.scan()[0].error)
+        path.chmod(0o600)
+        assert file_store.scan(only=[])[0].baton is not None
+
+    def test_a_baton_that_fails_validation_stays_cached(self, file_store: FileStore, state_dir: Path) -> None:
+        """A baton that was read and refused is remembered while its file is unchanged (not re-read each scan)."""
+        (state_dir / "batons" / "bad.toml").write_text("task = 'half a baton\n")
+        first = file_store.scan()[0]
+        reads = file_store.reads
+        assert first.error is not None and file_store.scan()[0] is first and file_store.reads == reads
 
 
 class TestScanOnly:

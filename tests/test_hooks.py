@@ -23,7 +23,7 @@ from conftest import ROOT, Result, clean_env
 
 from heartbeat import tasks
 from heartbeat.config import HooksConfig
-from heartbeat.hooks import handle_event, install_claude, uninstall_claude
+from heartbeat.hooks import allow_rules, handle_event, install_claude, uninstall_claude
 from heartbeat.store.files import FileStore
 from heartbeat.timeparse import utcnow
 
@@ -186,94 +186,199 @@ class TestPreCompactAndSessionEnd:
         assert seam_events(state_dir) == [("session_ended", {"session_id": "sess-1", "reason": "prompt_input_exit"})]
 
 
-class TestStop:
-    """Stop blocks once when the note was not written since the session started or last stopped."""
+BOUND = {"HEARTBEAT_TASK": "t1"}
+"""The environment of a session bound to task t1 (the daemon sets it for its agents)."""
 
-    def start(self, hb: Callable[..., Result], work: Path) -> None:
-        assert hook(hb, event("SessionStart", work, source="startup")).code == 0
+
+class TestStop:
+    """Stop blocks a bound session at most once per session when the note was not written since it started."""
+
+    def start(self, hb: Callable[..., Result], work: Path, env: dict[str, str] | None = None) -> None:
+        assert hook(hb, event("SessionStart", work, source="startup"), env=env).code == 0
+
+    def stop(self, hb: Callable[..., Result], work: Path, env: dict[str, str] | None = BOUND, **fields: Any) -> str:
+        r = hook(hb, event("Stop", work, stop_hook_active=False, **fields), env=env)
+        assert r.code == 0 and r.err == "", r.err
+        return r.out
 
     def test_blocks_once_naming_the_commands(self, hb: Callable[..., Result], state_dir: Path, work: Path,
                                              task: str) -> None:
         """No note since the start: a block whose reason names `heartbeat set`/`add` for this task."""
-        self.start(hb, work)
-        r = hook(hb, event("Stop", work, stop_hook_active=False, last_assistant_message="done"))
-        assert r.code == 0
-        out = json.loads(r.out)
+        self.start(hb, work, BOUND)
+        out = json.loads(self.stop(hb, work, last_assistant_message="done"))
         assert out["decision"] == "block"
         assert "heartbeat set t1 step=" in out["reason"] and "heartbeat add t1 done" in out["reason"]
 
     def test_never_when_stop_hook_active(self, hb: Callable[..., Result], state_dir: Path, work: Path,
                                          task: str) -> None:
         """The stop that follows a block (stop_hook_active) is let through: no loop."""
-        self.start(hb, work)
-        assert json.loads(hook(hb, event("Stop", work, stop_hook_active=False)).out)["decision"] == "block"
-        r = hook(hb, event("Stop", work, stop_hook_active=True))
+        self.start(hb, work, BOUND)
+        assert json.loads(self.stop(hb, work))["decision"] == "block"
+        r = hook(hb, event("Stop", work, stop_hook_active=True), env=BOUND)
         assert (r.code, r.out) == (0, "")
 
-    def test_never_more_than_max_stop_blocks_in_a_row(self, hb: Callable[..., Result], state_dir: Path, work: Path,
-                                                      task: str) -> None:
-        """A client that never sets stop_hook_active is still blocked only max_stop_blocks (1) times in a row."""
-        self.start(hb, work)
-        outs = [hook(hb, event("Stop", work, stop_hook_active=False)).out for _ in range(4)]
-        assert [bool(o) for o in outs] == [True, False, True, False]
+    def test_at_most_once_per_session(self, hb: Callable[..., Result], state_dir: Path, work: Path,
+                                      task: str) -> None:
+        """Turn after turn without a note (a client that never sets stop_hook_active), one session is
+        blocked once, not once per turn; another session gets its own one block."""
+        self.start(hb, work, BOUND)
+        assert [bool(self.stop(hb, work)) for _ in range(4)] == [True, False, False, False]
         kinds = [k for k, _ in seam_events(state_dir)]
-        assert kinds == ["session_started", "stop_blocked", "stop_allowed", "stop_blocked", "stop_allowed"]
+        assert kinds == ["session_started", "stop_blocked", "stop_allowed", "stop_allowed", "stop_allowed"]
+        assert hook(hb, event("SessionStart", work, source="startup", session_id="sess-2"), env=BOUND).code == 0
+        assert [bool(self.stop(hb, work, session_id="sess-2")) for _ in range(2)] == [True, False]
 
     def test_max_stop_blocks_from_the_config(self, file_store: FileStore, work: Path) -> None:
-        """hooks.max_stop_blocks = 2 allows two blocks in a row; 0 never blocks."""
+        """hooks.max_stop_blocks = 2 allows two blocks in a session; 0 never blocks."""
         tasks.new_task(file_store, "t1", task="T", step="s", workdir=str(work))
         for limit, expected in ((2, [True, True, False]), (0, [False, False, False])):
-            handle_event(event("SessionStart", work, source="startup", session_id=f"s{limit}"), file_store, env={})
+            handle_event(event("SessionStart", work, source="startup", session_id=f"s{limit}"), file_store, env=BOUND)
             got = [bool(handle_event(event("Stop", work, stop_hook_active=False, session_id=f"s{limit}"), file_store,
-                                     env={}, hooks=HooksConfig(max_stop_blocks=limit)).stdout) for _ in range(3)]
+                                     env=BOUND, hooks=HooksConfig(max_stop_blocks=limit)).stdout) for _ in range(3)]
             assert got == expected
 
     def test_a_written_note_lets_it_stop(self, hb: Callable[..., Result], state_dir: Path, work: Path,
                                          task: str) -> None:
-        """After `heartbeat set` the stop goes through; a later turn without a write is blocked again."""
-        self.start(hb, work)
+        """After `heartbeat set` the stop goes through; a later turn without a write is the session's one block."""
+        self.start(hb, work, BOUND)
         assert hb("set", "t1", "step=Patch the fallback").code == 0
-        assert hook(hb, event("Stop", work, stop_hook_active=False)).out == ""
-        assert "decision" in hook(hb, event("Stop", work, stop_hook_active=False)).out
+        assert self.stop(hb, work) == ""
+        assert [bool(self.stop(hb, work)) for _ in range(3)] == [True, False, False]
 
     def test_a_touch_is_not_a_note(self, hb: Callable[..., Result], work: Path, task: str) -> None:
         """`touch` says alive, not where things stand: it does not satisfy the Stop hook."""
-        self.start(hb, work)
+        self.start(hb, work, BOUND)
         assert hb("touch", "t1").code == 0
-        assert "decision" in hook(hb, event("Stop", work, stop_hook_active=False)).out
+        assert "decision" in self.stop(hb, work)
 
     @pytest.mark.parametrize("verb", [("done", "t1"), ("block", "t1", "--on", "a human")])
     def test_not_when_the_task_is_no_longer_active(self, hb: Callable[..., Result], work: Path, task: str,
                                                    verb: tuple[str, ...]) -> None:
         """A done or blocked task is not held up at its stop."""
-        self.start(hb, work)
+        self.start(hb, work, BOUND)
         assert hb(*verb).code == 0
-        assert hook(hb, event("Stop", work, stop_hook_active=False)).out == ""
+        assert self.stop(hb, work) == ""
+
+    def test_not_for_a_superseded_agent(self, file_store: FileStore, work: Path) -> None:
+        """An agent whose epoch was superseded is not asked to write a note it may no longer write."""
+        tasks.new_task(file_store, "t1", task="T", step="s", workdir=str(work))
+        with file_store.edit("t1") as ed:
+            ed.baton.meta.epoch = 3
+        stale = {**BOUND, "HEARTBEAT_EPOCH": "2"}
+        handle_event(event("SessionStart", work, source="startup"), file_store, env=stale)
+        assert handle_event(event("Stop", work, stop_hook_active=False), file_store, env=stale).stdout == ""
+        current = {**BOUND, "HEARTBEAT_EPOCH": "3"}
+        assert handle_event(event("Stop", work, stop_hook_active=False), file_store, env=current).stdout
+
+
+class TestBinding:
+    """Only a session bound to the task is held up at its stop; a person's session in the workdir never is."""
+
+    def test_a_persons_session_in_the_workdir_is_never_blocked(self, hb: Callable[..., Result], state_dir: Path,
+                                                              work: Path, task: str) -> None:
+        """Found by its cwd alone (no $HEARTBEAT_TASK), a session gets the brief but no Stop block, ever."""
+        r = hook(hb, event("SessionStart", work, source="startup"))
+        assert "Fix the fallback" in r.out
+        for _ in range(3):
+            r = hook(hb, event("Stop", work, stop_hook_active=False))
+            assert (r.code, r.out, r.err) == (0, "", "")
+        assert [k for k, _ in seam_events(state_dir)] == ["session_started"]
+
+    def test_a_session_bound_to_another_task_is_not_blocked_for_this_one(
+            self, hb: Callable[..., Result], state_dir: Path, work: Path, task: str) -> None:
+        """--task in the hook command names the task, but only the session's environment binds it."""
+        r = hook(hb, event("SessionStart", work, source="startup"), "--task", "t1")
+        assert "Fix the fallback" in r.out
+        assert hook(hb, event("Stop", work, stop_hook_active=False), "--task", "t1").out == ""
+
+    def test_explicit_binding_by_the_environment(self, hb: Callable[..., Result], state_dir: Path, tmp_path: Path,
+                                                 task: str) -> None:
+        """A person binds a session by starting it with HEARTBEAT_TASK=t1: blocked once, wherever its cwd."""
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        assert hook(hb, event("SessionStart", elsewhere, source="startup"), env=BOUND).code == 0
+        assert json.loads(hook(hb, event("Stop", elsewhere, stop_hook_active=False), env=BOUND).out)["decision"] \
+            == "block"
+
+
+class TestSubdirectories:
+    """A session started below a task's workdir belongs to that task."""
+
+    def test_a_subdirectory_is_matched(self, hb: Callable[..., Result], state_dir: Path, work: Path,
+                                       task: str) -> None:
+        """cwd = workdir/src/deep: the brief is given and the seam recorded."""
+        deep = work / "src" / "deep"
+        deep.mkdir(parents=True)
+        r = hook(hb, event("SessionStart", deep, source="startup"))
+        assert "Fix the fallback" in r.out
+        assert seam_events(state_dir) == [("session_started", {"session_id": "sess-1", "source": "startup"})]
+
+    def test_the_deepest_open_workdir_wins(self, hb: Callable[..., Result], work: Path, task: str) -> None:
+        """A task in workdir/sub owns sessions there; t1 (in workdir) keeps the rest; a sibling path is no match."""
+        sub = work / "sub"
+        sub.mkdir()
+        assert hb("new", "t2", "--task", "Inner", "--step", "s", "--workdir", str(sub)).code == 0
+        assert "Inner" in hook(hb, event("SessionStart", sub / ".", source="startup")).out
+        assert "Fix the fallback" in hook(hb, event("SessionStart", work, source="startup")).out
+        sibling = work.parent / (work.name + "-other")
+        sibling.mkdir()
+        assert hook(hb, event("SessionStart", sibling, source="startup")).out == ""
+        assert hb("done", "t2").code == 0
+        assert "Fix the fallback" in hook(hb, event("SessionStart", sub, source="startup")).out
+
+
+class TestCommandsCarryTheInstallOptions:
+    """Every command the hook prints carries the --state-dir/--config it was installed with."""
+
+    def test_state_dir_and_config(self, tmp_path: Path, work: Path) -> None:
+        """Installed with --config (and --state-dir): the brief's and the Stop reason's commands carry both."""
+        state = tmp_path / "st"
+        config = tmp_path / "hb.toml"
+        config.write_text(f'[daemon]\nstate_dir = "{state}"\n')
+        env = clean_env()
+        run = [sys.executable, "-m", "heartbeat", "--config", str(config)]
+        assert subprocess.run([*run, "new", "t1", "--task", "T", "--step", "s", "--workdir", str(work)],
+                              env=env, capture_output=True, timeout=60).returncode == 0
+        hook_argv = [*run, "--state-dir", str(state), "hook", "claude"]
+        outs = []
+        for ev in (event("SessionStart", work, source="startup"), event("Stop", work, stop_hook_active=False)):
+            proc = subprocess.run(hook_argv, input=json.dumps(ev), text=True, capture_output=True,
+                                  env={**env, "HEARTBEAT_TASK": "t1"}, timeout=60)
+            assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+            outs.append(proc.stdout)
+        context = json.loads(outs[0])["hookSpecificOutput"]["additionalContext"]
+        reason = json.loads(outs[1])["reason"]
+        prefix = f"`heartbeat --state-dir {state} --config {config} "
+        for text in (context, reason):
+            assert prefix + "set t1 " in text
+            assert "`heartbeat set" not in text and "`heartbeat add" not in text
+        assert prefix + "add t1 done" in context
 
 
 class TestScriptedCompaction:
     """A whole session with a compaction, its hook events fed in order, is what `report` counts."""
 
     def test_report_counts_it(self, hb: Callable[..., Result], state_dir: Path, work: Path, task: str) -> None:
-        """Two session starts (startup, compact), one compaction with a fresh note, two Stop blocks, one end."""
+        """Two session starts (startup, compact), one compaction with a fresh note, one Stop block (once per
+        session, the compaction does not start a new one), one end."""
         outputs = []
         for step in SESSION:
             ev = dict(step["event"], cwd=str(work))
             if ev["hook_event_name"] == "PreCompact":  # the agent obeyed the block before the compaction
                 assert hb("set", "t1", "step=Patch the fallback", "next_step=Run the tests").code == 0
-            r = hook(hb, ev)
+            r = hook(hb, ev, env=BOUND)
             assert r.code == 0 and r.err == "", r.err
             outputs.append((ev["hook_event_name"], r.out))
-        assert [bool(out) for _, out in outputs] == [True, True, False, False, True, True, False]
+        assert [bool(out) for _, out in outputs] == [True, True, False, False, True, False, False]
         r = hb("report", "--json")
         assert r.code == 0, r.err
         [t] = json.loads(r.out)["tasks"]
         seams = t["seams"]
         assert seams["session_starts"] == {"startup": 1, "compact": 1}
         assert (seams["compactions"], seams["compactions_fresh"], seams["compactions_stale"]) == (1, 1, 0)
-        assert (seams["stop_blocks"], seams["sessions_ended"]) == (2, 1)
+        assert (seams["stop_blocks"], seams["sessions_ended"]) == (1, 1)
         text = hb("report").out
-        assert "t1: sessions 2 (compact 1, startup 1); compactions 1 (note fresh 1, stale 0); stop blocks 2" in text
+        assert "t1: sessions 2 (compact 1, startup 1); compactions 1 (note fresh 1, stale 0); stop blocks 1" in text
 
 
 def _settings(path: Path) -> dict[str, Any]:
@@ -301,7 +406,7 @@ class TestInstall:
         r = hb("hooks", "install", "claude", "--dir", str(work))
         assert r.code == 0 and str(settings) in r.out, r.err
         doc = _settings(settings)
-        assert doc["permissions"] == FOREIGN["permissions"] and doc["env"] == FOREIGN["env"]
+        assert doc["permissions"]["allow"] == ["Bash(npm test)", *allow_rules()] and doc["env"] == FOREIGN["env"]
         assert doc["hooks"]["PreToolUse"] == FOREIGN["hooks"]["PreToolUse"]
         assert doc["hooks"]["SessionStart"][0] == FOREIGN["hooks"]["SessionStart"][0]
         for name in ("SessionStart", "PreCompact", "Stop", "SessionEnd"):
@@ -315,6 +420,20 @@ class TestInstall:
         assert _settings(settings) == FOREIGN
         r = hb("hooks", "uninstall", "claude", "--dir", str(work))
         assert r.code == 0 and "not installed" in r.out
+
+    def test_install_allows_exactly_heartbeats_agent_commands(self, work: Path) -> None:
+        """The rules name each agent command, as the brief writes it and with the install's global options,
+        on the task when one is given; uninstall takes them out and keeps a person's own rules."""
+        [path] = install_claude(str(work), state_dir=str(work / "st"), task="t1")
+        allow = json.loads(Path(path).read_text())["permissions"]["allow"]
+        assert "Bash(heartbeat set t1:*)" in allow and "Bash(heartbeat done t1:*)" in allow
+        assert f"Bash(heartbeat --state-dir {work / 'st'} set t1:*)" in allow and "mcp__heartbeat" in allow
+        assert len(allow) == 2 * 9 + 1 and not any("run" in r or "new" in r or "gc" in r for r in allow)
+        doc = json.loads(Path(path).read_text())
+        doc["permissions"]["allow"].append("Bash(heartbeat status)")
+        Path(path).write_text(json.dumps(doc))
+        uninstall_claude(str(work))
+        assert json.loads(Path(path).read_text()) == {"permissions": {"allow": ["Bash(heartbeat status)"]}}
 
     def test_install_into_nothing_and_back(self, work: Path) -> None:
         """No settings file: install creates one; uninstall leaves an empty object."""
@@ -334,7 +453,8 @@ class TestInstall:
         assert "Stop" in _settings(home / ".claude" / "settings.json")["hooks"]
 
     @pytest.mark.parametrize("content", ["{not json", "[]", '{"hooks": "yes"}', '{"hooks": {"Stop": {}}}',
-                                         '{"hooks": {"Stop": [1]}}', "\xff\xfe"])
+                                         '{"hooks": {"Stop": [1]}}', "\xff\xfe", '{"big": 1e400}',
+                                         '{"n": NaN}', '{"n": [-Infinity]}'])
     def test_garbage_settings_are_left_untouched(self, hb: Callable[..., Result], work: Path, content: str) -> None:
         """A settings file heartbeat cannot merge into: one line, exit 2, the bytes unchanged."""
         settings = work / ".claude" / "settings.json"
@@ -344,6 +464,60 @@ class TestInstall:
             r = hb("hooks", action, "claude", "--dir", str(work))
             assert r.code == 2 and len(r.err.splitlines()) == 1 and "left untouched" in r.err, r.err
             assert settings.read_bytes() == content.encode("latin-1")
+
+    def test_a_number_json_cannot_hold_is_refused_not_rewritten(self, hb: Callable[..., Result], work: Path) -> None:
+        """1e400 would be read as infinity and written back as `Infinity` (not JSON; Claude Code could no
+        longer read its settings): refused with one line, the file untouched."""
+        settings = work / ".claude" / "settings.json"
+        settings.parent.mkdir()
+        settings.write_text('{"model": "sonnet", "feedbackSurveyRate": 1e400}\n')
+        r = hb("hooks", "install", "claude", "--dir", str(work))
+        assert r.code == 2 and "1e400" in r.err and len(r.err.splitlines()) == 1, r.err
+        assert settings.read_text() == '{"model": "sonnet", "feedbackSurveyRate": 1e400}\n'
+
+    def test_a_persons_hook_that_mentions_heartbeat_is_kept(self, hb: Callable[..., Result], work: Path) -> None:
+        """Only what heartbeat wrote (marked) is heartbeat's: a person's notify hook naming it survives
+        install, re-install and uninstall."""
+        settings = work / ".claude" / "settings.json"
+        settings.parent.mkdir()
+        mine = {"type": "command", "command": "notify-send 'heartbeat hook claude finished'"}
+        also = {"type": "command", "command": "heartbeat hook claude --task t1 | tee /tmp/log"}
+        doc = {"hooks": {"Stop": [{"hooks": [mine, also]}]}}
+        settings.write_text(json.dumps(doc))
+        for action in ("install", "install", "uninstall"):
+            assert hb("hooks", action, "claude", "--dir", str(work)).code == 0
+            stop = _settings(settings)["hooks"]["Stop"]
+            assert stop[0] == {"hooks": [mine, also]}, (action, stop)
+        assert _settings(settings) == doc
+
+    def test_a_second_install_for_another_state_dir_is_kept(self, work: Path, tmp_path: Path) -> None:
+        """Two heartbeat installs (two state dirs) share a settings file: each install replaces only its own
+        hook; uninstall with --state-dir removes only that one, without it all of heartbeat's."""
+        a, b = str(tmp_path / "a"), str(tmp_path / "b")
+        [path] = install_claude(str(work), state_dir=a)
+        install_claude(str(work), state_dir=b)
+        assert install_claude(str(work), state_dir=a) == []
+        stop = [h["command"] for g in _settings(Path(path))["hooks"]["Stop"] for h in g["hooks"]]
+        assert len(stop) == 2 and any(a in c for c in stop) and any(b in c for c in stop)
+        assert all(c.endswith(" # heartbeat-hook") for c in stop)
+        uninstall_claude(str(work), state_dir=a)
+        stop = [h["command"] for g in _settings(Path(path))["hooks"]["Stop"] for h in g["hooks"]]
+        assert len(stop) == 1 and b in stop[0]
+        install_claude(str(work), state_dir=a)
+        uninstall_claude(str(work))
+        assert _settings(Path(path)) == {}
+
+    def test_a_hook_written_before_the_marker_is_replaced(self, work: Path, tmp_path: Path) -> None:
+        """An install by an older heartbeat (its exact command, no marker) is recognised: no duplicate."""
+        settings = work / ".claude" / "settings.json"
+        settings.parent.mkdir()
+        old = f"{sys.executable} -m heartbeat hook claude --state-dir {tmp_path / 'st'}"
+        settings.write_text(json.dumps({"hooks": {name: [{"hooks": [{"type": "command", "command": old}]}]
+                                                  for name in ("SessionStart", "PreCompact", "Stop", "SessionEnd")}}))
+        install_claude(str(work), state_dir=str(tmp_path / "st"))
+        for name in ("SessionStart", "PreCompact", "Stop", "SessionEnd"):
+            [only] = [h["command"] for g in _settings(settings)["hooks"][name] for h in g["hooks"]]
+            assert only.endswith(" # heartbeat-hook")
 
     def test_mcp_registration(self, hb: Callable[..., Result], work: Path) -> None:
         """--mcp adds the heartbeat server to .mcp.json next to the others; uninstall removes only it."""
@@ -376,6 +550,27 @@ class TestInstall:
         assert "heartbeat brief t1" in (work / "AGENTS.md").read_text()
         assert hb("hooks", "uninstall", "codex", "--dir", str(work)).code == 0
         assert not (work / "AGENTS.md").exists()
+
+    def test_codex_hooks_json(self, hb: Callable[..., Result], work: Path, tmp_path: Path) -> None:
+        """codex: the four hooks merge into .codex/hooks.json next to a person's own (kept, with the file's
+        other keys); --user writes $CODEX_HOME/hooks.json and, without --dir, no AGENTS.md."""
+        hooks_json = work / ".codex" / "hooks.json"
+        hooks_json.parent.mkdir()
+        mine = {"hooks": [{"type": "command", "command": "notify-send 'heartbeat hook codex ran'"}]}
+        hooks_json.write_text(json.dumps({"description": "team hooks", "hooks": {"Stop": [mine]}}))
+        r = hb("hooks", "install", "codex", "--dir", str(work))
+        assert r.code == 0 and "/hooks" in r.out, r.err
+        doc = _settings(hooks_json)
+        assert doc["description"] == "team hooks" and doc["hooks"]["Stop"][0] == mine
+        for name in ("SessionStart", "PreCompact", "Stop", "SessionEnd"):
+            [ours] = [h for g in doc["hooks"][name] for h in g["hooks"] if h["command"].endswith("# heartbeat-hook")]
+            assert " hook codex " in ours["command"] and ours["timeout"] == 30
+        assert hb("hooks", "uninstall", "codex", "--dir", str(work)).code == 0
+        assert _settings(hooks_json) == {"description": "team hooks", "hooks": {"Stop": [mine]}}
+        codex_home = tmp_path / "codex-home"
+        assert hb("hooks", "install", "codex", "--user", env={"CODEX_HOME": str(codex_home)}).code == 0
+        assert "Stop" in _settings(codex_home / "hooks.json")["hooks"]
+        assert not (tmp_path / "AGENTS.md").exists()  # the hook runs from tmp_path: no project was named
 
 
 class TestRealClaude:
@@ -444,6 +639,62 @@ class TestRealClaude:
         names = {line.get("hook_name") for line in lines if line.get("subtype") == "hook_started"}
         assert "SessionStart:startup" in names
         assert os.path.isfile(settings)
+
+
+class TestRealClaudeSessions:
+    """The real `claude -p` against the scripted model on 127.0.0.1: a bound session is held up at most
+    once, whatever its turns; a person's session in a subdirectory is briefed and never held up."""
+
+    def run(self, claude: Path, cwd: Path, env: dict[str, str], *args: str) -> str:
+        proc = subprocess.run([str(claude), "-p", "--output-format", "stream-json", "--verbose", *args],
+                              input="hello", text=True, capture_output=True, cwd=str(cwd), env=env, timeout=240)
+        lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        assert lines and lines[-1].get("type") == "result", f"exit {proc.returncode}: {proc.stderr[-800:]}"
+        assert lines[-1]["is_error"] is False, lines[-1]
+        return str(lines[-1]["session_id"])
+
+    def test_once_per_session_across_turns_and_never_a_persons(self, tmp_path: Path, work: Path) -> None:
+        """Turn 1 of a bound session stops without a note: blocked once, the reason (its commands carrying
+        --state-dir) reaches the model. Turn 2 (--resume, still no note): not blocked again. An unbound
+        session started in workdir/src: briefed, its stop never blocked."""
+        from agent_clis import agent_cli
+        from scripted_model import Workload, scripted_model
+        from scripted_model.brain import Brain, Conversation, Reply
+
+        class Idle(Brain):
+            def decide(self, conv: Conversation) -> Reply:
+                return Reply(text="Nothing to do.")
+
+        claude = agent_cli("claude")
+        state = tmp_path / "st"
+        state.mkdir(mode=0o700)
+        hb = [sys.executable, "-m", "heartbeat", "--state-dir", str(state)]
+        assert subprocess.run([*hb, "new", "t1", "--task", "Fix the fallback", "--step", "Read the code",
+                               "--workdir", str(work)], env=clean_env(), capture_output=True, timeout=60).returncode == 0
+        home = tmp_path / "home"
+        home.mkdir()
+        # --user: in a workdir that is no git repository, claude 2.1.332 read no workdir/.claude/ from workdir/src
+        assert subprocess.run([*hb, "hooks", "install", "claude", "--user"], env=clean_env(HOME=str(home)),
+                              capture_output=True, timeout=60).returncode == 0
+        with scripted_model(tmp_path / "model", Workload(steps=("s",)), wires=("anthropic",)) as model:
+            model.brain.__class__ = Idle
+            env = clean_env(HOME=str(home), ANTHROPIC_BASE_URL=model.url, ANTHROPIC_API_KEY="sk-scripted",
+                            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")
+            env = {k: v for k, v in env.items() if not k.startswith("CLAUDE_CODE_") or k.endswith("_TRAFFIC")}
+            bound = {**env, "HEARTBEAT_TASK": "t1"}
+            session = self.run(claude, work, bound)
+            reasons = [b for b in model.bodies if "has not been written since this session" in json.dumps(b)]
+            assert reasons and f"heartbeat --state-dir {state} set t1 step=" in json.dumps(reasons[0])
+            assert self.run(claude, work, bound, "--resume", session) == session
+            sub = work / "src"
+            sub.mkdir()
+            person = self.run(claude, sub, env)
+        mine = [(k, d) for k, d in seam_events(state) if d.get("session_id") == session]
+        assert [k for k, _ in mine].count("stop_blocked") == 1
+        assert [k for k, _ in mine if k in ("session_started", "stop_blocked")] == [
+            "session_started", "stop_blocked", "session_started"]
+        theirs = [k for k, d in seam_events(state) if d.get("session_id") == person]
+        assert theirs[0] == "session_started" and "stop_blocked" not in theirs
 
 
 class TestHooksConfig:

@@ -149,6 +149,55 @@ class TestFencingAndErrors:
         assert "superseded" in text_of(r) and text_of(r).endswith("(exit 5)")
         assert json.loads(hb("show", "t1", "--json").out) == before
 
+    def test_a_bound_server_refuses_an_epoch_argument_naming_another_epoch(
+            self, hb: Callable[..., Result], state_dir: Path, task: str) -> None:
+        """A server bound to epoch N by HEARTBEAT_EPOCH refuses every call naming another epoch, as an
+        int or a string, write or verify, and the baton is unchanged: the refusal names the current
+        epoch, and a confused agent retrying with it must not overwrite its successor (issue 20)."""
+        old = claim(hb)
+        new = claim(hb)
+        before = json.loads(hb("show", "t1", "--json").out)
+
+        async def body(c: Client) -> Any:
+            tools = {t.name: t.description or "" for t in (await c.list_tools()).tools}
+            calls = [
+                await c.call_tool("set", {"id": "t1", "fields": {"step": "Stale write"}, "epoch": new}),
+                await c.call_tool("set", {"id": "t1", "fields": {"step": "Stale write"}, "epoch": str(new)}),
+                await c.call_tool("add", {"id": "t1", "field": "done", "values": ["x"], "epoch": new}),
+                await c.call_tool("touch", {"id": "t1", "epoch": new}),
+                await c.call_tool("block", {"id": "t1", "on": "me", "epoch": new}),
+                await c.call_tool("snooze", {"id": "t1", "duration": "1h", "epoch": new}),
+                await c.call_tool("done", {"id": "t1", "epoch": new}),
+                await c.call_tool("verify", {"id": "t1", "epoch": new}),
+            ]
+            same = await c.call_tool("verify", {"id": "t1", "epoch": old})  # its own epoch: answered (superseded)
+            return tools, calls, same
+
+        tools, calls, same = run_client(state_dir, body, HEARTBEAT_TASK="t1", HEARTBEAT_EPOCH=str(old))
+        for r in calls:
+            assert r.is_error, text_of(r)
+            assert f"bound to epoch {old}" in text_of(r) and text_of(r).endswith("(exit 2)")
+        assert not same.is_error and same.structured_content["code"] == 5
+        assert json.loads(hb("show", "t1", "--json").out) == before
+        for name in ("set", "add", "touch", "block", "done", "snooze", "verify"):
+            assert "HEARTBEAT_EPOCH" in tools[name] and "refuses any other" in tools[name]
+
+    def test_an_unbound_server_writes_for_the_epoch_named(self, hb: Callable[..., Result], state_dir: Path,
+                                                          task: str) -> None:
+        """Without HEARTBEAT_EPOCH the argument is the fence: the current epoch writes, an old one is refused."""
+        old = claim(hb)
+        new = claim(hb)
+
+        async def body(c: Client) -> Any:
+            stale = await c.call_tool("set", {"id": "t1", "fields": {"step": "Stale"}, "epoch": old})
+            fresh = await c.call_tool("set", {"id": "t1", "fields": {"step": "Fresh"}, "epoch": str(new)})
+            return stale, fresh
+
+        stale, fresh = run_client(state_dir, body)
+        assert stale.is_error and text_of(stale).endswith("(exit 5)")
+        assert not fresh.is_error
+        assert json.loads(hb("show", "t1", "--json").out)["step"] == "Fresh"
+
     def test_errors_carry_the_one_line_message(self, state_dir: Path, task: str) -> None:
         """An unknown task, a refused field: the CLI's message and exit code, not a bare 'Error executing tool'."""
         async def body(c: Client) -> Any:

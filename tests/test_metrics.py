@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from heartbeat.metrics import LATENCY_BUCKETS, METRIC_NAMES, VITALS_FILE, Histogram, Vitals
+from heartbeat.metrics import LATENCY_BUCKETS, METRIC_NAMES, VITALS_FILE, Histogram, Vitals, write_textfile
 from tests.conftest import ROOT, clean_env
 from tests.daemon_harness import TOY, DaemonHarness
 
@@ -41,8 +41,13 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+SCRAPE_TOKEN = "metrics-token"
+"""The daemon's [http] token: a Prometheus scrape carries it as a bearer token (``authorization`` in its config)."""
+
+
 def scrape(url: str) -> str:
-    with urllib.request.urlopen(url + "metrics", timeout=30) as response:
+    request = urllib.request.Request(url + "metrics", headers={"Authorization": f"Bearer {SCRAPE_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
         assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         return response.read().decode()
 
@@ -68,7 +73,8 @@ class Running:
 @pytest.fixture(scope="module")
 def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     h = DaemonHarness(tmp_path_factory.mktemp("metrics"), agent=[*TOY, "--step-time", "1.0"], stall_after="30s",
-                      backoff_initial="100ms", backoff_max="200ms", extra='[http]\nlisten = "127.0.0.1:0"\n')
+                      backoff_initial="100ms", backoff_max="200ms",
+                      extra=f'[http]\nlisten = "127.0.0.1:0"\ntoken = "{SCRAPE_TOKEN}"\n')
     r = Running(h)
     try:
         h.new("work", plan=60)
@@ -175,7 +181,8 @@ class TestExposition:
     def test_openmetrics_on_request(self, running: Running) -> None:
         """A scraper asking for OpenMetrics gets it (prometheus_client negotiates)."""
         request = urllib.request.Request(running.url + "metrics",
-                                         headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+                                         headers={"Accept": "application/openmetrics-text; version=1.0.0",
+                                                  "Authorization": f"Bearer {SCRAPE_TOKEN}"})
         with urllib.request.urlopen(request, timeout=30) as response:
             assert response.headers["Content-Type"].startswith("application/openmetrics-text")
             assert response.read().decode().rstrip().endswith("# EOF")
@@ -214,6 +221,28 @@ class TestTextfile:
             types, _ = parse(text)
             assert "heartbeat_tasks" in types and text.endswith("\n")
         assert sorted(os.listdir(tmp_path)) == ["heartbeat.prom"]
+
+    def test_planted_symlink_at_the_temp_name_is_not_followed(self, tmp_path: Path) -> None:
+        """A link planted at prometheus_client's temp name (``PATH.<pid>.<thread>``, in a textfile
+        directory others may write) is neither followed nor replaced: the victim keeps its bytes and
+        PATH is a regular file of metrics. ``write_to_textfile`` opened that name with a plain
+        ``open``, wrote the metrics into the victim, and renamed the link over PATH (issue 17, item 13)."""
+        from prometheus_client import CollectorRegistry, Gauge
+
+        registry = CollectorRegistry()
+        Gauge("heartbeat_probe", "A probe.", registry=registry).set(1)
+        victim = tmp_path / "victim"
+        victim.write_text("precious\n")
+        textdir = tmp_path / "textfile"
+        textdir.mkdir()
+        path = textdir / "heartbeat.prom"
+        planted = textdir / f"heartbeat.prom.{os.getpid()}.{threading.current_thread().ident}"
+        planted.symlink_to(victim)
+        write_textfile(str(path), registry)
+        assert victim.read_text() == "precious\n"
+        assert not path.is_symlink() and "heartbeat_probe 1.0" in path.read_text()
+        assert oct(path.stat().st_mode & 0o777) == "0o644"  # node_exporter, another user, reads it
+        assert sorted(os.listdir(textdir)) == sorted(["heartbeat.prom", planted.name])  # no temp file left
 
     def test_unwritable_place_is_one_line(self, running: Running, tmp_path: Path) -> None:
         """A textfile in a directory that does not exist: exit 1, one line naming it."""

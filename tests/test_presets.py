@@ -68,10 +68,14 @@ class TestPresetConfig:
     """``preset =`` expands into the argv, brief delivery and defaults of the real CLI."""
 
     def test_claude_code_expands_to_print_stream_json_with_a_pinned_session(self, tmp_path: Path) -> None:
-        """claude-code: -p --output-format stream-json --verbose, the user's args, --session-id {session}; stdin."""
+        """claude-code: -p --output-format stream-json --verbose, --allowedTools for heartbeat's own commands on
+        the task, the user's args, --session-id {session}; stdin."""
         lc = launcher(f'preset = "claude-code"\nargs = {toml_list(CLAUDE_ARGS)}')
-        assert lc.command == ("claude", "-p", "--output-format", "stream-json", "--verbose", *CLAUDE_ARGS,
-                              "--session-id", "{session}")
+        rules = ",".join(f"Bash(heartbeat {sub} {{id}}:*)" for sub in (
+            "show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done")) + ",mcp__heartbeat"
+        assert lc.command == ("claude", "-p", "--output-format", "stream-json", "--verbose", "--allowedTools", rules,
+                              *CLAUDE_ARGS, "--session-id", "{session}")
+        assert build_argv(lc, request(tmp_path))[6] == rules.replace("{id}", "t1")
         assert lc.brief == "stdin" and lc.preset == "claude-code" and lc.session == "fresh"
         assert build_argv(lc, request(tmp_path))[-2:] == ["--session-id", UUID1]
         assert build_argv(lc, request(tmp_path, resume=True))[-2:] == ["--resume", UUID1]
@@ -79,10 +83,12 @@ class TestPresetConfig:
     def test_codex_expands_to_exec_json_stdin_with_a_default_runtime(self, tmp_path: Path) -> None:
         """codex: exec --json --skip-git-repo-check ARGS -, resume puts `resume ID -` after the exec options."""
         lc = launcher(f'preset = "codex"\nprogram = "/opt/codex"\nargs = {toml_list(CODEX_ARGS)}')
-        assert lc.command == ("/opt/codex", "exec", "--json", "--skip-git-repo-check", *CODEX_ARGS, "-")
+        assert lc.command == ("/opt/codex", "exec", "--json", "--skip-git-repo-check", "-c",
+                              "sandbox_workspace_write.writable_roots=['{state_dir}']", *CODEX_ARGS, "-")
         assert lc.max_runtime == defaults.CODEX_MAX_RUNTIME
         assert build_argv(lc, request(tmp_path, resume=True)) == [
-            "/opt/codex", "exec", "--json", "--skip-git-repo-check", *CODEX_ARGS, "resume", UUID1, "-"]
+            "/opt/codex", "exec", "--json", "--skip-git-repo-check", "-c",
+            f"sandbox_workspace_write.writable_roots=['{tmp_path}']", *CODEX_ARGS, "resume", UUID1, "-"]
 
     def test_gemini_expands_and_merges_its_non_retryable_codes(self) -> None:
         """gemini: --output-format stream-json --session-id; exit 41/42/52 are non-retryable, with the user's."""
@@ -130,9 +136,10 @@ class TestPresetConfig:
         out = r.out
         codex = "/opt/nowhere/codex"
         assert "type: exec (preset codex)" in out and f"program: {codex}" in out
-        assert json.dumps([codex, "exec", "--json", "--skip-git-repo-check", *CODEX_ARGS, "-"]) in out
-        assert json.dumps([codex, "exec", "--json", "--skip-git-repo-check", *CODEX_ARGS, "resume", "{session}",
-                           "-"]) in out
+        writable = ["-c", "sandbox_workspace_write.writable_roots=['{state_dir}']"]
+        assert json.dumps([codex, "exec", "--json", "--skip-git-repo-check", *writable, *CODEX_ARGS, "-"]) in out
+        assert json.dumps([codex, "exec", "--json", "--skip-git-repo-check", *writable, *CODEX_ARGS, "resume",
+                           "{session}", "-"]) in out
         assert "brief: on stdin" in out and "CODEX_HOME=/srv/codex" in out and "HEARTBEAT_TASK" in out
         assert "session: resume" in out and "max_runtime: 2h" in out
         assert "exit handling:" in out and "thread_id" in out
@@ -641,7 +648,8 @@ class TestCompactionHeavySessions:
         try:
             tasks.new_task(store, "c", task="t", step="s")
             with store.edit("c", actor="test") as ed:
-                ed.baton.meta.session, ed.baton.meta.attempt, ed.baton.meta.last_exit = UUID1, 1, 1
+                meta = ed.baton.meta
+                meta.session, meta.attempt, meta.dispatches, meta.last_exit = UUID1, 1, 1, 1
             now = datetime.now(timezone.utc)
 
             def compacted(session: str) -> None:

@@ -502,6 +502,7 @@ class TestShortSoak:
         assert figures["batons_restored"] > 0 and figures["ledger_rows_corrupted"] > 0, report
         assert figures["second_daemons"] > 0 and figures["baton_locks_held"] > 0, report
         assert figures["second_daemons_refused"] > 0, report
+        assert figures["live_migrations_refused"] > 0, report
         assert figures["setsid_grandchildren"] > 0 and figures["ledger_samples"] > 0, report
         leftover = _processes_with(str(tmp_path / "soak" / "state"))
         assert leftover == [], f"processes left running: {leftover}"

@@ -30,6 +30,9 @@ HOSTILE_STEP = ('<script>document.title="pwned";document.documentElement.setAttr
 
 HOSTILE_BLOCK = '<b onmouseover="alert(1)">a human</b> & <i>friends</i>'
 
+TOKEN = "scenario-token"
+"""The token of both servers: every TCP listener needs one (any local user can reach a loopback port)."""
+
 EXTRA = f"""
 [launchers.crash]
 type = "exec"
@@ -38,6 +41,7 @@ stop_grace = "500ms"
 
 [http]
 listen = "127.0.0.1:0"
+token = "{TOKEN}"
 """
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -54,10 +58,11 @@ def chromium_path() -> str:
     return path
 
 
-def chromium(url: str, *, screenshot: str | None = None, size: str = "1280,900", timeout: float = 120) -> str:
+def chromium(url: str, *, screenshot: str | None = None, size: str = "1280,900", timeout: float = 120,
+             flags: tuple[str, ...] = ()) -> str:
     """The DOM of ``url`` after load, as headless Chromium rendered it (or a PNG at ``screenshot``)."""
     with tempfile.TemporaryDirectory(prefix="hb-chromium-") as profile:
-        argv = [chromium_path(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}"]
+        argv = [chromium_path(), *CHROMIUM_FLAGS, *flags, f"--user-data-dir={profile}"]
         if screenshot:
             argv += [f"--screenshot={screenshot}", f"--window-size={size}", url]
         else:
@@ -68,11 +73,19 @@ def chromium(url: str, *, screenshot: str | None = None, size: str = "1280,900",
         return proc.stdout
 
 
+def with_token(url: str, token: str = TOKEN) -> str:
+    """``url`` carrying ``?token=`` (the way a browser opens the page; its links keep it)."""
+    return f"{url}{'&' if '?' in url else '?'}token={token}"
+
+
 @dataclass
 class Scenario:
     h: DaemonHarness
     url: str
     """The daemon's own [http] server."""
+
+    def at(self, path: str = "") -> str:
+        return with_token(self.url + path)
 
 
 def start_scenario(root: Path) -> Scenario:
@@ -109,6 +122,11 @@ def _owner(h: DaemonHarness, task_id: str) -> int | None:
 class WebServer:
     proc: subprocess.Popen[str]
     url: str
+    token: str = TOKEN
+
+    def at(self, path: str = "") -> str:
+        """The URL of ``path`` with this server's token."""
+        return with_token(self.url + path, self.token)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -121,10 +139,12 @@ class WebServer:
 
 
 def start_web(h: DaemonHarness, *args: str, env: dict[str, str] | None = None) -> WebServer:
-    """``heartbeat web --listen 127.0.0.1:0`` for the harness's state dir; its URL read from its ready line."""
+    """``heartbeat web --listen 127.0.0.1:0`` for the harness's state dir (token: ``$HEARTBEAT_WEB_TOKEN``
+    of ``env``, else :data:`TOKEN`); its URL read from its ready line."""
+    env = {"HEARTBEAT_WEB_TOKEN": TOKEN, **(env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "heartbeat", "--config", str(h.config), "web",
                              "--listen", "127.0.0.1:0", *args], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            text=True, env={**h.env(), **(env or {})})
+                            text=True, env={**h.env(), **env})
     assert proc.stderr is not None
     deadline = time.monotonic() + 30
     line = ""
@@ -132,7 +152,7 @@ def start_web(h: DaemonHarness, *args: str, env: dict[str, str] | None = None) -
         line = proc.stderr.readline()
         match = re.search(r"at (http://\S+/) ", line)
         if match:
-            return WebServer(proc, match.group(1))
+            return WebServer(proc, match.group(1), env["HEARTBEAT_WEB_TOKEN"])
         if not line and proc.poll() is not None:
             break
     proc.kill()

@@ -56,7 +56,7 @@ class Actor:
         """Per task: the ``progress_at`` a spinning report was made for (reported once per stretch)."""
         self.escalation_notified: set[str] = set()
         """Tasks whose current escalation's notifiers this daemon ran (or checked the ledger for)."""
-        self.dispatch_times: deque[datetime] = deque()
+        self.dispatch_times: deque[float] = deque()
         """When each dispatch of the last minute was made (the per-minute budget; under the look lock)."""
 
     def forget(self, task_id: str) -> None:
@@ -68,14 +68,17 @@ class Actor:
         stop = self.stops.get(task_id)
         return stop is not None and stop.stopping
 
-    def seed_budget(self, now: datetime) -> None:
-        """Count the dispatches of the last minute from the ledger, so a restart does not relaunch everything."""
+    def seed_budget(self, now: datetime, seconds: float) -> None:
+        """Count the dispatches of the last minute from the ledger, so a restart does not relaunch
+        everything (``seconds``: ``now`` on the clock :meth:`dispatched_last_minute` is given)."""
         since = now - timedelta(seconds=60)
         for event in self.shared.store.ledger.events(since=since, kinds=[EventKind.DISPATCHED]):
-            self.dispatch_times.append(event.ts)
+            self.dispatch_times.append(seconds - max(0.0, (now - event.ts).total_seconds()))
 
-    def dispatched_last_minute(self, now: datetime) -> int:
-        while self.dispatch_times and (now - self.dispatch_times[0]).total_seconds() >= 60:
+    def dispatched_last_minute(self, seconds: float) -> int:
+        """Dispatches in the minute before ``seconds`` (:meth:`Shared.seconds`: the monotonic clock,
+        so a wall clock stepped back does not hold the budget spent for the length of the step)."""
+        while self.dispatch_times and seconds - self.dispatch_times[0] >= 60:
             self.dispatch_times.popleft()
         return len(self.dispatch_times)
 
@@ -385,7 +388,7 @@ class Actor:
             return False
         pending = ed.baton
         epoch = pending.meta.epoch
-        self.dispatch_times.append(now)
+        self.dispatch_times.append(sh.seconds(now))
         layout = sh.layout
         upstream: tuple[dict[str, Any], ...] = ()
         if pending.after:
@@ -490,7 +493,10 @@ class Actor:
         if lc is None:
             return plan_session("fresh", previous="", previous_resumes=0, retry=False)
         meta = baton.meta
-        retry = meta.attempt > 0 and meta.last_exit != 0
+        # The previous run failed (an error, a crash, a kill, a stop): resume it, even when its notes
+        # moved the step and so reset the attempt count (a killed agent that made progress is the
+        # case a resumed session serves best). A clean exit 0 ended the shift: fresh.
+        retry = (meta.attempt > 0 or meta.dispatches > 0) and meta.last_exit != 0
         compactions = 0
         if lc.session == "resume" and retry and meta.session:
             compactions = sum(1 for e in self.shared.store.ledger.events(baton.id, kinds=[EventKind.COMPACTING])

@@ -26,6 +26,7 @@ from heartbeat import defaults, systemd
 from heartbeat import policy as pol
 from heartbeat.baton import Baton, GateKind, Status
 from heartbeat.changes import ChangeFeed
+from heartbeat.clock import SYSTEM, Clock, StepWatch
 from heartbeat.config import Config
 from heartbeat.daemon.act import Actor
 from heartbeat.daemon.leased import lease_part
@@ -34,9 +35,9 @@ from heartbeat.daemon.shared import Shared
 from heartbeat.daemon.watch import Watcher
 from heartbeat.errors import Busy, Conflict, HeartbeatError, InvalidBaton, NotActive, NotFound, UnsafePath
 from heartbeat.ledger import Event, EventKind
+from heartbeat.liveness import note_boot_time
 from heartbeat.metrics import VITALS_FILE, Vitals
 from heartbeat.store.base import Entry, Store
-from heartbeat.timeparse import utcnow
 
 __all__ = ["Core", "LookMemory", "Want"]
 
@@ -91,6 +92,7 @@ class Core:
         store: Store | None = None,
         dry_run: bool = False,
         log: Any = None,
+        clock: Clock = SYSTEM,
     ) -> None:
         from heartbeat.daemon.service import logger, open_store
         from heartbeat.liveness import this_host
@@ -101,7 +103,9 @@ class Core:
         if hasattr(store, "lock_wait"):  # a held baton lock must not stall every task
             store.lock_wait = defaults.DAEMON_LOCK_WAIT
         log = log if log is not None else logger()
-        self.shared = Shared(config, store, dry_run=dry_run, log=log, host=this_host())
+        self.shared = Shared(config, store, dry_run=dry_run, log=log, host=this_host(), clock=clock)
+        self.steps = StepWatch(clock)
+        """Notices the wall clock stepping (each pass, and the service's main thread between passes)."""
         self.lease = lease_part(self.shared)
         """Leases on a store shared by daemons on many hosts (:mod:`.leased`); None on the file store."""
         self.shared.lease = self.lease
@@ -136,6 +140,10 @@ class Core:
         self.shared.config = value
 
     @property
+    def clock(self) -> Clock:
+        return self.shared.clock
+
+    @property
     def store(self) -> Store:
         return self.shared.store
 
@@ -167,8 +175,9 @@ class Core:
 
     def initialize(self, now: datetime | None = None) -> None:
         """Seed the dispatch budget from the ledger, so a restart does not relaunch everything at once."""
-        now = now or utcnow()
-        self.actor.seed_budget(now)
+        seconds = self.clock.monotonic() if now is None else now.timestamp()
+        now = now or self.clock.now()
+        self.actor.seed_budget(now, seconds)
         if self.lease is not None:
             self.lease.start()
         self.log.info("started", state_dir=self.config.state_dir, tick=self.config.daemon.tick,
@@ -240,14 +249,19 @@ class Core:
     # -- one pass ------------------------------------------------------------------------
 
     def tick(self, now: datetime | None = None) -> dict[str, int]:
-        """Look at every task once; returns counts by status (and ``running``)."""
+        """Look at every task once; returns counts by status (and ``running``).
+
+        ``now`` (tests) stands for the wall clock and the monotonic one alike; without it the
+        pass reads both from :attr:`clock`."""
         started = time.monotonic()
         reads = self.store.reads
         sh = self.shared
         with sh.lock:
             if self._staged_config is not None:  # a SIGHUP during the previous pass
                 self.apply_config(self._staged_config)
-            now = now or utcnow()
+            self.check_clock()
+            sh.look_mono = self.clock.monotonic() if now is None else None
+            now = now or self.clock.now()
             for launcher in self.launchers.values():
                 launcher.reap()
             if self.lease is not None and not self.lease.acting():  # displaced by a daemon of our host id
@@ -336,6 +350,20 @@ class Core:
                        seconds=round(seconds, 4), **counts)
         return counts
 
+    def check_clock(self) -> float | None:
+        """Say in the log when the wall clock stepped (either way, by how much); the step, or None.
+
+        Nothing the daemon decides changes with it: durations are measured on the monotonic
+        clock (:mod:`heartbeat.daemon.ages`). Wall-clock instants (a snooze's end, a ``time:``
+        gate, a backoff's end) keep their meaning as times of day."""
+        step = self.steps.check()
+        note_boot_time()  # (a step moves the boot time psutil's create times are counted from)
+        if step is not None:
+            self.log.warning("clock_stepped", direction="back" if step < 0 else "forward",
+                             seconds=round(abs(step), 3), wall_now=self.clock.now().isoformat(),
+                             hint="durations are measured on the monotonic clock; times of day follow the wall clock")
+        return step
+
     def _save_vitals(self) -> None:
         if self.vitals_dir is None:
             return
@@ -349,7 +377,8 @@ class Core:
         with self.shared.lock:
             if self._staged_config is not None:
                 self.apply_config(self._staged_config)
-            now = now or utcnow()
+            self.shared.look_mono = self.clock.monotonic() if now is None else None
+            now = now or self.clock.now()
             if self.lease is not None and not self.lease.acting():  # displaced by a daemon of our host id
                 return
             try:
@@ -379,7 +408,7 @@ class Core:
         mem.measured_revision = baton.meta.revision
         written = max((t for t in (baton.meta.updated_at, baton.meta.touched_at) if t is not None), default=None)
         if written is not None:
-            self.vitals.latency_seconds.observe((utcnow() - written).total_seconds())
+            self.vitals.latency_seconds.observe((self.clock.now() - written).total_seconds())
 
     # -- one task: look → decide → act --------------------------------------------------
 
@@ -445,7 +474,8 @@ class Core:
 
     def decide(self, baton: Baton, now: datetime, statuses: Any) -> pol.Decision:
         obs = self.observer.observe(baton, now, statuses, stopping=self.actor.is_stopping(baton.id),
-                                    spinning_reported_for=self.actor.spinning_reported.get(baton.id))
+                                    spinning_reported_for=self.actor.spinning_reported.get(baton.id),
+                                    mono=self.shared.look_mono)
         return pol.decide(baton, obs, now, self.policy(baton))
 
     def policy(self, baton: Baton) -> pol.Policy:
@@ -495,7 +525,7 @@ class Core:
             running_by_launcher=by_launcher,
             max_concurrent=self.config.daemon.max_concurrent,
             launcher_limits={n: lc.max_concurrent for n, lc in self.config.launchers.items()},
-            dispatched_last_minute=self.actor.dispatched_last_minute(now),
+            dispatched_last_minute=self.actor.dispatched_last_minute(sh.seconds(now)),
             dispatches_per_minute=self.config.daemon.dispatches_per_minute,
         )
         by_id = {w.task_id: w for w in wants}

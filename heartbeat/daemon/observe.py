@@ -14,6 +14,7 @@ from typing import Any
 
 from heartbeat import policy as pol
 from heartbeat.baton import Baton, Owner, OwnerKind, Status
+from heartbeat.daemon.ages import Ages
 from heartbeat.daemon.shared import Shared
 from heartbeat.errors import HeartbeatError, UnsafePath
 from heartbeat.ledger import Event, EventKind
@@ -41,8 +42,9 @@ class BlockMemory:
     skip_seed: bool = False
     """The first pass's block seed no longer speaks for this task: it was consulted once, or the
     daemon wrote the baton since it was loaded (its own unblock or restore is newer than the seed)."""
-    inactive_seen: tuple[str, int, datetime] | None = None
-    """(status, epoch, first seen): when the daemon first saw the task not active with its agent alive."""
+    inactive_seen: tuple[str, int, datetime, float] | None = None
+    """(status, epoch, first seen, first seen on the monotonic clock): when the daemon first saw
+    the task not active with its agent alive."""
 
 
 class Observer:
@@ -54,9 +56,12 @@ class Observer:
         """Per task (under the look lock)."""
         self.block_seed: dict[str, Event] | None = None
         """During the first pass only: the latest block event of every task, from one query."""
+        self.ages = Ages()
+        """The ages of each task's timestamps on the monotonic clock (:mod:`.ages`)."""
 
     def forget(self, task_id: str) -> None:
         self.memory.pop(task_id, None)
+        self.ages.forget(task_id)
 
     def _mem(self, task_id: str) -> BlockMemory:
         mem = self.memory.get(task_id)
@@ -84,9 +89,13 @@ class Observer:
         self.block_seed = latest
 
     def observe(
-        self, baton: Baton, now: datetime, statuses: Any, *, stopping: bool, spinning_reported_for: datetime | None
+        self, baton: Baton, now: datetime, statuses: Any, *, stopping: bool, spinning_reported_for: datetime | None,
+        mono: float | None = None,
     ) -> pol.Observation:
-        """What the decision needs to know of ``baton`` now (``stopping``: a stop of its agent is under way)."""
+        """What the decision needs to know of ``baton`` now (``stopping``: a stop of its agent is under way;
+        ``mono``: now on the monotonic clock, which the durations decisions act on are measured on;
+        None: ``now``'s, a clock that never steps)."""
+        mono = now.timestamp() if mono is None else mono
         sh = self.shared
         mem = self._mem(baton.id)
         meta = baton.meta
@@ -149,13 +158,21 @@ class Observer:
             mem.checked = None
         spinning_reported = spinning_reported_for is not None and spinning_reported_for == meta.progress_at
         inactive_since: datetime | None = None
+        inactive_for: float | None = None
         if alive and meta.status is not Status.ACTIVE:
             seen = mem.inactive_seen
             if seen is None or seen[:2] != (meta.status.value, meta.epoch):
-                seen = mem.inactive_seen = (meta.status.value, meta.epoch, now)
-            inactive_since = seen[2]
+                seen = mem.inactive_seen = (meta.status.value, meta.epoch, now, mono)
+            inactive_since, inactive_for = seen[2], max(0.0, mono - seen[3])
         else:
             mem.inactive_seen = None
+        started = (owner.started_at if owner is not None else None) or meta.dispatched_at
+        ages = self.ages.measure(baton.id, {
+            "started": started,
+            "signal": max((t for t in (meta.touched_at, meta.dispatched_at) if t is not None), default=None),
+            "progress": max((t for t in (meta.progress_at, started) if t is not None), default=None),
+            "dispatched": meta.dispatched_at,
+        }, now, mono)
         pending: tuple[str, ...] = ()
         if baton.after and meta.status is Status.ACTIVE and owner is None:
             from heartbeat.handoff import pending_upstreams
@@ -163,7 +180,10 @@ class Observer:
             pending = tuple(pending_upstreams(baton, statuses.get))
         return pol.Observation(alive=alive, exit_code=exit_code, exit_signal=exit_signal, gate_open=gate_open,
                                block_dropped=block_dropped, spinning_reported=spinning_reported,
-                               inactive_since=inactive_since, upstream_pending=pending)
+                               inactive_since=inactive_since, upstream_pending=pending,
+                               running_for=ages["started"], silent_for=ages["signal"],
+                               unchanged_for=ages["progress"], dispatched_for=ages["dispatched"],
+                               inactive_for=inactive_for)
 
     def adopt_pending(self, baton: Baton) -> Owner | None:
         """A dispatch whose pid never reached the baton (the daemon died mid-launch): find its agent

@@ -1,7 +1,8 @@
 """The service shell around the loop: ``heartbeat run``.
 
 :class:`Daemon` adds to :class:`~heartbeat.daemon.core.Core` what a service needs:
-APScheduler ticking every ``tick`` (coalesced, one instance at a time), the watchers
+the tick every ``tick`` seconds of the monotonic clock (coalesced, one at a time), gc and
+lease renewals in APScheduler (re-armed when the wall clock steps), the watchers
 (:mod:`.watch`), signal handlers that only set flags (SIGHUP reloads, SIGTERM/SIGINT stop),
 systemd notifications (READY, WATCHDOG from the tick, STATUS with counts by state), the
 ``[retention]`` job and the ``[http]`` page. :func:`run_from_cli` takes the state dir's
@@ -17,10 +18,11 @@ import os
 import signal
 import threading
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from heartbeat import defaults, systemd
+from heartbeat.clock import SYSTEM, Clock, Metronome
 from heartbeat.config import Config, load_config
 from heartbeat.daemon.core import Core
 from heartbeat.daemon.leased import renew_interval
@@ -28,7 +30,6 @@ from heartbeat.errors import HeartbeatError, StoreError
 from heartbeat.layout import StateLayout
 from heartbeat.liveness import this_host
 from heartbeat.store.base import Store
-from heartbeat.timeparse import utcnow
 
 __all__ = ["Daemon", "hold_daemon_lock", "logger", "open_store", "run_from_cli"]
 
@@ -36,12 +37,17 @@ __all__ = ["Daemon", "hold_daemon_lock", "logger", "open_store", "run_from_cli"]
 class Daemon(Core):
     """The loop as a service: scheduler, watchers, signals, sd_notify, reload. See the module docstring."""
 
-    def __init__(self, config: Config, *, store: Store | None = None, dry_run: bool = False, log: Any = None) -> None:
-        super().__init__(config, store=store, dry_run=dry_run, log=log)
+    def __init__(self, config: Config, *, store: Store | None = None, dry_run: bool = False, log: Any = None,
+                 clock: Clock = SYSTEM) -> None:
+        super().__init__(config, store=store, dry_run=dry_run, log=log, clock=clock)
         self._reload = threading.Event()
         self._scheduler: Any = None
+        self.metronome: Metronome | None = None
+        """The tick's beat (started by :meth:`start_scheduler`)."""
 
     def _stop_service(self) -> None:
+        if self.metronome is not None:
+            self.metronome.stop()
         if self._scheduler is not None:
             try:
                 self._scheduler.shutdown(wait=False)  # a stuck tick is waited for below, bounded
@@ -75,8 +81,8 @@ class Daemon(Core):
         else:
             self._staged_config = new
             staged = True
-        if self._scheduler is not None and new.daemon.tick != old_tick:
-            self._scheduler.reschedule_job("tick", trigger="interval", seconds=new.daemon.tick)
+        if self.metronome is not None and new.daemon.tick != old_tick:
+            self.metronome.set_interval(new.daemon.tick)
         self.log.info("reloaded", config=new.path, tick=new.daemon.tick, launchers=sorted(new.launchers),
                       staged=staged)
         systemd.notify("READY=1")
@@ -84,8 +90,6 @@ class Daemon(Core):
 
     def serve(self) -> int:
         """Run until SIGTERM/SIGINT: the scheduler ticks, the watcher reacts, SIGHUP reloads."""
-        from apscheduler.schedulers.background import BackgroundScheduler
-
         # Handlers only set flags; the main thread, waiting on ``signalled``, does the work.
         signalled = threading.Event()
 
@@ -115,27 +119,16 @@ class Daemon(Core):
         relay = self._start_relay()
         worker = threading.Thread(target=self.watcher.run_worker, name="heartbeat-watch", daemon=True)
         worker.start()
-        self._scheduler = BackgroundScheduler(timezone="UTC", job_defaults={
-            "coalesce": True, "max_instances": 1, "misfire_grace_time": None})
-        self._scheduler.add_job(self._safe_tick, "interval", seconds=self.config.daemon.tick, id="tick",
-                                next_run_time=datetime.now().astimezone())
-        retention = self.config.retention
-        if retention.enabled and not self.dry_run and self._keeps_files():
-            self._scheduler.add_job(self._safe_gc, "interval", seconds=retention.every, id="gc",
-                                    next_run_time=datetime.now().astimezone() + timedelta(
-                                        seconds=min(retention.every, defaults.GC_FIRST_DELAY_MAX)))
-        if self.lease is not None:  # renewals in a job of their own: a long pass must not starve them
-            self._scheduler.add_job(self.lease.renew, "interval", seconds=renew_interval(self.shared), id="lease")
-            self.lease.start_watch()
+        self.start_scheduler()
         systemd.notify("READY=1", "STATUS=started")
-        self._scheduler.start()
         interval = systemd.watchdog_interval()
         if interval is not None and interval / 2 < self.config.daemon.tick:
             self.log.warning("watchdog_shorter_than_tick", watchdog_s=interval, tick=self.config.daemon.tick,
                              hint="set WatchdogSec= to more than twice the tick")
         while not self._stop.is_set():
-            signalled.wait(timeout=5.0)
+            signalled.wait(timeout=defaults.CLOCK_CHECK_EVERY)  # (waits on the monotonic clock)
             signalled.clear()
+            self.check_clock()
             if self._reload.is_set() and not self._stop.is_set():
                 self._reload.clear()
                 self.reload()
@@ -152,6 +145,53 @@ class Daemon(Core):
                              "database: this one stopped (its agents are left to that daemon); give each daemon "
                              "its own daemon.host (or $HEARTBEAT_HOST)")
         return 0
+
+    def start_scheduler(self) -> None:
+        """Start ticking on the monotonic clock (:class:`~heartbeat.clock.Metronome`), and gc and
+        lease renewals in APScheduler's threads.
+
+        The tick (and ``WATCHDOG=1`` with it) must go on across wall-clock steps: APScheduler 3
+        keeps each job's next run as a wall-clock time and, after the wall clock stepped back an
+        hour, would wait that hour. Its jobs are re-armed by :meth:`check_clock` when it sees a step."""
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        self.metronome = Metronome(self._safe_tick, self.config.daemon.tick, clock=self.clock)
+        self.metronome.start()
+        self._scheduler = BackgroundScheduler(timezone="UTC", job_defaults={
+            "coalesce": True, "max_instances": 1, "misfire_grace_time": None})
+        now = self._scheduler_now()
+        retention = self.config.retention
+        if retention.enabled and not self.dry_run and self._keeps_files():
+            self._scheduler.add_job(self._safe_gc, "interval", seconds=retention.every, id="gc",
+                                    next_run_time=now + timedelta(seconds=min(retention.every,
+                                                                              defaults.GC_FIRST_DELAY_MAX)))
+        if self.lease is not None:  # renewals in a job of their own: a long pass must not starve them
+            self._scheduler.add_job(self.lease.renew, "interval", seconds=renew_interval(self.shared), id="lease")
+            self.lease.start_watch()
+        self._scheduler.start()
+
+    def _scheduler_now(self) -> datetime:
+        """The machine's wall clock, as APScheduler reads it."""
+        return datetime.now(UTC)
+
+    def check_clock(self) -> float | None:
+        """A wall-clock step is logged (:meth:`Core.check_clock`) and the scheduler's jobs re-armed:
+        the lease renewal runs now, gc one interval from now (the tick needs nothing: it beats on
+        the monotonic clock)."""
+        step = super().check_clock()
+        scheduler = self._scheduler
+        if step is None or scheduler is None:
+            return step
+        now = self._scheduler_now()
+        try:
+            for job in scheduler.get_jobs():
+                if job.id == "gc":
+                    scheduler.reschedule_job("gc", trigger="interval", seconds=self.config.retention.every)
+                else:
+                    scheduler.modify_job(job.id, next_run_time=now)
+        except Exception as exc:  # stopped meanwhile
+            self.log.debug("rearm_skipped", error=repr(exc))
+        return step
 
     def _start_relay(self) -> Any:
         """Agents' set/add written here (:mod:`heartbeat.relay`), when ``daemon.relay`` is on (file store)."""
@@ -179,12 +219,17 @@ class Daemon(Core):
             from heartbeat import web
 
             token = http.token or os.environ.get("HEARTBEAT_WEB_TOKEN", "")
-            host, port = web.parse_listen(http.listen, what="[http] listen")
-            web.check_exposure(host, token)
+            listen = web.parse_listen(http.listen, what="[http] listen").in_dir(self.config.state_dir)
+            web.check_exposure(listen, token)
             app = web.build_app(open_store(self.config, claim=False), state_dir=self.config.state_dir, token=token,
+                                hosts=web.HostCheck(listen, http.allowed_hosts),
                                 max_attempts=self.config.daemon.max_attempts,
                                 default_launcher=self.config.daemon.default_launcher, vitals=self.vitals)
-            server, _, url = web.start_in_thread(app, host, port)
+
+            def error(message: str, left_out: int) -> None:
+                self.log.error("http_error", error=message, left_out=left_out)
+
+            server, _, url = web.start_in_thread(app, listen, on_error=error)
         except ImportError as exc:
             self.log.error("http_failed", error=f"{exc}: install heartbeat[web] for [http]")
             return None
@@ -197,11 +242,8 @@ class Daemon(Core):
 
     def _tick_soon(self) -> None:
         """The store's change feed may have missed writes: run a pass now rather than at the next tick."""
-        if self._scheduler is not None:
-            try:
-                self._scheduler.modify_job("tick", next_run_time=datetime.now().astimezone())
-            except Exception:  # stopped meanwhile
-                pass
+        if self.metronome is not None:
+            self.metronome.soon()
 
     def _keeps_files(self) -> bool:
         """Whether gc has files to collect: the file store's batons and ledger (logs are gc'd with them)."""
@@ -227,7 +269,7 @@ class Daemon(Core):
         try:
             store = open_store(self.config, claim=False)  # its own: the tick's store caches scans, not thread-safe
             try:
-                result = run_gc(store, self.config.retention, now=utcnow())
+                result = run_gc(store, self.config.retention, now=self.clock.now())
             finally:
                 store.close()
             self.log.info("gc", removed_files=len(result.removed_files), removed_bytes=result.removed_bytes,
@@ -347,8 +389,10 @@ def hold_daemon_lock(state_dir: str) -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            raise DaemonRunning(f"another daemon (pid {holder}) is running on this state dir; "
-                                "one daemon per state dir", path=state_dir) from None
+            running = DaemonRunning(f"another daemon (pid {holder}) is running on this state dir; "
+                                    "one daemon per state dir", path=state_dir)
+            running.holder = holder
+            raise running from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     except BaseException:

@@ -14,9 +14,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import Any
 
 from heartbeat import defaults
+from heartbeat.clock import SYSTEM, Clock
 from heartbeat.config import Config, LauncherConfig
 from heartbeat.exits import ExitWatch
 from heartbeat.gates import GateEvaluator
@@ -30,13 +32,19 @@ __all__ = ["Shared"]
 class Shared:
     """The config (swapped on reload), store, launchers, pool, look lock and the running agents."""
 
-    def __init__(self, config: Config, store: Store, *, dry_run: bool, log: Any, host: str) -> None:
+    def __init__(self, config: Config, store: Store, *, dry_run: bool, log: Any, host: str,
+                 clock: Clock = SYSTEM) -> None:
         self.config = config
         """Swapped whole by a reload, under :attr:`lock` between passes: read it afresh each time."""
         self.store = store
         self.dry_run = dry_run
         self.log = log
         self.host = host
+        self.clock = clock
+        """The wall clock (for the record) and the monotonic one (for the durations decisions act on)."""
+        self.look_mono: float | None = None
+        """This look's time on the monotonic clock (under :attr:`lock`); None when the caller gave
+        the look its ``now`` (tests), which then stands for both clocks."""
         self.layout = StateLayout(config.state_dir)
         self.lock = threading.RLock()
         """The look lock: one look (a pass, or one poked task) at a time; guards every per-task record."""
@@ -69,6 +77,10 @@ class Shared:
                                     non_retryable_exit_codes=lc.non_retryable_exit_codes)
             launchers[name] = make_launcher(lc)
         self.launchers = launchers
+
+    def seconds(self, now: datetime) -> float:
+        """This look's time in seconds on the clock durations are measured on (see :attr:`look_mono`)."""
+        return self.look_mono if self.look_mono is not None else now.timestamp()
 
     def launcher_named(self, name: str) -> Any:
         return self.launchers.get(name) if name else None

@@ -36,6 +36,7 @@ from heartbeat.errors import (
     InvalidBaton,
     NotFound,
     StoreError,
+    UnreadableBaton,
     UnsafePath,
 )
 from heartbeat.layout import StateLayout
@@ -163,7 +164,7 @@ class FileStore:
                 raise UnsafePath(
                     "is a symbolic link; heartbeat does not follow links in its state dir", path=path
                 ) from None
-            raise InvalidBaton(f"unreadable: {exc.strerror}", path=path) from None
+            raise UnreadableBaton(f"unreadable: {exc.strerror}", path=path) from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -181,7 +182,7 @@ class FileStore:
                 chunks.append(chunk)
                 remaining -= len(chunk)
         except OSError as exc:
-            raise InvalidBaton(f"unreadable: {exc.strerror}", path=path) from None
+            raise UnreadableBaton(f"unreadable: {exc.strerror}", path=path) from None
         finally:
             os.close(fd)
         data = b"".join(chunks)
@@ -236,7 +237,8 @@ class FileStore:
                 entry = self._entry(task_id, de.path)
                 if entry is None:
                     continue
-                cache[task_id] = (key, entry)
+                if _remembered(entry):
+                    cache[task_id] = (key, entry)
                 entries.append(entry)
         self.scan_unchanged = not changed and len(entries) == len(self._sorted)
         self._scanned = True
@@ -301,7 +303,7 @@ class FileStore:
         if cached is not None and cached[0] == key:
             return cached[1]
         entry = self._entry(task_id, path)
-        if entry is not None:
+        if entry is not None and _remembered(entry):
             self._cache[task_id] = (key, entry)
         return entry
 
@@ -321,6 +323,8 @@ class FileStore:
             if isinstance(exc, BadInput) and not exc.path:
                 exc = InvalidBaton("file name is not a valid task id", path=path)
             entry.error = exc
+            if isinstance(exc, UnreadableBaton):
+                self._dirty.add(task_id)  # read again at the next scan, a trusted one too
         if entry.baton is not None and entry.baton.meta.owner is not None:
             self._owned.add(task_id)
         else:
@@ -558,6 +562,13 @@ def _overflow_alarm(callback: Callable[[str | None], None]) -> tuple[Callable[[]
         logger.removeHandler(alarm)
 
     return attach, detach
+
+
+def _remembered(entry: Entry) -> bool:
+    """Whether a scan may reuse ``entry`` while its file's stat is unchanged: a baton, or one that
+    parsed and failed validation, yes; a read that failed (EMFILE, EACCES, EIO) may succeed next
+    time, and is never latched as invalid."""
+    return not isinstance(entry.error, UnreadableBaton)
 
 
 def _entry_id(entry: Entry) -> str:
