@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from heartbeat import tasks
 from heartbeat.baton import Baton, check_id
 from heartbeat.errors import BadInput
-from heartbeat.store import Store, open_store
+from heartbeat.store import Store, open_configured
 from heartbeat.write import epoch_from_env
 
 if TYPE_CHECKING:
@@ -90,9 +90,7 @@ def open_task(
 ) -> Task:
     """Open a task by id. The state dir comes from the arguments, ``$HEARTBEAT_STATE_DIR`` or the config."""
     if store is None:
-        from heartbeat.config import resolve_store
-
-        store = open_store(*resolve_store(state_dir, config))
+        store = open_configured(state_dir, config)[0]
     if epoch is None:
         epoch = epoch_from_env(task_id)
     return Task(task_id, store, epoch=epoch)

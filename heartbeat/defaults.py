@@ -105,6 +105,26 @@ PG_CONNECT_TIMEOUT = 5.0
 PG_STATEMENT_TIMEOUT = 30.0
 """Seconds any one statement of the PostgreSQL store may run before it is cancelled."""
 
+PG_IDLE_IN_TRANSACTION_TIMEOUT = 30.0
+"""Seconds a PostgreSQL store's transaction may sit idle (its process paused, frozen or cut off
+mid-write) before the server ends the session and releases its row locks: a frozen daemon's
+locked task is then taken over (takeover skips locked rows) instead of pinned for ever."""
+
+FENCE_STOP_WAIT = 5.0
+"""Seconds beyond the longest launcher ``stop_grace`` a daemon standing down (another daemon took
+its host id) waits for the stops of its fenced agents before it exits."""
+
+PG_KEEPALIVE_IDLE = 10.0
+"""Seconds of silence on a PostgreSQL TCP connection before keepalive probes start (both ends)."""
+
+PG_KEEPALIVE_INTERVAL = 5.0
+"""Seconds between keepalive probes."""
+
+PG_KEEPALIVE_COUNT = 3
+"""Unanswered probes after which the peer counts as gone: a partitioned host's session, and its
+locks, end in about PG_KEEPALIVE_IDLE + PG_KEEPALIVE_COUNT x PG_KEEPALIVE_INTERVAL seconds
+(the operating system's default is two hours)."""
+
 TOUCH_COALESCE = 60.0
 """Touches of one task within this many seconds share a single ledger row."""
 

@@ -370,6 +370,7 @@ def _open(state_dir: str | None, config: str | None, env: Mapping[str, str]) -> 
     from heartbeat.config import HooksConfig, find_config, load_config
 
     hooks, max_attempts, path = HooksConfig(), None, None
+    url = env.get("HEARTBEAT_STORE_URL", "").strip()  # (as heartbeat.config.resolve_store orders them)
     if state_dir:
         path = os.path.abspath(state_dir)
     elif not config and env.get("HEARTBEAT_STATE_DIR"):
@@ -379,14 +380,17 @@ def _open(state_dir: str | None, config: str | None, env: Mapping[str, str]) -> 
         try:
             loaded = load_config(found)
             hooks, max_attempts = loaded.hooks, loaded.daemon.max_attempts
-            path = path or loaded.state_dir
+            if path is None:
+                path, url = loaded.state_dir, url or loaded.store.url
         except HeartbeatError:
             if path is None:
                 raise
-    if path is None or not os.path.isdir(path):
-        return None, hooks, max_attempts
     from heartbeat.store import open_store
 
+    if url:  # a database store needs no state dir
+        return open_store(path or "", url), hooks, max_attempts
+    if path is None or not os.path.isdir(path):
+        return None, hooks, max_attempts
     return open_store(path), hooks, max_attempts
 
 

@@ -147,15 +147,28 @@ WITH host AS (
     ON CONFLICT (host) DO UPDATE SET pid = EXCLUDED.pid, labels = EXCLUDED.labels, capacity = EXCLUDED.capacity,
         running = EXCLUDED.running, lease_ttl = EXCLUDED.lease_ttl, started_at = EXCLUDED.started_at,
         renewed_at = now(), stopped_at = NULL
+    WHERE (h.pid = EXCLUDED.pid AND h.started_at = EXCLUDED.started_at)
+       OR (%(take)s AND h.renewed_at IS NOT DISTINCT FROM %(seen)s::timestamptz)
     RETURNING 1
 ), renewed AS (
     UPDATE heartbeat_batons b
     SET lease_expires = now() + %(ttl)s * interval '1 second', lease_renewed = now()
     FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS s(id, epoch)
     WHERE b.id = s.id AND (s.epoch IS NULL OR b.epoch = s.epoch) AND b.owner_host = %(me)s
+      AND EXISTS (SELECT 1 FROM host)
     RETURNING b.id
 )
-SELECT id FROM renewed
+SELECT EXISTS (SELECT 1 FROM host), array(SELECT id FROM renewed)
+"""
+"""Renew this daemon's host row and its tasks' leases, in one statement. The host row is this
+daemon's only while it holds this daemon's identity (pid and start time): once another daemon
+with the same host id took the row over, nothing renews and this daemon stands down. ``take``
+(the first renewal, after :meth:`Lease.take_host`) takes the row over, compare-and-set on the
+``renewed_at`` last seen."""
+
+_HOST_ROW = """
+SELECT pid, started_at, renewed_at, stopped_at, lease_ttl, extract(epoch FROM now() - renewed_at)::float8
+FROM heartbeat_hosts WHERE host = %(me)s
 """
 
 _CLAIM = """
@@ -193,7 +206,8 @@ class Lease:
     """
 
     def __init__(self, store: PostgresStore, *, host: str, labels: Sequence[str], ttl: float, capacity: int,
-                 interval: float, log: Any, stop_agent: Callable[[str, int, Owner], None]) -> None:
+                 interval: float, log: Any, stop_agent: Callable[[str, int, Owner], None],
+                 on_stood_down: Callable[[], None] = lambda: None) -> None:
         self.store = store
         self.host = host
         self.labels = sorted(set(labels))
@@ -202,7 +216,16 @@ class Lease:
         self.interval = interval
         self.log = log
         self.stop_agent = stop_agent
+        self.on_stood_down = on_stood_down
+        """Called once (from the thread that found it) when this daemon stands down."""
         self.started = datetime.now().astimezone()
+        """With the pid, this daemon's identity in its host's row of ``heartbeat_hosts``."""
+        self.stood_down = False
+        """Another daemon with this host id took the host's row: this one acts no more."""
+        self._take: tuple[bool, datetime | None] = (False, None)
+        """(take the host's row over, the ``renewed_at`` it must still hold): set by :meth:`take_host`."""
+        self._lock_state = "held"
+        self._taking = False
         self._lock = threading.Lock()
         self._supervised: dict[str, tuple[int | None, Owner | None]] = {}
         """Task id -> (epoch, owner) of this host's agents; (None, None) for a task claimed and not yet dispatched."""
@@ -219,6 +242,8 @@ class Lease:
 
     def observe(self, entries: Iterable[Entry]) -> None:
         """After a full scan: the tasks whose agent this host runs are the ones it renews."""
+        if not self.acting():  # (a pass resumed after a pause: its scan may be older than the pause)
+            return
         found: dict[str, tuple[int | None, Owner | None]] = {}
         for entry in entries:
             baton = entry.baton
@@ -246,24 +271,37 @@ class Lease:
     def renew(self, running: int | None = None) -> bool:
         """One statement: renew this host's row and the lease of every task it supervises.
 
-        Returns True when the database answered. A supervised task whose lease did not renew
-        has moved on (taken over): its agent is stopped, nothing written for it.
+        Returns True when the database answered and the host's row is still this daemon's. A
+        supervised task whose lease did not renew has moved on (taken over): its agent is
+        stopped, nothing written for it. A host row that another daemon took makes this one
+        stand down (:meth:`_stand_down`).
         """
+        if self.stood_down:
+            return False
+        self._keep_lock()
         with self._lock:
             supervised = dict(self._supervised)
         ids = list(supervised)
         started = time.monotonic()
         self._attempt = started
+        take, seen = self._take
         params = {"me": self.host, "pid": os.getpid(), "labels": self.labels, "capacity": self.capacity,
                   "running": len(supervised) if running is None else running, "ttl": self.ttl,
-                  "started": self.started, "ids": ids, "epochs": [supervised[i][0] for i in ids]}
+                  "started": self.started, "ids": ids, "epochs": [supervised[i][0] for i in ids],
+                  "take": take, "seen": seen}
         try:
-            renewed = {r[0] for r in _fetch(self.store, _RENEW, params)}
+            rows = _fetch(self.store, _RENEW, params)
         except HeartbeatError as exc:
             self.unreachable(exc)
             return False
         finally:
             self._attempt = None
+        held, renewed_ids = rows[0] if rows else (False, [])
+        if not held:
+            self._stand_down()
+            return False
+        self._take = (False, None)
+        renewed = set(renewed_ids)
         with self._lock:
             self._renewed_at = started
             self._fenced_all = False
@@ -286,7 +324,114 @@ class Lease:
         """Whether this daemon's leases are safely held: renewed recently enough to act on."""
         with self._lock:
             at = self._renewed_at
-        return at is not None and not self._unreachable and time.monotonic() < at + self._fence_after()
+        return at is not None and not self._unreachable and not self.stood_down \
+            and time.monotonic() < at + self._fence_after()
+
+    def acting(self) -> bool:
+        """Whether this daemon may act on its host's tasks at all: it holds the host's row (renewing
+        first when the last renewal is older than the renewal interval, as after a pause)."""
+        if self.stood_down:
+            return False
+        with self._lock:
+            at = self._renewed_at
+        if at is None or time.monotonic() - at > self.interval:
+            self.renew()
+        return not self.stood_down and not self._take[0]
+
+    # -- the host's identity ---------------------------------------------------------------
+
+    def take_host(self, *, sleep: Callable[[float], None] = time.sleep) -> None:
+        """Become the daemon of this host id, before acting (the first renewal).
+
+        The host's row in ``heartbeat_hosts`` says which daemon is the host: its pid and start
+        time. A row that is free (none, stopped, older than its ``lease_ttl``) is taken at once.
+        A row another daemon renewed recently may be a daemon that died a moment ago, or a live
+        one whose lock connection died (the advisory lock of :meth:`PostgresStore.claim_daemon`
+        was free for us): wait, and refuse (:class:`StoreError`) as soon as it is renewed again,
+        or take it once it is ``lease_ttl`` old (by then a live daemon that could not renew has
+        stopped its agents, as any host does).
+        """
+        first: datetime | None = None
+        while True:
+            rows = _fetch(self.store, _HOST_ROW, {"me": self.host})
+            row = rows[0] if rows else None
+            if row is not None:
+                pid, started_at, renewed_at, stopped_at, ttl, age = row
+                mine = pid == os.getpid() and started_at == self.started
+                if stopped_at is None and not mine and age <= ttl:
+                    if first is None:
+                        first = renewed_at
+                        self.log.warning("host_busy", host=self.host, pid=pid, renewed_s_ago=round(age, 1),
+                                         wait_s=round(ttl - age, 1),
+                                         reason="another daemon with this host id renewed the host's row "
+                                                "recently: waiting until it is lease_ttl old; refused if "
+                                                "it renews")
+                    elif renewed_at != first:
+                        raise self._refusal(pid, age)
+                    sleep(max(0.05, min(1.0, ttl / 20)))
+                    continue
+            self._take = (True, row[2] if row is not None else None)
+            self._taking = True
+            try:
+                self.renew()  # (the database out of reach: the renewal job takes the row later)
+            finally:
+                self._taking = False
+            if self.stood_down:  # renewed by its daemon between our look and our take
+                raise self._refusal(row[0] if row is not None else 0, 0.0)
+            return
+
+    def _refusal(self, pid: int, age: float) -> StoreError:
+        return StoreError(
+            f"another heartbeat daemon with host id {self.host!r} (pid {pid}) is running on the database "
+            f"{self.store.label}: it renewed the host's lease {age:.1f}s ago; give each daemon its own "
+            "daemon.host (or $HEARTBEAT_HOST)")
+
+    def _stand_down(self) -> None:
+        """Another daemon with this host id took the host's row: act no more. An agent whose task is
+        still at the epoch this daemon started it in is left alone (the successor supervises it); one
+        whose task moved on meanwhile is fenced, supervised by nobody: it is stopped, as any host
+        stops its fenced agents. Nothing is written."""
+        with self._lock:
+            if self.stood_down:
+                return
+            self.stood_down = True
+            self._fenced_all = True
+            left = dict(self._supervised)
+            self._supervised.clear()
+        if self._taking:
+            return  # take_host refuses with one line
+        self.log.error("host_taken", host=self.host, pid=os.getpid(), tasks=sorted(left),
+                       reason="another daemon with this host id took the host's row: this daemon stops "
+                              "acting, leaves its agents to that daemon and exits")
+        self._fence_moved(left)
+        self.on_stood_down()
+
+    def _fence_moved(self, left: dict[str, tuple[int | None, Owner | None]]) -> None:
+        ids = [task_id for task_id, (epoch, _) in left.items() if epoch is not None]
+        if not ids:
+            return
+        try:
+            rows = _fetch(self.store, "SELECT id, epoch FROM heartbeat_batons WHERE id = ANY(%(ids)s)", {"ids": ids})
+        except HeartbeatError:
+            return  # not known: never stop an agent on a guess
+        current = {r[0]: int(r[1]) for r in rows}
+        for task_id in ids:
+            epoch, owner = left[task_id]
+            if task_id in current and current[task_id] != epoch:
+                self._fence(task_id, epoch, owner, why="the task moved on while this daemon was displaced",
+                            standing_down=True)
+
+    def _keep_lock(self) -> None:
+        """Re-check the database lock of this host id; say once when it is lost and when it is back."""
+        state = self.store.keep_daemon_lock()
+        if state == "lost" and self._lock_state != "lost":
+            self.log.warning("host_lock_lost", host=self.host,
+                             hint="its database connection ended and the lock could not be taken back: "
+                                  "this daemon goes on while the host's row is its own, and retries")
+        elif state == "retaken":
+            self.log.info("host_lock_retaken", host=self.host, hint="its database connection had ended")
+        if state:
+            self._lock_state = state
 
     def _fence_after(self) -> float:
         """Seconds after a renewal's start at which this host treats its leases as gone: one
@@ -308,11 +453,15 @@ class Lease:
         self._watch.start()
 
     def _watch_loop(self) -> None:
+        last = time.monotonic()
         while not self._stop.wait(min(self.interval, 1.0)):
             with self._lock:
                 at = self._renewed_at
-                fenced = self._fenced_all
+                fenced = self._fenced_all or self.stood_down
             now = time.monotonic()
+            woke_late, last = now - last > min(self.interval, 1.0) + self.interval, now
+            if woke_late:  # this whole process was paused: a renewal in flight since then answers first
+                continue
             if at is None or fenced or now < at + self._fence_after():
                 continue
             # Past the deadline because renewals fail or hang, not because this whole process
@@ -330,7 +479,10 @@ class Lease:
             for task_id, (epoch, owner) in lost.items():
                 self._fence(task_id, epoch, owner, why="this host could not renew its lease")
 
-    def _fence(self, task_id: str, epoch: int | None, owner: Owner | None, *, why: str) -> None:
+    def _fence(self, task_id: str, epoch: int | None, owner: Owner | None, *, why: str,
+               standing_down: bool = False) -> None:
+        if self.stood_down and not standing_down:
+            return  # the successor supervises this host's agents: only _fence_moved may stop one
         if owner is None or epoch is None:
             return  # claimed, never dispatched: no agent to stop
         if owner.how != "dispatch":
@@ -450,8 +602,9 @@ class Lease:
             self._watch.join(timeout=5)
         try:
             with self.store._conn() as conn:
-                conn.execute("UPDATE heartbeat_hosts SET stopped_at = now() WHERE host = %s AND pid = %s",
-                             (self.host, os.getpid()))
+                conn.execute("UPDATE heartbeat_hosts SET stopped_at = now() "
+                             "WHERE host = %s AND pid = %s AND started_at = %s",
+                             (self.host, os.getpid(), self.started))
                 conn.commit()
         except HeartbeatError:
             pass

@@ -23,7 +23,8 @@ from typing import Any, Protocol
 from heartbeat import defaults
 from heartbeat.errors import StoreError
 
-__all__ = ["Event", "EventKind", "Ledger", "SqliteLedger", "MemoryLedger", "PendingWrite"]
+__all__ = ["COUNTED", "Event", "EventKind", "Ledger", "SqliteLedger", "MemoryLedger", "PendingWrite", "count_label",
+           "retired_counts", "tally"]
 
 
 class EventKind(StrEnum):
@@ -98,6 +99,64 @@ class Event:
             "actor": self.actor,
             "data": self.data,
         }
+
+
+COUNTED: dict[str, str] = {
+    EventKind.DISPATCHED: "launcher", EventKind.EXITED: "kind", EventKind.STALLED: "why",
+    EventKind.ESCALATED: "", EventKind.BYPASS: "", EventKind.SPINNING: "", EventKind.COMPACTING: "",
+    EventKind.GUARANTEE_FAILED: "",
+}
+"""The event kinds the metrics count, and the data key each is labelled by ("": no label).
+gc keeps their counts in the ``archived`` event that replaces a retired task's rows
+(:func:`tally`), so a counter read from the ledger never goes down when gc runs."""
+
+
+def count_label(kind: str, raw: object) -> str:
+    """The label a counted event of ``kind`` is counted under, from its data value ``raw``."""
+    if not COUNTED.get(kind):
+        return ""
+    text = "" if raw is None else str(raw)
+    return text or ("" if kind == EventKind.DISPATCHED else "unknown")
+
+
+def tally(events: Sequence[Event]) -> dict[str, dict[str, int]]:
+    """Counted kind -> label -> how many of ``events`` (kinds counted none of omitted)."""
+    out: dict[str, dict[str, int]] = {}
+    for event in events:
+        if event.kind in COUNTED:
+            key = COUNTED[event.kind]
+            label = count_label(event.kind, event.data.get(key) if key else None)
+            by_label = out.setdefault(event.kind, {})
+            by_label[label] = by_label.get(label, 0) + 1
+    return out
+
+
+def retired_counts(data: object) -> dict[str, dict[str, int]]:
+    """The counts an ``archived`` event's data keeps of its task's retired rows: its ``counted``
+    (:func:`tally`), else (an archive written before it was kept) its ``kinds``, unlabelled.
+    Anything malformed counts nothing (a row is a record, never trusted to be well formed)."""
+    out: dict[str, dict[str, int]] = {}
+    if not isinstance(data, dict):
+        return out
+
+    def count(value: object) -> int:
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+    counted = data.get("counted")
+    if isinstance(counted, dict):
+        for kind, by_label in counted.items():
+            if kind in COUNTED and isinstance(by_label, dict):
+                for label, n in by_label.items():
+                    if isinstance(label, str) and count(n):
+                        out.setdefault(kind, {})[label] = out.get(kind, {}).get(label, 0) + count(n)
+        return out
+    kinds = data.get("kinds")
+    if isinstance(kinds, dict):
+        for kind, n in kinds.items():
+            if kind in COUNTED and count(n):
+                label = count_label(kind, None)
+                out.setdefault(kind, {})[label] = out.get(kind, {}).get(label, 0) + count(n)
+    return out
 
 
 @dataclass(frozen=True)

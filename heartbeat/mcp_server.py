@@ -204,10 +204,10 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
 
 def serve(*, state_dir: str | None = None, config: str | None = None) -> int:
     """Run the server on stdio until the client closes it."""
-    from heartbeat.config import resolve_state_dir
+    from heartbeat.config import resolve_store
     from heartbeat.store import open_store
 
-    path = resolve_state_dir(state_dir, config)  # a missing config is an error now, not at the first call
-    server = build_server(lambda: open_store(path))
+    path, url = resolve_store(state_dir, config)  # a missing config is an error now, not at the first call
+    server = build_server(lambda: open_store(path, url))
     server.run("stdio")
     return 0

@@ -8,7 +8,11 @@ Two sources, one exposition:
   escalations, bypasses, spinning, compactions) counted from ledger events, the
   ledger's size and the oldest block. Counting from the ledger, not in memory, keeps
   the counters right across daemon restarts and makes the standalone ``heartbeat web``
-  and ``heartbeat metrics`` report exactly what the daemon would.
+  and ``heartbeat metrics`` report exactly what the daemon would. gc never makes them go
+  down: the ``archived`` event that replaces a retired task's rows keeps their counts
+  (:func:`heartbeat.ledger.tally`), which are added back; and within one process no
+  counter is ever exported lower than it was (a counter that went down would read as a
+  reset, and ``increase()`` would count it all again: the escalation alert would fire).
 - **The daemon's vitals** (:class:`Vitals`, kept by the daemon process): its last
   successful tick, its tick count, and the tick-duration and write→decision-latency
   histograms. The daemon writes them to ``<state_dir>/daemon.json`` after every tick,
@@ -34,6 +38,7 @@ from typing import Any
 
 from heartbeat.baton import STORED_STATUSES, Status
 from heartbeat.layout import VITALS_NAME, StateLayout
+from heartbeat.ledger import COUNTED, EventKind, count_label, retired_counts
 
 __all__ = ["TICK_BUCKETS", "LATENCY_BUCKETS", "VITALS_FILE", "METRIC_NAMES", "Histogram", "Vitals",
            "HeartbeatCollector", "OpenState", "open_state", "run_from_cli", "make_registry", "exposition", "write_textfile"]
@@ -74,8 +79,7 @@ METRIC_NAMES = (
 )
 """Every metric family heartbeat exports (the alert rules may use only these)."""
 
-_COUNTED_KINDS = ("dispatched", "exited", "stalled", "escalated", "bypass", "spinning", "compacting",
-                  "guarantee_failed")
+_COUNTED_KINDS = tuple(str(k) for k in COUNTED)
 
 
 class Histogram:
@@ -211,21 +215,16 @@ class Vitals:
         )
 
 
-_LABEL_KEYS = {"dispatched": "launcher", "exited": "kind", "stalled": "why"}
+_LABEL_KEYS = {str(k): v for k, v in COUNTED.items() if v}
 """The event data key each counter is labelled by (the others have no label)."""
+
+_ARCHIVED_SQL = f"SELECT data FROM events WHERE kind = '{EventKind.ARCHIVED.value}'"
 
 _COUNT_SQL = f"""
 SELECT kind, CASE kind {' '.join(f"WHEN '{k}' THEN json_extract(data, '$.{v}')" for k, v in _LABEL_KEYS.items())}
        ELSE NULL END AS label, COUNT(*)
 FROM events WHERE kind IN ({', '.join(f"'{k}'" for k in _COUNTED_KINDS)}) GROUP BY 1, 2
 """
-
-
-def _label(kind: str, raw: object) -> str:
-    if kind not in _LABEL_KEYS:
-        return ""
-    text = "" if raw is None else str(raw)
-    return text or ("" if kind == "dispatched" else "unknown")
 
 
 def _count_events(ledger: Any) -> dict[str, dict[str, int]]:
@@ -236,8 +235,13 @@ def _count_events(ledger: Any) -> dict[str, dict[str, int]]:
     counted: dict[str, dict[str, int]] = {kind: {} for kind in _COUNTED_KINDS}
 
     def add(kind: str, raw: object, n: int = 1) -> None:
-        label = _label(kind, raw)
+        label = count_label(kind, raw)
         counted[kind][label] = counted[kind].get(label, 0) + n
+
+    def add_retired(data: object) -> None:
+        for kind, by_label in retired_counts(data).items():
+            for label, n in by_label.items():
+                counted[kind][label] = counted[kind].get(label, 0) + n
 
     path = getattr(ledger, "path", None)
     if isinstance(path, str):
@@ -250,7 +254,9 @@ def _count_events(ledger: Any) -> dict[str, dict[str, int]]:
         try:
             conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=5)
             try:
+                conn.execute("BEGIN")  # one snapshot: gc's fold swaps rows for an archived event atomically
                 rows = conn.execute(_COUNT_SQL).fetchall()
+                archived = [r[0] for r in conn.execute(_ARCHIVED_SQL)]
             finally:
                 conn.close()
         except sqlite3.Error:
@@ -258,9 +264,17 @@ def _count_events(ledger: Any) -> dict[str, dict[str, int]]:
         if rows is not None:
             for kind, raw, n in rows:
                 add(kind, raw, int(n))
+            for text in archived:
+                try:
+                    add_retired(json.loads(text))
+                except (TypeError, ValueError):
+                    continue  # an unreadable row counts nothing
             return counted
-    for event in ledger.events(kinds=_COUNTED_KINDS):
-        add(event.kind, event.data.get(_LABEL_KEYS[event.kind]) if event.kind in _LABEL_KEYS else None)
+    for event in ledger.events(kinds=(*_COUNTED_KINDS, EventKind.ARCHIVED.value)):
+        if event.kind == EventKind.ARCHIVED:
+            add_retired(event.data)
+        else:
+            add(event.kind, event.data.get(_LABEL_KEYS[event.kind]) if event.kind in _LABEL_KEYS else None)
     return counted
 
 
@@ -291,6 +305,18 @@ class HeartbeatCollector:
         self.default_launcher = default_launcher
         self.vitals = vitals
         self._lock = threading.Lock()  # scrapes may come concurrently; one reads at a time
+        self._high: dict[str, dict[str, int]] = {}
+        """The counters as last exported (under the lock): none is ever exported lower."""
+
+    def _monotonic(self, counted: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+        """``counted``, no series below what this process exported before (a write whose rename
+        never happened loses its events, which a scrape may have counted meanwhile)."""
+        for kind, by_label in self._high.items():
+            for label, n in by_label.items():
+                found = counted.setdefault(kind, {})
+                found[label] = max(found.get(label, 0), n)
+        self._high = {kind: dict(by_label) for kind, by_label in counted.items()}
+        return counted
 
     def describe(self) -> list[Any]:
         return []  # families are built at collect time (registry made with auto_describe=False)
@@ -339,7 +365,7 @@ class HeartbeatCollector:
                                     labels=["kind"])
         stalls = CounterMetricFamily("heartbeat_stalls", "Tasks found stalled, by why (ledger: stalled).",
                                      labels=["why"])
-        counted = _count_events(self.store.ledger)
+        counted = self._monotonic(_count_events(self.store.ledger))
         for family, kind in ((dispatches, "dispatched"), (exits, "exited"), (stalls, "stalled")):
             for label, n in sorted(counted[kind].items()):
                 family.add_metric([label], n)
@@ -411,8 +437,8 @@ def open_state(args: Any) -> OpenState:
     """The store for ``--state-dir``/``--config`` (as every other command finds it), and the config's
     ``max_attempts`` and ``default_launcher`` when there is a config."""
     from heartbeat import defaults
-    from heartbeat.config import find_config, load_config, resolve_state_dir
-    from heartbeat.store import open_store
+    from heartbeat.config import find_config, load_config
+    from heartbeat.store import open_configured
 
     max_attempts, default_launcher = defaults.MAX_ATTEMPTS, defaults.DEFAULT_LAUNCHER
     allowed_hosts: tuple[str, ...] = ()
@@ -421,8 +447,8 @@ def open_state(args: Any) -> OpenState:
         config = load_config(path)
         max_attempts, default_launcher = config.daemon.max_attempts, config.daemon.default_launcher
         allowed_hosts = config.http.allowed_hosts
-    state_dir = resolve_state_dir(args.state_dir, args.config)
-    return OpenState(open_store(state_dir), state_dir, max_attempts, default_launcher, allowed_hosts)
+    store, state_dir = open_configured(args.state_dir, args.config)
+    return OpenState(store, state_dir, max_attempts, default_launcher, allowed_hosts)
 
 
 def run_from_cli(args: Any) -> int:

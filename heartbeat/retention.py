@@ -60,7 +60,7 @@ from heartbeat.baton import Baton, GateKind, Status
 from heartbeat.config import RetentionConfig
 from heartbeat.errors import HeartbeatError, StoreError
 from heartbeat.layout import StateLayout
-from heartbeat.ledger import Event
+from heartbeat.ledger import Event, tally
 from heartbeat.safefile import fsync_dir, write_file_atomic
 from heartbeat.store.archive import RETENTION_KINDS, read_archive, read_archived
 
@@ -147,10 +147,16 @@ class GcResult:
 
 
 def run_gc(store: Any, config: RetentionConfig, *, now: datetime, dry_run: bool = False) -> GcResult:
-    """One gc pass over a file store (see the module doc). ``now`` decides every age."""
+    """One gc pass over a file store (see the module doc). ``now`` decides every age.
+    Another store is refused in one line, nothing changed: retention is the file store's only."""
+    from heartbeat.store.files import FileStore
+
+    if not isinstance(store, FileStore):
+        raise StoreError("gc works on the file store only: retention on a database store is not built yet "
+                         "(nothing was changed)")
     result = GcResult(dry_run=dry_run, now=now)
     state_dir: str = store.state_dir
-    ledger = store.ledger
+    ledger: Any = store.ledger  # (the file store's SQLite ledger, which counts its rows)
     result.ledger_rows_before = ledger.count()
     with _gc_lock(state_dir, dry_run):
         entries = {e.id: e for e in store.scan()}
@@ -452,6 +458,7 @@ def _retire(store: Any, c: _Candidate, archive_name: str, now: datetime) -> str:
                 "rows": len(c.events),
                 "baton_sha256": c.record["baton_sha256"],
                 "kinds": dict(Counter(e.kind for e in c.events)),
+                "counted": tally(c.events),  # the metrics' counters keep counting these (heartbeat.metrics)
                 "first_ts": c.events[0].ts.isoformat() if c.events else None,
                 "last_ts": c.events[-1].ts.isoformat() if c.events else None,
             })
@@ -524,13 +531,13 @@ def _fold_touches(store: Any, baton: Baton, result: GcResult, *, now: datetime, 
 
 def gc_from_cli(args: Any) -> int:
     """``heartbeat gc [--dry-run] [--json]``."""
-    from heartbeat.config import Config, find_config, load_config, resolve_state_dir
-    from heartbeat.store import open_store
+    from heartbeat.config import Config, find_config, load_config
+    from heartbeat.store import open_configured
     from heartbeat.timeparse import parse_instant, utcnow
 
     path = find_config(args.config)
     config = load_config(path) if path else Config()
-    store = open_store(resolve_state_dir(args.state_dir, args.config))
+    store, _ = open_configured(args.state_dir, args.config)
     now = parse_instant(args.now, field="--now") if getattr(args, "now", None) else utcnow()
     try:
         result = run_gc(store, config.retention, now=now, dry_run=args.dry_run)

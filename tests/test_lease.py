@@ -196,6 +196,9 @@ class _Down:
 
     label = "down"
 
+    def keep_daemon_lock(self) -> str:
+        return ""  # (these leases run without a daemon's host-id lock)
+
     @contextmanager
     def _conn(self) -> Iterator[Any]:
         raise StoreError("cannot reach the database down: connection refused")

@@ -38,9 +38,10 @@ class Host(DaemonHarness):
     """A daemon with its own host id and state dir, on a shared PostgreSQL store."""
 
     def __init__(self, root: Path, url: str, host: str, *, max_concurrent: int = 10, agent: list[str] | None = None,
-                 stall_after: str = "1h") -> None:
+                 stall_after: str = "1h", ttl: float = TTL) -> None:
         self.url = url
         self.host = host
+        self.ttl = ttl
         root.mkdir(mode=0o700, exist_ok=True)
         super().__init__(root, tick=f"{int(TICK * 1000)}ms", stall_after=stall_after, max_concurrent=max_concurrent,
                          dispatches_per_minute=6000, agent=agent, extra=f"[store]\nurl = {json.dumps(url)}\n")
@@ -49,7 +50,7 @@ class Host(DaemonHarness):
 
     def config_text(self) -> str:
         return super().config_text().replace(
-            'log_level = "debug"\n', f'log_level = "debug"\nhost = "{self.host}"\nlease_ttl = "{TTL}s"\n', 1)
+            'log_level = "debug"\n', f'log_level = "debug"\nhost = "{self.host}"\nlease_ttl = "{self.ttl}s"\n', 1)
 
     def lines(self, event: str) -> list[dict[str, Any]]:
         return [e for e in self.log() if e.get("event") == event]
@@ -317,3 +318,262 @@ class TestGatesByHost:
 
         assert opened(b, "named") and not opened(a, "named")
         assert opened(a, "owned") and not opened(b, "owned")
+
+
+def kill_host_lock(url: str) -> list[int]:
+    """``pg_terminate_backend`` every connection holding a daemon's host-id lock (as a database restart,
+    a failover or an idle timeout would end it); the backends' pids."""
+    from heartbeat.store.postgres import _DAEMON_LOCK
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute("SELECT pid, pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
+                            "AND classid::bigint = %s AND objsubid = 2", (_DAEMON_LOCK,)).fetchall()
+    return [r[0] for r in rows]
+
+
+def launch(h: Host) -> None:
+    """Start ``h``'s daemon without waiting for it to start (it may be refused)."""
+    import subprocess
+    import sys
+
+    log = open(h.log_path, "ab")  # noqa: SIM115
+    h.proc = subprocess.Popen([sys.executable, "-m", "heartbeat", "--config", str(h.config), "run"],
+                              stdout=log, stderr=subprocess.STDOUT, env=h.env(), cwd=str(h.root))
+    log.close()
+
+
+def agents_and_epochs(h: Host, ids: list[str]) -> tuple[dict[str, set[int]], dict[str, int]]:
+    return h.live_agents(), {t: h.store.load(t).meta.epoch for t in ids}
+
+
+class TestOneHostId:
+    """Issue 17 item 5: the host-id lock is a session advisory lock, which dies with its connection. A
+    second daemon with the same host id must never act beside the first: each would take the other's
+    agents for its own (on two machines: settle them as gone, re-dispatch, and kill the other's)."""
+
+    def test_a_second_daemon_is_refused_while_the_first_lives_though_its_lock_connection_died(
+            self, pg_url: str, tmp_path: Path) -> None:
+        """The first daemon's lock connection is terminated and a second daemon with its host id starts at
+        once: the second is refused with one line and exits 1; the first keeps acting (takes its lock back),
+        and no agent is stopped, re-dispatched or settled."""
+        tmp_path.chmod(0o700)
+        hang = [*TOY, "--mode", "hang"]
+        a = Host(tmp_path / "a", pg_url, "host-x", agent=hang, max_concurrent=4)
+        b = Host(tmp_path / "b", pg_url, "host-x", agent=hang, max_concurrent=4)
+        ids = ["s1", "s2"]
+        new_tasks(a.store, ids, tmp_path)  # type: ignore[arg-type]
+        try:
+            a.start()
+            a.wait(lambda: len(a.live_agents()) == 2, "host-x running both")
+            a.wait(lambda: all(a.store.ledger.events(t, kinds=["launched"]) for t in ids), "both launched")
+            agents, epochs = agents_and_epochs(a, ids)
+            last_event = max(e.id or 0 for e in a.store.ledger.events())
+            assert kill_host_lock(pg_url), "no daemon lock to terminate"
+            launch(b)
+            assert b.proc is not None
+            b.wait(lambda: b.proc is not None and b.proc.poll() is not None, "the second daemon refused", timeout=30)
+            assert b.proc.returncode == 1
+            refusal = [e["line"] for e in b.log() if e.get("event") == "non-json"]
+            assert len(refusal) == 1 and "another heartbeat daemon with host id 'host-x'" in refusal[0], refusal
+            assert not b.lines("started") and not b.lines("dispatched")
+            a.wait(lambda: a.lines("host_lock_retaken"), "the first daemon taking its lock back")
+            time.sleep(TTL)  # the first daemon goes on; a twin would have settled or re-dispatched by now
+            assert agents_and_epochs(a, ids) == (agents, epochs)
+            assert a.proc is not None and a.proc.poll() is None
+            assert not a.lines("host_taken") and not a.lines("fenced_agent_stopped")
+            after = [e for e in a.store.ledger.events() if (e.id or 0) > last_event]
+            assert after == [], [(e.task, e.kind, e.data) for e in after]
+            # ...and with the lock back, the next one is refused by the lock itself.
+            r = b.cli("run", "--once")
+            assert r.returncode == 1 and "another heartbeat daemon with host id 'host-x'" in r.stderr
+            assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        finally:
+            for h in (a, b):
+                h.close()
+
+    def test_a_newcomer_holding_the_free_lock_waits_on_the_hosts_row_and_is_refused_when_it_renews(
+            self, pg_url: str, tmp_path: Path) -> None:
+        """The first daemon is paused and its lock connection terminated, so the second daemon takes the free
+        lock; it finds the host's row renewed recently by another daemon and waits (host_busy, one line).
+        Resumed, the first daemon renews its row: the second is refused in one line (exit 1) without ever
+        acting, and the first takes its lock back and goes on, its agents untouched."""
+        tmp_path.chmod(0o700)
+        hang = [*TOY, "--mode", "hang"]
+        a = Host(tmp_path / "a", pg_url, "host-x", agent=hang, max_concurrent=4, ttl=30.0)
+        b = Host(tmp_path / "b", pg_url, "host-x", agent=hang, max_concurrent=4, ttl=30.0)
+        ids = ["w1", "w2"]
+        new_tasks(a.store, ids, tmp_path)  # type: ignore[arg-type]
+        try:
+            a.start()
+            a.wait(lambda: all(a.store.ledger.events(t, kinds=["launched"]) for t in ids), "both launched")
+            agents, epochs = agents_and_epochs(a, ids)
+            last_event = max(e.id or 0 for e in a.store.ledger.events())
+            assert a.proc is not None
+            a.proc.send_signal(signal.SIGSTOP)
+            assert kill_host_lock(pg_url), "no daemon lock to terminate"
+            launch(b)
+            busy = b.wait(lambda: b.lines("host_busy"), "the second daemon waiting on the host's row", timeout=60)
+            assert busy[0]["pid"] == a.proc.pid
+            a.proc.send_signal(signal.SIGCONT)
+            b.wait(lambda: b.proc is not None and b.proc.poll() is not None, "the second daemon refused", timeout=30)
+            assert b.proc is not None and b.proc.returncode == 1
+            refusal = [e["line"] for e in b.log() if e.get("event") == "non-json"]
+            assert len(refusal) == 1 and f"(pid {a.proc.pid})" in refusal[0] and "renewed" in refusal[0], refusal
+            assert not b.lines("started")
+            a.wait(lambda: a.lines("host_lock_retaken"), "the first daemon taking its lock back")
+            time.sleep(1.0)
+            assert agents_and_epochs(a, ids) == (agents, epochs)
+            assert a.proc.poll() is None and not a.lines("host_taken")
+            after = [e for e in a.store.ledger.events() if (e.id or 0) > last_event]
+            assert after == [], [(e.task, e.kind, e.data) for e in after]
+        finally:
+            if a.proc is not None and a.proc.poll() is None:
+                a.proc.send_signal(signal.SIGCONT)
+            for h in (a, b):
+                h.close()
+
+    def test_a_paused_daemon_displaced_by_a_successor_stands_down_and_leaves_the_agents_alone(
+            self, pg_url: str, tmp_path: Path) -> None:
+        """The first daemon is paused (SIGSTOP) and its lock connection terminated; a second daemon with its
+        host id waits until the host's row is lease_ttl old, then becomes the host and adopts the running
+        agents. The first, resumed, finds its row taken: it stands down with one line and exits 1, writing
+        nothing and stopping no agent; the agents run on, never re-dispatched."""
+        tmp_path.chmod(0o700)
+        hang = [*TOY, "--mode", "hang"]
+        a = Host(tmp_path / "a", pg_url, "host-x", agent=hang, max_concurrent=4)
+        b = Host(tmp_path / "b", pg_url, "host-x", agent=hang, max_concurrent=4)
+        ids = ["p1", "p2"]
+        new_tasks(a.store, ids, tmp_path)  # type: ignore[arg-type]
+        try:
+            a.start()
+            a.wait(lambda: len(a.live_agents()) == 2, "host-x running both")
+            a.wait(lambda: all(a.store.ledger.events(t, kinds=["launched"]) for t in ids), "both launched")
+            agents, epochs = agents_and_epochs(a, ids)
+            assert a.proc is not None
+            a.proc.send_signal(signal.SIGSTOP)
+            assert kill_host_lock(pg_url), "no daemon lock to terminate"
+            b.start()  # waits for "started": after the host's row went lease_ttl unrenewed
+            b.wait(lambda: any(e.get("action") == "nothing" for e in b.lines("decision")), "host-x (b) looking")
+            last_event = max(e.id or 0 for e in a.store.ledger.events())
+            a.proc.send_signal(signal.SIGCONT)
+            a.wait(lambda: a.proc is not None and a.proc.poll() is not None, "the displaced daemon exiting",
+                   timeout=30)
+            assert a.proc.returncode == 1
+            taken = a.lines("host_taken")
+            assert len(taken) == 1 and sorted(taken[0]["tasks"]) == ids
+            assert any("took this host over" in e["line"] for e in a.log() if e.get("event") == "non-json")
+            time.sleep(TTL)
+            assert agents_and_epochs(a, ids) == (agents, epochs)
+            assert not a.lines("fenced_agent_stopped") and not b.lines("fenced_agent_stopped")
+            after = [e for e in a.store.ledger.events() if (e.id or 0) > last_event]
+            assert after == [], [(e.task, e.kind, e.data) for e in after]
+            assert b.proc is not None and b.proc.poll() is None
+            with psycopg.connect(pg_url) as conn:
+                row = conn.execute("SELECT pid, stopped_at FROM heartbeat_hosts WHERE host = 'host-x'").fetchone()
+            assert row == (b.proc.pid, None)  # the displaced daemon's stop did not mark its successor stopped
+        finally:
+            if a.proc is not None and a.proc.poll() is None:
+                a.proc.send_signal(signal.SIGCONT)
+            for h in (a, b):
+                h.close()
+
+    def test_a_displaced_daemon_stops_only_its_agents_whose_task_moved_on(self, pg_url: str,
+                                                                          tmp_path: Path) -> None:
+        """As above, but while the first daemon is paused one task moves on to a new epoch (as a successor on
+        another machine, which cannot see the agent, would re-dispatch it). Resumed and standing down, the
+        first daemon stops that task's old agent (fenced: nobody supervises it) and leaves the other, which
+        its successor adopted, alone; it writes nothing."""
+        tmp_path.chmod(0o700)
+        hang = [*TOY, "--mode", "hang"]
+        a = Host(tmp_path / "a", pg_url, "host-x", agent=hang, max_concurrent=4)
+        b = Host(tmp_path / "b", pg_url, "host-x", agent=hang, max_concurrent=4)
+        ids = ["m1", "m2"]
+        new_tasks(a.store, ids, tmp_path)  # type: ignore[arg-type]
+        try:
+            a.start()
+            a.wait(lambda: all(a.store.ledger.events(t, kinds=["launched"]) for t in ids), "both launched")
+            old = a.live_agents()
+            assert a.proc is not None
+            a.proc.send_signal(signal.SIGSTOP)
+            assert kill_host_lock(pg_url), "no daemon lock to terminate"
+            b.start()
+            with a.store.edit("m1", actor="test") as ed:  # m1 moves on: its running agent is fenced
+                ed.baton.meta.epoch += 1
+                ed.baton.meta.owner = None
+            resumed = len(a.log())
+            a.proc.send_signal(signal.SIGCONT)
+            a.wait(lambda: a.proc is not None and a.proc.poll() is not None, "the displaced daemon exiting",
+                   timeout=30)
+            assert a.proc.returncode == 1
+            stopped = a.lines("fenced_agent_stopped")
+            assert [e["task"] for e in stopped] == ["m1"] and stopped[0]["gone"] is True, json.dumps(
+                [e for e in a.log()[resumed:] if e.get("event") not in ("tick",)])[:3000]
+            now = a.live_agents()
+            assert "m1" not in now and now.get("m2") == old["m2"]
+            acted = [e for e in a.log()[resumed:] if e.get("event") in ("dispatched", "launched", "exited", "raced")
+                     or (e.get("event") == "decision" and e.get("action") != "nothing")]
+            assert acted == [], json.dumps(acted)[:2000]
+        finally:
+            if a.proc is not None and a.proc.poll() is None:
+                a.proc.send_signal(signal.SIGCONT)
+            for h in (a, b):
+                h.close()
+
+
+class TestFrozenWriter:
+    """Issue 19 item 3: takeover skips locked rows, and nothing bounded a paused session's locks: a daemon
+    SIGSTOPped (or cut off) inside a transaction pinned its task for as long as the session lived."""
+
+    def test_a_task_locked_by_a_frozen_writer_is_taken_over_once_its_session_times_out(
+            self, pair: tuple[Host, Host], tmp_path: Path) -> None:
+        """A writer holds a task's row lock inside a heartbeat edit and is SIGSTOPped there; the task's host
+        dies. The server ends the frozen session after idle_in_transaction_session_timeout (shortened to 2 s
+        in the frozen process, as any heartbeat session sets it), and the other host takes the task over; the
+        frozen writer, resumed, writes nothing."""
+        import subprocess
+        import sys
+        import textwrap
+
+        a, b = pair
+        new_tasks(a.store, ["f1"], tmp_path)  # type: ignore[arg-type]
+        a.start()
+        a.wait(lambda: len(a.live_agents()) == 1, "host-a running f1")
+        b.start()
+        code = textwrap.dedent(f"""
+            import os, signal, sys
+            from heartbeat import defaults
+            defaults.PG_IDLE_IN_TRANSACTION_TIMEOUT = 2.0
+            from heartbeat.store.postgres import PostgresStore
+            store = PostgresStore({a.url!r})
+            with store.edit("f1", actor="frozen") as ed:
+                ed.baton.step = "written by a frozen writer"
+                print("locked", flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+        """)
+        frozen = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=a.env())
+        try:
+            assert frozen.stdout is not None and frozen.stdout.readline().strip() == "locked", frozen.communicate()
+            a.wait(lambda: psutil_status(frozen.pid) == "stopped", "the writer frozen inside its transaction")
+            a.kill(signal.SIGKILL)
+            a.kill_agents()
+            b.wait(lambda: a.store.ledger.events("f1", kinds=["taken_over"]), "f1 taken over", timeout=30)
+            b.wait(lambda: len(b.live_agents()) == 1, "host-b running f1")
+            frozen.send_signal(signal.SIGCONT)
+            _, err = frozen.communicate(timeout=30)
+            assert frozen.returncode != 0, err  # its commit failed: the server had ended its session
+            assert a.store.load("f1").step != "written by a frozen writer"
+        finally:
+            if frozen.poll() is None:
+                frozen.send_signal(signal.SIGCONT)
+                frozen.kill()
+                frozen.wait()
+
+
+def psutil_status(pid: int) -> str:
+    import psutil
+
+    try:
+        return str(psutil.Process(pid).status())
+    except psutil.Error:
+        return ""

@@ -388,6 +388,22 @@ class TestDaemonLock:
             holder.close()
 
 
+    def test_run_once_twice_in_a_row_takes_the_host_at_once(self, pg_url: str, tmp_path: Path) -> None:
+        """`run --once` marks its host's row stopped when it ends: the next `run --once` with the same host id
+        takes the host at once instead of waiting for the row to be lease_ttl old (host_busy)."""
+        config = tmp_path / "heartbeat.toml"
+        config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nhost = "host-a"\nlog_format = "json"\n\n'
+                          f'[store]\nurl = "{pg_url}"\n')
+        config.chmod(0o644)
+        for _ in range(2):
+            r = _run_cli("--config", str(config), "run", "--once", env={}, cwd=tmp_path)
+            assert r.code == 0, r.err
+            assert "host_busy" not in r.out + r.err
+        with psycopg.connect(pg_url) as conn:
+            row = conn.execute("SELECT stopped_at IS NOT NULL FROM heartbeat_hosts WHERE host = 'host-a'").fetchone()
+        assert row == (True,)
+
+
 class TestDatabaseDown:
     def test_stopped_server_gives_one_line_and_the_store_recovers(self, own_cluster: Cluster, tmp_path: Path) -> None:
         """With the server stopped a store call fails fast with `cannot reach the database`; started again, it works."""
@@ -513,3 +529,148 @@ class TestRestoredRows:
         with psycopg.connect(pg_url) as conn:
             conn.execute("DELETE FROM heartbeat_batons WHERE id = 't'")
         assert pg.create(_baton("t")).meta.revision == 3
+
+
+def _rows(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM heartbeat_events").fetchone()
+    return int(row[0]) if row else 0
+
+
+class TestEveryCommandOnTheConfiguredStore:
+    """Issue 19 item 1: `web`, `metrics` and `gc` ignored `[store] url` (only $HEARTBEAT_STORE_URL
+    worked): the page showed "Tasks (0)" and every metric zero while `status` listed the tasks.
+    Every command opens the store one way (heartbeat.store.open_configured)."""
+
+    @pytest.fixture
+    def configured(self, pg_url: str, tmp_path: Path) -> Path:
+        """A config whose [store] url is the database; three tasks in it; no HEARTBEAT_* in the env."""
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700)
+        config = tmp_path / "heartbeat.toml"
+        config.write_text(f'[daemon]\nstate_dir = "{state}"\n\n[store]\nurl = "{pg_url}"\n')
+        config.chmod(0o644)
+        for task_id in ("c1", "c2", "c3"):
+            r = _run_cli("--config", str(config), "new", task_id, "--task", "t", "--step", "s",
+                         "--workdir", str(tmp_path), env={}, cwd=tmp_path)
+            assert r.code == 0, r.err
+        assert _rows(pg_url) == 3  # the tasks are in the database, not in files
+        assert not (state / "batons").exists() or not list((state / "batons").glob("*.toml"))
+        return config
+
+    def test_status_lists_the_databases_tasks(self, configured: Path, tmp_path: Path) -> None:
+        """The baseline: `status` with the config route lists the database's tasks."""
+        r = _run_cli("--config", str(configured), "status", "--json", env={}, cwd=tmp_path)
+        assert r.code == 0 and sorted(t["id"] for t in json.loads(r.out)["tasks"]) == ["c1", "c2", "c3"]
+
+    def test_metrics_count_the_databases_tasks(self, configured: Path, tmp_path: Path) -> None:
+        """`heartbeat metrics` with the config route counts the database's tasks (it counted 0)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        r = _run_cli("--config", str(configured), "metrics", env={}, cwd=tmp_path)
+        assert r.code == 0, r.err
+        tasks = {s.labels["status"]: s.value for f in text_string_to_metric_families(r.out)
+                 if f.name == "heartbeat_tasks" for s in f.samples}
+        assert tasks.get("active") == 3, tasks
+
+    def test_the_page_shows_the_databases_tasks(self, configured: Path, tmp_path: Path) -> None:
+        """`heartbeat web` with the config route shows the database's tasks (it showed "Tasks (0)")."""
+        import socket
+        import urllib.request
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        token = "config-route-token"
+        proc = subprocess.Popen([sys.executable, "-m", "heartbeat", "--config", str(configured), "web",
+                                 "--listen", f"127.0.0.1:{port}", "--token", token], env=clean_env(),
+                                cwd=str(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            def page(path: str) -> str:
+                req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                             headers={"Authorization": f"Bearer {token}"})
+                try:
+                    with urllib.request.urlopen(req, timeout=10) as resp:
+                        return str(resp.read().decode())
+                except OSError:
+                    return ""
+
+            from prometheus_client.parser import text_string_to_metric_families
+
+            body = str(wait_for(lambda: page("/"), timeout=60, message="the page"))
+            assert '<span class="muted">(3)</span>' in body and "c2" in body
+            tasks = {s.labels["status"]: s.value for f in text_string_to_metric_families(page("/metrics"))
+                     if f.name == "heartbeat_tasks" for s in f.samples}
+            assert tasks.get("active") == 3, tasks
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+
+    def test_gc_opens_the_database_and_refuses_it_in_one_line(self, configured: Path, pg_url: str,
+                                                              tmp_path: Path) -> None:
+        """`heartbeat gc` with the config route opens the database as $HEARTBEAT_STORE_URL does (it silently
+        gc'd an empty file store; the env route died with an AttributeError traceback): retention on a
+        database is not built yet, so both refuse in the same one line, exit 1, nothing changed."""
+        before = _rows(pg_url)
+        by_config = _run_cli("--config", str(configured), "gc", env={}, cwd=tmp_path)
+        by_env = _run_cli("--state-dir", str(tmp_path / "state"), "gc", env={"HEARTBEAT_STORE_URL": pg_url},
+                          cwd=tmp_path)
+        for r in (by_config, by_env):
+            assert r.code == 1 and "Traceback" not in r.err, r.err
+            assert len(r.err.strip().splitlines()) == 1 and "file store only" in r.err, r.err
+        assert _rows(pg_url) == before
+
+    def test_mcp_serves_the_databases_tasks(self, configured: Path, tmp_path: Path) -> None:
+        """`heartbeat mcp` with the config route lists the database's tasks (official SDK client)."""
+        import anyio
+        from mcp import Client
+        from mcp.client.stdio import StdioServerParameters
+
+        params = StdioServerParameters(command=sys.executable,
+                                       args=["-m", "heartbeat", "--config", str(configured), "mcp"], env=clean_env())
+
+        async def main() -> Any:
+            with anyio.fail_after(60):
+                async with Client(params) as client:
+                    return await client.call_tool("status", {})
+
+        status = anyio.run(main)
+        assert sorted(row["id"] for row in status.structured_content["tasks"]) == ["c1", "c2", "c3"]
+
+    def test_the_claude_hook_finds_its_task_in_the_database(self, configured: Path, tmp_path: Path) -> None:
+        """`heartbeat hook claude` with the config route hands the agent its brief from the database."""
+        ev = {"session_id": "s", "transcript_path": "/nonexistent", "cwd": str(tmp_path),
+              "hook_event_name": "SessionStart", "source": "startup"}
+        r = _run_cli("hook", "claude", "--task", "c1", "--config", str(configured), env={}, cwd=tmp_path,
+                     input=json.dumps(ev))
+        assert r.code == 0 and r.err == "", r.err
+        assert "additionalContext" in r.out
+
+
+class TestSessionBounds:
+    def test_every_heartbeat_session_bounds_idle_transactions_locks_and_dead_peers(self, pg_url: str) -> None:
+        """Issue 19 item 3: pooled and direct connections alike set idle_in_transaction_session_timeout,
+        lock_timeout, statement_timeout and the server's TCP keepalives, and ask libpq for keepalives
+        (a paused or cut-off session must not hold its row locks for ever)."""
+        from heartbeat import defaults
+        from heartbeat.store.postgres import connect
+
+        store = PostgresStore(pg_url)
+        direct = connect(pg_url, autocommit=True)
+        try:
+            with store._conn() as pooled:
+                for conn in (pooled, direct):
+                    show = {name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
+                            for name in ("idle_in_transaction_session_timeout", "lock_timeout",
+                                         "statement_timeout")}
+                    assert show == {"idle_in_transaction_session_timeout":
+                                    f"{int(defaults.PG_IDLE_IN_TRANSACTION_TIMEOUT)}s",
+                                    "lock_timeout": f"{int(defaults.LOCK_TIMEOUT)}s",
+                                    "statement_timeout": f"{int(defaults.PG_STATEMENT_TIMEOUT)}s"}
+                    params = conn.info.get_parameters()
+                    assert params.get("keepalives") == "1"
+                    assert params.get("keepalives_idle") == str(int(defaults.PG_KEEPALIVE_IDLE))
+                pooled.commit()
+        finally:
+            direct.close()
+            store.close()

@@ -417,3 +417,85 @@ class TestConcurrency:
         finally:
             h.stop()
             h.close()
+
+
+def _counters(collector: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every ``*_total`` sample of one scrape, as Prometheus' own parser reads the exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from heartbeat.metrics import exposition, make_registry
+
+    body, _ = exposition(make_registry(collector))
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(body.decode()) for s in f.samples if s.name.endswith("_total")}
+
+
+class TestCountersAcrossGc:
+    """Issue 19 item 5: the counters were recounted from the ledger at each scrape, so gc archiving a task
+    took its events out of them (escalations 1,044 -> 221): Prometheus read a reset, and the shipped
+    HeartbeatEscalation alert (increase() over the window) fired after every daily gc."""
+
+    def test_archiving_leaves_every_counter_where_it_was(self, rich: Callable[[FileStore], None],
+                                                          state_dir: Path, hb: Callable[..., Result]) -> None:
+        """Forty tasks' history, then a real `heartbeat gc` archiving the finished ones: the same exporter's
+        next scrape, a fresh exporter's (a restart), and `heartbeat metrics` all show every counter
+        exactly as before, labels included."""
+        from heartbeat.metrics import HeartbeatCollector
+
+        store = FileStore(str(state_dir))
+        rich(store)
+        store = FileStore(str(state_dir))
+        from heartbeat.ledger import Event
+
+        store.record([Event(task="t01", kind="dispatched", ts=T0, data={"launcher": "toy"}),  # labelled ones too
+                      Event(task="t01", kind="exited", ts=T0, data={"kind": "failed"}),
+                      Event(task="t01", kind="stalled", ts=T0, data={"why": "owner_dead"})])
+        collector = HeartbeatCollector(store, state_dir=str(state_dir))
+        before = _counters(collector)
+        assert before[("heartbeat_escalations_total", ())] > 0
+        assert before[("heartbeat_exits_total", (("kind", "failed"),))] == 1
+        assert before[("heartbeat_stalls_total", (("why", "owner_dead"),))] == 1
+        assert before[("heartbeat_dispatches_total", (("launcher", "toy"),))] == 1
+        rows = store.ledger.count()
+        r = hb("gc", "--now", LATER.isoformat(), "--json")
+        assert r.code == 0, r.err
+        archived = json.loads(r.out)["archived"]
+        assert "t01" in archived and len(archived) > 20 and store.ledger.count() < rows / 2
+        assert _counters(collector) == before
+        assert _counters(HeartbeatCollector(FileStore(str(state_dir)), state_dir=str(state_dir))) == before
+        from prometheus_client.parser import text_string_to_metric_families
+
+        r = hb("metrics")
+        assert r.code == 0, r.err
+        fresh = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                 for f in text_string_to_metric_families(r.out) for s in f.samples if s.name.endswith("_total")}
+        assert {k: v for k, v in fresh.items() if k in before} == before
+
+    def test_an_archive_written_before_labels_were_kept_still_counts_its_kinds(self, store: FileStore) -> None:
+        """An `archived` event from an older heartbeat has only `kinds`: its counted kinds are still counted,
+        unlabelled; a malformed one counts nothing and breaks nothing."""
+        from heartbeat.ledger import Event
+        from heartbeat.metrics import HeartbeatCollector
+
+        store.record([Event(task="old", kind="archived", ts=T0, data={"kinds": {"escalated": 2, "exited": 3,
+                                                                                "touched": 9}}),
+                      Event(task="bad", kind="archived", ts=T0, data={"counted": {"escalated": {"": "many"}},
+                                                                      "kinds": "x"})])
+        found = _counters(HeartbeatCollector(store, state_dir=store.state_dir))
+        assert found[("heartbeat_escalations_total", ())] == 2
+        assert found[("heartbeat_exits_total", (("kind", "unknown"),))] == 3
+
+    def test_no_counter_goes_down_within_one_process(self, store: FileStore) -> None:
+        """Events that vanish from the ledger by any path (a write whose rename never happened) leave the
+        counters of a running exporter where they were; a new process counts what the ledger holds."""
+        from heartbeat.ledger import Event
+        from heartbeat.metrics import HeartbeatCollector
+
+        make_task(store, "t", T0)
+        collector = HeartbeatCollector(store, state_dir=store.state_dir)
+        before = _counters(collector)
+        ids = [e.id or 0 for e in store.ledger.events("t") if e.kind == "dispatched"]
+        store.ledger.fold("t", ids, [Event(task="t", kind="compacted", ts=T0, data={})])
+        assert _counters(collector) == before
+        fresh = _counters(HeartbeatCollector(store, state_dir=store.state_dir))
+        assert sum(v for (name, _), v in fresh.items() if name == "heartbeat_dispatches_total") == 0

@@ -267,6 +267,8 @@ class Core:
             now = now or self.clock.now()
             for launcher in self.launchers.values():
                 launcher.reap()
+            if self.lease is not None and not self.lease.acting():  # displaced by a daemon of our host id
+                return {}
             if self.lease is not None:  # a dead host's tasks: taken over here, then looked at in this pass
                 self.lease.before_pass()
             # Between sweeps only the batons the watcher reported are stat'ed (see heartbeat.changes).
@@ -384,6 +386,8 @@ class Core:
                 self.apply_config(self._staged_config)
             self.shared.look_mono = self.clock.monotonic() if now is None else None
             now = now or self.clock.now()
+            if self.lease is not None and not self.lease.acting():  # displaced by a daemon of our host id
+                return
             baton, watch_new_gate = self._evaluate_one(task_id, now)
             if baton is not None and baton.meta.status is Status.DONE:
                 for downstream in sorted(self._downstreams.get(task_id, ())):
@@ -447,6 +451,8 @@ class Core:
             return "invalid", None
         mem.invalid_reported = ""
         baton = entry.baton
+        if self.lease is not None and not self.lease.acting():  # (a pass resumed after a pause checks again)
+            return baton.meta.status.value, None
         held = self.lease.held_elsewhere(baton) if self.lease is not None else ""
         if held:  # liveness is local: the host running the agent judges it, while its lease lasts
             if held != mem.last_reason:

@@ -3,6 +3,10 @@
 The primitives (claim with ``FOR UPDATE SKIP LOCKED``, one-statement renewal, takeover,
 fencing) are :mod:`heartbeat.lease`'s; this part wires them to the loop:
 
+- :meth:`LeasePart.start`: become this host id's daemon (:meth:`heartbeat.lease.Lease.take_host`:
+  refused while another daemon with the same host id renews the host's row);
+- :meth:`LeasePart.acting`: whether this daemon still is its host's (checked before every look):
+  one that another daemon with its host id displaced stands down, acts no more and exits;
 - :meth:`LeasePart.before_pass`: take over the tasks of hosts whose lease expired (within
   the free capacity), before the pass's scan sees them;
 - :meth:`LeasePart.after_scan`: the tasks whose agents run here are the ones renewed; a task
@@ -22,8 +26,10 @@ exactly as before.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
+from heartbeat import defaults
 from heartbeat.baton import Baton, Gate, Owner
 from heartbeat.daemon.shared import Shared
 from heartbeat.lease import Lease, for_store, resolve_host
@@ -50,11 +56,20 @@ class LeasePart:
         d = shared.config.daemon
         self.lease = Lease(shared.store, host=shared.host, labels=d.labels, ttl=d.lease_ttl,  # type: ignore[arg-type]
                            capacity=d.max_concurrent, interval=renew_interval(shared), log=shared.log,
-                           stop_agent=self._stop_fenced)
+                           stop_agent=self._stop_fenced, on_stood_down=self._stood_down)
+        self.on_stood_down: Any = lambda: None
+        """Set by the service: stop the daemon (another daemon with this host id is the host now)."""
         self._fencing: set[tuple[str, int]] = set()
         self._fence_lock = threading.Lock()  # never the look lock: a pass may hang on an unreachable database
 
     # -- the loop's calls (under the look lock) --------------------------------------------
+
+    def acting(self) -> bool:
+        return self.lease.acting()
+
+    @property
+    def stood_down(self) -> bool:
+        return self.lease.stood_down
 
     def before_pass(self) -> None:
         self.lease.take_over(self.shared.config.daemon.max_concurrent - len(self.shared.running))
@@ -91,8 +106,9 @@ class LeasePart:
                                   reason="the host id names this daemon's leases: restart the daemon to change it")
 
     def start(self) -> None:
-        """Register this host (the first renewal: claims wait for one)."""
-        self.lease.renew(len(self.shared.running))
+        """Become this host id's daemon and register (the first renewal: claims wait for one);
+        :class:`~heartbeat.errors.StoreError` when another daemon with this host id is live."""
+        self.lease.take_host()
 
     def start_watch(self) -> None:
         self.lease.start_watch()
@@ -108,6 +124,17 @@ class LeasePart:
 
     def close(self) -> None:
         self.lease.close()
+
+    def _stood_down(self) -> None:
+        """The fenced agents' stops under way finish before the daemon stops (its pool drops queued work)."""
+        deadline = time.monotonic() + max((lc.stop_grace for lc in self.shared.config.launchers.values()),
+                                          default=defaults.STOP_GRACE) + defaults.FENCE_STOP_WAIT
+        while time.monotonic() < deadline:
+            with self._fence_lock:
+                if not self._fencing:
+                    break
+            time.sleep(0.05)
+        self.on_stood_down()
 
     # -- fenced agents ----------------------------------------------------------------------
 

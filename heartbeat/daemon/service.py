@@ -104,6 +104,13 @@ class Daemon(Core):
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_term)
         signal.signal(signal.SIGHUP, on_hup)
+        if self.lease is not None:  # displaced by another daemon with this host id: stop, agents left to it
+
+            def on_stood_down() -> None:
+                self._stop.set()
+                signalled.set()
+
+            self.lease.on_stood_down = on_stood_down
         self.vitals_dir = self.config.state_dir
         self.initialize()
         self.watcher.start()
@@ -133,6 +140,10 @@ class Daemon(Core):
             relay.stop(wait=self.stop_grace())
         clean = self.shutdown(timeout=max(0.0, deadline - time.monotonic()))
         exit_if_stuck(clean, deadline, self.log)
+        if self.lease is not None and self.lease.stood_down:
+            raise StoreError(f"another heartbeat daemon with host id {self.host!r} took this host over on the "
+                             "database: this one stopped (its agents are left to that daemon); give each daemon "
+                             "its own daemon.host (or $HEARTBEAT_HOST)")
         return 0
 
     def start_scheduler(self) -> None:
@@ -318,6 +329,8 @@ def run_from_cli(args: Any) -> int:
             daemon.initialize()
             daemon.tick()
             daemon.shared.pool.shutdown(wait=True)
+            if daemon.lease is not None:  # the host's row marked stopped: the next run takes it at once
+                daemon.lease.close()
             daemon.store.close()
             return 0
         return daemon.serve()

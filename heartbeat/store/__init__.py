@@ -8,7 +8,7 @@ from collections.abc import Callable
 from heartbeat.baton import Baton
 from heartbeat.store.base import Edit, Entry, Store
 
-__all__ = ["Edit", "Entry", "Store", "open_store", "store_url"]
+__all__ = ["Edit", "Entry", "Store", "open_configured", "open_store", "store_url"]
 
 URL_ENV = "HEARTBEAT_STORE_URL"
 """The environment variable naming a database store; it wins over ``[store] url``."""
@@ -32,6 +32,17 @@ def open_store(state_dir: str, url: str = "", *, scan_view: Callable[[Baton], Ba
     from heartbeat.store.files import FileStore
 
     return FileStore(state_dir, scan_view=scan_view)
+
+
+def open_configured(state_dir: str | None = None, config_path: str | None = None) -> tuple[Store, str]:
+    """The store every command opens, and its state dir: ``--state-dir``/``--config`` as
+    :func:`heartbeat.config.resolve_store` finds them, so ``$HEARTBEAT_STORE_URL`` and the
+    config's ``[store] url`` mean the same for every command (``status``, ``web``, ``metrics``,
+    ``gc``, ``mcp``, the hooks): one way to open the store."""
+    from heartbeat.config import resolve_store
+
+    found_dir, url = resolve_store(state_dir, config_path)
+    return open_store(found_dir, url), found_dir
 
 
 def _open_url(url: str) -> Store:

@@ -145,7 +145,14 @@ def _connect_kwargs(url: str) -> dict[str, Any]:
         info = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.Error as exc:
         raise BadInput(f"not a PostgreSQL URL: {_one_line(exc)}", field="store.url") from None
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {
+        # The client's side of a cut-off TCP connection (a Unix socket ignores them); the URL may say otherwise.
+        "keepalives": 1,
+        "keepalives_idle": int(defaults.PG_KEEPALIVE_IDLE),
+        "keepalives_interval": int(defaults.PG_KEEPALIVE_INTERVAL),
+        "keepalives_count": int(defaults.PG_KEEPALIVE_COUNT),
+    }
+    kwargs = {k: v for k, v in kwargs.items() if k not in info}
     if "connect_timeout" not in info:
         kwargs["connect_timeout"] = max(2, int(defaults.PG_CONNECT_TIMEOUT))
     if "application_name" not in info:
@@ -153,11 +160,25 @@ def _connect_kwargs(url: str) -> dict[str, Any]:
     return kwargs
 
 
+def _session_settings() -> list[str]:
+    """What every heartbeat session sets: UTC; no statement, lock wait or idle transaction longer than
+    the timeouts (a process paused or cut off mid-write must not hold its row locks for ever); and the
+    server's side of TCP keepalives (a partitioned host's session ends in seconds, not hours)."""
+    return [
+        "SET TIME ZONE 'UTC'",
+        f"SET statement_timeout = {int(defaults.PG_STATEMENT_TIMEOUT * 1000)}",
+        f"SET lock_timeout = {int(defaults.LOCK_TIMEOUT * 1000)}",
+        f"SET idle_in_transaction_session_timeout = {int(defaults.PG_IDLE_IN_TRANSACTION_TIMEOUT * 1000)}",
+        f"SET tcp_keepalives_idle = {int(defaults.PG_KEEPALIVE_IDLE)}",
+        f"SET tcp_keepalives_interval = {int(defaults.PG_KEEPALIVE_INTERVAL)}",
+        f"SET tcp_keepalives_count = {int(defaults.PG_KEEPALIVE_COUNT)}",
+    ]
+
+
 def _configure(conn: psycopg.Connection[Any]) -> None:
-    """Every connection: UTC, and no statement (or lock wait) longer than the timeouts."""
-    conn.execute("SET TIME ZONE 'UTC'")
-    conn.execute(f"SET statement_timeout = {int(defaults.PG_STATEMENT_TIMEOUT * 1000)}")
-    conn.execute(f"SET lock_timeout = {int(defaults.LOCK_TIMEOUT * 1000)}")
+    """Every pooled connection: :func:`_session_settings`."""
+    for statement in _session_settings():
+        conn.execute(statement)  # our own constant SQL
     conn.commit()
 
 
@@ -174,8 +195,8 @@ def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
     try:
         conn = psycopg.connect(url, autocommit=autocommit, **_connect_kwargs(url))
         if autocommit:
-            conn.execute("SET TIME ZONE 'UTC'")
-            conn.execute(f"SET statement_timeout = {int(defaults.PG_STATEMENT_TIMEOUT * 1000)}")
+            for statement in _session_settings():
+                conn.execute(statement)  # our own constant SQL
         else:
             _configure(conn)
     except psycopg.OperationalError as exc:
@@ -378,6 +399,9 @@ class PostgresStore:
         self._cache: dict[str, tuple[tuple[int, str], Entry]] = {}
         self._sorted: list[Entry] = []
         self._daemon_conn: psycopg.Connection[Any] | None = None
+        self._daemon_host: str | None = None
+        """The host id :meth:`claim_daemon` locked (None: not claimed)."""
+        self._daemon_lock_guard = threading.Lock()
         self._pool = ConnectionPool(
             url,
             min_size=1,
@@ -629,7 +653,9 @@ class PostgresStore:
         """Hold, for this store's life, the lock that says a daemon with host id ``host`` runs
         on this database. Daemons on many hosts share one database through leases
         (:mod:`heartbeat.lease`), but two with one host id would each take the other's tasks
-        for their own: the second is refused."""
+        for their own: the second is refused. The lock lives as long as its connection, so the
+        daemon re-checks it at every renewal (:meth:`keep_daemon_lock`); the host's row in
+        ``heartbeat_hosts`` is what says which daemon is the host (:meth:`heartbeat.lease.Lease.take_host`)."""
         from heartbeat.liveness import this_host
 
         host = host or this_host()
@@ -642,6 +668,42 @@ class PostgresStore:
                 "give each daemon its own daemon.host (or $HEARTBEAT_HOST)"
             )
         self._daemon_conn = conn
+        self._daemon_host = host
+
+    def keep_daemon_lock(self) -> str:
+        """Re-check the lock :meth:`claim_daemon` took; re-take it on a new connection when the old
+        one died (killed, a database restart, a failover, an idle timeout). Returns ``"held"``,
+        ``"retaken"``, ``"lost"`` (gone, and another process holds it or the database is out of
+        reach) or ``""`` (never claimed). Thread-safe."""
+        with self._daemon_lock_guard:
+            host = self._daemon_host
+            if host is None:
+                return ""
+            conn = self._daemon_conn
+            if conn is not None:
+                try:
+                    row = conn.execute(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() "
+                        "AND granted AND classid::bigint = %s AND objsubid = 2", (_DAEMON_LOCK,)).fetchone()
+                    if row and row[0]:
+                        return "held"
+                except psycopg.Error:
+                    pass
+                conn.close()
+                self._daemon_conn = None
+            try:
+                conn = connect(self.url, autocommit=True)
+            except StoreError:
+                return "lost"
+            try:
+                row = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (_DAEMON_LOCK, host)).fetchone()
+            except psycopg.Error:
+                row = None
+            if not row or not row[0]:
+                conn.close()
+                return "lost"
+            self._daemon_conn = conn
+            return "retaken"
 
     def daemon_backends(self) -> list[int]:
         """The server pids of the sessions holding a daemon lock (:meth:`claim_daemon`) on this
@@ -654,7 +716,9 @@ class PostgresStore:
         return sorted(int(row[0]) for row in rows)
 
     def close(self) -> None:
-        if self._daemon_conn is not None:
-            self._daemon_conn.close()
-            self._daemon_conn = None
+        with self._daemon_lock_guard:
+            self._daemon_host = None
+            if self._daemon_conn is not None:
+                self._daemon_conn.close()
+                self._daemon_conn = None
         self._pool.close(timeout=1.0)
