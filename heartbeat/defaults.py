@@ -92,6 +92,13 @@ an API user working inside ``with task.update():``) is skipped until its next lo
 PG_CONNECT_TIMEOUT = 5.0
 """Seconds a PostgreSQL store waits for a connection before saying it cannot reach the database."""
 
+STORE_WAIT_INITIAL = 1.0
+"""Seconds the daemon waits before its second try at a database it could not reach at start;
+doubled after each failed try up to :data:`STORE_WAIT_MAX`."""
+
+STORE_WAIT_MAX = 30.0
+"""The longest wait between two tries at a database the daemon could not reach at start."""
+
 PG_STATEMENT_TIMEOUT = 30.0
 """Seconds any one statement of the PostgreSQL store may run before it is cancelled."""
 

@@ -300,7 +300,13 @@ def run_from_cli(args: Any) -> int:
     lock_fd = hold_daemon_lock(config.state_dir)  # --once and --dry-run too: they dispatch (or decide) as well
     try:
         configure(fmt=config.daemon.log_format, level=config.daemon.log_level)
-        daemon = Daemon(config, dry_run=args.dry_run)
+        from heartbeat.daemon.boot import wait_for_store
+
+        # A database down at boot is waited for (logged, SIGTERM still stops us), not an exit.
+        store = wait_for_store(lambda: open_store(config, claim=not args.dry_run, decisions=True), logger())
+        if store is None:
+            return 0
+        daemon = Daemon(config, store=store, dry_run=args.dry_run)
         if args.once:
             daemon.initialize()
             daemon.tick()
