@@ -199,3 +199,12 @@ WEB_ERROR_LOG_EVERY = 60.0
 """Seconds between two log lines of the same status-page server error (``socket.accept() out of
 system resource`` repeats thousands of times a second while descriptors are short); the next line
 says how many were left out."""
+
+WEB_PAGE_SIZE = 100
+"""Tasks on one page of the status page's list (``?per=`` chooses up to :data:`WEB_PAGE_MAX`)."""
+
+WEB_PAGE_MAX = 500
+"""The most tasks one page of the status page lists: a 10,000-task store is paged, never rendered whole."""
+
+WEB_QUERY_MAX = 200
+"""The longest ``?q=`` search the status page accepts."""

@@ -305,17 +305,39 @@ def _last_exit(baton: Baton) -> str:
     return code
 
 
+def _state_since(baton: Baton) -> datetime | None:
+    """When the task entered its current state, as far as the baton tells."""
+    meta = baton.meta
+    if meta.status is Status.BLOCKED and meta.blocked_at is not None:
+        return meta.blocked_at
+    if meta.status in (Status.DONE, Status.FAILED) and meta.ended_at is not None:
+        return meta.ended_at
+    if meta.status is Status.ACTIVE and meta.owner is not None and meta.dispatched_at is not None:
+        return meta.dispatched_at
+    return meta.updated_at or meta.created_at
+
+
+def _iso(value: datetime | None) -> str:
+    return value.isoformat(timespec="seconds") if value is not None else ""
+
+
 def _row(entry: Any, now: datetime, default_launcher: str) -> dict[str, Any]:
     baton: Baton | None = entry.baton
     if baton is None:
         return {"id": entry.id, "status": "invalid", "error": str(entry.error), "age": "-", "step": "",
                 "attempt": "", "epoch": "", "owner": "", "blocked_on": "", "gate": "", "last_exit": "",
-                "launcher": ""}
+                "launcher": "", "title": "", "since": "", "since_at": "", "wake_at": "", "reason": ""}
     meta = baton.meta
+    since = _state_since(baton)
     return {
         "id": entry.id,
         "status": meta.status.value,
         "error": "",
+        "title": baton.task,
+        "since": _age(now, since),
+        "since_at": _iso(since),
+        "wake_at": _iso(meta.snooze_until) if meta.status is Status.SNOOZED else "",
+        "reason": "",
         "age": _age(now, meta.touched_at or meta.updated_at),
         "step": baton.step,
         "next_step": baton.next_step,
@@ -327,6 +349,38 @@ def _row(entry: Any, now: datetime, default_launcher: str) -> dict[str, Any]:
         "last_exit": _last_exit(baton),
         "launcher": baton.launcher or default_launcher,
     }
+
+
+def _status_of(entry: Any) -> str:
+    return entry.baton.meta.status.value if entry.baton is not None else "invalid"
+
+
+def _matches(entry: Any, query: str) -> bool:
+    """``?q=``: a case-insensitive substring of the task's id, title, step or block."""
+    if not query:
+        return True
+    needle = query.casefold()
+    baton: Baton | None = entry.baton
+    fields = [entry.id] if baton is None else [entry.id, baton.task, baton.step, baton.blocked_on]
+    return any(needle in f.casefold() for f in fields)
+
+
+def _list_params(params: Any) -> tuple[str, int, int]:
+    """``?q=``, ``?page=`` and ``?per=`` of the task list, checked: (query, page, per page)."""
+    query = params.get("q", "").strip()
+    if len(query) > defaults.WEB_QUERY_MAX:
+        raise BadInput(f"q is {len(query)} characters: at most {defaults.WEB_QUERY_MAX}")
+    numbers = {}
+    for name, default, most in (("page", 1, 10**9), ("per", defaults.WEB_PAGE_SIZE, defaults.WEB_PAGE_MAX)):
+        raw = params.get(name, "")
+        try:
+            value = int(raw) if raw else default
+        except ValueError:
+            raise BadInput(f"{name} {raw[:40]!r}: expected a whole number") from None
+        if not 1 <= value <= most:
+            raise BadInput(f"{name} {value}: expected 1 to {most}")
+        numbers[name] = value
+    return query, numbers["page"], numbers["per"]
 
 
 _SUMMARY_KEYS = {
@@ -474,20 +528,41 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         return HTMLResponse(html, status_code=status_code, headers=headers)
 
     def index(request: Request) -> HTMLResponse:
-        wanted = request.query_params.get("status", "")
+        params = request.query_params
+        wanted = params.get("status", "")
         known = {s.value for s in Status}
-        now = utcnow()
-        rows = [_row(entry, now, default_launcher) for entry in store.scan()]
-        counts = {s: 0 for s in _STATUS_ORDER}
-        for row in rows:
-            counts[row["status"]] = counts.get(row["status"], 0) + 1
         if wanted and wanted not in known:
             return page(request, "error.html", 400, title="unknown status",
                         message=f"unknown status {wanted!r}: one of {', '.join(_STATUS_ORDER)}")
+        try:
+            query, page_no, per = _list_params(params)
+        except BadInput as exc:
+            return page(request, "error.html", 400, title="bad query", message=exc.message)
+        now = utcnow()
+        entries = store.scan()
+        counts = {s: 0 for s in _STATUS_ORDER}
+        for entry in entries:
+            status = entry.baton.meta.status.value if entry.baton is not None else "invalid"
+            counts[status] = counts.get(status, 0) + 1
         rank = {s: i for i, s in enumerate(_STATUS_ORDER)}
-        shown = sorted((r for r in rows if not wanted or r["status"] == wanted),
-                       key=lambda r: (rank.get(r["status"], len(rank)), r["id"]))
-        return page(request, "index.html", title="tasks", rows=shown, counts=counts, total=len(rows), wanted=wanted)
+        matched = [e for e in entries if (not wanted or _status_of(e) == wanted) and _matches(e, query)]
+        matched.sort(key=lambda e: (rank.get(_status_of(e), len(rank)), e.id))
+        pages = max(1, -(-len(matched) // per))
+        page_no = min(page_no, pages)
+        shown = [_row(e, now, default_launcher) for e in matched[(page_no - 1) * per:page_no * per]]
+        for row in shown:  # only this page's escalations are read from the ledger
+            if row["status"] == Status.ESCALATED.value:
+                found = store.ledger.events(row["id"], kinds=["escalated"])
+                if found:
+                    row["reason"] = str(found[-1].data.get("reason", ""))
+                    row["since"], row["since_at"] = _age(now, found[-1].ts), _iso(found[-1].ts)
+        keep = {"status": wanted, "q": query, "per": str(per) if per != defaults.WEB_PAGE_SIZE else ""}
+        return page(request, "index.html", title="tasks", rows=shown, counts=counts, total=len(entries),
+                    wanted=wanted, query=query, matched=len(matched), page_no=page_no, pages=pages, per=per,
+                    first=(page_no - 1) * per + 1 if shown else 0, last=(page_no - 1) * per + len(shown),
+                    prev_link=link(request, "/", **keep, page=str(page_no - 1)) if page_no > 1 else "",
+                    next_link=link(request, "/", **keep, page=str(page_no + 1)) if page_no < pages else "",
+                    carry_token=request.query_params.get("token", "") if token else "")
 
     def task(request: Request) -> HTMLResponse:
         task_id = request.path_params["task_id"]
