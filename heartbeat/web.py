@@ -592,13 +592,21 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         listed = [e for e in events if show_all or e.kind not in _ROUTINE_KINDS]
         hidden = max(0, len(listed) - TIMELINE_EVENTS)
         timeline = [_event_row(e) for e in reversed(listed[hidden:])]
-        epoch = baton.meta.epoch if baton is not None else max((e.epoch for e in events), default=0)
+        current = baton.meta.epoch if baton is not None else max((e.epoch for e in events), default=0)
+        epoch = current
+        asked = request.query_params.get("epoch", "")
+        if asked:  # an older epoch's log (gc may have pruned it: the page then says "no log yet")
+            if not asked.isdigit() or not 1 <= int(asked) <= max(current, 1):
+                return page(request, "error.html", 400, title="bad epoch",
+                            message=f"epoch {asked[:40]!r}: expected 1 to {max(current, 1)}")
+            epoch = int(asked)
         log = read_log_tail(state_dir, task_id, epoch) if epoch > 0 else None
         now = utcnow()
         return page(request, "task.html", title=task_id, task_id=task_id, baton=baton, error=error,
                     row=_row(_Entry(task_id, baton, error), now, default_launcher),
                     baton_text=dump_baton(baton) if baton is not None else "", brief=brief, timeline=timeline,
-                    hidden=hidden, routine=routine, show_all=show_all, log=log, epoch=epoch)
+                    hidden=hidden, routine=routine, show_all=show_all, log=log, epoch=epoch,
+                    epochs=list(range(max(1, current - 50), current + 1)) if current > 1 else [])
 
     report_cache: list[tuple[float, Any]] = []
     report_lock = threading.Lock()
