@@ -620,6 +620,18 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         return page(request, "report.html", title="handoff report", report=built.to_json(), refresh=False,
                     cache_s=int(REPORT_CACHE_SECONDS))
 
+    def hosts_page(request: Request) -> HTMLResponse:
+        """What ``heartbeat hosts`` prints: the daemons sharing a PostgreSQL store."""
+        from heartbeat.lease import for_store, list_hosts
+
+        if not for_store(store):
+            return page(request, "hosts.html", title="hosts", shared=False, hosts=[])
+        rows = [{"host": h.host, "state": h.state, "pid": h.pid, "running": f"{h.running}/{h.capacity}",
+                 "renewed": format_duration(h.age), "renewed_at": _iso(h.renewed_at),
+                 "lease_ttl": format_duration(h.lease_ttl), "labels": ", ".join(h.labels) or "-",
+                 "started_at": _iso(h.started_at)} for h in list_hosts(store)]
+        return page(request, "hosts.html", title="hosts", shared=True, hosts=rows)
+
     def metrics(request: Request) -> Response:
         body, content_type = exposition(registry, request.headers.get("accept", ""))
         return Response(body, media_type=content_type, headers={"Cache-Control": "no-store"})
@@ -631,6 +643,7 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         Route("/", index, methods=["GET"]),
         Route("/tasks/{task_id:str}", task, methods=["GET"]),
         Route("/report", report, methods=["GET"]),
+        Route("/hosts", hosts_page, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={404: not_found})

@@ -121,3 +121,33 @@ class TestRowFacts:
         code, body, _ = get(fleet.at("?status=blocked&per=5"))
         assert code == 200 and len(rows(body, "tasks")) == 5
         assert re.search(r'<time class="since" datetime="[^"]+" title="since [^"]+">5h', body)
+
+
+class TestHostsView:
+    def test_hosts_page_shows_what_heartbeat_hosts_shows(self, tmp_path_factory: pytest.TempPathFactory,
+                                                          pg_url: str, fleet: WebServer) -> None:
+        """/hosts on a PostgreSQL store lists each daemon's row as `heartbeat hosts` does (state,
+        pid, running/capacity, labels), hostile text as text; on a file store it says there are none."""
+        import psycopg
+
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("INSERT INTO heartbeat_hosts (host, pid, labels, capacity, running, lease_ttl, renewed_at) "
+                         "VALUES ('host-a', 4242, '{gpu}', 8, 3, 30, now()), "
+                         "('host-b', 77, '{\"<b>x</b>\"}', 4, 0, 30, now() - interval '5 minutes')")
+        root = tmp_path_factory.mktemp("hosts")
+        root.chmod(0o700)
+        h = DaemonHarness(root)
+        server = start_web(h, env={"HEARTBEAT_STORE_URL": pg_url})
+        try:
+            dom = chromium(server.at("hosts"))
+            table = dom.split('<table id="hosts">', 1)[1].split("</table>", 1)[0]
+            assert re.findall(r'data-host="([^"]+)"', table) == ["host-a", "host-b"]
+            assert 'data-state="live"' in table and 'data-state="lost"' in table
+            assert "4242" in table and "3/8" in table and "gpu" in table
+            assert "&lt;b&gt;x&lt;/b&gt;" in table and "<b>x" not in table
+            cli = h.cli("hosts", env={"HEARTBEAT_STORE_URL": pg_url})
+            assert cli.returncode == 0 and "host-a" in cli.stdout and "lost" in cli.stdout
+        finally:
+            server.stop()
+        code, body, _ = get(fleet.at("hosts"))  # a file store
+        assert code == 200 and "file store" in body and '<table id="hosts">' not in body
