@@ -302,6 +302,8 @@ def run_from_cli(args: Any) -> int:
         configure(fmt=config.daemon.log_format, level=config.daemon.log_level)
         from heartbeat.daemon.boot import wait_for_store
 
+        if config.daemon.host and not os.environ.get("HEARTBEAT_HOST", "").strip():
+            os.environ["HEARTBEAT_HOST"] = config.daemon.host  # the store's claim below is made under this host id
         # A database down at boot is waited for (logged, SIGTERM still stops us), not an exit.
         store = wait_for_store(lambda: open_store(config, claim=not args.dry_run, decisions=True), logger())
         if store is None:
