@@ -102,6 +102,13 @@ an API user working inside ``with task.update():``) is skipped until its next lo
 PG_CONNECT_TIMEOUT = 5.0
 """Seconds a PostgreSQL store waits for a connection before saying it cannot reach the database."""
 
+STORE_WAIT_INITIAL = 1.0
+"""Seconds the daemon waits before its second try at a database it could not reach at start;
+doubled after each failed try up to :data:`STORE_WAIT_MAX`."""
+
+STORE_WAIT_MAX = 30.0
+"""The longest wait between two tries at a database the daemon could not reach at start."""
+
 PG_STATEMENT_TIMEOUT = 30.0
 """Seconds any one statement of the PostgreSQL store may run before it is cancelled."""
 
@@ -248,3 +255,12 @@ TEST_CLOCK_ENV = "HEARTBEAT_TEST_CLOCK_OFFSET_FILE"
 as the machine's plus the seconds written in that file, re-read at every look, so a test (the soak)
 steps the daemon's wall clock by rewriting the file (:class:`heartbeat.clock.OffsetFileClock`). The
 daemon logs ``test_clock`` at start when it is set."""
+
+WEB_PAGE_SIZE = 100
+"""Tasks on one page of the status page's list (``?per=`` chooses up to :data:`WEB_PAGE_MAX`)."""
+
+WEB_PAGE_MAX = 500
+"""The most tasks one page of the status page lists: a 10,000-task store is paged, never rendered whole."""
+
+WEB_QUERY_MAX = 200
+"""The longest ``?q=`` search the status page accepts."""

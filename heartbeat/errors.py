@@ -24,6 +24,7 @@ __all__ = [
     "NotActive",
     "Conflict",
     "StoreError",
+    "StoreUnreachable",
     "DaemonRunning",
     "GuaranteeFailed",
 ]
@@ -138,6 +139,10 @@ class Conflict(HeartbeatError):
 
 class StoreError(HeartbeatError):
     """The store could not complete an operation (disk full, permission, I/O)."""
+
+
+class StoreUnreachable(StoreError):
+    """The database could not be reached (down, refusing, timed out): worth waiting for, unlike a bad schema."""
 
 
 class Busy(StoreError):

@@ -21,7 +21,10 @@ Design notes:
 - A failed write (stdout closed, journald gone) drops the line instead of raising: a
   logging failure must not take the daemon down.
 - Records from the standard library's ``logging`` (APScheduler, watchdog) at WARNING and
-  above go through the same pipeline, so stdout stays one JSON object per line.
+  above go through the same pipeline, so stdout stays one JSON object per line, and
+  structured: APScheduler's known warnings become named events with fields (a missed run
+  is ``scheduler_job_missed`` with ``job`` and ``missed_by_s``); any other record is
+  ``library_log`` with its text in ``message``.
 - :func:`capture` collects events as dicts for tests, also from loggers cached before it.
 """
 
@@ -140,21 +143,51 @@ def _add_logger_name(logger: WrappedLogger, method: str, event_dict: EventDict) 
     return event_dict
 
 
+_LIBRARY_EVENTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    'Run time of job "%s" was missed by %s': ("scheduler_job_missed", ("job", "missed_by_s")),
+    'Execution of job "%s" skipped: maximum number of running instances reached (%d)':
+        ("scheduler_job_skipped", ("job", "max_instances")),
+    'Job "%s" raised an exception': ("scheduler_job_failed", ("job",)),
+    "Error running job %s": ("scheduler_job_failed", ("job",)),
+    'Error submitting job "%s" to executor "%s"': ("scheduler_submit_failed", ("job", "executor")),
+    "Error getting due jobs from job store %r: %s": ("scheduler_jobstore_failed", ("jobstore", "error")),
+    "Error notifying listener": ("scheduler_listener_failed", ()),
+}
+"""APScheduler's warnings and errors (by their format string) as named events with fields;
+any other library record is the event ``library_log`` with its text in ``message``."""
+
+
+def _field(value: Any) -> Any:
+    """A library's argument as a log field: a job by its id, a duration in seconds."""
+    if hasattr(value, "total_seconds"):
+        return round(value.total_seconds(), 3)
+    job_id = getattr(value, "id", None)
+    if isinstance(job_id, str):
+        return job_id
+    return value if isinstance(value, (int, float, str)) else str(value)
+
+
 class _StdlibBridge(stdlib_logging.Handler):
-    """Forwards standard-library log records (APScheduler, watchdog) into structlog."""
+    """Forwards standard-library log records (APScheduler, watchdog) into structlog, structured."""
 
     def emit(self, record: stdlib_logging.LogRecord) -> None:
         try:
             message = record.getMessage()
         except Exception:  # a library's bad format string must not break logging
             message = str(record.msg)
+        event, names = _LIBRARY_EVENTS.get(record.msg, ("library_log", ())) \
+            if isinstance(record.msg, str) else ("library_log", ())
+        args = record.args if isinstance(record.args, tuple) else ()
+        fields: dict[str, Any] = {"message": message}
+        if len(args) == len(names):
+            fields.update((name, _field(arg)) for name, arg in zip(names, args, strict=True))
         # structlog knows the five standard levels only: a custom one maps to the next below it.
         levelno = max((n for n in LEVELS.values() if n <= record.levelno), default=stdlib_logging.DEBUG)
         log = get_logger(record.name)
         if record.exc_info and record.exc_info[0] is not None:
-            log.log(levelno, message, exc_info=record.exc_info)
+            log.log(levelno, event, exc_info=record.exc_info, **fields)
         else:
-            log.log(levelno, message)
+            log.log(levelno, event, **fields)
 
 
 def _isatty(stream: TextIO) -> bool:

@@ -267,17 +267,39 @@ def _last_exit(baton: Baton) -> str:
     return code
 
 
+def _state_since(baton: Baton) -> datetime | None:
+    """When the task entered its current state, as far as the baton tells."""
+    meta = baton.meta
+    if meta.status is Status.BLOCKED and meta.blocked_at is not None:
+        return meta.blocked_at
+    if meta.status in (Status.DONE, Status.FAILED) and meta.ended_at is not None:
+        return meta.ended_at
+    if meta.status is Status.ACTIVE and meta.owner is not None and meta.dispatched_at is not None:
+        return meta.dispatched_at
+    return meta.updated_at or meta.created_at
+
+
+def _iso(value: datetime | None) -> str:
+    return value.isoformat(timespec="seconds") if value is not None else ""
+
+
 def _row(entry: Any, now: datetime, default_launcher: str) -> dict[str, Any]:
     baton: Baton | None = entry.baton
     if baton is None:
         return {"id": entry.id, "status": "invalid", "error": str(entry.error), "age": "-", "step": "",
                 "attempt": "", "epoch": "", "owner": "", "blocked_on": "", "gate": "", "last_exit": "",
-                "launcher": "", "waiting": ""}
+                "launcher": "", "waiting": "", "title": "", "since": "", "since_at": "", "wake_at": "", "reason": ""}
     meta = baton.meta
+    since = _state_since(baton)
     return {
         "id": entry.id,
         "status": meta.status.value,
         "error": "",
+        "title": baton.task,
+        "since": _age(now, since),
+        "since_at": _iso(since),
+        "wake_at": _iso(meta.snooze_until) if meta.status is Status.SNOOZED else "",
+        "reason": "",
         "age": _age(now, meta.touched_at or meta.updated_at),
         "step": baton.step,
         "next_step": baton.next_step,
@@ -290,6 +312,38 @@ def _row(entry: Any, now: datetime, default_launcher: str) -> dict[str, Any]:
         "launcher": baton.launcher or default_launcher,
         "waiting": waiting_text(baton, now),
     }
+
+
+def _status_of(entry: Any) -> str:
+    return entry.baton.meta.status.value if entry.baton is not None else "invalid"
+
+
+def _matches(entry: Any, query: str) -> bool:
+    """``?q=``: a case-insensitive substring of the task's id, title, step or block."""
+    if not query:
+        return True
+    needle = query.casefold()
+    baton: Baton | None = entry.baton
+    fields = [entry.id] if baton is None else [entry.id, baton.task, baton.step, baton.blocked_on]
+    return any(needle in f.casefold() for f in fields)
+
+
+def _list_params(params: Any) -> tuple[str, int, int]:
+    """``?q=``, ``?page=`` and ``?per=`` of the task list, checked: (query, page, per page)."""
+    query = params.get("q", "").strip()
+    if len(query) > defaults.WEB_QUERY_MAX:
+        raise BadInput(f"q is {len(query)} characters: at most {defaults.WEB_QUERY_MAX}")
+    numbers = {}
+    for name, default, most in (("page", 1, 10**9), ("per", defaults.WEB_PAGE_SIZE, defaults.WEB_PAGE_MAX)):
+        raw = params.get(name, "")
+        try:
+            value = int(raw) if raw else default
+        except ValueError:
+            raise BadInput(f"{name} {raw[:40]!r}: expected a whole number") from None
+        if not 1 <= value <= most:
+            raise BadInput(f"{name} {value}: expected 1 to {most}")
+        numbers[name] = value
+    return query, numbers["page"], numbers["per"]
 
 
 _SUMMARY_KEYS = {
@@ -438,20 +492,41 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         return HTMLResponse(html, status_code=status_code, headers=headers)
 
     def index(request: Request) -> HTMLResponse:
-        wanted = request.query_params.get("status", "")
+        params = request.query_params
+        wanted = params.get("status", "")
         known = {s.value for s in Status}
-        now = utcnow()
-        rows = [_row(entry, now, default_launcher) for entry in store.scan()]
-        counts = {s: 0 for s in _STATUS_ORDER}
-        for row in rows:
-            counts[row["status"]] = counts.get(row["status"], 0) + 1
         if wanted and wanted not in known:
             return page(request, "error.html", 400, title="unknown status",
                         message=f"unknown status {wanted!r}: one of {', '.join(_STATUS_ORDER)}")
+        try:
+            query, page_no, per = _list_params(params)
+        except BadInput as exc:
+            return page(request, "error.html", 400, title="bad query", message=exc.message)
+        now = utcnow()
+        entries = store.scan()
+        counts = {s: 0 for s in _STATUS_ORDER}
+        for entry in entries:
+            status = entry.baton.meta.status.value if entry.baton is not None else "invalid"
+            counts[status] = counts.get(status, 0) + 1
         rank = {s: i for i, s in enumerate(_STATUS_ORDER)}
-        shown = sorted((r for r in rows if not wanted or r["status"] == wanted),
-                       key=lambda r: (rank.get(r["status"], len(rank)), r["id"]))
-        return page(request, "index.html", title="tasks", rows=shown, counts=counts, total=len(rows), wanted=wanted)
+        matched = [e for e in entries if (not wanted or _status_of(e) == wanted) and _matches(e, query)]
+        matched.sort(key=lambda e: (rank.get(_status_of(e), len(rank)), e.id))
+        pages = max(1, -(-len(matched) // per))
+        page_no = min(page_no, pages)
+        shown = [_row(e, now, default_launcher) for e in matched[(page_no - 1) * per:page_no * per]]
+        for row in shown:  # only this page's escalations are read from the ledger
+            if row["status"] == Status.ESCALATED.value:
+                found = store.ledger.events(row["id"], kinds=["escalated"])
+                if found:
+                    row["reason"] = str(found[-1].data.get("reason", ""))
+                    row["since"], row["since_at"] = _age(now, found[-1].ts), _iso(found[-1].ts)
+        keep = {"status": wanted, "q": query, "per": str(per) if per != defaults.WEB_PAGE_SIZE else ""}
+        return page(request, "index.html", title="tasks", rows=shown, counts=counts, total=len(entries),
+                    wanted=wanted, query=query, matched=len(matched), page_no=page_no, pages=pages, per=per,
+                    first=(page_no - 1) * per + 1 if shown else 0, last=(page_no - 1) * per + len(shown),
+                    prev_link=link(request, "/", **keep, page=str(page_no - 1)) if page_no > 1 else "",
+                    next_link=link(request, "/", **keep, page=str(page_no + 1)) if page_no < pages else "",
+                    carry_token=request.query_params.get("token", "") if token else "")
 
     def task(request: Request) -> HTMLResponse:
         task_id = request.path_params["task_id"]
@@ -481,13 +556,21 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         listed = [e for e in events if show_all or e.kind not in _ROUTINE_KINDS]
         hidden = max(0, len(listed) - TIMELINE_EVENTS)
         timeline = [_event_row(e) for e in reversed(listed[hidden:])]
-        epoch = baton.meta.epoch if baton is not None else max((e.epoch for e in events), default=0)
+        current = baton.meta.epoch if baton is not None else max((e.epoch for e in events), default=0)
+        epoch = current
+        asked = request.query_params.get("epoch", "")
+        if asked:  # an older epoch's log (gc may have pruned it: the page then says "no log yet")
+            if not asked.isdigit() or not 1 <= int(asked) <= max(current, 1):
+                return page(request, "error.html", 400, title="bad epoch",
+                            message=f"epoch {asked[:40]!r}: expected 1 to {max(current, 1)}")
+            epoch = int(asked)
         log = read_log_tail(state_dir, task_id, epoch) if epoch > 0 else None
         now = utcnow()
         return page(request, "task.html", title=task_id, task_id=task_id, baton=baton, error=error,
                     row=_row(_Entry(task_id, baton, error), now, default_launcher),
                     baton_text=dump_baton(baton) if baton is not None else "", brief=brief, timeline=timeline,
-                    hidden=hidden, routine=routine, show_all=show_all, log=log, epoch=epoch)
+                    hidden=hidden, routine=routine, show_all=show_all, log=log, epoch=epoch,
+                    epochs=list(range(max(1, current - 50), current + 1)) if current > 1 else [])
 
     report_cache: list[tuple[float, Any]] = []
     report_lock = threading.Lock()
@@ -501,6 +584,18 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         return page(request, "report.html", title="handoff report", report=built.to_json(), refresh=False,
                     cache_s=int(REPORT_CACHE_SECONDS))
 
+    def hosts_page(request: Request) -> HTMLResponse:
+        """What ``heartbeat hosts`` prints: the daemons sharing a PostgreSQL store."""
+        from heartbeat.lease import for_store, list_hosts
+
+        if not for_store(store):
+            return page(request, "hosts.html", title="hosts", shared=False, hosts=[])
+        rows = [{"host": h.host, "state": h.state, "pid": h.pid, "running": f"{h.running}/{h.capacity}",
+                 "renewed": format_duration(h.age), "renewed_at": _iso(h.renewed_at),
+                 "lease_ttl": format_duration(h.lease_ttl), "labels": ", ".join(h.labels) or "-",
+                 "started_at": _iso(h.started_at)} for h in list_hosts(store)]
+        return page(request, "hosts.html", title="hosts", shared=True, hosts=rows)
+
     def metrics(request: Request) -> Response:
         body, content_type = exposition(registry, request.headers.get("accept", ""))
         return Response(body, media_type=content_type, headers={"Cache-Control": "no-store"})
@@ -512,6 +607,7 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         Route("/", index, methods=["GET"]),
         Route("/tasks/{task_id:str}", task, methods=["GET"]),
         Route("/report", report, methods=["GET"]),
+        Route("/hosts", hosts_page, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={404: not_found})

@@ -239,13 +239,14 @@ class TestConsole:
 
 class TestStdlibBridge:
     def test_library_warnings_become_json(self) -> None:
-        """A standard-library warning (e.g. APScheduler's) comes out as a JSON line with its logger name."""
+        """A standard-library warning comes out as a JSON line with its logger name, a fixed
+        event name and its text as a field (APScheduler's own: tests/test_log_volume.py)."""
         buf = io.StringIO()
         hlog.configure("json", stream=buf)
         stdlib_logging.getLogger("apscheduler.scheduler").warning("Run time of job %s was missed", "tick")
         event = lines(buf)[0]
-        assert event == {**event, "event": "Run time of job tick was missed", "level": "warning",
-                         "logger": "apscheduler.scheduler"}
+        assert event == {**event, "event": "library_log", "message": "Run time of job tick was missed",
+                         "level": "warning", "logger": "apscheduler.scheduler"}
 
     def test_library_info_is_dropped(self) -> None:
         """Library chatter below WARNING stays out of the journal even at level=info."""

@@ -261,3 +261,39 @@ class TestStrictUnit:
             if f"{directive}=" not in docs:
                 missing.append(f"docs/systemd.md (strict section): {name}")
         assert missing == []
+
+
+PG_DROP_IN = ROOT / "systemd" / "heartbeat.service.d" / "postgresql.conf"
+
+
+class TestPostgresDropIn:
+    """systemd/heartbeat.service.d/postgresql.conf: heartbeat after (and wanting) a local PostgreSQL."""
+
+    def unit_with_drop_in(self, runnable_unit: Path, text: str | None = None) -> Path:
+        drop_ins = runnable_unit.parent / "heartbeat.service.d"
+        drop_ins.mkdir()
+        (drop_ins / PG_DROP_IN.name).write_text(PG_DROP_IN.read_text() if text is None else text)
+        return runnable_unit
+
+    def verify(self, unit: Path) -> str:
+        proc = subprocess.run([tool("systemd-analyze"), "verify", "--man=no", str(unit)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout + proc.stderr
+
+    def test_verify_is_clean_with_the_drop_in(self, runnable_unit: Path) -> None:
+        """The unit with the drop-in beside it, where systemd reads drop-ins, verifies with no warning about either."""
+        output = self.verify(self.unit_with_drop_in(runnable_unit))
+        assert [line for line in output.splitlines() if "heartbeat" in line] == []
+
+    def test_verify_reads_the_drop_in(self, runnable_unit: Path) -> None:
+        """The check above can fail: verify reads the drop-in (a misspelt directive in it is reported)."""
+        output = self.verify(self.unit_with_drop_in(runnable_unit, PG_DROP_IN.read_text() + "Aftr=x\n"))
+        assert "postgresql.conf" in output and "Aftr" in output
+
+    def test_orders_after_and_wants_postgresql(self) -> None:
+        """The drop-in orders heartbeat after postgresql.service and pulls it in, in [Unit], and nothing else."""
+        text = PG_DROP_IN.read_text()
+        assert [line for line in text.splitlines() if line.startswith("[")] == ["[Unit]"]
+        assert directives(text) == {"After": ["postgresql.service"], "Wants": ["postgresql.service"]}
+        assert "heartbeat.service.d/postgresql.conf" in DOCS.read_text()

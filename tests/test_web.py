@@ -110,6 +110,20 @@ class TestInBrowser:
         log = dom.split('<pre id="log">', 1)[1].split("</pre>", 1)[0]
         assert f"epoch {baton.meta.epoch}: read the baton first" in html.unescape(log)
 
+    def test_older_epochs_logs(self, web: WebServer, scenario: Scenario) -> None:
+        """/tasks/alpha links each epoch's log; ?epoch=1 shows the first agent's log (the one killed),
+        and an epoch that is not 1 to the current one is a 400 with one line (issue 19 item 11)."""
+        current = scenario.h.baton("alpha").meta.epoch
+        dom = chromium(web.at("tasks/alpha"))
+        links = dom.split('<p class="muted" id="epochs">', 1)[1].split("</p>", 1)[0]
+        assert f'href="/tasks/alpha?epoch=1&amp;token={web.token}"' in links and f"<b>{current}</b>" in links
+        dom = chromium(web.at("tasks/alpha?epoch=1"))
+        log = html.unescape(dom.split('<pre id="log">', 1)[1].split("</pre>", 1)[0])
+        assert "epoch 1: read the baton first" in log and f"epoch {current}:" not in log
+        for bad in ("0", str(current + 1), "x", "-1"):
+            code, body, _ = get(web.at(f"tasks/alpha?epoch={bad}"))
+            assert code == 400 and "expected 1 to" in body, bad
+
     def test_timeline_hides_routine_writes_unless_asked(self, web: WebServer) -> None:
         """The timeline lists the seams and leaves the agent's updates and touches out; ?all=1 lists them too."""
         dom = chromium(web.at("tasks/alpha"))

@@ -47,7 +47,10 @@ class LookMemory:
     """What the loop remembers of one task between looks (under the look lock; never the truth)."""
 
     last_reason: str = ""
-    """The last decision or admission reason logged: a repeated one is logged at debug level."""
+    """The last decision reason logged: a repeated one is not logged again at info level."""
+    admission: str = ""
+    """The last admission refusal logged (``waiting``), cleared when the task is admitted: a task
+    queued at capacity says it waits once, not once per pass."""
     invalid_reported: str = ""
     """The error of an invalid baton already reported (once per error)."""
     quiet_entry: Entry | None = None
@@ -472,9 +475,12 @@ class Core:
                                    action=decision.action.value, reason=decision.reason)
                     mem.last_reason = decision.reason
                 break
+            if decision.action is pol.Action.DISPATCH and mem.admission and decision.reason == mem.last_reason:
+                pass  # a queued task's dispatch decision, unchanged since it was logged with its ``waiting``
+            else:
+                self.log.info("decision", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
+                              action=decision.action.value, reason=decision.reason)
             mem.last_reason = decision.reason
-            self.log.info("decision", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
-                          action=decision.action.value, reason=decision.reason)
             if decision.action is pol.Action.DISPATCH:
                 launcher = baton.launcher or self.config.daemon.default_launcher
                 since = baton.meta.ended_at or baton.meta.updated_at or now
@@ -566,10 +572,11 @@ class Core:
         for adm in admissions:
             mem = self._mem(adm.task_id)
             if not adm.admitted:
-                if mem.last_reason != adm.reason:
+                if mem.admission != adm.reason:
                     self.log.info("waiting", task=adm.task_id, reason=adm.reason)
-                    mem.last_reason = adm.reason
+                    mem.admission = adm.reason
                 continue
+            mem.admission = ""
             if claimed is not None and adm.task_id not in claimed:
                 self.log.debug("not_claimed", task=adm.task_id,
                                reason="another host holds it, its host_labels are not this host's, or no lease")

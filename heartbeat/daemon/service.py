@@ -24,6 +24,7 @@ from typing import Any
 from heartbeat import defaults, systemd
 from heartbeat.clock import SYSTEM, Clock, Metronome, OffsetFileClock, clock_from_env
 from heartbeat.config import Config, load_config
+from heartbeat.daemon.boot import wait_for_store
 from heartbeat.daemon.core import Core
 from heartbeat.daemon.leased import renew_interval
 from heartbeat.daemon.shared import logger, open_store
@@ -321,7 +322,13 @@ def run_from_cli(args: Any) -> int:
     lock_fd = hold_daemon_lock(config.state_dir)  # --once and --dry-run too: they dispatch (or decide) as well
     try:
         configure(fmt=config.daemon.log_format, level=config.daemon.log_level)
-        daemon = Daemon(config, dry_run=args.dry_run, clock=clock)
+        if config.daemon.host and not os.environ.get("HEARTBEAT_HOST", "").strip():
+            os.environ["HEARTBEAT_HOST"] = config.daemon.host  # the store's claim below is made under this host id
+        # A database down at boot is waited for (logged, SIGTERM still stops us), not an exit.
+        store = wait_for_store(lambda: open_store(config, claim=not args.dry_run, decisions=True), logger())
+        if store is None:
+            return 0
+        daemon = Daemon(config, store=store, dry_run=args.dry_run, clock=clock)
         if isinstance(clock, OffsetFileClock):
             daemon.log.warning("test_clock", path=clock.path, shift_s=clock.shift,
                                hint=f"{defaults.TEST_CLOCK_ENV} is a test seam: the wall clock is shifted by that file")

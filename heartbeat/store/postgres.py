@@ -42,7 +42,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from heartbeat import defaults
 from heartbeat.baton import Baton, check_id, dump_baton, host_labels, parse_baton
-from heartbeat.errors import AlreadyExists, BadInput, Conflict, HeartbeatError, NotFound, StoreError
+from heartbeat.errors import AlreadyExists, BadInput, Conflict, HeartbeatError, NotFound, StoreError, StoreUnreachable
 from heartbeat.ledger import Event, EventKind, Ledger, PendingWrite, _minute
 from heartbeat.store.base import (
     Edit,
@@ -187,7 +187,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _unreachable(exc: BaseException, url: str) -> StoreError:
-    return StoreError(f"cannot reach the database {_label(url)}: {_one_line(exc)}")
+    return StoreUnreachable(f"cannot reach the database {_label(url)}: {_one_line(exc)}")
 
 
 def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
@@ -447,7 +447,7 @@ class PostgresStore:
             psycopg.connect(self.url, **_connect_kwargs(self.url)).close()
         except psycopg.Error as exc:
             return _unreachable(exc, self.url)
-        return StoreError(
+        return StoreUnreachable(
             f"cannot reach the database {self.label}: no connection within {defaults.PG_CONNECT_TIMEOUT:.0f}s"
         )
 
