@@ -754,11 +754,12 @@ def _refuse_database_daemons(store: object, option: str, where: str) -> None:
     """DaemonRunning when a daemon runs on the database store ``store`` (it holds no state dir's
     lock file: its lock is in the database)."""
     from heartbeat.errors import DaemonRunning
+    from heartbeat.store.base import SharedStore
 
-    backends = getattr(store, "daemon_backends", None)
-    pids = backends() if backends is not None else []
+    pids = store.daemon_backends() if isinstance(store, SharedStore) else []
     if pids:
-        raise DaemonRunning(f"{option} {getattr(store, 'label', where)}: a daemon is running on this database (server pid "
+        label = store.label if isinstance(store, SharedStore) else where
+        raise DaemonRunning(f"{option} {label}: a daemon is running on this database (server pid "
                             f"{', '.join(map(str, pids))}); stop it first (systemctl stop heartbeat on its "
                             "host), then migrate")
 

@@ -168,8 +168,14 @@ class SharedStore(Protocol):
     def claim_daemon(self, host: str = "") -> None:
         """Claim the store for this host's one daemon; :class:`~heartbeat.errors.DaemonRunning` if taken."""
 
+    label: str
+    """The database as a person may read it (no password)."""
+
     def baton_text(self, task_id: str) -> str:
         """The baton's text as the store keeps it."""
+
+    def daemon_backends(self) -> list[int]:
+        """The server pids of the sessions holding any host's daemon lock: empty when no daemon runs on it."""
 
 
 def check_fence(current: Baton, *, expect_revision: int | None, epoch: int | None) -> None:
