@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from heartbeat.baton import Owner
 from heartbeat.launchers.shim import group_members
 
-__all__ = ["identify", "is_alive", "note_boot_time", "output_at", "same_start", "this_host", "group_members",
+__all__ = ["identify", "is_alive", "note_boot_time", "output_at", "process_age", "same_start", "this_host", "group_members",
            "group_leftovers",
            "stop_process_group"]
 
@@ -99,6 +99,21 @@ def note_boot_time() -> None:
         _BOOT_TIMES.add(float(psutil.boot_time()))
     except (OSError, RuntimeError, ValueError):
         pass
+
+
+def process_age(owner: Owner | None, *, host: str | None = None) -> float | None:
+    """How long the owner's process has run, in seconds, from the kernel's own count on the boot
+    clock (``/proc/PID/stat``'s start time against ``CLOCK_BOOTTIME``): no wall clock involved, so
+    a step of it changes nothing. None when unknown (no pid, another host, no such process)."""
+    if owner is None or owner.pid is None or (owner.host and owner.host != (host or this_host())):
+        return None
+    try:
+        with open(f"/proc/{int(owner.pid)}/stat", "rb") as f:
+            stat_line = f.read(4096)
+        ticks = int(stat_line[stat_line.rindex(b")") + 2:].split()[19])
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def is_alive(owner: Owner | None, *, host: str | None = None) -> bool:

@@ -480,3 +480,84 @@ stop_grace = "500ms"
         exited = wait_for(lambda: d.store.ledger.events("k1", kinds=["exited"]), timeout=60, message="the exit settled")
         assert exited[0].data["duration_s"] < 600, exited[0].data
         assert "after 2h" not in (human.load("k1").meta.last_failure or ""), human.load("k1").meta.last_failure
+
+
+class TestARestartAfterAStep:
+    """A daemon started after the wall clock stepped has only the wall clock to age what it first
+    sees; a live agent's own age, from the kernel's boot clock, bounds it (found by the soak's
+    clock step on the merged issue-20 work: "stopped past max_runtime (5s) 3.5s after its
+    dispatch" by a daemon restarted two hours ahead, and "agent ended after 2h3s")."""
+
+    def test_a_daemon_started_two_hours_ahead_leaves_a_healthy_agent_alone(
+            self, tmp_path: Path, stop_after: list[Daemon]) -> None:
+        """Agents dispatched by one daemon; it stops (they run on); a second daemon starts with its
+        wall clock two hours ahead, max_runtime ten minutes: twenty of its ticks stop none."""
+        tmp_path.chmod(0o700)
+        cfg = 'tick = "100ms"\nstall_after = "1m"\nprogress_after = "1m"'
+        first, _clock, _log = serving(tmp_path, cfg, launchers=SPIN)
+        for task_id in ("r1", "r2"):
+            tasks.new_task(first.store, task_id, task="Spin politely", step="one")
+        first.initialize()
+        first.start_scheduler()
+        human = FileStore(first.store.state_dir)
+        try:
+            wait_for(lambda: all((b := human.load(t)).meta.owner is not None and b.meta.owner.pid
+                                 for t in ("r1", "r2")), timeout=60, message="both agents running")
+        finally:
+            first.shutdown(timeout=10)
+        second, clock, log = serving(tmp_path, cfg, launchers=SPIN)
+        clock.step(2 * HOUR)
+        second.initialize()
+        second.start_scheduler()
+        stop_after.append(second)
+        wait_for(lambda: second.ticks >= 20, timeout=60, message="twenty ticks of the second daemon")
+        for task_id in ("r1", "r2"):
+            baton = human.load(task_id)
+            assert baton.meta.status is Status.ACTIVE and baton.meta.epoch == 1, (task_id, baton.meta)
+            assert not second.store.ledger.events(task_id, kinds=["stopped", "escalated", "spinning", "stalled"])
+        stops = [fields for _level, event, fields in log.lines
+                 if event == "decision" and fields.get("action") not in ("nothing", "dispatch")]
+        assert not stops, stops
+        for task_id in ("r1", "r2"):  # the agents are the test's to end
+            owner = human.load(task_id).meta.owner
+            if owner is not None and owner.pid:
+                import os
+                import signal
+
+                os.killpg(owner.pid, signal.SIGKILL)
+
+    def test_a_dead_agent_first_seen_after_a_step_has_no_length_stated(
+            self, tmp_path: Path, stop_after: list[Daemon]) -> None:
+        """An agent dies while no daemon runs; a daemon started two hours ahead settles it: the
+        ``exited`` event states no length, and the reason does not say "after 2h"."""
+        import os
+        import signal
+
+        tmp_path.chmod(0o700)
+        hang = f"""
+[launchers.agent]
+type = "exec"
+command = {toml_list([*TOY, "--mode", "hang"])}
+stop_grace = "500ms"
+"""
+        cfg = 'tick = "100ms"\nstall_after = "1h"\nbackoff_initial = "1h"\nbackoff_max = "2h"'
+        first, _clock, _log = serving(tmp_path, cfg, launchers=hang)
+        tasks.new_task(first.store, "g1", task="Hang", step="one")
+        first.initialize()
+        first.start_scheduler()
+        human = FileStore(first.store.state_dir)
+        try:
+            owner = wait_for(lambda: (b := human.load("g1")).meta.owner is not None and b.meta.owner.pid
+                             and b.meta.owner, timeout=30, message="the agent running")
+        finally:
+            first.shutdown(timeout=10)
+        os.killpg(owner.pid, signal.SIGKILL)
+        second, clock, _log2 = serving(tmp_path, cfg, launchers=hang)
+        clock.step(2 * HOUR)
+        second.initialize()
+        second.start_scheduler()
+        stop_after.append(second)
+        exited = wait_for(lambda: second.store.ledger.events("g1", kinds=["exited"]), timeout=60,
+                          message="the exit settled")
+        assert exited[0].data["duration_s"] is None, exited[0].data
+        assert "after 2h" not in (human.load("g1").meta.last_failure or ""), human.load("g1").meta.last_failure

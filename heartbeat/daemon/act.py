@@ -86,16 +86,18 @@ class Actor:
     # -- the decision's act --------------------------------------------------------------
 
     def act(self, baton: Baton, d: pol.Decision, now: datetime, last_blocked: dict[str, Any], *,
-            ran_for: float | None = None) -> Baton | None:
+            ran_for: float | None = None, ran_for_observed: bool = True) -> Baton | None:
         """Carry out a decision other than a dispatch; the baton as written, or None when nothing was.
-        ``ran_for``: how long the agent has run, on the monotonic clock (the observation's).
+        ``ran_for``: how long the agent has run, on the monotonic clock (the observation's);
+        ``ran_for_observed`` False: only the wall clock said so (a first sight of a dead agent), so
+        the record states no length.
 
         Raises the store's refusals (:class:`Busy`, :class:`Conflict`, ...) for the caller to judge.
         """
         a = pol.Action
         store = self.shared.store
         if d.action is a.SETTLE:
-            return self.settle(baton, d, now, ran_for=ran_for)
+            return self.settle(baton, d, now, ran_for=ran_for, ran_for_observed=ran_for_observed)
         if d.action is a.WAKE:
             with store.edit(baton.id, expect_revision=baton.meta.revision, actor="daemon", now=now) as ed:
                 ed.baton.meta.status = Status.ACTIVE
@@ -121,7 +123,8 @@ class Actor:
             return None
         return None
 
-    def settle(self, baton: Baton, d: pol.Decision, now: datetime, *, ran_for: float | None = None) -> Baton:
+    def settle(self, baton: Baton, d: pol.Decision, now: datetime, *, ran_for: float | None = None,
+               ran_for_observed: bool = True) -> Baton:
         """Record the exit of the task's agent: its code or signal, how long it ran (``ran_for``, on the
         monotonic clock: a wall clock stepped meanwhile must not record "after 2h" for a run of
         seconds; without it, from the baton's wall-clock start), what kind of end."""
@@ -141,6 +144,8 @@ class Actor:
             kind = pol.ExitKind.FINISHED
         started = (owner.started_at if owner else None) or meta.dispatched_at
         duration = ran_for if ran_for is not None else (now - started).total_seconds() if started else None
+        if not ran_for_observed:  # a wall-clock difference across a possible step: not stated as fact
+            duration = None
         progressed = kind is pol.ExitKind.SHIFT_END
         if stop.reason:
             reason = f"stopped: {stop.reason}"

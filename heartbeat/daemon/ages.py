@@ -12,7 +12,11 @@ timestamp's current value, and counts from there. The wall clock is read once pe
 when it first appears, and trusted only as far as the daemon's own observations allow: a
 value that is new since the daemon's previous look is at most as old as that look, and never
 older than nothing. At the daemon's first sight of a task (a start, a restart) the wall clock
-is all there is.
+is all the baton offers; a live agent's own age, read from the kernel on the boot clock
+(:func:`heartbeat.liveness.process_age`), bounds every stamp of its run then (each is at or
+after its dispatch), so a daemon restarted after a step neither stops it for ``max_runtime``
+nor calls it silent. A dead agent's run seen only once is *unobserved*: its length is not
+stated in the record (:meth:`Ages.observed`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ class TaskAges:
     looked: float | None = None
     """Monotonic time of the previous look."""
     seen: dict[str, _Seen] = field(default_factory=dict)
+    unobserved: set[str] = field(default_factory=set)
+    """Names whose current value was first seen with nothing but the wall clock to age it."""
 
 
 class Ages:
@@ -48,10 +54,16 @@ class Ages:
     def forget(self, task_id: str) -> None:
         self.memory.pop(task_id, None)
 
+    def observed(self, task_id: str, name: str) -> bool:
+        """Whether the age of ``name`` rests on more than the wall clock (see the module docstring)."""
+        mem = self.memory.get(task_id)
+        return mem is None or name not in mem.unobserved
+
     def measure(self, task_id: str, stamps: dict[str, datetime | None], now: datetime,
-                mono: float) -> dict[str, float | None]:
+                mono: float, *, bound: float | None = None) -> dict[str, float | None]:
         """The age in seconds of each of ``stamps`` (None for a missing one) at this look
-        (``now`` on the wall clock, ``mono`` on the monotonic one)."""
+        (``now`` on the wall clock, ``mono`` on the monotonic one); ``bound``, when known, is the
+        most any of them can be (the live agent's own age)."""
         mem = self.memory.get(task_id)
         if mem is None:
             mem = self.memory[task_id] = TaskAges()
@@ -64,11 +76,17 @@ class Ages:
             seen = mem.seen.get(name)
             if seen is None or seen.value != value:
                 age = max(0.0, (now - value).total_seconds())
+                mem.unobserved.discard(name)
                 if mem.looked is not None:  # new since the previous look: no older than it
                     age = min(age, max(0.0, mono - mem.looked))
+                elif bound is not None:  # first sight: no older than the agent itself
+                    age = min(age, max(0.0, bound))
+                else:
+                    mem.unobserved.add(name)
                 seen = mem.seen[name] = _Seen(value, mono - age)
             ages[name] = max(0.0, mono - seen.since)
         for name in set(mem.seen) - set(stamps):
             del mem.seen[name]
+            mem.unobserved.discard(name)
         mem.looked = mono
         return ages

@@ -487,7 +487,8 @@ class Core:
                 return baton.meta.status.value, Want(baton.id, launcher, since, decision, baton.meta.revision)
             try:
                 new = self.actor.act(baton, decision, now, self.observer.last_blocked(baton.id),
-                                     ran_for=obs.running_for)
+                                     ran_for=obs.running_for,
+                                     ran_for_observed=self.observer.ages.observed(baton.id, "started"))
             except Busy as exc:
                 self._lock_busy(baton.id, mem, decision.action.value, exc)
                 break

@@ -18,7 +18,7 @@ from heartbeat.daemon.ages import Ages
 from heartbeat.daemon.shared import Shared
 from heartbeat.errors import HeartbeatError, NotFound, UnsafePath
 from heartbeat.ledger import Event, EventKind
-from heartbeat.liveness import output_at
+from heartbeat.liveness import output_at, process_age
 
 __all__ = ["BLOCK_KINDS", "BlockMemory", "Observer"]
 
@@ -179,7 +179,7 @@ class Observer:
             "signal": max((t for t in (meta.touched_at, meta.dispatched_at, output) if t is not None), default=None),
             "progress": max((t for t in (meta.progress_at, started) if t is not None), default=None),
             "dispatched": meta.dispatched_at,
-        }, now, mono)
+        }, now, mono, bound=process_age(owner, host=sh.host) if alive else None)
         pending: tuple[str, ...] = ()
         if baton.after and meta.status is Status.ACTIVE and owner is None:
             from heartbeat.handoff import pending_upstreams
