@@ -115,6 +115,14 @@ max_runtime = "10m"
 """
 """Agents that touch every 0.1 s and never move their step: healthy for the minutes these tests last."""
 
+HANG = f"""
+[launchers.agent]
+type = "exec"
+command = {toml_list([*TOY, "--mode", "hang"])}
+stop_grace = "500ms"
+"""
+"""Agents that never write and never end: what a stall, or a kill the test makes, acts on."""
+
 
 class TestNoKillsOrEscalationsFromAStep:
     """Durations that stop agents are measured on the monotonic clock: a step kills and escalates nothing."""
@@ -166,14 +174,8 @@ command = {toml_list([sys.executable, "-c", f"open({str(notified)!r}, 'a').write
         """The other side: an agent that never writes is still stopped after stall_after of the
         monotonic clock, although the wall clock stepped back an hour meanwhile."""
         tmp_path.chmod(0o700)
-        hang = f"""
-[launchers.agent]
-type = "exec"
-command = {toml_list([*TOY, "--mode", "hang"])}
-stop_grace = "500ms"
-"""
         d, clock, _log = serving(tmp_path, 'tick = "100ms"\nstall_after = "2s"\nbackoff_initial = "1h"\nbackoff_max = "2h"',
-                                launchers=hang)
+                                launchers=HANG)
         tasks.new_task(d.store, "h1", task="Hang", step="one")
         d.initialize()
         d.start_scheduler()
@@ -459,14 +461,8 @@ class TestTheRecordAcrossAStep:
         import signal
 
         tmp_path.chmod(0o700)
-        hang = f"""
-[launchers.agent]
-type = "exec"
-command = {toml_list([*TOY, "--mode", "hang"])}
-stop_grace = "500ms"
-"""
         d, clock, _log = serving(tmp_path, 'tick = "100ms"\nstall_after = "1h"\nbackoff_initial = "1h"\nbackoff_max = "2h"',
-                                launchers=hang)
+                                launchers=HANG)
         tasks.new_task(d.store, "k1", task="Hang", step="one")
         d.initialize()
         d.start_scheduler()
@@ -534,14 +530,8 @@ class TestARestartAfterAStep:
         import signal
 
         tmp_path.chmod(0o700)
-        hang = f"""
-[launchers.agent]
-type = "exec"
-command = {toml_list([*TOY, "--mode", "hang"])}
-stop_grace = "500ms"
-"""
         cfg = 'tick = "100ms"\nstall_after = "1h"\nbackoff_initial = "1h"\nbackoff_max = "2h"'
-        first, _clock, _log = serving(tmp_path, cfg, launchers=hang)
+        first, _clock, _log = serving(tmp_path, cfg, launchers=HANG)
         tasks.new_task(first.store, "g1", task="Hang", step="one")
         first.initialize()
         first.start_scheduler()
@@ -552,7 +542,7 @@ stop_grace = "500ms"
         finally:
             first.shutdown(timeout=10)
         os.killpg(owner.pid, signal.SIGKILL)
-        second, clock, _log2 = serving(tmp_path, cfg, launchers=hang)
+        second, clock, _log2 = serving(tmp_path, cfg, launchers=HANG)
         clock.step(2 * HOUR)
         second.initialize()
         second.start_scheduler()
