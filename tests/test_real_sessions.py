@@ -68,7 +68,7 @@ class Session:
         self.model = model
         self.work = root / "work"
         self.work.mkdir()
-        home = root / "home"
+        home = self.home = root / "home"
         home.mkdir()
         # claude never touches: only its notes are proof of life, so stall_after is generous
         self.h = DaemonHarness(root, extra=claude_launcher(model, home, args=args, session=session),
@@ -92,6 +92,20 @@ class Session:
 
     def status(self, task: str) -> str:
         return self.h.baton(task).meta.status.value
+
+    def transcript_holds_result(self, session: str, path: str) -> bool:
+        """Whether claude's own transcript of ``session`` holds a tool result naming ``path``.
+
+        claude 2.1.332 appends its transcript a moment after each turn: a kill within about a
+        second of a tool call can leave the call out, and a resume then redoes it."""
+        for transcript in (self.home / ".claude" / "projects").glob(f"*/{session}.jsonl"):
+            for line in transcript.read_text(errors="replace").splitlines():
+                entry = json.loads(line) if line.startswith("{") else {}
+                content = (entry.get("message") or {}).get("content")
+                if isinstance(content, list) and any(
+                        c.get("type") == "tool_result" and path in json.dumps(c.get("content")) for c in content):
+                    return True
+        return False
 
 
 @pytest.fixture
@@ -181,6 +195,9 @@ class TestKilledMidTask:
             s.new("real")
             s.h.wait(lambda: any(e["event"] == "held" for e in s.record()), "the model holding step 2", timeout=180)
             [first] = s.h.events("real", "dispatched")
+            if session == "resume":  # claude writes its transcript a moment late: kill after it holds the write
+                s.h.wait(lambda: s.transcript_holds_result(first.data["session"], step_file(1)),
+                         "step 2's write in claude's transcript", timeout=30)
             groups = s.h.live_agents("real")["real"]
             s.control()  # the successor gets answers
             for pgid in groups:
