@@ -17,7 +17,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from heartbeat.metrics import LATENCY_BUCKETS, METRIC_NAMES, VITALS_FILE, Histogram, Vitals, write_textfile
+from heartbeat.daemon.vitals import LATENCY_BUCKETS, VITALS_FILE, Histogram, Vitals
+from heartbeat.metrics import FLEET_METRIC_NAMES, METRIC_NAMES, write_textfile
 from tests.conftest import ROOT, clean_env
 from tests.daemon_harness import TOY, DaemonHarness
 
@@ -38,7 +39,11 @@ def parse(text: str) -> tuple[dict[str, str], Samples]:
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    """The one sample of ``name`` whose labels include ``labels`` (``scope`` and ``host`` need not be
+    named), or 0 when there is none."""
+    found = [v for (n, have), v in samples.items() if n == name and set(labels.items()) <= set(have)]
+    assert len(found) <= 1, (name, labels, found)
+    return found[0] if found else 0.0
 
 
 SCRAPE_TOKEN = "metrics-token"
@@ -105,9 +110,15 @@ def kill_the_agent(h: DaemonHarness) -> None:
 class TestExposition:
     def test_parses_and_follows_conventions(self, running: Running) -> None:
         """/metrics parses with prometheus_client's parser; every family is heartbeat_*, counters end in _total,
-        units are seconds and bytes, and the exported set is exactly METRIC_NAMES."""
-        types, samples = parse(scrape(running.url))
+        units are seconds and bytes, and the exported set on the file store is exactly METRIC_NAMES. Every
+        series says its scope: store-wide, or this host's (then naming the host)."""
+        text = scrape(running.url)
+        types, samples = parse(text)
         assert set(types) == set(METRIC_NAMES)
+        for (name, labels), _ in samples.items():
+            scope = dict(labels).get("scope")
+            assert scope in ("store", "host"), name
+            assert ("host" in dict(labels)) == (scope == "host"), name
         for name, kind in types.items():
             assert name.startswith("heartbeat_")
             assert (kind == "counter") == name.endswith("_total"), name
@@ -349,7 +360,8 @@ class TestAlertRules:
                 names.append(rule["alert"])
         assert len(names) == len(set(names))
         for required in ("HeartbeatDaemonNotTicking", "HeartbeatEscalation", "HeartbeatBlockBypassed",
-                         "HeartbeatTaskBlockedTooLong"):
+                         "HeartbeatTaskBlockedTooLong", "HeartbeatTakeover", "HeartbeatHostLost",
+                         "HeartbeatDatabaseUnreachable", "HeartbeatScrapeTargetDown"):
             assert required in names
 
     def test_every_expression_names_exported_metrics(self, running: Running) -> None:
@@ -363,6 +375,7 @@ class TestAlertRules:
                 series |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
         doc = yaml.safe_load(self.RULES.read_text())
         used = {m for g in doc["groups"] for r in g["rules"] for m in re.findall(r"\bheartbeat_[a-z_]+", r["expr"])}
+        series |= set(FLEET_METRIC_NAMES)  # a PostgreSQL fleet's (tests/test_metrics_fleet.py scrapes them)
         assert used and used <= series, sorted(used - series)
 
 
