@@ -301,10 +301,13 @@ class HeartbeatCollector:
 
         at = ["host", host]
         if shared:
-            unreachable = not reached or (vitals is not None and vitals.database_unreachable())
+            # The daemon's own view counts only inside the daemon: a standalone exporter reads a file
+            # that a dead daemon stopped rewriting (its renewal age grows; the database may be fine).
+            unreachable = not reached or (self.vitals is not None and self.vitals.database_unreachable())
             yield _one(GaugeMetricFamily("heartbeat_database_unreachable",
-                                         "1 when this host cannot reach the shared database (its last lease renewal "
-                                         "failed, none succeeded for a lease_ttl, or this scrape could not read it).",
+                                         "1 when this host cannot reach the shared database (this scrape could not "
+                                         "read it; in the daemon also: its last lease renewal failed, or none "
+                                         "succeeded for a lease_ttl).",
                                          labels=HOST_LABELS), at, int(unreachable))
         if vitals is None:
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -282,6 +283,32 @@ class TestVitals:
         (tmp_path / VITALS_FILE).write_bytes(content)
         v = Vitals.load(str(tmp_path))
         assert v is None or (v.ticks == 0 and v.tick_seconds.count == 0)
+
+    def test_fleet_vitals_round_trip_and_hostile_values_count_nothing(self, tmp_path: Path) -> None:
+        """The host, takeovers and lease health load back equal; a daemon.json whose takeovers are not
+        host -> count (negative, bool, a list, a 300-character name) counts none of them, of a 1,000-host
+        dict only 256 are read, and a host id longer than a label should be is cut."""
+        v = Vitals.start("host-b")
+        v.lease_ttl = 30.0
+        v.took_over("host-a")
+        v.took_over("host-a")
+        v.renewal(True, at=1000.0)
+        v.save(str(tmp_path))
+        back = Vitals.load(str(tmp_path))
+        assert back is not None and back.to_json() == v.to_json() and back.takeovers == {"host-a": 2}
+        assert back.renewal_age(now=1010.0) == 10.0
+        assert not back.database_unreachable(now=1010.0) and back.database_unreachable(now=1031.0)
+        back.renewal(False)
+        assert back.database_unreachable(now=1010.0)
+        (tmp_path / VITALS_FILE).write_text(json.dumps({
+            "host": "h" * 10_000, "lease_ttl": True, "store_unreachable": "yes",
+            "takeovers": {"a": -1, "b": True, "c": [1], "d": 1.5, "e" * 300: 1, "ok": 3}}))
+        hostile = Vitals.load(str(tmp_path))
+        assert hostile is not None and hostile.takeovers == {"ok": 3} and len(hostile.host) == 256
+        assert hostile.lease_ttl is None and not hostile.store_unreachable
+        (tmp_path / VITALS_FILE).write_text(json.dumps({"takeovers": {f"h{i}": 1 for i in range(1000)}}))
+        loaded = Vitals.load(str(tmp_path))
+        assert loaded is not None and len(loaded.takeovers) == 256
 
     def test_symlink_and_fifo_are_not_read(self, tmp_path: Path) -> None:
         """daemon.json as a symlink is not followed, as a FIFO not waited on."""

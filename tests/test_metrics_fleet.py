@@ -105,6 +105,7 @@ def test_per_host_and_store_series_a_takeover_counted_once_and_the_database_gone
         assert standalone_a.returncode == 0, standalone_a.stderr
         on_a = parse(standalone_a.stdout)[1]
         assert {dict(k[1])["host"] for k in of_scope(on_a, "host")} == {"host-a"}
+        assert value(on_a, "heartbeat_database_unreachable", host="host-a") == 0  # a dead daemon, a live database
         assert total(on_a, "heartbeat_takeovers_total") + total(on_b, "heartbeat_takeovers_total") == 2
         assert value(on_b, "heartbeat_agents_running", host="host-b") == 2
         b.wait(lambda: value(b.metrics(), "heartbeat_hosts", state="lost") == 1, "host-a lost")
