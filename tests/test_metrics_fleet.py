@@ -11,6 +11,7 @@ by the host that took the task; a lost host shows in ``heartbeat_hosts``; a stop
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 from heartbeat.metrics import FLEET_METRIC_NAMES, METRIC_NAMES
 from tests.daemon_harness import TOY
 from tests.pg import Cluster
+from tests.test_alert_rules import promtool
 from tests.test_leased_daemons import Host, new_tasks
 from tests.test_metrics import SCRAPE_TOKEN, Samples, cli_metrics, parse, scrape, value
 
@@ -58,9 +60,10 @@ def test_per_host_and_store_series_a_takeover_counted_once_and_the_database_gone
                                                                                   tmp_path: Path) -> None:
     """Two hosts: each counts only its own agents (c31a8a9 counted both hosts' on each: sums doubled),
     the store-wide series are equal on both; host-a SIGKILLed, host-b takes its two tasks over and
-    says so once (from_host="host-a"), the standalone exporter of host-a adds none, and host-a shows
-    as lost; the cluster stopped, host-b's /metrics still answers and says the database is
-    unreachable, the renewal age growing, without store-wide series it cannot read."""
+    says so once (from_host="host-a"; the exposition clean under `promtool check metrics`), the
+    standalone exporter of host-a adds none, and host-a shows as lost; the cluster stopped, host-b's
+    /metrics still answers and says the database is unreachable, the renewal age growing, without
+    store-wide series it cannot read."""
     from heartbeat.store.postgres import upgrade
 
     url = own_cluster.create_db("fleet_metrics")
@@ -99,8 +102,11 @@ def test_per_host_and_store_series_a_takeover_counted_once_and_the_database_gone
         a.kill_agents()
         b.wait(lambda: len(a.store.ledger.events(kinds=["taken_over"])) == 2, "both tasks taken over", timeout=30)
         b.wait(lambda: len(b.live_agents()) == 2, "host-b running both")
-        on_b = b.metrics()
+        text = scrape(b.url_http)
+        on_b = parse(text)[1]
         assert value(on_b, "heartbeat_takeovers_total", host="host-b", from_host="host-a") == 2
+        lint = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True, timeout=120)
+        assert lint.returncode == 0 and not lint.stdout.strip(), lint.stdout + lint.stderr  # Prometheus' naming lint
         standalone_a = cli_metrics(a)  # host-a's exporter, its daemon dead: its own vitals, no takeover
         assert standalone_a.returncode == 0, standalone_a.stderr
         on_a = parse(standalone_a.stdout)[1]
