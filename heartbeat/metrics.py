@@ -171,8 +171,10 @@ class HeartbeatCollector:
     """
 
     def __init__(self, store: Any, *, state_dir: str, default_launcher: str = "",
-                 vitals: Vitals | None = None) -> None:
+                 vitals: Vitals | None = None, shared: bool | None = None) -> None:
         self.store = store
+        self.shared = shared
+        """Whether the store is shared by many hosts (None: ask the store)."""
         self.state_dir = state_dir
         self.default_launcher = default_launcher
         self.vitals = vitals
@@ -207,7 +209,7 @@ class HeartbeatCollector:
         started = time.monotonic()
         vitals = self.vitals if self.vitals is not None else Vitals.load(self.state_dir)
         host = (vitals.host if vitals is not None else "") or this_host()
-        shared = for_store(self.store)
+        shared = for_store(self.store) if self.shared is None else self.shared
         reached = True
         try:
             # Materialised first: a store that stops answering halfway exports none of it, never a part.
@@ -400,11 +402,22 @@ def open_state(args: Any) -> OpenState:
 
 
 def run_from_cli(args: Any) -> int:
-    """``heartbeat metrics [--textfile PATH]``: print the exposition, or write it for node_exporter."""
+    """``heartbeat metrics [--textfile PATH]``: print the exposition, or write it for node_exporter.
+
+    A shared database out of reach is one line and exit 1, as for every command; with
+    ``--textfile`` the file is rewritten first with what this host knows without it (its daemon's
+    vitals, ``heartbeat_database_unreachable 1``): left as it was, it would go on saying 0."""
     import sys
 
+    from heartbeat.errors import StoreError
+
     require_extra("prometheus_client")
-    state = open_state(args)
+    try:
+        state = open_state(args)
+    except StoreError:
+        if args.textfile:
+            _write_unreachable(args)
+        raise
     try:
         registry = make_registry(HeartbeatCollector(state.store, state_dir=state.state_dir,
                                                     default_launcher=state.default_launcher))
@@ -416,6 +429,29 @@ def run_from_cli(args: Any) -> int:
     finally:
         state.store.close()
     return 0
+
+
+class _Unopened:
+    """The store of a textfile run that could not open it: every read says so."""
+
+    def scan(self) -> Any:
+        from heartbeat.errors import StoreError
+
+        raise StoreError("the database could not be reached")
+
+
+def _write_unreachable(args: Any) -> None:
+    """The textfile with the per-host series only, the database unreachable (a shared store's URL)."""
+    from heartbeat.config import resolve_store
+    from heartbeat.errors import HeartbeatError
+
+    try:
+        state_dir, url = resolve_store(args.state_dir, args.config)
+        if url:
+            write_textfile(args.textfile, make_registry(HeartbeatCollector(_Unopened(), state_dir=state_dir,
+                                                                           shared=True)))
+    except (OSError, HeartbeatError):
+        return  # the database's one line is said either way
 
 
 def make_registry(collector: HeartbeatCollector) -> Any:

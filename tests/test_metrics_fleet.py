@@ -63,7 +63,8 @@ def test_per_host_and_store_series_a_takeover_counted_once_and_the_database_gone
     says so once (from_host="host-a"; the exposition clean under `promtool check metrics`), the
     standalone exporter of host-a adds none, and host-a shows as lost; the cluster stopped, host-b's
     /metrics still answers and says the database is unreachable, the renewal age growing, without
-    store-wide series it cannot read."""
+    store-wide series it cannot read, and `heartbeat metrics --textfile` exits 1 with one line after
+    rewriting its file to say so (left as it was, the file went on saying 0)."""
     from heartbeat.store.postgres import upgrade
 
     url = own_cluster.create_db("fleet_metrics")
@@ -116,6 +117,9 @@ def test_per_host_and_store_series_a_takeover_counted_once_and_the_database_gone
         assert value(on_b, "heartbeat_agents_running", host="host-b") == 2
         b.wait(lambda: value(b.metrics(), "heartbeat_hosts", state="lost") == 1, "host-a lost")
 
+        textfile = tmp_path / "b.prom"
+        assert cli_metrics(b, "--textfile", str(textfile)).returncode == 0
+        assert value(parse(textfile.read_text())[1], "heartbeat_database_unreachable", host="host-b") == 0
         own_cluster.stop("fast")
         b.wait(lambda: value(b.metrics(), "heartbeat_database_unreachable", host="host-b") == 1,
                "host-b's database unreachable", timeout=30)
@@ -127,6 +131,12 @@ def test_per_host_and_store_series_a_takeover_counted_once_and_the_database_gone
         later = b.metrics()
         assert value(later, "heartbeat_lease_renewal_age_seconds", host="host-b") >= age + 0.5
         assert value(later, "heartbeat_database_unreachable", host="host-b") == 1
+        written = cli_metrics(b, "--textfile", str(textfile))  # node_exporter's route: exit 1, one line,
+        assert written.returncode == 1 and written.stderr.count("\n") == 1, written.stderr  # and the file says so
+        assert "cannot reach the database" in written.stderr
+        in_file = parse(textfile.read_text())[1]
+        assert value(in_file, "heartbeat_database_unreachable", host="host-b") == 1
+        assert of_scope(in_file, "store") == {} and value(in_file, "heartbeat_ticks_total", host="host-b") > 0
     finally:
         try:
             for h in (a, b):
