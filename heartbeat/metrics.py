@@ -13,48 +13,43 @@ Two sources, one exposition:
   (:func:`heartbeat.ledger.tally`), which are added back; and within one process no
   counter is ever exported lower than it was (a counter that went down would read as a
   reset, and ``increase()`` would count it all again: the escalation alert would fire).
-- **The daemon's vitals** (:class:`Vitals`, kept by the daemon process): its last
-  successful tick, its tick count, and the tick-duration and write→decision-latency
-  histograms. The daemon writes them to ``<state_dir>/daemon.json`` after every tick,
-  so a standalone exporter shows them too (as of the daemon's last tick); inside
-  ``heartbeat run`` they come straight from memory. They reset when the daemon restarts,
-  which Prometheus' ``rate()`` handles as a counter reset.
+- **The daemon's vitals** (:class:`heartbeat.daemon.vitals.Vitals`, kept by the daemon process
+  in its own layer; this module only reads them): its last successful tick, its tick count,
+  the tick-duration and write→decision-latency histograms, the writes it relayed, and on a
+  shared store the tasks it took over and its lease renewals. The daemon writes them to
+  ``<state_dir>/daemon.json`` after every tick, so a standalone exporter shows them too (as
+  of the daemon's last tick); inside ``heartbeat run`` they come straight from memory. They
+  reset when the daemon restarts, which Prometheus' ``rate()`` handles as a counter reset.
+
+**Per host or store-wide** (a fleet of daemons on one PostgreSQL store, each exporting):
+every series carries ``scope``. ``scope="store"`` series (tasks by status, the ledger's
+counters, the oldest block, the ledger's size, the hosts by lease state) read the shared
+store, so every host exports the same value: aggregate them with ``max`` over instances,
+never ``sum``. ``scope="host"`` series also carry ``host`` (the daemon's host id: agents
+running here, the daemon's vitals, its takeovers, whether it reaches the database, the scrape's
+duration) and add up across hosts. When the store cannot be read, a scrape still answers with
+the per-host series (``heartbeat_database_unreachable`` 1) and no store-wide ones.
 
 This module imports ``prometheus_client`` only inside the functions that expose
-metrics: the daemon imports :class:`Vitals` without it, and the CLI's hot paths
-never import this module at all.
+metrics, and the CLI's hot paths never import it at all.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import stat
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from heartbeat.baton import STORED_STATUSES, Status
-from heartbeat.layout import VITALS_NAME, StateLayout
+from heartbeat.daemon.vitals import LATENCY_BUCKETS, TICK_BUCKETS, VITALS_FILE, Histogram, Vitals
 from heartbeat.ledger import COUNTED, EventKind, count_label, retired_counts
 
-__all__ = ["TICK_BUCKETS", "LATENCY_BUCKETS", "VITALS_FILE", "METRIC_NAMES", "Histogram", "Vitals",
+__all__ = ["TICK_BUCKETS", "LATENCY_BUCKETS", "VITALS_FILE", "METRIC_NAMES", "FLEET_METRIC_NAMES", "Histogram", "Vitals",
            "HeartbeatCollector", "OpenState", "open_state", "run_from_cli", "make_registry", "exposition", "write_textfile"]
-
-TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-"""Upper bounds (seconds) of the tick-duration histogram: a pass over a few batons takes a
-millisecond, one over ten thousand a second or more."""
-
-LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
-"""Upper bounds (seconds) of the write→decision latency histogram: the watcher reacts within
-tens of milliseconds; a missed event waits for the next tick (30 s by default)."""
-
-VITALS_FILE = VITALS_NAME
-"""The daemon's vitals in its state dir, rewritten atomically after every tick."""
-
-_MAX_VITALS_BYTES = 64 * 1024
 
 METRIC_NAMES = (
     "heartbeat_tasks",
@@ -77,142 +72,19 @@ METRIC_NAMES = (
     "heartbeat_write_decision_latency_seconds",
     "heartbeat_scrape_duration_seconds",
 )
-"""Every metric family heartbeat exports (the alert rules may use only these)."""
+"""Every metric family heartbeat exports on any store."""
+
+FLEET_METRIC_NAMES = (
+    "heartbeat_takeovers_total",
+    "heartbeat_hosts",
+    "heartbeat_database_unreachable",
+    "heartbeat_lease_renewal_age_seconds",
+)
+"""The families exported on a store shared by many hosts (PostgreSQL) only. The alert rules may use
+only these and :data:`METRIC_NAMES`."""
 
 _COUNTED_KINDS = tuple(str(k) for k in COUNTED)
 
-
-class Histogram:
-    """A Prometheus-style histogram in plain Python (thread-safe): per-bucket counts, sum, count."""
-
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.buckets = tuple(sorted(buckets))
-        self.counts = [0] * (len(self.buckets) + 1)  # the last one is +Inf
-        self.sum = 0.0
-        self._lock = threading.Lock()
-
-    def observe(self, value: float) -> None:
-        if value != value or value < 0:  # NaN or a clock step backwards: not a measurement
-            return
-        index = next((i for i, bound in enumerate(self.buckets) if value <= bound), len(self.buckets))
-        with self._lock:
-            self.counts[index] += 1
-            self.sum += value
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
-    def cumulative(self) -> list[tuple[str, int]]:
-        """``(le, count of observations <= le)`` pairs, ending with ``+Inf``."""
-        with self._lock:
-            counts = list(self.counts)
-        out: list[tuple[str, int]] = []
-        running = 0
-        for bound, n in zip((*self.buckets, float("inf")), counts, strict=True):
-            running += n
-            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
-        return out
-
-    def to_json(self) -> dict[str, Any]:
-        with self._lock:
-            return {"buckets": list(self.buckets), "counts": list(self.counts), "sum": self.sum}
-
-    @classmethod
-    def from_json(cls, doc: Any, default: tuple[float, ...]) -> Histogram:
-        """The histogram in ``doc``; an empty one on anything malformed (the file is only a report)."""
-        hist = cls(default)
-        if not isinstance(doc, dict):
-            return hist
-        buckets, counts, total = doc.get("buckets"), doc.get("counts"), doc.get("sum")
-        if (isinstance(buckets, list) and isinstance(counts, list) and len(counts) == len(buckets) + 1
-                and all(isinstance(b, int | float) and not isinstance(b, bool) for b in buckets)
-                and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts)
-                and isinstance(total, int | float) and not isinstance(total, bool)
-                and list(buckets) == sorted(buckets)):
-            hist.buckets = tuple(float(b) for b in buckets)
-            hist.counts = list(counts)
-            hist.sum = float(total)
-        return hist
-
-
-@dataclass
-class Vitals:
-    """What only the daemon process knows: when it last ticked, how long ticks take, how fast it reacts."""
-
-    pid: int = 0
-    started_at: float = 0.0
-    last_tick_at: float | None = None
-    ticks: int = 0
-    tick_seconds: Histogram = field(default_factory=lambda: Histogram(TICK_BUCKETS))
-    latency_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
-    relayed: int = 0
-    """Agents' set/add the daemon wrote for them (:mod:`heartbeat.relay`), refusals included."""
-    relayed_refused: int = 0
-    """Of those, the ones refused (a non-zero exit code: superseded, bad input, ...)."""
-
-    @classmethod
-    def start(cls) -> Vitals:
-        return cls(pid=os.getpid(), started_at=time.time())
-
-    def tick_done(self, seconds: float, at: float | None = None) -> None:
-        """A pass finished without raising, taking ``seconds``."""
-        self.tick_seconds.observe(seconds)
-        self.ticks += 1
-        self.last_tick_at = time.time() if at is None else at
-
-    def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "started_at": self.started_at, "last_tick_at": self.last_tick_at,
-                "ticks": self.ticks, "tick_seconds": self.tick_seconds.to_json(),
-                "latency_seconds": self.latency_seconds.to_json(), "relayed": self.relayed,
-                "relayed_refused": self.relayed_refused}
-
-    def save(self, state_dir: str) -> None:
-        """Write ``<state_dir>/daemon.json`` atomically (0600, temp file + rename)."""
-        from heartbeat.safefile import write_file_atomic
-
-        data = json.dumps(self.to_json(), sort_keys=True).encode()
-        # Not fsynced: a report rewritten every tick, whose loss in a crash costs nothing.
-        write_file_atomic(StateLayout(state_dir).vitals_file, data, fsync=False)
-
-    @classmethod
-    def load(cls, state_dir: str) -> Vitals | None:
-        """The vitals the daemon last wrote, or None (no daemon ever ran here, or the file is not a
-        regular file or not ours to trust: a symlink or FIFO placed there is never followed or read)."""
-        path = StateLayout(state_dir).vitals_file
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            raw = os.read(fd, _MAX_VITALS_BYTES + 1)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-        try:
-            doc = json.loads(raw) if len(raw) <= _MAX_VITALS_BYTES else None
-        except ValueError:
-            doc = None
-        if not isinstance(doc, dict):
-            return None
-
-        def number(key: str) -> float | None:
-            value = doc.get(key)
-            return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-        return cls(
-            pid=int(number("pid") or 0),
-            started_at=number("started_at") or 0.0,
-            last_tick_at=number("last_tick_at"),
-            ticks=int(number("ticks") or 0),
-            relayed=int(number("relayed") or 0),
-            relayed_refused=int(number("relayed_refused") or 0),
-            tick_seconds=Histogram.from_json(doc.get("tick_seconds"), TICK_BUCKETS),
-            latency_seconds=Histogram.from_json(doc.get("latency_seconds"), LATENCY_BUCKETS),
-        )
 
 
 _LABEL_KEYS = {str(k): v for k, v in COUNTED.items() if v}
@@ -299,8 +171,10 @@ class HeartbeatCollector:
     """
 
     def __init__(self, store: Any, *, state_dir: str, default_launcher: str = "",
-                 vitals: Vitals | None = None) -> None:
+                 vitals: Vitals | None = None, shared: bool | None = None) -> None:
         self.store = store
+        self.shared = shared
+        """Whether the store is shared by many hosts (None: ask the store)."""
         self.state_dir = state_dir
         self.default_launcher = default_launcher
         self.vitals = vitals
@@ -326,13 +200,35 @@ class HeartbeatCollector:
             yield from self._collect()
 
     def _collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+        from prometheus_client.core import GaugeMetricFamily
+
+        from heartbeat.errors import StoreError
+        from heartbeat.lease import for_store
+        from heartbeat.liveness import this_host
+
+        started = time.monotonic()
+        vitals = self.vitals if self.vitals is not None else Vitals.load(self.state_dir)
+        host = (vitals.host if vitals is not None else "") or this_host()
+        shared = for_store(self.store) if self.shared is None else self.shared
+        reached = True
+        try:
+            # Materialised first: a store that stops answering halfway exports none of it, never a part.
+            families = list(self._store_families(host, shared))
+        except StoreError:
+            families, reached = [], False  # the per-host series still say what this host knows
+        yield from families
+        yield from self._host_families(host, vitals, shared, reached)
+        yield _one(GaugeMetricFamily("heartbeat_scrape_duration_seconds", "How long collecting these metrics took.",
+                                     labels=HOST_LABELS), ["host", host], time.monotonic() - started)
+
+    def _store_families(self, host: str, shared: bool) -> Iterator[Any]:
+        """The store-wide series (``scope="store"``): the same on every host of a fleet."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         from heartbeat.liveness import is_alive
 
-        started = time.monotonic()
         tasks = GaugeMetricFamily("heartbeat_tasks", "Tasks by status and launcher (invalid: an unreadable baton).",
-                                  labels=["status", "launcher"])
+                                  labels=["scope", "status", "launcher"])
         by_status: dict[tuple[str, str], int] = {(s.value, self.default_launcher): 0 for s in STORED_STATUSES}
         alive = 0
         oldest_block: float | None = None
@@ -342,33 +238,37 @@ class HeartbeatCollector:
                 key = (Status.INVALID.value, "")
             else:
                 key = (baton.meta.status.value, baton.launcher or self.default_launcher)
-                if baton.meta.owner is not None and baton.meta.status is Status.ACTIVE and is_alive(baton.meta.owner):
+                owner = baton.meta.owner
+                # This host's agents only: another host's agent cannot be checked from here (is_alive
+                # counts it alive), and its own host counts it.
+                if (owner is not None and baton.meta.status is Status.ACTIVE and owner.host in ("", host)
+                        and is_alive(owner, host=host)):
                     alive += 1
                 if baton.meta.status is Status.BLOCKED and baton.meta.blocked_at is not None:
                     at = baton.meta.blocked_at.timestamp()
                     oldest_block = at if oldest_block is None else min(oldest_block, at)
             by_status[key] = by_status.get(key, 0) + 1
         for (status, launcher), n in sorted(by_status.items()):
-            tasks.add_metric([status, launcher], n)
+            tasks.add_metric(["store", status, launcher], n)
         yield tasks
-        yield GaugeMetricFamily("heartbeat_agents_running",
-                                "Agents alive, per their batons' owner pid and start time (checked on this host).",
-                                value=alive)
+        yield _one(GaugeMetricFamily("heartbeat_agents_running",
+                                     "Agents of this host alive, per their batons' owner pid and start time.",
+                                     labels=HOST_LABELS), ["host", host], alive)
         if oldest_block is not None:
-            yield GaugeMetricFamily("heartbeat_blocked_oldest_timestamp_seconds",
-                                    "When the task blocked the longest got blocked (absent when none is).",
-                                    value=oldest_block)
+            yield _one(GaugeMetricFamily("heartbeat_blocked_oldest_timestamp_seconds",
+                                         "When the task blocked the longest got blocked (absent when none is).",
+                                         labels=STORE_LABELS), ["store"], oldest_block)
 
-        dispatches = CounterMetricFamily("heartbeat_dispatches", "Agents the daemon started (ledger: dispatched).",
-                                         labels=["launcher"])
+        dispatches = CounterMetricFamily("heartbeat_dispatches", "Agents the daemons started (ledger: dispatched).",
+                                         labels=["scope", "launcher"])
         exits = CounterMetricFamily("heartbeat_exits", "Agents that ended, by how (ledger: exited, its kind).",
-                                    labels=["kind"])
+                                    labels=["scope", "kind"])
         stalls = CounterMetricFamily("heartbeat_stalls", "Tasks found stalled, by why (ledger: stalled).",
-                                     labels=["why"])
+                                     labels=["scope", "why"])
         counted = self._monotonic(_count_events(self.store.ledger))
         for family, kind in ((dispatches, "dispatched"), (exits, "exited"), (stalls, "stalled")):
             for label, n in sorted(counted[kind].items()):
-                family.add_metric([label], n)
+                family.add_metric(["store", label], n)
             yield family
         for name, kind, doc in (
             ("heartbeat_escalations", "escalated", "Tasks escalated to a human (ledger: escalated)."),
@@ -379,35 +279,85 @@ class HeartbeatCollector:
             ("heartbeat_guarantee_failures", "guarantee_failed",
              "`done` refused because a checked guarantee of the task failed (ledger: guarantee_failed)."),
         ):
-            yield CounterMetricFamily(name, doc, value=sum(counted[kind].values()))
+            yield _one(CounterMetricFamily(name, doc, labels=STORE_LABELS), ["store"], sum(counted[kind].values()))
         size = _ledger_bytes(self.store.ledger)
         if size is not None:
-            yield GaugeMetricFamily("heartbeat_ledger_bytes", "The ledger's size on disk (database, WAL and index).",
-                                    value=size)
+            yield _one(GaugeMetricFamily("heartbeat_ledger_bytes", "The ledger's size on disk (database, WAL and index).",
+                                         labels=STORE_LABELS), ["store"], size)
+        if shared:
+            from heartbeat.lease import list_hosts
 
-        vitals = self.vitals if self.vitals is not None else Vitals.load(self.state_dir)
-        if vitals is not None:
-            if vitals.last_tick_at is not None:
-                yield GaugeMetricFamily("heartbeat_last_tick_timestamp_seconds",
-                                        "When the daemon last finished a pass without error.",
-                                        value=vitals.last_tick_at)
-            yield GaugeMetricFamily("heartbeat_daemon_start_timestamp_seconds", "When the daemon process started.",
-                                    value=vitals.started_at)
-            yield CounterMetricFamily("heartbeat_ticks", "Passes the daemon finished since it started.",
-                                      value=vitals.ticks)
-            relayed = CounterMetricFamily("heartbeat_relayed_writes", "Agents' set/add the daemon wrote for them "
-                                          "(the relay), by result.", labels=["result"])
-            relayed.add_metric(["written"], vitals.relayed - vitals.relayed_refused)
-            relayed.add_metric(["refused"], vitals.relayed_refused)
-            yield relayed
-            for name, doc, hist in (
-                ("heartbeat_tick_duration_seconds", "How long one pass over every baton took.", vitals.tick_seconds),
-                ("heartbeat_write_decision_latency_seconds",
-                 "From a baton's write to the daemon's decision on it (the watcher's path).", vitals.latency_seconds),
-            ):
-                yield HistogramMetricFamily(name, doc, buckets=hist.cumulative(), sum_value=hist.sum)
-        yield GaugeMetricFamily("heartbeat_scrape_duration_seconds", "How long collecting these metrics took.",
-                                value=time.monotonic() - started)
+            states = {"live": 0, "lost": 0, "stopped": 0}
+            for row in list_hosts(self.store):
+                states[row.state] += 1
+            hosts = GaugeMetricFamily("heartbeat_hosts", "Daemons on the shared database by the state of their host's "
+                                      "lease (lost: not stopped, not renewed for longer than its lease_ttl).",
+                                      labels=["scope", "state"])
+            for state, n in states.items():
+                hosts.add_metric(["store", state], n)
+            yield hosts
+
+    def _host_families(self, host: str, vitals: Vitals | None, shared: bool, reached: bool) -> Iterator[Any]:
+        """The per-host series (``scope="host"``, ``host``): this daemon's own vitals."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        at = ["host", host]
+        if shared:
+            # The daemon's own view counts only inside the daemon: a standalone exporter reads a file
+            # that a dead daemon stopped rewriting (its renewal age grows; the database may be fine).
+            unreachable = not reached or (self.vitals is not None and self.vitals.database_unreachable())
+            yield _one(GaugeMetricFamily("heartbeat_database_unreachable",
+                                         "1 when this host cannot reach the shared database (this scrape could not "
+                                         "read it; in the daemon also: its last lease renewal failed, or none "
+                                         "succeeded for a lease_ttl).",
+                                         labels=HOST_LABELS), at, int(unreachable))
+        if vitals is None:
+            return
+        if vitals.last_tick_at is not None:
+            yield _one(GaugeMetricFamily("heartbeat_last_tick_timestamp_seconds",
+                                         "When the daemon last finished a pass without error.", labels=HOST_LABELS),
+                       at, vitals.last_tick_at)
+        yield _one(GaugeMetricFamily("heartbeat_daemon_start_timestamp_seconds", "When the daemon process started.",
+                                     labels=HOST_LABELS), at, vitals.started_at)
+        yield _one(CounterMetricFamily("heartbeat_ticks", "Passes the daemon finished since it started.",
+                                       labels=HOST_LABELS), at, vitals.ticks)
+        relayed = CounterMetricFamily("heartbeat_relayed_writes", "Agents' set/add the daemon wrote for them "
+                                      "(the relay), by result.", labels=[*HOST_LABELS, "result"])
+        relayed.add_metric([*at, "written"], vitals.relayed - vitals.relayed_refused)
+        relayed.add_metric([*at, "refused"], vitals.relayed_refused)
+        yield relayed
+        for name, doc, hist in (
+            ("heartbeat_tick_duration_seconds", "How long one pass over every baton took.", vitals.tick_seconds),
+            ("heartbeat_write_decision_latency_seconds",
+             "From a baton's write to the daemon's decision on it (the watcher's path).", vitals.latency_seconds),
+        ):
+            family = HistogramMetricFamily(name, doc, labels=HOST_LABELS)
+            family.add_metric(at, hist.cumulative(), sum_value=hist.sum)
+            yield family
+        if vitals.lease_ttl is not None:
+            taken = CounterMetricFamily("heartbeat_takeovers", "Tasks this host (host) took over from a host whose "
+                                        "lease lapsed (from_host), counted as they happen.",
+                                        labels=[*HOST_LABELS, "from_host"])
+            for from_host, n in sorted(dict(vitals.takeovers).items()):
+                taken.add_metric([*at, from_host], n)
+            yield taken
+            yield _one(GaugeMetricFamily("heartbeat_lease_renewal_age_seconds",
+                                         "Seconds since this daemon last renewed its leases on the shared database "
+                                         "(since it started, before the first renewal).", labels=HOST_LABELS),
+                       at, vitals.renewal_age())
+
+
+HOST_LABELS = ["scope", "host"]
+"""The labels of a per-host series, ``scope="host"`` and this daemon's host id: sum them over a fleet."""
+
+STORE_LABELS = ["scope"]
+"""The label of a store-wide series, ``scope="store"``: every host exports the same value; take max()."""
+
+
+def _one(family: Any, labels: list[str], value: float) -> Any:
+    """``family`` with one sample."""
+    family.add_metric(labels, value)
+    return family
 
 
 @dataclass
@@ -452,11 +402,22 @@ def open_state(args: Any) -> OpenState:
 
 
 def run_from_cli(args: Any) -> int:
-    """``heartbeat metrics [--textfile PATH]``: print the exposition, or write it for node_exporter."""
+    """``heartbeat metrics [--textfile PATH]``: print the exposition, or write it for node_exporter.
+
+    A shared database out of reach is one line and exit 1, as for every command; with
+    ``--textfile`` the file is rewritten first with what this host knows without it (its daemon's
+    vitals, ``heartbeat_database_unreachable 1``): left as it was, it would go on saying 0."""
     import sys
 
+    from heartbeat.errors import StoreError
+
     require_extra("prometheus_client")
-    state = open_state(args)
+    try:
+        state = open_state(args)
+    except StoreError:
+        if args.textfile:
+            _write_unreachable(args)
+        raise
     try:
         registry = make_registry(HeartbeatCollector(state.store, state_dir=state.state_dir,
                                                     default_launcher=state.default_launcher))
@@ -468,6 +429,29 @@ def run_from_cli(args: Any) -> int:
     finally:
         state.store.close()
     return 0
+
+
+class _Unopened:
+    """The store of a textfile run that could not open it: every read says so."""
+
+    def scan(self) -> Any:
+        from heartbeat.errors import StoreError
+
+        raise StoreError("the database could not be reached")
+
+
+def _write_unreachable(args: Any) -> None:
+    """The textfile with the per-host series only, the database unreachable (a shared store's URL)."""
+    from heartbeat.config import resolve_store
+    from heartbeat.errors import HeartbeatError
+
+    try:
+        state_dir, url = resolve_store(args.state_dir, args.config)
+        if url:
+            write_textfile(args.textfile, make_registry(HeartbeatCollector(_Unopened(), state_dir=state_dir,
+                                                                           shared=True)))
+    except (OSError, HeartbeatError):
+        return  # the database's one line is said either way
 
 
 def make_registry(collector: HeartbeatCollector) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -17,7 +18,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from heartbeat.metrics import LATENCY_BUCKETS, METRIC_NAMES, VITALS_FILE, Histogram, Vitals, write_textfile
+from heartbeat.daemon.vitals import LATENCY_BUCKETS, VITALS_FILE, Histogram, Vitals
+from heartbeat.metrics import FLEET_METRIC_NAMES, METRIC_NAMES, write_textfile
 from tests.conftest import ROOT, clean_env
 from tests.daemon_harness import TOY, DaemonHarness
 
@@ -38,7 +40,11 @@ def parse(text: str) -> tuple[dict[str, str], Samples]:
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    """The one sample of ``name`` whose labels include ``labels`` (``scope`` and ``host`` need not be
+    named), or 0 when there is none."""
+    found = [v for (n, have), v in samples.items() if n == name and set(labels.items()) <= set(have)]
+    assert len(found) <= 1, (name, labels, found)
+    return found[0] if found else 0.0
 
 
 SCRAPE_TOKEN = "metrics-token"
@@ -105,9 +111,15 @@ def kill_the_agent(h: DaemonHarness) -> None:
 class TestExposition:
     def test_parses_and_follows_conventions(self, running: Running) -> None:
         """/metrics parses with prometheus_client's parser; every family is heartbeat_*, counters end in _total,
-        units are seconds and bytes, and the exported set is exactly METRIC_NAMES."""
-        types, samples = parse(scrape(running.url))
+        units are seconds and bytes, and the exported set on the file store is exactly METRIC_NAMES. Every
+        series says its scope: store-wide, or this host's (then naming the host)."""
+        text = scrape(running.url)
+        types, samples = parse(text)
         assert set(types) == set(METRIC_NAMES)
+        for (name, labels), _ in samples.items():
+            scope = dict(labels).get("scope")
+            assert scope in ("store", "host"), name
+            assert ("host" in dict(labels)) == (scope == "host"), name
         for name, kind in types.items():
             assert name.startswith("heartbeat_")
             assert (kind == "counter") == name.endswith("_total"), name
@@ -272,6 +284,32 @@ class TestVitals:
         v = Vitals.load(str(tmp_path))
         assert v is None or (v.ticks == 0 and v.tick_seconds.count == 0)
 
+    def test_fleet_vitals_round_trip_and_hostile_values_count_nothing(self, tmp_path: Path) -> None:
+        """The host, takeovers and lease health load back equal; a daemon.json whose takeovers are not
+        host -> count (negative, bool, a list, a 300-character name) counts none of them, of a 1,000-host
+        dict only 256 are read, and a host id longer than a label should be is cut."""
+        v = Vitals.start("host-b")
+        v.lease_ttl = 30.0
+        v.took_over("host-a")
+        v.took_over("host-a")
+        v.renewal(True, at=1000.0)
+        v.save(str(tmp_path))
+        back = Vitals.load(str(tmp_path))
+        assert back is not None and back.to_json() == v.to_json() and back.takeovers == {"host-a": 2}
+        assert back.renewal_age(now=1010.0) == 10.0
+        assert not back.database_unreachable(now=1010.0) and back.database_unreachable(now=1031.0)
+        back.renewal(False)
+        assert back.database_unreachable(now=1010.0)
+        (tmp_path / VITALS_FILE).write_text(json.dumps({
+            "host": "h" * 10_000, "lease_ttl": True, "store_unreachable": "yes",
+            "takeovers": {"a": -1, "b": True, "c": [1], "d": 1.5, "e" * 300: 1, "ok": 3}}))
+        hostile = Vitals.load(str(tmp_path))
+        assert hostile is not None and hostile.takeovers == {"ok": 3} and len(hostile.host) == 256
+        assert hostile.lease_ttl is None and not hostile.store_unreachable
+        (tmp_path / VITALS_FILE).write_text(json.dumps({"takeovers": {f"h{i}": 1 for i in range(1000)}}))
+        loaded = Vitals.load(str(tmp_path))
+        assert loaded is not None and len(loaded.takeovers) == 256
+
     def test_symlink_and_fifo_are_not_read(self, tmp_path: Path) -> None:
         """daemon.json as a symlink is not followed, as a FIFO not waited on."""
         secret = tmp_path / "secret.json"
@@ -349,7 +387,8 @@ class TestAlertRules:
                 names.append(rule["alert"])
         assert len(names) == len(set(names))
         for required in ("HeartbeatDaemonNotTicking", "HeartbeatEscalation", "HeartbeatBlockBypassed",
-                         "HeartbeatTaskBlockedTooLong"):
+                         "HeartbeatTaskBlockedTooLong", "HeartbeatTakeover", "HeartbeatHostLost",
+                         "HeartbeatDatabaseUnreachable", "HeartbeatScrapeTargetDown"):
             assert required in names
 
     def test_every_expression_names_exported_metrics(self, running: Running) -> None:
@@ -363,6 +402,7 @@ class TestAlertRules:
                 series |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
         doc = yaml.safe_load(self.RULES.read_text())
         used = {m for g in doc["groups"] for r in g["rules"] for m in re.findall(r"\bheartbeat_[a-z_]+", r["expr"])}
+        series |= set(FLEET_METRIC_NAMES)  # a PostgreSQL fleet's (tests/test_metrics_fleet.py scrapes them)
         assert used and used <= series, sorted(used - series)
 
 

@@ -452,10 +452,10 @@ class TestCountersAcrossGc:
                       Event(task="t01", kind="stalled", ts=T0, data={"why": "owner_dead"})])
         collector = HeartbeatCollector(store, state_dir=str(state_dir))
         before = _counters(collector)
-        assert before[("heartbeat_escalations_total", ())] > 0
-        assert before[("heartbeat_exits_total", (("kind", "failed"),))] == 1
-        assert before[("heartbeat_stalls_total", (("why", "owner_dead"),))] == 1
-        assert before[("heartbeat_dispatches_total", (("launcher", "toy"),))] == 1
+        assert before[("heartbeat_escalations_total", (("scope", "store"),))] > 0
+        assert before[("heartbeat_exits_total", (("kind", "failed"), ("scope", "store")))] == 1
+        assert before[("heartbeat_stalls_total", (("scope", "store"), ("why", "owner_dead")))] == 1
+        assert before[("heartbeat_dispatches_total", (("launcher", "toy"), ("scope", "store")))] == 1
         rows = store.ledger.count()
         r = hb("gc", "--now", LATER.isoformat(), "--json")
         assert r.code == 0, r.err
@@ -482,8 +482,8 @@ class TestCountersAcrossGc:
                       Event(task="bad", kind="archived", ts=T0, data={"counted": {"escalated": {"": "many"}},
                                                                       "kinds": "x"})])
         found = _counters(HeartbeatCollector(store, state_dir=store.state_dir))
-        assert found[("heartbeat_escalations_total", ())] == 2
-        assert found[("heartbeat_exits_total", (("kind", "unknown"),))] == 3
+        assert found[("heartbeat_escalations_total", (("scope", "store"),))] == 2
+        assert found[("heartbeat_exits_total", (("kind", "unknown"), ("scope", "store")))] == 3
 
     def test_no_counter_goes_down_within_one_process(self, store: FileStore) -> None:
         """Events that vanish from the ledger by any path (a write whose rename never happened) leave the

@@ -32,11 +32,11 @@ from heartbeat.daemon.act import Actor
 from heartbeat.daemon.leased import lease_part
 from heartbeat.daemon.observe import EntryStatuses, Observer, StatusLookup
 from heartbeat.daemon.shared import Shared, logger, open_store
+from heartbeat.daemon.vitals import VITALS_FILE, Vitals
 from heartbeat.daemon.watch import Watcher
 from heartbeat.errors import Busy, Conflict, HeartbeatError, InvalidBaton, NotActive, NotFound, UnsafePath
 from heartbeat.ledger import Event, EventKind
 from heartbeat.liveness import note_boot_time
-from heartbeat.metrics import VITALS_FILE, Vitals
 from heartbeat.store.base import Entry, FileBacked, Store
 
 __all__ = ["Core", "LookMemory", "Want"]
@@ -131,7 +131,9 @@ class Core:
         if hasattr(store.ledger, "on_unreadable"):  # a corrupt row is skipped, and logged once
             store.ledger.on_unreadable = lambda row, why: log.warning(
                 "ledger_row_unreadable", row=row, error=why, hint="the row is skipped; the ledger is not changed")
-        self.vitals = Vitals.start()
+        self.vitals = Vitals.start(self.shared.host)
+        if self.lease is not None:  # its takeovers and renewals, for /metrics
+            self.lease.vitals = self.vitals
         self.vitals_dir: str | None = None
         """Where :meth:`tick` writes the vitals for ``/metrics`` (set by ``serve``; tests leave it unset)."""
 

@@ -32,6 +32,7 @@ from typing import Any
 from heartbeat import defaults
 from heartbeat.baton import Baton, Gate, Owner
 from heartbeat.daemon.shared import Shared
+from heartbeat.daemon.vitals import Vitals
 from heartbeat.lease import Lease, for_store, resolve_host
 
 __all__ = ["LeasePart", "lease_part", "renew_interval"]
@@ -59,6 +60,8 @@ class LeasePart:
                            stop_agent=self._stop_fenced, on_stood_down=self._stood_down)
         self.on_stood_down: Any = lambda: None
         """Set by the service: stop the daemon (another daemon with this host id is the host now)."""
+        self.vitals = Vitals(host=shared.host)
+        """Where takeovers and renewals are counted (the daemon passes its own, which /metrics reads)."""
         self._fencing: set[tuple[str, int]] = set()
         self._fence_lock = threading.Lock()  # never the look lock: a pass may hang on an unreachable database
 
@@ -72,7 +75,8 @@ class LeasePart:
         return self.lease.stood_down
 
     def before_pass(self) -> None:
-        self.lease.take_over(self.shared.config.daemon.max_concurrent - len(self.shared.running))
+        for taken in self.lease.take_over(self.shared.config.daemon.max_concurrent - len(self.shared.running)):
+            self.vitals.took_over(taken.from_host)
 
     def after_scan(self, entries: Any) -> None:
         self.lease.observe(entries)
@@ -114,12 +118,17 @@ class LeasePart:
         self.lease.start_watch()
 
     def renew(self) -> None:
+        self.vitals.lease_ttl = self.lease.ttl
         try:
-            self.lease.renew(len(self.shared.running))
+            ok = self.lease.renew(len(self.shared.running))
         except Exception as exc:  # the renewal job must keep running whatever one renewal hit
             self.shared.log.exception("renew_failed", error=repr(exc))
+            ok = False
+        if not self.lease.stood_down:
+            self.vitals.renewal(ok)
 
     def unreachable(self, exc: BaseException) -> None:
+        self.vitals.renewal(False)
         self.lease.unreachable(exc)
 
     def close(self) -> None:
