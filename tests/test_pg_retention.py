@@ -98,6 +98,7 @@ class TestArchiving:
         write(pg, "recent", LATER - timedelta(days=2))
         blocked = Baton(task="waits for a human", step="s0", blocked_on="a human")
         blocked.meta.id = "blocked"
+        blocked.meta.status = Status.BLOCKED
         pg.create(blocked, actor="cli", now=T0)
         kept = ["active", "blocked", "failed", "recent"]
         texts = {t: pg.baton_text(t) for t in kept}
@@ -273,6 +274,7 @@ class TestTwoHosts:
             write(store, "up", start)
             down = Baton(task="after up, then a human", step="s0", blocked_on="a human", after=["up"])
             down.meta.id = "down"
+            down.meta.status = Status.BLOCKED
             store.create(down, actor="cli", now=start)
             now = datetime.now(UTC) + timedelta(days=1)
             before = build_report(store, now=now).to_json()
@@ -296,7 +298,8 @@ class TestTwoHosts:
             assert sql(pg_url, "SELECT sum(tasks) FROM heartbeat_archive") == [(20,)]
             assert sum(e.get("archived", 0) for h in hosts for e in h.lines("gc")) == 20
             assert not [e for h in hosts for e in h.lines("gc_failed")]
-            assert sorted(e.id for e in store.scan()) == ["down", "up"]
+            assert [(e.id, e.baton.meta.status) for e in store.scan() if e.baton] == [
+                ("down", Status.BLOCKED), ("up", Status.DONE)]
             assert build_report(store, now=now).to_json() == before
         finally:
             for h in hosts:
