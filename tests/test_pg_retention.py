@@ -89,7 +89,8 @@ class TestArchiving:
         """Thirty long-done tasks are archived: their baton rows and events leave the live tables (one
         `archived` row each stays), the active, blocked, failed and recently done tasks' batons are
         untouched (the live ones' events row for row: only finished tasks' touches fold), and after
-        gc's VACUUM the next thirty tasks' history reuses the freed space: the events relation (pg_total_relation_size) grows far less than it did for the first thirty."""
+        gc's VACUUM the next thirty tasks' history reuses the freed space: the events relation
+        (pg_total_relation_size) grows far less than it did for the first thirty."""
         empty = events_size(pg_url)
         for n in range(30):
             write(pg, f"old{n:02d}", T0 + timedelta(minutes=n), seed=n, epochs=6, touches=6)
