@@ -20,7 +20,7 @@ from test_retention import _counters, sim
 
 from heartbeat.baton import Baton, Gate, Status
 from heartbeat.config import RetentionConfig
-from heartbeat.errors import GcBusy
+from heartbeat.errors import GcBusy, StoreError
 from heartbeat.report import build_report
 from heartbeat.retention import run_gc
 from heartbeat.store.base import Archiving
@@ -152,6 +152,19 @@ class TestArchiving:
             ("a", "the baton changed while it was being archived (revived?)")]
         assert pg.load("a").meta.status is Status.ACTIVE
         assert report_json(pg)["tasks"][0]["status"] == "active"
+
+    def test_a_missing_archive_row_is_an_error_not_lower_totals(self, pg: PostgresStore, pg_url: str,
+                                                                tmp_path: Path) -> None:
+        """If the archive row an `archived` mark names is gone (deleted by hand, a partial restore),
+        `report` fails in one line instead of silently counting less."""
+        write(pg, "a", T0)
+        assert run_gc(pg, RetentionConfig(), now=LATER).archived == ["a"]
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            assert conn.execute("DELETE FROM heartbeat_archive").rowcount == 1
+        with pytest.raises(StoreError, match="names an archive the database does not hold"):
+            build_report(pg)
+        r = cli(pg_url, tmp_path, "report")
+        assert r.code == 1 and len(r.err.strip().splitlines()) == 1 and "does not hold" in r.err, r.err
 
     def test_one_gc_at_a_time_on_a_database(self, pg: PostgresStore, pg_url: str) -> None:
         """While one process holds the database's gc lock, a gc from another connection (another host)
