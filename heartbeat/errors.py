@@ -25,6 +25,7 @@ __all__ = [
     "Conflict",
     "StoreError",
     "StoreUnreachable",
+    "GcBusy",
     "DaemonRunning",
     "GuaranteeFailed",
 ]
@@ -147,6 +148,10 @@ class StoreUnreachable(StoreError):
 
 class Busy(StoreError):
     """Another writer holds a baton's lock longer than the caller would wait (the daemon waits briefly)."""
+
+
+class GcBusy(StoreError):
+    """Another ``heartbeat gc`` holds the store's gc lock (on a shared store: another host's daemon)."""
 
 
 class DaemonRunning(HeartbeatError):

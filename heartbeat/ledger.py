@@ -203,6 +203,13 @@ class Ledger(Protocol):
     ) -> list[Event]:
         """Events in append order, optionally for one task, since a time, of some kinds."""
 
+    def fold(self, task: str, ids: Sequence[int], events: Sequence[Event]) -> int:
+        """In one transaction: remove ``task``'s rows ``ids`` and append ``events`` (retention's
+        summaries, :mod:`heartbeat.retention`). Returns how many rows went."""
+
+    def count(self) -> int:
+        """How many rows the ledger holds."""
+
     def close(self) -> None:
         """Release resources; the ledger may be reopened by a new instance."""
 

@@ -41,17 +41,9 @@ xz would compress ~20% better at several times the CPU; an SQLite archive would 
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import gzip
-import hashlib
 import json
-import os
-import re
-import stat
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -59,10 +51,9 @@ from typing import Any
 from heartbeat.baton import Baton, GateKind, Status
 from heartbeat.config import RetentionConfig
 from heartbeat.errors import HeartbeatError, StoreError
-from heartbeat.layout import StateLayout
-from heartbeat.ledger import Event, tally
-from heartbeat.safefile import fsync_dir, write_file_atomic
-from heartbeat.store.archive import RETENTION_KINDS, read_archive, read_archived
+from heartbeat.ledger import Event, EventKind, Ledger, tally
+from heartbeat.store.archive import EPOCH_FILE, RETENTION_KINDS, archive_name, make_record, read_archived
+from heartbeat.store.base import Archiving, Store
 
 __all__ = [
     "RETENTION_KINDS",
@@ -71,11 +62,6 @@ __all__ = [
     "read_archived",
     "EPOCH_FILE",
 ]
-
-EPOCH_FILE = re.compile(r"(\d{1,18})\.(log|log\.1|brief\.md|exit|pid|pulse)")
-"""The names of an epoch's files under ``logs/<id>/``; nothing else there is ever removed."""
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass
@@ -146,19 +132,17 @@ class GcResult:
 # -- the entry point ----------------------------------------------------------------------
 
 
-def run_gc(store: Any, config: RetentionConfig, *, now: datetime, dry_run: bool = False) -> GcResult:
-    """One gc pass over a file store (see the module doc). ``now`` decides every age.
-    Another store is refused in one line, nothing changed: retention is the file store's only."""
-    from heartbeat.store.files import FileStore
-
-    if not isinstance(store, FileStore):
-        raise StoreError("gc works on the file store only: retention on a database store is not built yet "
+def run_gc(store: Store, config: RetentionConfig, *, now: datetime, dry_run: bool = False) -> GcResult:
+    """One gc pass over a store that archives (see the module doc). ``now`` decides every age.
+    Another store is refused in one line, nothing changed; so is a second gc while one runs
+    (:class:`~heartbeat.errors.GcBusy`: on a shared store, while another host's runs)."""
+    if not isinstance(store, Archiving):
+        raise StoreError("gc works on a store that archives (the file store, PostgreSQL): this one does not "
                          "(nothing was changed)")
     result = GcResult(dry_run=dry_run, now=now)
-    state_dir: str = store.state_dir
-    ledger: Any = store.ledger  # (the file store's SQLite ledger, which counts its rows)
-    result.ledger_rows_before = ledger.count()
-    with _gc_lock(state_dir, dry_run):
+    ledger = store.ledger
+    with store.gc_lock(dry_run=dry_run):
+        result.ledger_rows_before = ledger.count()
         entries = {e.id: e for e in store.scan()}
         cutoff = now - timedelta(seconds=config.finished_after)
         finished = {Status.DONE, Status.FAILED} if config.archive_failed else {Status.DONE}
@@ -168,39 +152,18 @@ def run_gc(store: Any, config: RetentionConfig, *, now: datetime, dry_run: bool 
         for baton in [b for b in candidates if b.meta.id in needed]:
             candidates.remove(baton)
             result.skipped.append((baton.meta.id, f"kept: task {needed[baton.meta.id]} depends on it"))
-        archived = _archive(store, candidates, result, now=now, dry_run=dry_run)
+        archived = _archive(store, ledger, candidates, result, now=now, dry_run=dry_run)
         for task_id, entry in entries.items():
             if task_id in archived or entry.baton is None or entry.error is not None:
                 continue
-            _prune_epochs(store.logs_dir, task_id, entry.baton.meta.epoch, config.keep_epochs, result, dry_run)
+            _prune_epochs(store, task_id, entry.baton.meta.epoch, config.keep_epochs, result, dry_run)
             if entry.baton.meta.status in (Status.DONE, Status.FAILED):
                 _fold_touches(store, entry.baton, result, now=now, dry_run=dry_run)
-    result.ledger_rows_after = ledger.count() if not dry_run else (
-        result.ledger_rows_before
-        - sum(result.folded.values()) + len(result.folded)
-        - result.archived_rows + len(result.archived))
+        result.ledger_rows_after = ledger.count() if not dry_run else (
+            result.ledger_rows_before
+            - sum(result.folded.values()) + len(result.folded)
+            - result.archived_rows + len(result.archived))
     return result
-
-
-@contextmanager
-def _gc_lock(state_dir: str, dry_run: bool) -> Iterator[None]:
-    """One gc at a time per state dir (the daemon's job and ``heartbeat gc``); a dry run takes none."""
-    if dry_run:
-        yield
-        return
-    path = StateLayout(state_dir).gc_lock
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except OSError as exc:
-        raise StoreError(f"cannot open the gc lock: {exc.strerror}", path=path) from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise StoreError("another gc is running on this state dir", path=path) from None
-        yield
-    finally:
-        os.close(fd)
 
 
 def _upstreams_of(baton: Baton) -> list[str]:
@@ -250,91 +213,18 @@ def _archivable(baton: Baton, cutoff: datetime, statuses: set[Status]) -> bool:
 # -- epochs' files -------------------------------------------------------------------------
 
 
-def _prune_epochs(logs_dir: str, task_id: str, current: int, keep: int, result: GcResult, dry_run: bool) -> None:
-    fd = _open_task_dir(logs_dir, task_id)
-    if fd is None:
+def _prune_epochs(store: Archiving, task_id: str, current: int, keep: int, result: GcResult, dry_run: bool) -> None:
+    """All but the ``keep`` latest epochs' files of a task, never the current epoch's (nor above)."""
+    files = store.task_files(task_id)
+    epochs = sorted({epoch for epoch, _, _ in files}, reverse=True)
+    kept = set(epochs[:max(1, keep)])
+    old = [(path, size) for epoch, path, size in files if epoch not in kept and epoch < current]
+    if not old:
         return
-    try:
-        files = _epoch_files(fd)
-        epochs = sorted({epoch for epoch, _, _ in files}, reverse=True)
-        kept = set(epochs[:max(1, keep)])
-        for epoch, name, size in files:
-            if epoch in kept or epoch >= current:
-                continue
-            if dry_run or _unlink_at(fd, name):
-                result.removed_files.append((os.path.join(logs_dir, task_id, name), size))
-    finally:
-        os.close(fd)
-
-
-def _open_task_dir(logs_dir: str, task_id: str) -> int | None:
-    """A descriptor on ``logs/<id>``, a real directory reached through no symlink, or None."""
-    try:
-        parent = os.open(logs_dir, _DIR_FLAGS)
-    except OSError:
-        return None  # missing, a symlink (ELOOP), not a directory: nothing of ours to prune
-    try:
-        return os.open(task_id, _DIR_FLAGS, dir_fd=parent)
-    except OSError:
-        return None
-    finally:
-        os.close(parent)
-
-
-def _epoch_files(fd: int) -> list[tuple[int, str, int]]:
-    """``(epoch, name, bytes)`` of the entries named like an epoch's files; sizes from lstat."""
-    found = []
-    for name in os.listdir(fd):
-        match = EPOCH_FILE.fullmatch(name)
-        if match is None:
-            continue
-        try:
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        except OSError:
-            continue
-        if stat.S_ISDIR(st.st_mode):
-            continue
-        found.append((int(match.group(1)), name, st.st_size if stat.S_ISREG(st.st_mode) else 0))
-    return found
-
-
-def _unlink_at(fd: int, name: str) -> bool:
-    try:
-        os.unlink(name, dir_fd=fd)
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        if exc.errno in (errno.EISDIR, errno.EPERM, errno.EACCES):
-            return False
-        raise StoreError(f"cannot remove {name}: {exc.strerror}") from None
-    return True
-
-
-def _remove_task_logs(logs_dir: str, task_id: str) -> int:
-    """Remove an archived task's epoch files (and its directory when that leaves it empty)."""
-    fd = _open_task_dir(logs_dir, task_id)
-    if fd is None:
-        return 0
-    freed = 0
-    try:
-        for _, name, size in _epoch_files(fd):
-            if _unlink_at(fd, name):
-                freed += size
-        empty = not os.listdir(fd)
-    finally:
-        os.close(fd)
-    if empty:
-        try:
-            parent = os.open(logs_dir, _DIR_FLAGS)
-        except OSError:
-            return freed
-        try:
-            os.rmdir(task_id, dir_fd=parent)
-        except OSError:
-            pass
-        finally:
-            os.close(parent)
-    return freed
+    if dry_run:
+        result.removed_files.extend(old)
+        return
+    result.removed_files.extend(store.prune_files(task_id, [path for path, _ in old]))
 
 
 # -- archiving -----------------------------------------------------------------------------
@@ -348,126 +238,50 @@ class _Candidate:
     record: dict[str, Any]
 
 
-def _read_baton_bytes(path: str) -> bytes | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        chunks = []
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def _event_json(e: Event) -> dict[str, Any]:
-    return e.to_json()
-
-
-def _archive(store: Any, batons: list[Baton], result: GcResult, *, now: datetime, dry_run: bool) -> set[str]:
+def _archive(store: Archiving, ledger: Ledger, batons: list[Baton], result: GcResult, *, now: datetime,
+             dry_run: bool) -> set[str]:
     if not batons:
         return set()
     candidates: list[_Candidate] = []
     for baton in batons:
         task = baton.meta.id
-        raw = _read_baton_bytes(store.path_of(task))
+        raw = store.archive_text(task)
         if raw is None:
             result.skipped.append((task, "baton unreadable"))
             continue
         # An earlier ``archived`` mark of this id (a task archived, then made again) stays in the ledger.
-        events = [e for e in store.ledger.events(task) if e.kind != "archived"]
-        record = {"task": task, "archived_at": now.isoformat(), "baton": raw.decode("utf-8"),
-                  "baton_sha256": hashlib.sha256(raw).hexdigest(), "events": [_event_json(e) for e in events]}
-        candidates.append(_Candidate(task, raw, events, record))
+        events = [e for e in ledger.events(task) if e.kind != EventKind.ARCHIVED]
+        candidates.append(_Candidate(task, raw, events, make_record(task, raw, events, now)))
     if not candidates:
         return set()
     if dry_run:
         for c in candidates:
             result.archived.append(c.task)
             result.archived_rows += len(c.events)
-            result.archived_bytes += len(c.raw) + _logs_bytes(store.logs_dir, c.task)
+            result.archived_bytes += len(c.raw) + sum(size for _, _, size in store.task_files(c.task))
         return set(result.archived)
-    archive_dir = StateLayout(store.state_dir).archive_dir
-    from heartbeat.store.files import ensure_private_dir
-
-    ensure_private_dir(archive_dir, what="archive dir")
-    name = f"{now.strftime('%Y%m%dT%H%M%S%f')}Z.jsonl.gz"
-    path = os.path.join(archive_dir, name)
-    if os.path.lexists(path):
-        raise StoreError("an archive of this instant exists already (run gc again)", path=path)
-    lines = [json.dumps(c.record, ensure_ascii=False, sort_keys=True).encode("utf-8") + b"\n" for c in candidates]
-    _write_durably(path, gzip.compress(b"".join(lines), compresslevel=6, mtime=0))
-    _verify_archive(path, [c.record for c in candidates])
-    result.archive_file = path
-    result.archive_file_bytes = os.stat(path, follow_symlinks=False).st_size
+    name = archive_name(now)
+    result.archive_file, result.archive_file_bytes = store.write_archive(name, [c.record for c in candidates])
     done: set[str] = set()
     for c in candidates:
-        why = _retire(store, c, name, now)
+        summary = Event(task=c.task, kind=EventKind.ARCHIVED, ts=now, actor="gc", data={
+            "archive": name,
+            "rows": len(c.events),
+            "baton_sha256": c.record["baton_sha256"],
+            "kinds": dict(Counter(e.kind for e in c.events)),
+            "counted": tally(c.events),  # the metrics' counters keep counting these (heartbeat.metrics)
+            "first_ts": c.events[0].ts.isoformat() if c.events else None,
+            "last_ts": c.events[-1].ts.isoformat() if c.events else None,
+        })
+        why, freed = store.retire(c.task, c.raw, c.events, summary)
         if why:
             result.skipped.append((c.task, why))
             continue
         done.add(c.task)
         result.archived.append(c.task)
         result.archived_rows += len(c.events)
-        result.archived_bytes += len(c.raw) + _remove_task_logs(store.logs_dir, c.task)
+        result.archived_bytes += len(c.raw) + freed
     return done
-
-
-def _logs_bytes(logs_dir: str, task: str) -> int:
-    fd = _open_task_dir(logs_dir, task)
-    if fd is None:
-        return 0
-    try:
-        return sum(size for _, _, size in _epoch_files(fd))
-    finally:
-        os.close(fd)
-
-
-def _write_durably(path: str, data: bytes) -> None:
-    try:
-        write_file_atomic(path, data, fsync_dir=True, follow=False)
-    except OSError as exc:
-        raise StoreError(f"cannot write the archive: {exc.strerror}; nothing was archived", path=path) from None
-
-
-def _verify_archive(path: str, expected: list[dict[str, Any]]) -> None:
-    """Read the archive back from disk; every record must be exactly what was meant to go in."""
-    got = list(read_archive(path))
-    if got != expected:
-        raise StoreError("the archive read back differs from what was written; nothing was archived", path=path)
-
-
-def _retire(store: Any, c: _Candidate, archive_name: str, now: datetime) -> str:
-    """Under the baton's lock: swap the task's rows for one ``archived`` event, remove the baton.
-    Returns why not ("" when done)."""
-    try:
-        with store._locked(c.task):
-            raw = _read_baton_bytes(store.path_of(c.task))
-            if raw != c.raw:
-                return "the baton changed while it was being archived (revived?)"
-            events = [e for e in store.ledger.events(c.task) if e.kind != "archived"]
-            if [e.id for e in events] != [e.id for e in c.events] or [e.ts for e in events] != [
-                    e.ts for e in c.events]:
-                return "new ledger events while it was being archived"
-            summary = Event(task=c.task, kind="archived", ts=now, actor="gc", data={
-                "archive": archive_name,
-                "rows": len(c.events),
-                "baton_sha256": c.record["baton_sha256"],
-                "kinds": dict(Counter(e.kind for e in c.events)),
-                "counted": tally(c.events),  # the metrics' counters keep counting these (heartbeat.metrics)
-                "first_ts": c.events[0].ts.isoformat() if c.events else None,
-                "last_ts": c.events[-1].ts.isoformat() if c.events else None,
-            })
-            store.ledger.fold(c.task, [e.id for e in c.events], [summary])
-            os.unlink(store.path_of(c.task))
-            fsync_dir(store.batons_dir, follow=False)
-    except HeartbeatError as exc:
-        return str(exc)
-    return ""
 
 
 # -- folding touches -----------------------------------------------------------------------
@@ -497,7 +311,7 @@ def foldable_touches(events: list[Event]) -> list[Event]:
     return out
 
 
-def _fold_touches(store: Any, baton: Baton, result: GcResult, *, now: datetime, dry_run: bool) -> None:
+def _fold_touches(store: Store, baton: Baton, result: GcResult, *, now: datetime, dry_run: bool) -> None:
     from heartbeat.report import task_incidents
 
     task = baton.meta.id
@@ -517,7 +331,7 @@ def _fold_touches(store: Any, baton: Baton, result: GcResult, *, now: datetime, 
         result.skipped.append((task, "folding its touches would change its report"))
         return
     if not dry_run:
-        summary = Event(task=task, kind="compacted", ts=now, actor="gc", epoch=baton.meta.epoch, data={
+        summary = Event(task=task, kind=EventKind.COMPACTED, ts=now, actor="gc", epoch=baton.meta.epoch, data={
             "folded": len(fold), "kinds": {"touched": len(fold)},
             "first_ts": fold[0].ts.isoformat(), "last_ts": fold[-1].ts.isoformat()})
         removed = store.ledger.fold(task, sorted(gone), [summary])

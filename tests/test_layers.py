@@ -200,7 +200,6 @@ STORE_REACHES_LEFT = sorted([
     "heartbeat/lease.py: self.store._conn",
     "heartbeat/lease.py: self.store._conn",
     "heartbeat/lease.py: store._conn",
-    "heartbeat/retention.py: store._locked",
 ])
 """The reaches past the Store still to be turned into capabilities (issue 18); only shrinks."""
 

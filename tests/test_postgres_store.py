@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from heartbeat.baton import Baton, Meta
+from heartbeat.baton import Baton, Meta, Status
 from heartbeat.config import parse_config
 from heartbeat.errors import ConfigError, StoreError
 from heartbeat.store import open_store
@@ -606,19 +606,25 @@ class TestEveryCommandOnTheConfiguredStore:
             proc.terminate()
             proc.wait(timeout=20)
 
-    def test_gc_opens_the_database_and_refuses_it_in_one_line(self, configured: Path, pg_url: str,
-                                                              tmp_path: Path) -> None:
+    def test_gc_works_on_the_database_by_either_route(self, configured: Path, pg_url: str, tmp_path: Path) -> None:
         """`heartbeat gc` with the config route opens the database as $HEARTBEAT_STORE_URL does (it silently
-        gc'd an empty file store; the env route died with an AttributeError traceback): retention on a
-        database is not built yet, so both refuse in the same one line, exit 1, nothing changed."""
-        before = _rows(pg_url)
-        by_config = _run_cli("--config", str(configured), "gc", env={}, cwd=tmp_path)
-        by_env = _run_cli("--state-dir", str(tmp_path / "state"), "gc", env={"HEARTBEAT_STORE_URL": pg_url},
-                          cwd=tmp_path)
-        for r in (by_config, by_env):
-            assert r.code == 1 and "Traceback" not in r.err, r.err
-            assert len(r.err.strip().splitlines()) == 1 and "file store only" in r.err, r.err
-        assert _rows(pg_url) == before
+        gc'd an empty file store; the env route died with an AttributeError traceback; c31a8a9 refused
+        both in one line): the env route's dry run plans what the config route's gc then archives."""
+        store = PostgresStore(pg_url)
+        try:
+            with store.edit("c1", actor="test") as ed:
+                ed.baton.meta.status = Status.DONE
+        finally:
+            store.close()
+        later = "2100-01-01T00:00:00+00:00"
+        by_env = _run_cli("--state-dir", str(tmp_path / "state"), "gc", "--dry-run", "--json", "--now", later,
+                          env={"HEARTBEAT_STORE_URL": pg_url}, cwd=tmp_path)
+        by_config = _run_cli("--config", str(configured), "gc", "--json", "--now", later, env={}, cwd=tmp_path)
+        for r in (by_env, by_config):
+            assert r.code == 0 and "Traceback" not in r.err, r.err
+            assert json.loads(r.out)["archived"] == ["c1"]
+        with psycopg.connect(pg_url) as conn:
+            assert conn.execute("SELECT id FROM heartbeat_batons ORDER BY id").fetchall() == [("c2",), ("c3",)]
 
     def test_mcp_serves_the_databases_tasks(self, configured: Path, tmp_path: Path) -> None:
         """`heartbeat mcp` with the config route lists the database's tasks (official SDK client)."""

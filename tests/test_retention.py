@@ -23,10 +23,10 @@ import pytest
 from conftest import Result
 from daemon_harness import DaemonHarness
 
-from heartbeat import defaults, retention
+from heartbeat import defaults
 from heartbeat.baton import Status
 from heartbeat.config import RetentionConfig, parse_config
-from heartbeat.errors import ConfigError, StoreError
+from heartbeat.errors import ConfigError, GcBusy, StoreError
 from heartbeat.report import build_report
 from heartbeat.retention import RETENTION_KINDS, run_gc
 from heartbeat.store.files import FileStore
@@ -267,15 +267,16 @@ class TestArchive:
         stray record in the archive is ignored by the report (no `archived` event names it)."""
         end = make_task(store, "a", T0)
         before = report_json(store)
-        verify = retention._verify_archive
+        write = store.write_archive
 
-        def revive_then_verify(path: str, expected: list[dict[str, Any]]) -> None:
-            verify(path, expected)
+        def write_then_revive(name: str, records: list[dict[str, Any]]) -> tuple[str, int]:
+            found = write(name, records)
             with store.edit("a", actor="bob", now=end + timedelta(days=31)) as ed:  # `heartbeat retry`
                 ed.baton.meta.status = Status.ACTIVE
                 ed.event("retried", by="bob", note="")
+            return found
 
-        monkeypatch.setattr(retention, "_verify_archive", revive_then_verify)
+        monkeypatch.setattr(store, "write_archive", write_then_revive)
         result = run_gc(store, RetentionConfig(), now=end + timedelta(days=31))
         assert result.archived == [] and result.skipped == [
             ("a", "the baton changed while it was being archived (revived?)")]
@@ -394,7 +395,7 @@ class TestDryRun:
 class TestConcurrency:
     def test_one_gc_at_a_time(self, store: FileStore) -> None:
         """While one gc holds the state dir's gc lock, another refuses with a clear error."""
-        with retention._gc_lock(store.state_dir, False), pytest.raises(StoreError, match="another gc"):
+        with store.gc_lock(), pytest.raises(GcBusy, match="another gc"):
             run_gc(store, RetentionConfig(), now=LATER)
 
     def test_the_daemon_runs_gc_beside_its_tick(self, tmp_path: Path) -> None:

@@ -28,9 +28,9 @@ from heartbeat.daemon.boot import wait_for_store
 from heartbeat.daemon.core import Core
 from heartbeat.daemon.leased import renew_interval
 from heartbeat.daemon.shared import logger, open_store
-from heartbeat.errors import HeartbeatError, StoreError
+from heartbeat.errors import GcBusy, HeartbeatError, StoreError
 from heartbeat.layout import StateLayout
-from heartbeat.store.base import Store
+from heartbeat.store.base import Archiving, Store
 
 __all__ = ["Daemon", "hold_daemon_lock", "logger", "open_store", "run_from_cli"]
 
@@ -162,7 +162,7 @@ class Daemon(Core):
             "coalesce": True, "max_instances": 1, "misfire_grace_time": None})
         now = self._scheduler_now()
         retention = self.config.retention
-        if retention.enabled and not self.dry_run and self._keeps_files():
+        if retention.enabled and not self.dry_run and isinstance(self.store, Archiving):
             self._scheduler.add_job(self._safe_gc, "interval", seconds=retention.every, id="gc",
                                     next_run_time=now + timedelta(seconds=min(retention.every,
                                                                               defaults.GC_FIRST_DELAY_MAX)))
@@ -276,6 +276,8 @@ class Daemon(Core):
             self.log.info("gc", removed_files=len(result.removed_files), removed_bytes=result.removed_bytes,
                           archived=len(result.archived), folded_rows=sum(result.folded.values()),
                           skipped=len(result.skipped), archive=result.archive_file)
+        except GcBusy as exc:  # another host's daemon (or `heartbeat gc`) is at it: its run does the work
+            self.log.info("gc_skipped", why=str(exc))
         except Exception as exc:  # a failed gc is logged and retried next time; the clock is unaffected
             self.log.exception("gc_failed", error=repr(exc))
 

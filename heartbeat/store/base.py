@@ -32,7 +32,7 @@ from heartbeat.errors import Conflict, HeartbeatError, UnsafePath
 from heartbeat.ledger import Event, EventKind, Ledger
 from heartbeat.timeparse import utcnow
 
-__all__ = ["Entry", "Edit", "Store", "Unwatch", "FileBacked", "PulseSink", "TextImport", "SharedStore",
+__all__ = ["Entry", "Edit", "Store", "Unwatch", "FileBacked", "PulseSink", "TextImport", "SharedStore", "Archiving",
            "check_fence", "start_create", "finish_edit", "content_changes",
            "created_data", "continue_above", "fingerprint", "write_identity"]
 
@@ -176,6 +176,42 @@ class SharedStore(Protocol):
 
     def daemon_backends(self) -> list[int]:
         """The server pids of the sessions holding any host's daemon lock: empty when no daemon runs on it."""
+
+
+@runtime_checkable
+class Archiving(Protocol):
+    """A store that moves finished tasks out of its live records into an archive it reads back
+    (``heartbeat gc``): both the file store and the PostgreSQL store. :mod:`heartbeat.retention`
+    decides what goes (old enough, no live task depends on it) and builds the records
+    (:func:`heartbeat.store.archive.make_record`); the store does the moving, atomically per task."""
+
+    def gc_lock(self, *, dry_run: bool = False) -> AbstractContextManager[None]:
+        """Held for a whole gc: one gc at a time over this store, on every host sharing it.
+        :class:`~heartbeat.errors.GcBusy` when another holds it; a dry run takes none."""
+
+    def archive_text(self, task_id: str) -> bytes | None:
+        """The baton's bytes as the archive keeps them; None when there is no readable one."""
+
+    def task_files(self, task_id: str) -> list[tuple[int, str, int]]:
+        """``(epoch, path, bytes)`` of the task's epoch files (logs, briefs, exits) this store
+        keeps; empty for a store whose logs live on each host (PostgreSQL)."""
+
+    def prune_files(self, task_id: str, paths: list[str]) -> list[tuple[str, int]]:
+        """Remove these of :meth:`task_files`; ``(path, bytes)`` of those that went."""
+
+    def write_archive(self, name: str, records: list[dict[str, Any]]) -> tuple[str, int]:
+        """Store a new archive ``name`` holding ``records`` durably, read it back and check it
+        record by record; ``(where, bytes)``. :class:`~heartbeat.errors.StoreError`, nothing
+        archived, when it cannot."""
+
+    def retire(self, task_id: str, raw: bytes, events: list[Event], summary: Event) -> tuple[str, int]:
+        """Under the task's lock: if its baton is still ``raw`` and its ledger (``archived`` marks
+        aside) still exactly ``events``, replace those rows by ``summary`` and remove the baton
+        and its files, all or nothing. ``(why not, "" when retired; bytes of files freed)``."""
+
+    def archived_tasks(self) -> dict[str, tuple[Baton | None, list[Event]]]:
+        """Every task an ``archived`` mark names: its archived baton (None if it no longer
+        parses) and archived events, in order (:func:`heartbeat.store.archive.resolve_marks`)."""
 
 
 def check_fence(current: Baton, *, expect_revision: int | None, epoch: int | None) -> None:

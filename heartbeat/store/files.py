@@ -23,8 +23,9 @@ import os
 import stat
 import time
 from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
+from typing import Any
 
 from heartbeat import defaults
 from heartbeat.baton import Baton, Status, check_id, dump_baton, parse_baton
@@ -43,7 +44,8 @@ from heartbeat.layout import StateLayout
 from heartbeat.ledger import Event, EventKind, Ledger, PendingWrite, SqliteLedger
 from heartbeat.pulse import apply_pulse
 from heartbeat.pulse import arm as _arm_pulse
-from heartbeat.safefile import check_not_special, open_parent, open_regular, write_file_atomic, write_temp
+from heartbeat.safefile import check_not_special, fsync_dir, open_parent, open_regular, write_file_atomic, write_temp
+from heartbeat.store import archive as _archive
 from heartbeat.store.base import (
     Edit,
     Entry,
@@ -494,6 +496,50 @@ class FileStore:
             except OSError as exc:
                 raise StoreError(f"cannot write the baton: {exc.strerror}", path=path) from None
         return True
+
+    # -- archiving (heartbeat.store.base.Archiving: heartbeat gc) --------------------------
+
+    def gc_lock(self, *, dry_run: bool = False) -> AbstractContextManager[None]:
+        """A flock on ``<state_dir>/gc.lock`` for the whole gc; a dry run takes none."""
+        return nullcontext() if dry_run else _archive.file_gc_lock(self.layout.gc_lock)
+
+    def archive_text(self, task_id: str) -> bytes | None:
+        return _archive.read_baton_bytes(self.path_of(task_id))
+
+    def task_files(self, task_id: str) -> list[tuple[int, str, int]]:
+        return _archive.epoch_files(self.logs_dir, task_id)
+
+    def prune_files(self, task_id: str, paths: list[str]) -> list[tuple[str, int]]:
+        return _archive.remove_epoch_files(self.logs_dir, task_id, paths)
+
+    def write_archive(self, name: str, records: list[dict[str, Any]]) -> tuple[str, int]:
+        """``<state_dir>/archive/<name>``, 0600, durably (:func:`heartbeat.store.archive.write_archive_file`)."""
+        archive_dir = self.layout.archive_dir
+        ensure_private_dir(archive_dir, what="archive dir")
+        return _archive.write_archive_file(archive_dir, name, records)
+
+    def retire(self, task_id: str, raw: bytes, events: list[Event], summary: Event) -> tuple[str, int]:
+        """Under the baton's lock: the ledger's fold (one SQLite transaction), then the baton's
+        unlink and its directory's fsync, then its logs. A crash between the fold and the unlink
+        leaves a baton whose rows are archived: the next gc archives it again (a new record)."""
+        try:
+            with self._locked(task_id):
+                if _archive.read_baton_bytes(self.path_of(task_id)) != raw:
+                    return "the baton changed while it was being archived (revived?)", 0
+                now = [e for e in self.ledger.events(task_id) if e.kind != EventKind.ARCHIVED]
+                if not _archive.same_history(now, events):
+                    return "new ledger events while it was being archived", 0
+                self.ledger.fold(task_id, [e.id for e in events], [summary])
+                os.unlink(self.path_of(task_id))
+                fsync_dir(self.batons_dir, follow=False)
+        except HeartbeatError as exc:
+            return str(exc), 0
+        return "", sum(size for _, size in _archive.remove_epoch_files(self.logs_dir, task_id, None))
+
+    def archived_tasks(self) -> dict[str, tuple[Baton | None, list[Event]]]:
+        marks = self.ledger.events(kinds=[EventKind.ARCHIVED])
+        archive_dir = self.layout.archive_dir
+        return _archive.resolve_marks(marks, lambda name: _archive.read_archive(os.path.join(archive_dir, name)))
 
     def record(self, events: list[Event]) -> None:
         self.ledger.append(events)

@@ -32,7 +32,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,6 +44,7 @@ from heartbeat import defaults
 from heartbeat.baton import Baton, check_id, dump_baton, host_labels, parse_baton
 from heartbeat.errors import AlreadyExists, BadInput, Conflict, HeartbeatError, NotFound, StoreError, StoreUnreachable
 from heartbeat.ledger import Event, EventKind, Ledger, PendingWrite, _minute
+from heartbeat.store import pg_archive
 from heartbeat.store.base import (
     Edit,
     Entry,
@@ -118,6 +119,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             stopped_at timestamptz
         )""",
     ),
+    3: pg_archive.MIGRATION,  # retention: heartbeat_archive (heartbeat.store.pg_archive)
 }
 """Schema version -> the statements that bring version-1 to it. Append, never edit."""
 
@@ -402,6 +404,7 @@ class PostgresStore:
         self._daemon_host: str | None = None
         """The host id :meth:`claim_daemon` locked (None: not claimed)."""
         self._daemon_lock_guard = threading.Lock()
+        self._archive = pg_archive.PgArchive(self._conn, lambda: connect(url, autocommit=True), self.label, CHANNEL)
         self._pool = ConnectionPool(
             url,
             min_size=1,
@@ -600,6 +603,32 @@ class PostgresStore:
 
     def record(self, events: list[Event]) -> None:
         self.ledger.append(events)
+
+    # -- archiving (heartbeat.store.base.Archiving: heartbeat gc; heartbeat.store.pg_archive) ----
+
+    def gc_lock(self, *, dry_run: bool = False) -> AbstractContextManager[None]:
+        return self._archive.gc_lock(dry_run=dry_run)
+
+    def archive_text(self, task_id: str) -> bytes | None:
+        try:
+            return self.baton_text(task_id).encode("utf-8")
+        except NotFound:
+            return None
+
+    def task_files(self, task_id: str) -> list[tuple[int, str, int]]:
+        return []  # agents' logs live in each host's state dir, not in the database
+
+    def prune_files(self, task_id: str, paths: list[str]) -> list[tuple[str, int]]:
+        return []
+
+    def write_archive(self, name: str, records: list[dict[str, Any]]) -> tuple[str, int]:
+        return self._archive.write_archive(name, records)
+
+    def retire(self, task_id: str, raw: bytes, events: list[Event], summary: Event) -> tuple[str, int]:
+        return self._archive.retire(task_id, raw, events, summary)
+
+    def archived_tasks(self) -> dict[str, tuple[Baton | None, list[Event]]]:
+        return self._archive.archived_tasks(self.ledger.events(kinds=[EventKind.ARCHIVED]))
 
     # -- change notification and the daemon's lock -------------------------------------
 
