@@ -227,7 +227,7 @@ class TestReportAndCounters:
         fill_rich(pg)
         collector = HeartbeatCollector(pg, state_dir="")
         before = _counters(collector)
-        assert before[("heartbeat_escalations_total", ())] > 0
+        assert before[("heartbeat_escalations_total", (("scope", "store"),))] > 0
         assert len(run_gc(pg, RetentionConfig(), now=LATER).archived) == 32
         assert _counters(collector) == before
         fresh = PostgresStore(pg_url)
