@@ -137,8 +137,8 @@ MIN_READER: dict[int, int] = {1: 1, 2: 2}
 A migration is additive by default: new tables, new columns that are nullable or have a default, new
 indexes; code one version older keeps working beside it (it names its columns, never ``SELECT *``).
 A migration that drops, renames or retypes anything older code reads or writes, or adds a constraint
-older writers would break, must raise ``min_reader`` here (to at most its own version), and only after
-every host runs code of at least that version (docs/operating.md, "Rolling upgrade")."""
+older writers would break, must raise ``min_reader`` here, to a version every host already runs
+before its ``db upgrade`` (expand, then contract: docs/operating.md, "Rolling upgrade")."""
 
 _log = logging.getLogger("psycopg.pool")
 _log.addHandler(logging.NullHandler())
