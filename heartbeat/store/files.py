@@ -115,6 +115,9 @@ def format_text(version: int = defaults.STATE_FORMAT, min_reader: int = defaults
     )
 
 
+_OUR_FORMAT = format_text().encode()
+
+
 def check_format(layout: StateLayout) -> tuple[int, int]:
     """The state dir's format (version, min_reader), from ``format.toml``; written when missing.
 
@@ -136,6 +139,8 @@ def check_format(layout: StateLayout) -> tuple[int, int]:
         return defaults.STATE_FORMAT, defaults.STATE_FORMAT_MIN_READER  # a read-only dir without one
     except OSError as exc:
         raise StoreError(f"cannot read the state dir's format: {exc.strerror}", path=path) from None
+    if raw == _OUR_FORMAT:  # the usual case, without parsing
+        return defaults.STATE_FORMAT, defaults.STATE_FORMAT_MIN_READER
     version, floor = _parse_format(raw, path)
     ours = defaults.STATE_FORMAT
     if version > ours and floor > ours:
