@@ -336,6 +336,21 @@ class TestFileStoreFormat:
         r = _cli(used_state, "status")
         assert r.returncode == 2 and "format.toml" in _one_line(r), r.stderr
 
+    def test_a_process_reads_the_marker_again_once_it_changes(self, used_state: Path) -> None:
+        """Within one process a store opened again trusts what it read while format.toml is the same file,
+        and reads it again once it is not: a too-new marker put there later is refused at the next open."""
+        FileStore(str(used_state)).close()
+        FileStore(str(used_state)).close()
+        marker = used_state / "format.toml"
+        newer = defaults.STATE_FORMAT + 1
+        tmp = used_state / "format.toml.new"
+        tmp.write_text(f"version = {newer}\nmin_reader = {newer}\n")
+        os.replace(tmp, marker)
+        with pytest.raises(StoreError, match=f"format is version {newer}"):
+            FileStore(str(used_state))
+        marker.write_text(format_text())  # the same inode, rewritten in place: its size and mtime moved
+        FileStore(str(used_state)).close()
+
     def test_many_first_opens_write_one_whole_marker(self, state_dir: Path) -> None:
         """Eight processes opening a fresh state dir at once: one marker, whole, and no temp file left."""
         procs = [subprocess.Popen([sys.executable, "-m", "heartbeat", "--state-dir", str(state_dir), "status"],

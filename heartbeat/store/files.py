@@ -129,6 +129,27 @@ def check_format(layout: StateLayout) -> tuple[int, int]:
     """
     path = layout.format_file
     try:
+        st = os.lstat(path)  # before the read: a file replaced meanwhile only makes the next open read again
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = None
+    seen = _seen_formats.get(path)
+    if key is not None and seen is not None and seen[0] == key:
+        return seen[1]
+    found = _read_format(path)
+    if key is not None:
+        _seen_formats[path] = (key, found)
+    return found
+
+
+_seen_formats: dict[str, tuple[tuple[int, int, int, int], tuple[int, int]]] = {}
+"""Per process: ``format.toml`` path -> (its lstat identity, the format it allowed). A store opened again
+(the daemon's relay opens one per agent write) costs one ``lstat``, not a read; a changed file is read again."""
+
+
+def _read_format(path: str) -> tuple[int, int]:
+    """:func:`check_format` without the per-process memory."""
+    try:
         try:
             raw = read_regular(path, _FORMAT_LIMIT)
         except FileNotFoundError:
