@@ -139,22 +139,23 @@ class TestPostgresSideBySide:
 
     @pytest.mark.slow
     def test_an_n_plus_1_daemon_beside_an_n_daemon_and_n_agents(self, pg_url: str, tmp_path: Path) -> None:
-        """The rolling upgrade on two hosts: host-a runs N+1 (its `db upgrade` applies the next migration; its
-        agents are N), host-b stays on N; both daemons dispatch and every task finishes every step, written
-        by N agents on the N+1 schema. Fails on c31a8a9: host-b's daemon and every agent refuse the schema."""
+        """The rolling upgrade on two hosts, live: host-b runs N with two agents mid-task when host-a, now N+1,
+        runs `db upgrade` (the next migration) and starts its daemon (its agents are N). Both daemons dispatch,
+        and every task finishes every step, written by N agents started before and after the upgrade.
+        Fails on c31a8a9: every N process opened after the upgrade refuses the schema (no task finishes)."""
         tmp_path.chmod(0o700)
-        up = _heartbeat("db", "upgrade", url=pg_url, cwd=tmp_path, newer="next")
-        assert up.returncode == 0, up.stderr
-        assert up.stdout.strip() == f"schema at version {NEXT} (was {SCHEMA_VERSION})"
         agent = [*TOY, "--step-time", "1"]
         a = NewerHost(tmp_path / "a", pg_url, "host-a", agent=agent, max_concurrent=2, stall_after="30s")
         b = Host(tmp_path / "b", pg_url, "host-b", agent=agent, max_concurrent=2, stall_after="30s")
         ids = [f"roll-{i}" for i in range(8)]
         try:
             new_tasks(b.store, ids, tmp_path, plan=2)  # type: ignore[arg-type]
-            a.start()  # N+1 first, until it runs as many agents as it may: then N surely finds work left
-            a.wait(lambda: len(a.live_agents()) == 2, "host-a running two agents", timeout=60)
-            b.start()
+            b.start()  # the fleet on N, at capacity: host-a will surely find work left
+            b.wait(lambda: len(b.live_agents()) == 2, "host-b running two agents", timeout=60)
+            up = _heartbeat("db", "upgrade", url=pg_url, cwd=tmp_path, newer="next")
+            assert up.returncode == 0, up.stderr
+            assert up.stdout.strip() == f"schema at version {NEXT} (was {SCHEMA_VERSION})"
+            a.start()
 
             def all_done() -> bool:
                 return all(b.store.load(t).status.value == "done" for t in ids)
