@@ -103,7 +103,7 @@ class TestTheRule:
 def _newer_schema(url: str, *, raise_min_reader: bool = False) -> None:
     """What N+1's ``db upgrade`` does to the database."""
     before, after = upgrade(url, migrations={**MIGRATIONS, NEXT: NEXT_MIGRATION},
-                            min_readers={NEXT: NEXT} if raise_min_reader else {})
+                            min_readers={NEXT: NEXT} if raise_min_reader else None)
     assert (before, after) == (SCHEMA_VERSION, NEXT)
 
 

@@ -289,11 +289,11 @@ def upgrade(
     One transaction under an advisory lock: two upgrades at once run one after the other,
     and the second finds nothing to do. Each version applied is recorded with its min_reader
     (:func:`min_reader_of`). A database newer than this code is left as it is: nothing to do when
-    this code may still use it, else refused in one line. ``migrations``/``min_readers`` other than
-    the module's are for tests that play a newer heartbeat.
+    this code may still use it, else refused in one line. ``migrations`` (instead of the module's)
+    and ``min_readers`` (over the module's) are for tests that play a newer heartbeat.
     """
     steps = MIGRATIONS if migrations is None else migrations
-    floors = MIN_READER if min_readers is None else min_readers
+    floors = {**MIN_READER, **(min_readers or {})}
     latest = max(steps)
     conn = connect(url)
     try:
@@ -310,7 +310,7 @@ def upgrade(
                     "CREATE TABLE IF NOT EXISTS heartbeat_schema (version integer PRIMARY KEY, "
                     "applied_at timestamptz NOT NULL DEFAULT now(), min_reader integer)"
                 )
-            elif not has_floor:  # recorded by a heartbeat before min_reader: it meant an exact match
+            elif not has_floor:  # a table of a heartbeat before min_reader: it meant an exact match
                 conn.execute("ALTER TABLE heartbeat_schema ADD COLUMN min_reader integer")
                 conn.execute("UPDATE heartbeat_schema SET min_reader = version")
             for version in range(before + 1, latest + 1):
