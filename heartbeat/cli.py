@@ -664,17 +664,21 @@ def cmd_db(args: argparse.Namespace) -> int:
         from heartbeat.store import postgres
     except ImportError:
         raise BadInput("a PostgreSQL store needs the extra heartbeat[postgres]: pip install 'heartbeat[postgres]'") from None
+    ours = postgres.SCHEMA_VERSION
     if args.action == "upgrade":
         before, after = postgres.upgrade(url)
-        print(f"schema at version {after}" + (f" (was {before})" if before != after else " (nothing to do)"))
+        if after > ours:
+            print(f"schema at version {after}, newer than this heartbeat ({ours}) but usable by it (nothing to do)")
+        else:
+            print(f"schema at version {after}" + (f" (was {before})" if before != after else " (nothing to do)"))
         return 0
     conn = postgres.connect(url)
     try:
-        found = postgres.schema_version(conn)
+        found, floor = postgres.schema_state(conn)
     finally:
         conn.close()
-    print(f"schema version {found}; this heartbeat uses {postgres.SCHEMA_VERSION}")
-    return 0 if found == postgres.SCHEMA_VERSION else EXIT_ERROR
+    print(f"schema version {found} (min_reader {floor}); this heartbeat uses {ours}")
+    return 0 if postgres.schema_refusal(found, floor, "") is None else EXIT_ERROR
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -5,6 +5,12 @@ from __future__ import annotations
 SCHEMA = 1
 """The baton schema this heartbeat reads and writes; a newer one is refused, not misread."""
 
+STATE_FORMAT = 1
+"""The format of the file store's state dir (batons, ledger) this heartbeat reads and writes (``format.toml``)."""
+
+STATE_FORMAT_MIN_READER = 1
+"""The oldest state dir format whose code may still use a state dir of :data:`STATE_FORMAT`."""
+
 STATE_DIR = "/var/lib/heartbeat"
 """Where batons, logs and the ledger live when the config does not say."""
 

@@ -10,6 +10,7 @@
     logs/<id>/<epoch>.exit             the agent's exit status (the shim)
     logs/<id>/<epoch>.pulse            the agent's fast touches (its mtime; :mod:`heartbeat.pulse`)
     ledger.sqlite3                     the ledger (the file store)
+    format.toml                        the state dir's format: version and min_reader (the file store)
     daemon.lock                        one daemon per state dir (an flock)
     daemon.json                        the daemon's vitals for ``/metrics``
     archive/                           what ``heartbeat gc`` archived
@@ -67,6 +68,10 @@ class StateLayout:
     @property
     def ledger_file(self) -> str:
         return os.path.join(self.root, "ledger.sqlite3")
+
+    @property
+    def format_file(self) -> str:
+        return os.path.join(self.root, "format.toml")
 
     @property
     def daemon_lock(self) -> str:

@@ -6,6 +6,7 @@ Layout under the state dir (created 0700; refused when others can write to it)::
     locks/<id>.lock      flock(2) target per baton, so writers of one task serialize
     logs/<id>/           agents' output, written by launchers; ``<epoch>.pulse``: agents' touches (heartbeat.pulse)
     ledger.sqlite3       the ledger (WAL)
+    format.toml          the state dir's format: ``version`` and ``min_reader`` (see :func:`check_format`)
 
 A write is: temp file in ``batons/`` (named ``.<id>.toml.<pid>.<rand>.tmp``, which no
 reader looks at), fsync, ledger append, ``os.replace`` over the baton, fsync of the
@@ -22,6 +23,7 @@ import fcntl
 import os
 import stat
 import time
+import tomllib
 from collections.abc import Callable, Collection, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
@@ -44,7 +46,15 @@ from heartbeat.layout import StateLayout
 from heartbeat.ledger import Event, EventKind, Ledger, PendingWrite, SqliteLedger
 from heartbeat.pulse import apply_pulse
 from heartbeat.pulse import arm as _arm_pulse
-from heartbeat.safefile import check_not_special, fsync_dir, open_parent, open_regular, write_file_atomic, write_temp
+from heartbeat.safefile import (
+    check_not_special,
+    fsync_dir,
+    open_parent,
+    open_regular,
+    read_regular,
+    write_file_atomic,
+    write_temp,
+)
 from heartbeat.store import archive as _archive
 from heartbeat.store.base import (
     Edit,
@@ -59,7 +69,7 @@ from heartbeat.store.base import (
     write_identity,
 )
 
-__all__ = ["FileStore", "ensure_private_dir"]
+__all__ = ["FileStore", "check_format", "ensure_private_dir", "format_text"]
 
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -96,6 +106,118 @@ def ensure_private_dir(path: str, *, what: str = "state dir") -> None:
         )
 
 
+_FORMAT_LIMIT = 4096  # bytes of format.toml read: a few lines, whatever was put there
+
+
+def format_text(version: int = defaults.STATE_FORMAT, min_reader: int = defaults.STATE_FORMAT_MIN_READER) -> str:
+    """The text of ``format.toml`` for a state dir of ``version`` that code of ``min_reader`` may still use."""
+    return (
+        "# The format of this state dir (batons, ledger), written by heartbeat. A heartbeat whose\n"
+        "# format is older than min_reader refuses the dir instead of misreading it.\n"
+        f"version = {version}\nmin_reader = {min_reader}\n"
+    )
+
+
+_OUR_FORMAT = format_text().encode()
+
+
+def check_format(layout: StateLayout) -> tuple[int, int]:
+    """The state dir's format (version, min_reader), from ``format.toml``; written when missing.
+
+    Code of format V uses a dir of format S when S <= V (an older one is this code's to read),
+    or when S > V and min_reader <= V (an older heartbeat beside a newer one during an upgrade);
+    otherwise it refuses the dir in one line, before reading or writing anything in it. A dir
+    without the file predates it and is format 1; the file is then created exclusively (a newer
+    heartbeat's marker written meanwhile is never replaced).
+    """
+    path = layout.format_file
+    try:
+        st = os.lstat(path)  # before the read: a file replaced meanwhile only makes the next open read again
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = None
+    seen = _seen_formats.get(path)
+    if key is not None and seen is not None and seen[0] == key:
+        return seen[1]
+    found = _read_format(path)
+    if key is not None:
+        _seen_formats[path] = (key, found)
+    return found
+
+
+_seen_formats: dict[str, tuple[tuple[int, int, int, int], tuple[int, int]]] = {}
+"""Per process: ``format.toml`` path -> (its lstat identity, the format it allowed). A store opened again
+(the daemon's relay opens one per agent write) costs one ``lstat``, not a read; a changed file is read again."""
+
+
+def _read_format(path: str) -> tuple[int, int]:
+    """:func:`check_format` without the per-process memory."""
+    try:
+        try:
+            raw = read_regular(path, _FORMAT_LIMIT)
+        except FileNotFoundError:
+            if _create_format(path):
+                return defaults.STATE_FORMAT, defaults.STATE_FORMAT_MIN_READER
+            raw = read_regular(path, _FORMAT_LIMIT)  # another process wrote it first
+    except FileNotFoundError:
+        return defaults.STATE_FORMAT, defaults.STATE_FORMAT_MIN_READER  # a read-only dir without one
+    except OSError as exc:
+        raise StoreError(f"cannot read the state dir's format: {exc.strerror}", path=path) from None
+    if raw == _OUR_FORMAT:  # the usual case, without parsing
+        return defaults.STATE_FORMAT, defaults.STATE_FORMAT_MIN_READER
+    version, floor = _parse_format(raw, path)
+    ours = defaults.STATE_FORMAT
+    if version > ours and floor > ours:
+        raise StoreError(
+            f"the state dir's format is version {version}, newer than this heartbeat knows ({ours}), and needs "
+            f"a heartbeat of format {floor} or newer (its min_reader): upgrade heartbeat on this host",
+            path=path,
+        )
+    return version, floor
+
+
+def _parse_format(raw: bytes, path: str) -> tuple[int, int]:
+    fix = f"it should read: version = {defaults.STATE_FORMAT}, min_reader = {defaults.STATE_FORMAT_MIN_READER}"
+    try:
+        doc = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise StoreError(f"the state dir's format file is not TOML ({exc}); {fix}", path=path) from None
+    version = _whole(doc.get("version"), "version", path, fix)
+    return version, _whole(doc.get("min_reader", version), "min_reader", path, fix)
+
+
+def _whole(value: object, name: str, path: str, fix: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise StoreError(f"the state dir's format file has no whole {name} >= 1; {fix}", path=path)
+    return value
+
+
+def _create_format(path: str) -> bool:
+    """Write ``format.toml`` unless it exists by then; True when this process wrote it. A temp file is
+    linked into place (``link(2)`` fails on an existing name), so no reader sees it half-written and
+    no marker written meanwhile (a newer heartbeat's) is replaced. False too where nothing can be
+    written (a read-only state dir)."""
+    try:
+        dir_fd = open_parent(path, follow=False)
+    except OSError:
+        return False
+    try:
+        name = os.path.basename(path)
+        tmp = write_temp(dir_fd, name, format_text().encode())
+        try:
+            os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+        except FileExistsError:
+            return False
+        finally:
+            _unlink_quietly(tmp, dir_fd)
+        os.fsync(dir_fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(dir_fd)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -116,6 +238,8 @@ class FileStore:
         None: the whole baton. :meth:`load` and :meth:`edit` always read the whole baton."""
         ensure_private_dir(self.state_dir)
         self.layout = StateLayout(self.state_dir)
+        self.format = check_format(self.layout)
+        """The state dir's format (version, min_reader); a dir this code may not use was refused."""
         self.batons_dir = self.layout.batons_dir
         self.locks_dir = self.layout.locks_dir
         self.logs_dir = self.layout.logs_dir

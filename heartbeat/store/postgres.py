@@ -22,8 +22,12 @@ timeout and a statement timeout: a database that is down or hung gives one line,
 ``cannot reach the database: ...``, never a traceback or a hang.
 
 The schema belongs to heartbeat: :func:`upgrade` (``heartbeat db upgrade``) applies the
-numbered migrations below in one transaction under an advisory lock; a store opened on a
-database whose schema is older, or newer, than this code refuses with one line.
+numbered migrations below in one transaction under an advisory lock, and records with each
+version its ``min_reader``: the oldest schema version whose code may still read and write it.
+Code of schema version V opens a database at version S when S == V, or when S > V and
+min_reader <= V (an older host beside a newer schema, the middle of a rolling upgrade); it
+refuses in one line a database it is too old for (min_reader > V) and one that needs
+``db upgrade`` (S < V). The check runs once per store opened, i.e. once per process.
 """
 
 from __future__ import annotations
@@ -59,9 +63,12 @@ from heartbeat.store.base import (
 
 __all__ = [
     "CHANNEL",
+    "MIN_READER",
     "SCHEMA_VERSION",
     "PostgresLedger",
     "PostgresStore",
+    "schema_refusal",
+    "schema_state",
     "schema_version",
     "upgrade",
 ]
@@ -125,6 +132,15 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this code reads and writes."""
+
+MIN_READER: dict[int, int] = {1: 1, 2: 2}
+"""Schema version -> its ``min_reader``, where a migration raises it; a version left out keeps the one before.
+
+A migration is additive by default: new tables, new columns that are nullable or have a default, new
+indexes; code one version older keeps working beside it (it names its columns, never ``SELECT *``).
+A migration that drops, renames or retypes anything older code reads or writes, or adds a constraint
+older writers would break, must raise ``min_reader`` here, to a version every host already runs
+before its ``db upgrade`` (expand, then contract: docs/operating.md, "Rolling upgrade")."""
 
 _log = logging.getLogger("psycopg.pool")
 _log.addHandler(logging.NullHandler())
@@ -206,45 +222,107 @@ def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
     return conn
 
 
-def schema_version(conn: psycopg.Connection[Any]) -> int:
-    """The schema version recorded in the database; 0 when heartbeat has never upgraded it."""
+def _schema_row(conn: psycopg.Connection[Any]) -> tuple[int, int, bool]:
+    """(version, min_reader, whether ``heartbeat_schema`` has the min_reader column); (0, 0, True) when
+    heartbeat has never upgraded the database. Two statements, as before min_reader existed: the
+    row is read whole (``to_jsonb``), so a table written by a heartbeat before min_reader reads too."""
     row = conn.execute("SELECT to_regclass('heartbeat_schema') IS NOT NULL").fetchone()
     if not row or not row[0]:
-        return 0
-    found = conn.execute("SELECT max(version) FROM heartbeat_schema").fetchone()
-    return int(found[0]) if found and found[0] is not None else 0
+        return 0, 0, True
+    found = conn.execute(
+        "SELECT to_jsonb(s) FROM heartbeat_schema s ORDER BY version DESC LIMIT 1"
+    ).fetchone()
+    if not found or not isinstance(found[0], dict):
+        return 0, 0, True
+    version = int(found[0]["version"])
+    floor = found[0].get("min_reader")
+    # A version recorded without a min_reader (by a heartbeat before min_reader) asked for an exact match.
+    return version, int(floor) if floor is not None else version, "min_reader" in found[0]
 
 
-def _newer(found: int) -> StoreError:
+def schema_state(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """The database's schema (version, min_reader); (0, 0) when heartbeat has never upgraded it."""
+    version, floor, _ = _schema_row(conn)
+    return version, floor
+
+
+def schema_version(conn: psycopg.Connection[Any]) -> int:
+    """The schema version recorded in the database; 0 when heartbeat has never upgraded it."""
+    return schema_state(conn)[0]
+
+
+def _needs_upgrade(label: str, version: int, ours: int) -> StoreError:
     return StoreError(
-        f"the database's schema is version {found}, newer than this heartbeat knows ({SCHEMA_VERSION}): "
-        "upgrade heartbeat"
+        f"the database {label} needs `heartbeat db upgrade` (its schema is version {version}, this heartbeat uses {ours})"
     )
 
 
-def upgrade(url: str) -> tuple[int, int]:
-    """Bring the schema to :data:`SCHEMA_VERSION`; return (version before, version after).
+def schema_refusal(version: int, floor: int, label: str, ours: int | None = None) -> StoreError | None:
+    """Why code of schema ``ours`` (this code's) may not use a database at (``version``, min_reader
+    ``floor``), as the one-line error to raise; None when it may. A pure function of the numbers."""
+    ours = SCHEMA_VERSION if ours is None else ours
+    if version < ours:
+        return _needs_upgrade(label, version, ours)
+    if version > ours and floor > ours:
+        return StoreError(
+            f"the database {label}'s schema is version {version}, newer than this heartbeat knows ({ours}), "
+            f"and needs a heartbeat of schema {floor} or newer (its min_reader): upgrade heartbeat on this host"
+        )
+    return None
+
+
+def min_reader_of(version: int, min_readers: dict[int, int] | None = None) -> int:
+    """The min_reader that ``version`` records (:data:`MIN_READER`: a version left out keeps the one before)."""
+    table = MIN_READER if min_readers is None else min_readers
+    floor = 0
+    for v in range(1, version + 1):
+        floor = min(v, max(floor, table.get(v, floor)))
+    return floor
+
+
+def upgrade(
+    url: str,
+    *,
+    migrations: dict[int, tuple[str, ...]] | None = None,
+    min_readers: dict[int, int] | None = None,
+) -> tuple[int, int]:
+    """Bring the schema to the newest of ``migrations`` (:data:`MIGRATIONS`); return (version before, after).
 
     One transaction under an advisory lock: two upgrades at once run one after the other,
-    and the second finds nothing to do. A database newer than this code is refused.
+    and the second finds nothing to do. Each version applied is recorded with its min_reader
+    (:func:`min_reader_of`). A database newer than this code is left as it is: nothing to do when
+    this code may still use it, else refused in one line. ``migrations`` (instead of the module's)
+    and ``min_readers`` (over the module's) are for tests that play a newer heartbeat.
     """
+    steps = MIGRATIONS if migrations is None else migrations
+    floors = {**MIN_READER, **(min_readers or {})}
+    latest = max(steps)
     conn = connect(url)
     try:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_UPGRADE_LOCK,))
-            before = schema_version(conn)
-            if before > SCHEMA_VERSION:
-                raise _newer(before)
+            before, floor, has_floor = _schema_row(conn)
+            if before > latest:
+                refused = schema_refusal(before, floor, _label(url), latest)
+                if refused is not None:
+                    raise refused
+                return before, before
             if before == 0:
                 conn.execute(
-                    "CREATE TABLE IF NOT EXISTS heartbeat_schema "
-                    "(version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+                    "CREATE TABLE IF NOT EXISTS heartbeat_schema (version integer PRIMARY KEY, "
+                    "applied_at timestamptz NOT NULL DEFAULT now(), min_reader integer)"
                 )
-            for version in range(before + 1, SCHEMA_VERSION + 1):
-                for statement in MIGRATIONS[version]:
+            elif not has_floor:  # a table of a heartbeat before min_reader: it meant an exact match
+                conn.execute("ALTER TABLE heartbeat_schema ADD COLUMN min_reader integer")
+                conn.execute("UPDATE heartbeat_schema SET min_reader = version")
+            for version in range(before + 1, latest + 1):
+                for statement in steps[version]:
                     conn.execute(statement)  # our own constant SQL
-                conn.execute("INSERT INTO heartbeat_schema (version) VALUES (%s)", (version,))
-        return before, SCHEMA_VERSION
+                conn.execute(
+                    "INSERT INTO heartbeat_schema (version, min_reader) VALUES (%s, %s)",
+                    (version, max(floor, min_reader_of(version, floors))),
+                )
+        return before, latest
     except psycopg.OperationalError as exc:
         raise _unreachable(exc, url) from None
     except psycopg.Error as exc:
@@ -405,6 +483,8 @@ class PostgresStore:
         """The host id :meth:`claim_daemon` locked (None: not claimed)."""
         self._daemon_lock_guard = threading.Lock()
         self._archive = pg_archive.PgArchive(self._conn, lambda: connect(url, autocommit=True), self.label, CHANNEL)
+        self.schema: tuple[int, int] = (0, 0)
+        """The database's schema (version, min_reader) as :meth:`check_schema` last read it."""
         self._pool = ConnectionPool(
             url,
             min_size=1,
@@ -455,20 +535,17 @@ class PostgresStore:
         )
 
     def _needs_upgrade(self, found: int) -> StoreError:
-        return StoreError(
-            f"the database {self.label} needs `heartbeat db upgrade` "
-            f"(its schema is version {found}, this heartbeat uses {SCHEMA_VERSION})"
-        )
+        return _needs_upgrade(self.label, found, SCHEMA_VERSION)
 
     def check_schema(self) -> None:
-        """Refuse, in one line, a database whose schema is not the one this code uses."""
+        """Refuse, in one line, a database this code may not use (:func:`schema_refusal`)."""
         with self._conn() as conn:
-            found = schema_version(conn)
+            version, floor = schema_state(conn)
             conn.commit()
-        if found < SCHEMA_VERSION:
-            raise self._needs_upgrade(found)
-        if found > SCHEMA_VERSION:
-            raise _newer(found)
+        self.schema = (version, floor)
+        refused = schema_refusal(version, floor, self.label)
+        if refused is not None:
+            raise refused
 
     # -- reading ---------------------------------------------------------------------
 
