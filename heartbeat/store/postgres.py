@@ -133,8 +133,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this code reads and writes."""
 
-MIN_READER: dict[int, int] = {1: 1, 2: 2}
+MIN_READER: dict[int, int] = {1: 1, 2: 2, 3: 3}
 """Schema version -> its ``min_reader``, where a migration raises it; a version left out keeps the one before.
+
+Version 3 (gc's archive table) raises it to 3: code of version 2 would read a database whose finished
+tasks gc moved into ``heartbeat_archive`` and report lower totals without saying so. No heartbeat
+that knew ``min_reader`` ever ran at version 2, so the raise costs no rolling upgrade.
 
 A migration is additive by default: new tables, new columns that are nullable or have a default, new
 indexes; code one version older keeps working beside it (it names its columns, never ``SELECT *``).
