@@ -18,6 +18,7 @@ from heartbeat import defaults, tasks
 from heartbeat import policy as pol
 from heartbeat.baton import Baton, Gate, GateKind, Owner, OwnerKind, Status
 from heartbeat.config import LauncherConfig, expand_argv
+from heartbeat.daemon.leased import LeasePart
 from heartbeat.daemon.shared import Shared
 from heartbeat.errors import Busy, Conflict, HeartbeatError, NotActive, NotFound
 from heartbeat.handoff import refused_done
@@ -49,8 +50,10 @@ class StopMemory:
 class Actor:
     """Writes for decisions, and what acting must remember per task (under the look lock)."""
 
-    def __init__(self, shared: Shared) -> None:
+    def __init__(self, shared: Shared, lease: LeasePart | None) -> None:
         self.shared = shared
+        self.lease = lease
+        """The lease part on a store shared by many hosts (a launch is renewed from then on); None on the file store."""
         self.stops: dict[str, StopMemory] = {}
         """Per task: the stop under way (or the intent of the last one, until its exit is settled)."""
         self.spinning_reported: dict[str, datetime | None] = {}
@@ -367,7 +370,7 @@ class Actor:
                 stop.stopping = False  # not gone: try again next look
                 if not gone:
                     return
-            sh.poke(baton.id)
+            sh.pokes.poke(baton.id)
 
         sh.log.warning("stopping", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
                        pid=owner.pid, reason=d.reason)
@@ -420,7 +423,7 @@ class Actor:
                          session_resumed=plan.resume)
         except (Conflict, NotFound, NotActive) as exc:
             sh.log.info("raced", task=task_id, action="dispatch", reason=str(exc))
-            sh.poke(task_id)
+            sh.pokes.poke(task_id)
             return False
         except Busy:
             raise
@@ -465,7 +468,7 @@ class Actor:
             self.launch_failed(pending, f"{step}: {exc.strerror or exc}", now)
             return True
         if not sh.exits.watch(task_id, owner) and sh.exits.started and owner.pid and not is_alive(owner):
-            sh.exited(task_id)  # it ended before it could be watched: look again at once, not at the tick
+            sh.pokes.poke_now(task_id)  # it ended before it could be watched: look again at once, not at the tick
         # Phase 2: the agent runs; record who it is. The agent may have written already
         # (same epoch), so this is fenced by epoch, not by revision.
         try:
@@ -482,12 +485,12 @@ class Actor:
             # shim's pid file lets the next look adopt the agent, as after a daemon crash here.
             sh.log.warning("dispatch_recorded_later", task=task_id, epoch=epoch, error=str(exc),
                            hint="the baton's lock is held; the agent is adopted from its pid file")
-            sh.poke(task_id)
+            sh.pokes.poke(task_id)
         except HeartbeatError as exc:
             sh.log.error("dispatch_unrecorded", task=task_id, epoch=epoch, error=str(exc))
         sh.running[task_id] = launcher_name
-        if sh.lease is not None:  # renewed from now on (the claim's lease covers it until then)
-            sh.lease.launched(task_id, epoch, owner)
+        if self.lease is not None:  # renewed from now on (the claim's lease covers it until then)
+            self.lease.launched(task_id, epoch, owner)
         sh.log.info("dispatched", task=task_id, epoch=epoch, attempt=pending.meta.attempt,
                     reason=decision.reason, launcher=launcher_name, pid=owner.pid, unit=owner.unit)
         return True
@@ -497,7 +500,7 @@ class Actor:
         sh = self.shared
         sh.log.info("raced", task=task_id, action="dispatch", status=baton.meta.status.value,
                     revision=baton.meta.revision, reason="the baton changed after the dispatch decision")
-        sh.poke(task_id)
+        sh.pokes.poke(task_id)
 
     def launch_failed(self, baton: Baton, error: str, now: datetime) -> None:
         sh = self.shared
