@@ -303,6 +303,15 @@ class TestDaemonComposition:
         assert all(f.__doc__ for f in phases)
         assert max(lengths.values()) <= 45, lengths
 
+    def test_the_daemon_imports_no_face_for_its_page(self) -> None:
+        """``[http]`` inside ``heartbeat run``: the command line gives the daemon its page starter
+        (:func:`heartbeat.web.start_for_daemon`); no daemon module imports ``heartbeat.web`` (on
+        c31a8a9 daemon/service.py did, listed in import-linter's ignore_imports)."""
+        graph = import_graph()
+        daemon_modules = [m for m in graph if m == "heartbeat.daemon" or m.startswith("heartbeat.daemon.")]
+        assert [m for m in daemon_modules if "heartbeat.web" in graph[m]] == []
+        assert "heartbeat.web" in graph["heartbeat.cli"]
+
 
 if __name__ == "__main__":
     g = import_graph()

@@ -20,8 +20,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from heartbeat import defaults, systemd
 from heartbeat.changes import ChangeFeed
@@ -40,7 +41,16 @@ from heartbeat.layout import StateLayout
 from heartbeat.liveness import this_host
 from heartbeat.store.base import FileBacked, Store
 
-__all__ = ["Daemon", "hold_daemon_lock", "logger", "open_store", "run_from_cli"]
+__all__ = ["Daemon", "PageStarter", "hold_daemon_lock", "logger", "open_store", "run_from_cli"]
+
+
+class PageStarter(Protocol):
+    """Starts the status page and /metrics for ``config``'s ``[http]`` in a thread of its own: a
+    function that stops it, or None when it did not start (the starter logs why). ``vitals``: the
+    loop's, for /metrics. The command line gives :func:`heartbeat.web.start_for_daemon`; the
+    daemon, below the faces, never imports the page itself."""
+
+    def __call__(self, config: Config, vitals: Any, log: Any) -> Callable[[], None] | None: ...
 
 
 class Daemon:
@@ -54,7 +64,7 @@ class Daemon:
     a lost change feed ticks soon)."""
 
     def __init__(self, config: Config, *, store: Store | None = None, dry_run: bool = False, log: Any = None,
-                 clock: Clock = SYSTEM) -> None:
+                 clock: Clock = SYSTEM, page: PageStarter | None = None) -> None:
         if config.daemon.host and not os.environ.get("HEARTBEAT_HOST", "").strip():
             os.environ["HEARTBEAT_HOST"] = config.daemon.host  # this_host(), the launchers and the agents agree
         store = store if store is not None else open_store(config, claim=not dry_run, decisions=True)
@@ -72,6 +82,8 @@ class Daemon:
         self.metronome: Metronome | None = None
         """The tick's beat (started by :meth:`start_scheduler`)."""
         self.relay: Any = None
+        self._page = page
+        """Starts the ``[http]`` page when :meth:`serve` runs (:class:`PageStarter`); None: no page."""
         """The relay server (:mod:`.relay`) while :meth:`serve` runs with ``daemon.relay`` on the file store."""
         self.pokes = Pokes(log)
         self.shared = Shared(config, store, pokes=self.pokes, dry_run=dry_run, log=log, host=this_host(), clock=clock)
@@ -203,7 +215,7 @@ class Daemon:
         self.loop.vitals_dir = config.state_dir
         self.initialize()
         self.watcher.start()
-        web = self._start_web()
+        stop_page = self._start_page()
         self.relay = relay = self._start_relay()
         worker = threading.Thread(target=self.pokes.run, args=(self.loop.evaluate, self._stop),
                                   name="heartbeat-watch", daemon=True)
@@ -222,8 +234,8 @@ class Daemon:
                 self._reload.clear()
                 self.reload()
         systemd.notify("STOPPING=1")
-        if web is not None:
-            web.should_exit = True
+        if stop_page is not None:
+            stop_page()
         deadline = time.monotonic() + self.stop_grace()
         if relay is not None:  # its writes under way finish beside the look in progress, by the same deadline
             relay.stop(wait=self.stop_grace())
@@ -299,36 +311,17 @@ class Daemon:
                             on_write=count)
         return relay if relay.start() else None
 
-    def _start_web(self) -> Any:
-        """The status page and /metrics in a thread, when ``[http] listen`` is set (the clock runs either way)."""
+    def _start_page(self) -> Callable[[], None] | None:
+        """The status page and /metrics in a thread, when ``[http] listen`` is set (the clock runs either
+        way): started by the page starter the command line gave (the daemon imports no face)."""
         config = self.shared.config
-        http = config.http
-        if not http.listen:
+        if not config.http.listen:
             return None
-        try:
-            from heartbeat import web
-
-            token = http.token or os.environ.get("HEARTBEAT_WEB_TOKEN", "")
-            listen = web.parse_listen(http.listen, what="[http] listen").in_dir(config.state_dir)
-            web.check_exposure(listen, token)
-            app = web.build_app(open_store(config, claim=False), state_dir=config.state_dir, token=token,
-                                hosts=web.HostCheck(listen, http.allowed_hosts),
-                                max_attempts=config.daemon.max_attempts,
-                                default_launcher=config.daemon.default_launcher, vitals=self.loop.vitals)
-
-            def error(message: str, left_out: int) -> None:
-                self.log.error("http_error", error=message, left_out=left_out)
-
-            server, _, url = web.start_in_thread(app, listen, on_error=error)
-        except ImportError as exc:
-            self.log.error("http_failed", error=f"{exc}: install heartbeat[web] for [http]")
+        if self._page is None:
+            self.log.error("http_failed", error="[http] listen is set, but this daemon was built without a page "
+                           "to serve (`heartbeat run` gives it one)")
             return None
-        except HeartbeatError as exc:
-            self.log.error("http_failed", error=str(exc))
-            return None
-        self.log.info("http_serving", url=url, token=bool(token), pid=os.getpid())
-        return server
-
+        return self._page(config, self.loop.vitals, self.log)
 
     def _tick_soon(self) -> None:
         """The store's change feed may have missed writes: run a pass now rather than at the next tick."""
@@ -394,8 +387,8 @@ def exit_if_stuck(clean: bool, deadline: float, log: Any) -> None:
     os._exit(0)
 
 
-def run_from_cli(args: Any) -> int:
-    """``heartbeat run [--dry-run] [--once]``."""
+def run_from_cli(args: Any, *, page: PageStarter | None = None) -> int:
+    """``heartbeat run [--dry-run] [--once]``; ``page`` serves ``[http]`` (the command line gives it)."""
     from heartbeat.config import find_config
     from heartbeat.errors import ConfigError
     from heartbeat.logging import configure
@@ -418,7 +411,7 @@ def run_from_cli(args: Any) -> int:
         store = wait_for_store(lambda: open_store(config, claim=not args.dry_run, decisions=True), logger())
         if store is None:
             return 0
-        daemon = Daemon(config, store=store, dry_run=args.dry_run, clock=clock)
+        daemon = Daemon(config, store=store, dry_run=args.dry_run, clock=clock, page=page)
         if isinstance(clock, OffsetFileClock):
             daemon.log.warning("test_clock", path=clock.path, shift_s=clock.shift,
                                hint=f"{defaults.TEST_CLOCK_ENV} is a test seam: the wall clock is shifted by that file")
