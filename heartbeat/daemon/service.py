@@ -82,9 +82,9 @@ class Daemon:
         self.metronome: Metronome | None = None
         """The tick's beat (started by :meth:`start_scheduler`)."""
         self.relay: Any = None
+        """The relay server (:mod:`.relay`) while :meth:`serve` runs with ``daemon.relay`` on the file store."""
         self._page = page
         """Starts the ``[http]`` page when :meth:`serve` runs (:class:`PageStarter`); None: no page."""
-        """The relay server (:mod:`.relay`) while :meth:`serve` runs with ``daemon.relay`` on the file store."""
         self.pokes = Pokes(log)
         self.shared = Shared(config, store, pokes=self.pokes, dry_run=dry_run, log=log, host=this_host(), clock=clock)
         self.host = self.shared.host
