@@ -637,8 +637,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from heartbeat.daemon import run_from_cli
+    from heartbeat.web import start_for_daemon  # [http]: the daemon is given its page, it imports no face
 
-    return run_from_cli(args)
+    return run_from_cli(args, page=start_for_daemon)
 
 
 def cmd_web(args: argparse.Namespace) -> int:

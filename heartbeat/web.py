@@ -41,7 +41,7 @@ from urllib.parse import urlencode
 
 from heartbeat import defaults
 from heartbeat.baton import Baton, Status, check_id, dump_baton
-from heartbeat.config import Listen, parse_listen
+from heartbeat.config import Config, Listen, parse_listen
 from heartbeat.errors import BadInput, HeartbeatError, NotFound
 from heartbeat.layout import LOGS_DIR, StateLayout, log_name
 from heartbeat.ledger import Event
@@ -49,7 +49,8 @@ from heartbeat.policy import waiting_text
 from heartbeat.timeparse import format_duration, utcnow
 
 __all__ = ["DEFAULT_LISTEN", "LOG_TAIL_BYTES", "TIMELINE_EVENTS", "Listen", "HostCheck", "LogTail", "parse_listen",
-           "is_loopback", "check_exposure", "read_log_tail", "build_app", "serve", "start_in_thread", "run_from_cli"]
+           "is_loopback", "check_exposure", "read_log_tail", "build_app", "serve", "start_in_thread", "start_for_daemon",
+           "run_from_cli"]
 
 DEFAULT_LISTEN = defaults.HTTP_LISTEN
 """Where ``heartbeat web`` listens when ``--listen`` is not given: loopback only."""
@@ -834,6 +835,40 @@ def _url(sock: Any) -> str:
         return f"unix:{sock.getsockname()}"
     host, port = sock.getsockname()[:2]
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
+
+
+def start_for_daemon(config: Config, vitals: Any, log: Any) -> Callable[[], None] | None:
+    """The page and /metrics inside ``heartbeat run`` (``[http] listen``), served from a thread: a
+    function that stops it, or None when it did not start (logged as ``http_failed``: the clock runs
+    either way). The command line hands it to the daemon
+    (:class:`heartbeat.daemon.service.PageStarter`), which imports no face."""
+    from heartbeat.daemon.shared import open_store
+
+    http = config.http
+    try:
+        token = http.token or os.environ.get(_TOKEN_ENV, "")
+        listen = parse_listen(http.listen, what="[http] listen").in_dir(config.state_dir)
+        check_exposure(listen, token)
+        app = build_app(open_store(config, claim=False), state_dir=config.state_dir, token=token,
+                        hosts=HostCheck(listen, http.allowed_hosts), max_attempts=config.daemon.max_attempts,
+                        default_launcher=config.daemon.default_launcher, vitals=vitals)
+
+        def error(message: str, left_out: int) -> None:
+            log.error("http_error", error=message, left_out=left_out)
+
+        server, _, url = start_in_thread(app, listen, on_error=error)
+    except ImportError as exc:
+        log.error("http_failed", error=f"{exc}: install heartbeat[web] for [http]")
+        return None
+    except HeartbeatError as exc:
+        log.error("http_failed", error=str(exc))
+        return None
+    log.info("http_serving", url=url, token=bool(token), pid=os.getpid())
+
+    def stop() -> None:
+        server.should_exit = True
+
+    return stop
 
 
 def run_from_cli(args: Any) -> int:

@@ -81,11 +81,11 @@ class TestTheTickGoesOn:
         d.initialize()
         d.start_scheduler()
         stop_after.append(d)
-        wait_for(lambda: d.ticks >= 3, message="the first ticks")
+        wait_for(lambda: d.loop.ticks >= 3, message="the first ticks")
         clock.step(-HOUR)
         tasks.snooze(FileStore(d.store.state_dir), "t1", clock.now() + timedelta(seconds=1))
-        after = d.ticks
-        wait_for(lambda: d.ticks >= after + 10, timeout=30, message="ten ticks after the step back")
+        after = d.loop.ticks
+        wait_for(lambda: d.loop.ticks >= after + 10, timeout=30, message="ten ticks after the step back")
         wait_for(lambda: d.store.ledger.events("t1", kinds=["woke"]), timeout=30,
                  message="the snooze written after the step to wake")
         stepped = log.events("clock_stepped")
@@ -98,10 +98,10 @@ class TestTheTickGoesOn:
         d.initialize()
         d.start_scheduler()
         stop_after.append(d)
-        wait_for(lambda: d.ticks >= 3, message="the first ticks")
+        wait_for(lambda: d.loop.ticks >= 3, message="the first ticks")
         clock.step(HOUR)
-        after = d.ticks
-        wait_for(lambda: d.ticks >= after + 5, timeout=30, message="five ticks after the step forward")
+        after = d.loop.ticks
+        wait_for(lambda: d.loop.ticks >= after + 5, timeout=30, message="five ticks after the step forward")
         stepped = log.events("clock_stepped")
         assert [s["direction"] for s in stepped] == ["forward"] and abs(stepped[0]["seconds"] - HOUR) < 5
 
@@ -155,8 +155,8 @@ command = {toml_list([sys.executable, "-c", f"open({str(notified)!r}, 'a').write
 
         wait_for(touching, timeout=60, message="both agents running and touching")
         clock.step(step)
-        after = d.ticks
-        wait_for(lambda: d.ticks >= after + 20, timeout=60, message="twenty ticks after the step")
+        after = d.loop.ticks
+        wait_for(lambda: d.loop.ticks >= after + 20, timeout=60, message="twenty ticks after the step")
         for task_id in ("a1", "a2"):
             baton = human.load(task_id)
             assert baton.meta.status is Status.ACTIVE and baton.meta.epoch == 1, (task_id, baton.meta)
@@ -471,7 +471,7 @@ class TestTheRecordAcrossAStep:
         owner = wait_for(lambda: (b := human.load("k1")).meta.owner is not None and b.meta.owner.pid and b.meta.owner,
                          timeout=30, message="the agent running")
         clock.step(2 * HOUR)
-        wait_for(lambda: d.steps.steps >= 1, timeout=30, message="the step seen")
+        wait_for(lambda: d.loop.steps.steps >= 1, timeout=30, message="the step seen")
         os.killpg(owner.pid, signal.SIGKILL)
         exited = wait_for(lambda: d.store.ledger.events("k1", kinds=["exited"]), timeout=60, message="the exit settled")
         assert exited[0].data["duration_s"] < 600, exited[0].data
@@ -506,7 +506,7 @@ class TestARestartAfterAStep:
         second.initialize()
         second.start_scheduler()
         stop_after.append(second)
-        wait_for(lambda: second.ticks >= 20, timeout=60, message="twenty ticks of the second daemon")
+        wait_for(lambda: second.loop.ticks >= 20, timeout=60, message="twenty ticks of the second daemon")
         for task_id in ("r1", "r2"):
             baton = human.load(task_id)
             assert baton.meta.status is Status.ACTIVE and baton.meta.epoch == 1, (task_id, baton.meta)

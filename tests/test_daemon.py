@@ -440,7 +440,7 @@ class TestRacesBetweenLookAndAct:
             assert d.store.load("spin").meta.epoch == 1
             later = now + timedelta(seconds=30)
             d.tick(later)  # spinning: the stop starts in the background
-            wait_for(lambda: d.launchers["agent"].stops and not d.actor.is_stopping("spin"), message="the stop")
+            wait_for(lambda: d.shared.launchers["agent"].stops and not d.actor.is_stopping("spin"), message="the stop")
             d.store.race = "touch"
             d.tick(later)  # the settle is refused: someone wrote the baton meanwhile
             d.tick(later)
@@ -576,7 +576,7 @@ tick = "2s"
 type = "null"
 """)
         path.chmod(0o600)
-        d.config = type(d.config)(**{**d.config.__dict__, "path": str(path)})
+        d.shared.config = type(d.shared.config)(**{**d.shared.config.__dict__, "path": str(path)})
         held, release = threading.Event(), threading.Event()
 
         def a_long_pass() -> None:
@@ -591,12 +591,12 @@ type = "null"
             started = time.monotonic()
             assert d.reload() is True
             assert time.monotonic() - started < 5  # answered, not queued behind the pass
-            assert d.config.daemon.tick == 1.0  # the pass in progress keeps its config
+            assert d.shared.config.daemon.tick == 1.0  # the pass in progress keeps its config
         finally:
             release.set()
             worker.join()
         d.tick()
-        assert d.config.daemon.tick == 2.0
+        assert d.shared.config.daemon.tick == 2.0
         d.shutdown()
 
 

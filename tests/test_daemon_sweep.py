@@ -91,14 +91,14 @@ class TestSweep:
         assert isinstance(loop.store, DeafStore)
         loop.store.deaf = False
         tasks.new_task(human(loop), "heard", task="t", step="s")
-        sweeps = loop.changes.sweeps
+        sweeps = loop.loop.changes.sweeps
 
         def seen() -> bool:
             loop.tick(now=at(1))
             return dispatched(loop, "heard")
 
         wait_for(seen, timeout=10, message="the reported baton to be dispatched")
-        assert loop.changes.sweeps == sweeps
+        assert loop.loop.changes.sweeps == sweeps
 
     def test_an_inotify_overflow_makes_the_next_pass_a_sweep(self, loop: Daemon) -> None:
         """watchdog's "queue overflowed" warning makes the very next pass sweep, long before sweep_every."""
@@ -134,13 +134,13 @@ class TestQuietPasses:
         tasks.new_task(loop.store, "d", task="t", step="s", blocked_on="a human")
         swept = loop.tick(now=at(60))  # a sweep: a, b, c quiet already, d looked at for the first time
         looks: list[str] = []
-        original = loop.look
+        original = loop.loop.look
 
         def counting_look(entry: Any, *args: Any, **kwargs: Any) -> Any:
             looks.append(entry.id)
             return original(entry, *args, **kwargs)
 
-        loop.look = counting_look  # type: ignore[method-assign]
+        loop.loop.look = counting_look  # type: ignore[method-assign]
         later = [loop.tick(now=at(second)) for second in (61, 62, 63)]
         assert swept["blocked"] == 3 and swept["done"] == 1
         assert all(counts == swept for counts in later)

@@ -215,6 +215,103 @@ class TestStoreCut:
         hasattr or a private attribute; a new reach fails here, and so does a fixed one still listed."""
         assert store_reaches() == STORE_REACHES_LEFT
 
+
+def callbacks_set_after_construction() -> list[str]:
+    """Every place in heartbeat/daemon/ that hands a part a callable by assigning it onto another
+    object (``shared.poke = self.poke``, ``self.lease.on_stood_down = on_stood_down``): a lambda,
+    a function defined in the enclosing function, or a method of the enclosing class; as ``path:
+    target``. A part is given its callables in its constructor instead."""
+    found = []
+    for path in sorted((PACKAGE / "daemon").glob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"), rel)
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            methods = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
+            for func in (f for f in cls.body if isinstance(f, ast.FunctionDef)):
+                local_defs = {n.name for n in ast.walk(func) if isinstance(n, ast.FunctionDef) and n is not func}
+                for node in ast.walk(func):
+                    if not isinstance(node, ast.Assign):
+                        continue
+                    value = node.value
+                    is_callable = isinstance(value, ast.Lambda) or (
+                        isinstance(value, ast.Name) and value.id in local_defs) or (
+                        isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name)
+                        and value.value.id == "self" and value.attr in methods)
+                    for target in node.targets:
+                        onto_self = isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                            and target.value.id == "self"
+                        if is_callable and isinstance(target, ast.Attribute) and not onto_self:
+                            found.append(f"{rel}: {ast.unparse(target)}")
+    return sorted(found)
+
+
+CALLBACKS_SET_LATE = ["heartbeat/daemon/core.py: self.store.ledger.on_unreadable"]
+"""The store's ledger hook (a corrupt row logged once): set on the store, not on a daemon part."""
+
+
+class TestDaemonComposition:
+    """The daemon is composition: a service that has its parts, each given its dependencies in its constructor."""
+
+    def test_no_daemon_class_subclasses_another_or_forwards_by_property(self) -> None:
+        """No class of heartbeat/daemon/ inherits from another of them (``Daemon(Core)`` is gone), and
+        the service, the loop and the shared context define no property (no forwarders under old names)."""
+        import inspect
+
+        from heartbeat.daemon import act, core, leased, observe, pokes, relay, service, shared, watch
+
+        modules = (act, core, leased, observe, pokes, relay, service, shared, watch)
+        ours = {c for m in modules for _, c in inspect.getmembers(m, inspect.isclass) if c.__module__ == m.__name__}
+        inherited = sorted(f"{c.__name__}({b.__name__})" for c in ours for b in c.__mro__[1:] if b in ours)
+        assert inherited == []
+        for cls in (service.Daemon, core.Loop, shared.Shared):
+            assert [n for n, v in vars(cls).items() if isinstance(v, property)] == [], cls
+
+    def test_no_part_is_handed_a_callback_after_it_is_built(self) -> None:
+        """Callbacks reach a part through its constructor: none is assigned onto a built part
+        (on c31a8a9 the watcher set ``shared.poke``/``shared.exited``, the loop ``shared.lease``,
+        the service ``lease.on_stood_down`` and ``watcher.on_missed``)."""
+        assert callbacks_set_after_construction() == CALLBACKS_SET_LATE
+
+    def test_the_parts_share_one_context_and_one_lease_part(self, tmp_path: Path) -> None:
+        """A daemon on a file store: the loop, observer, actor and watcher hold the one ``Shared``
+        the service built, and the lease part is None in each."""
+        from heartbeat.config import parse_config
+        from heartbeat.daemon import Daemon
+
+        state = tmp_path / "state"
+        config = parse_config(f'[daemon]\nstate_dir = "{state}"\n\n[launchers.agent]\ntype = "null"\n')
+        daemon = Daemon(config, dry_run=True)
+        try:
+            parts = (daemon.loop, daemon.observer, daemon.actor, daemon.watcher)
+            assert all(part.shared is daemon.shared for part in parts)
+            assert daemon.lease is None and daemon.loop.lease is None and daemon.observer.lease is None \
+                and daemon.actor.lease is None
+            assert daemon.shared.pokes is daemon.pokes and daemon.loop.store is daemon.store is daemon.shared.store
+        finally:
+            daemon.shared.pool.shutdown(wait=True)
+            daemon.store.close()
+    def test_the_launch_reads_as_its_phases(self) -> None:
+        """``Actor.launch`` is its named phases, each documented and short (on c31a8a9 one method
+        of 116 lines): prepare, claim (phase 1), spawn, record (phase 2)."""
+        import inspect
+
+        from heartbeat.daemon.act import Actor
+
+        phases = [Actor.launch, Actor._prepare, Actor._claim, Actor._spawn, Actor._record]
+        lengths = {f.__name__: len(inspect.getsource(f).splitlines()) for f in phases}
+        assert all(f.__doc__ for f in phases)
+        assert max(lengths.values()) <= 45, lengths
+
+    def test_the_daemon_imports_no_face_for_its_page(self) -> None:
+        """``[http]`` inside ``heartbeat run``: the command line gives the daemon its page starter
+        (:func:`heartbeat.web.start_for_daemon`); no daemon module imports ``heartbeat.web`` (on
+        c31a8a9 daemon/service.py did, listed in import-linter's ignore_imports)."""
+        graph = import_graph()
+        daemon_modules = [m for m in graph if m == "heartbeat.daemon" or m.startswith("heartbeat.daemon.")]
+        assert [m for m in daemon_modules if "heartbeat.web" in graph[m]] == []
+        assert "heartbeat.web" in graph["heartbeat.cli"]
+
+
 if __name__ == "__main__":
     g = import_graph()
     for comp in cycles(g):

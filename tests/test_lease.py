@@ -500,7 +500,7 @@ class TestFileStore:
         config = parse_config(f'[daemon]\nstate_dir = "{state_dir}"\n\n[launchers.agent]\ntype = "null"\n')
         daemon = Daemon(config, dry_run=True)
         try:
-            assert daemon.lease is None and daemon.shared.lease is None
+            assert daemon.lease is None and daemon.observer.lease is None and daemon.actor.lease is None
         finally:
             daemon.shared.pool.shutdown(wait=True)
             daemon.store.close()
@@ -516,7 +516,7 @@ class TestFileStore:
         daemon = Daemon(parse_config(base % 'labels = ["cpu"]\n'), dry_run=True)
         try:
             assert daemon.lease is not None and daemon.lease.lease.labels == ["cpu"]
-            daemon.apply_config(parse_config(base % 'labels = ["gpu"]\nmax_concurrent = 9\nlease_ttl = "12s"\n'))
+            daemon.loop.apply_config(parse_config(base % 'labels = ["gpu"]\nmax_concurrent = 9\nlease_ttl = "12s"\n'))
             lease = daemon.lease.lease
             assert (lease.labels, lease.capacity, lease.ttl) == (["gpu"], 9, 12.0)
         finally:

@@ -201,12 +201,12 @@ class TestNoDispatchAfterAStop:
             store.cli_args = _STOPS[verb]
             d.tick()
             assert not store.cli_args, "the daemon never reloaded the baton to launch it"
-            assert d.launchers["agent"].launches == []
+            assert d.shared.launchers["agent"].launches == []
             assert store.ledger.events("t", kinds=["dispatched", "launched"]) == []
             assert not (state / "logs" / "t").exists()
             assert store.load("t").meta.owner is None
             d.tick()
-            assert d.launchers["agent"].launches == []
+            assert d.shared.launchers["agent"].launches == []
         finally:
             d.shutdown()
 
@@ -223,9 +223,9 @@ class TestNoDispatchAfterAStop:
             tasks.new_task(store, "t", task="t", step="s", workdir=str(tmp_path))
             store.cli_args = ("set", "step=s2")
             d.tick()
-            assert d.launchers["agent"].launches == []
+            assert d.shared.launchers["agent"].launches == []
             d.tick()
-            (launch,) = d.launchers["agent"].launches
+            (launch,) = d.shared.launchers["agent"].launches
             assert "s2" in launch.brief_text
         finally:
             d.shutdown()

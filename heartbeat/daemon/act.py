@@ -18,6 +18,7 @@ from heartbeat import defaults, tasks
 from heartbeat import policy as pol
 from heartbeat.baton import Baton, Gate, GateKind, Owner, OwnerKind, Status
 from heartbeat.config import LauncherConfig, expand_argv
+from heartbeat.daemon.leased import LeasePart
 from heartbeat.daemon.shared import Shared
 from heartbeat.errors import Busy, Conflict, HeartbeatError, NotActive, NotFound
 from heartbeat.handoff import refused_done
@@ -49,8 +50,10 @@ class StopMemory:
 class Actor:
     """Writes for decisions, and what acting must remember per task (under the look lock)."""
 
-    def __init__(self, shared: Shared) -> None:
+    def __init__(self, shared: Shared, lease: LeasePart | None) -> None:
         self.shared = shared
+        self.lease = lease
+        """The lease part on a store shared by many hosts (a launch is renewed from then on); None on the file store."""
         self.stops: dict[str, StopMemory] = {}
         """Per task: the stop under way (or the intent of the last one, until its exit is settled)."""
         self.spinning_reported: dict[str, datetime | None] = {}
@@ -367,7 +370,7 @@ class Actor:
                 stop.stopping = False  # not gone: try again next look
                 if not gone:
                     return
-            sh.poke(baton.id)
+            sh.pokes.poke(baton.id)
 
         sh.log.warning("stopping", task=baton.id, epoch=baton.meta.epoch, attempt=baton.meta.attempt,
                        pid=owner.pid, reason=d.reason)
@@ -381,34 +384,63 @@ class Actor:
         Phase 1 records the dispatch (new epoch, owner pending) before anything runs, so a
         daemon killed mid-launch finds it on restart and adopts the agent, never duplicates it.
         Phase 2 records who the agent is. Raises :class:`Busy` when phase 1 meets a held lock.
+
+        Four steps: :meth:`_prepare` (the baton still dispatchable, the launcher known),
+        :meth:`_claim` (phase 1), :meth:`_spawn` (the brief written, the agent started) and
+        :meth:`_record` (phase 2).
         """
+        ready = self._prepare(task_id, launcher_name, decided, now)
+        if ready is None:
+            return False
+        baton, launcher = ready
+        plan = self.session_plan(baton, self.shared.config.launchers.get(launcher_name))
+        pending = self._claim(baton, launcher_name, decision, decided or baton.meta.revision, plan, now)
+        if pending is None:
+            return False
+        self.dispatch_times.append(self.shared.seconds(now))
+        owner = self._spawn(baton, pending, launcher, plan, now)
+        if owner is not None:
+            self._record(pending, owner, launcher_name, decision, now)
+        return True
+
+    def _prepare(self, task_id: str, launcher_name: str, decided: int, now: datetime) -> tuple[Baton, Any] | None:
+        """The baton as the decision saw it (revision ``decided``, or its current one when 0) and
+        its launcher; None when there is nothing to launch: the baton is unreadable or changed
+        since (a block, a done: looked at again soon), or its launcher is not in the config
+        (escalated)."""
         sh = self.shared
         launcher = sh.launchers.get(launcher_name)
         try:
             baton = sh.store.load(task_id)
         except HeartbeatError:
-            return False
+            return None
         decided = decided or baton.meta.revision
         if baton.meta.revision != decided or not dispatchable(baton):
             self.dispatch_aborted(task_id, baton)  # written since the decision (a block, a done)
-            return False
+            return None
         if launcher is None:
             self.escalate(baton, f"launcher {launcher_name!r} is not in the config", now)
-            return False
-        from heartbeat.brief import render_brief
-        from heartbeat.launchers.base import LaunchRequest, write_private_file
+            return None
+        return baton, launcher
 
+    def _claim(self, baton: Baton, launcher_name: str, decision: pol.Decision, decided: int, plan: SessionPlan,
+               now: datetime) -> Baton | None:
+        """Phase 1, fenced on revision ``decided``: a new epoch and attempt, the owner pending on this
+        host, the session planned, and the ``dispatched`` event. The baton as written, or None when
+        the write was refused (raced, or the disk failed: the next look tries again). Raises
+        :class:`Busy` when the baton's lock is held."""
+        sh = self.shared
+        task_id = baton.id
         stalled = sh.store.ledger.events(task_id, kinds=[EventKind.STALLED, EventKind.DISPATCHED])
         stalled_at = stalled[-1].ts.isoformat() if stalled and stalled[-1].kind == EventKind.STALLED else None
         resume = baton.meta.dispatches > 0 or baton.meta.epoch > 0
-        plan = self.session_plan(baton, sh.config.launchers.get(launcher_name))
         try:
             with sh.store.edit(task_id, expect_revision=decided, actor="daemon", now=now) as ed:
                 m = ed.baton.meta
                 if not dispatchable(ed.baton):
                     ed.cancel()
                     self.dispatch_aborted(task_id, ed.baton)
-                    return False
+                    return None
                 m.epoch += 1
                 m.attempt += 1
                 m.dispatches += 1
@@ -420,16 +452,24 @@ class Actor:
                          session_resumed=plan.resume)
         except (Conflict, NotFound, NotActive) as exc:
             sh.log.info("raced", task=task_id, action="dispatch", reason=str(exc))
-            sh.poke(task_id)
-            return False
+            sh.pokes.poke(task_id)
+            return None
         except Busy:
             raise
         except HeartbeatError as exc:  # the disk is full, the state dir unwritable: the next tick tries again
             sh.log.error("dispatch_failed", task=task_id, error=str(exc))
-            return False
-        pending = ed.baton
-        epoch = pending.meta.epoch
-        self.dispatch_times.append(sh.seconds(now))
+            return None
+        return ed.baton
+
+    def _spawn(self, baton: Baton, pending: Baton, launcher: Any, plan: SessionPlan, now: datetime) -> Owner | None:
+        """Write the brief of ``pending`` (phase 1's baton; ``baton`` is the one before it, whose
+        failure a resumed session is told of) and start its agent: who the agent is, or None when
+        the launch failed (recorded as a failed exit, so the attempt counts)."""
+        from heartbeat.brief import render_brief
+        from heartbeat.launchers.base import LaunchRequest, write_private_file
+
+        sh = self.shared
+        task_id, epoch = pending.id, pending.meta.epoch
         layout = sh.layout
         upstream: tuple[dict[str, Any], ...] = ()
         if pending.after:
@@ -457,17 +497,23 @@ class Actor:
         try:  # logs/<id> is checked (no symlink, ours) before the brief is written in it
             write_private_file(brief_file, brief_text, state_dir=sh.config.state_dir, task=task_id)
             step = "cannot start the agent"
-            owner = launcher.launch(request)
+            owner: Owner = launcher.launch(request)
         except HeartbeatError as exc:
             self.launch_failed(pending, str(exc), now)
-            return True
+            return None
         except OSError as exc:
             self.launch_failed(pending, f"{step}: {exc.strerror or exc}", now)
-            return True
+            return None
+        return owner
+
+    def _record(self, pending: Baton, owner: Owner, launcher_name: str, decision: pol.Decision, now: datetime) -> None:
+        """Phase 2: the agent runs; watch its exit, record who it is on the baton (fenced by epoch,
+        not revision: the agent may have written already), count it running here, and have its
+        lease renewed on a shared store."""
+        sh = self.shared
+        task_id, epoch = pending.id, pending.meta.epoch
         if not sh.exits.watch(task_id, owner) and sh.exits.started and owner.pid and not is_alive(owner):
-            sh.exited(task_id)  # it ended before it could be watched: look again at once, not at the tick
-        # Phase 2: the agent runs; record who it is. The agent may have written already
-        # (same epoch), so this is fenced by epoch, not by revision.
+            sh.pokes.poke_now(task_id)  # it ended before it could be watched: look again at once, not at the tick
         try:
             with sh.store.edit(task_id, epoch=epoch, actor="daemon") as ed:
                 owner.how = OwnerKind.DISPATCH
@@ -482,22 +528,21 @@ class Actor:
             # shim's pid file lets the next look adopt the agent, as after a daemon crash here.
             sh.log.warning("dispatch_recorded_later", task=task_id, epoch=epoch, error=str(exc),
                            hint="the baton's lock is held; the agent is adopted from its pid file")
-            sh.poke(task_id)
+            sh.pokes.poke(task_id)
         except HeartbeatError as exc:
             sh.log.error("dispatch_unrecorded", task=task_id, epoch=epoch, error=str(exc))
         sh.running[task_id] = launcher_name
-        if sh.lease is not None:  # renewed from now on (the claim's lease covers it until then)
-            sh.lease.launched(task_id, epoch, owner)
+        if self.lease is not None:  # renewed from now on (the claim's lease covers it until then)
+            self.lease.launched(task_id, epoch, owner)
         sh.log.info("dispatched", task=task_id, epoch=epoch, attempt=pending.meta.attempt,
                     reason=decision.reason, launcher=launcher_name, pid=owner.pid, unit=owner.unit)
-        return True
 
     def dispatch_aborted(self, task_id: str, baton: Baton) -> None:
         """The baton changed between the decision and the dispatch write: no agent; look again soon."""
         sh = self.shared
         sh.log.info("raced", task=task_id, action="dispatch", status=baton.meta.status.value,
                     revision=baton.meta.revision, reason="the baton changed after the dispatch decision")
-        sh.poke(task_id)
+        sh.pokes.poke(task_id)
 
     def launch_failed(self, baton: Baton, error: str, now: datetime) -> None:
         sh = self.shared

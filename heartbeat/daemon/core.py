@@ -1,8 +1,9 @@
 """The loop: look → decide → act, over every task (a tick) or one poked task (evaluate).
 
-A small loop class in the manner of huey's consumer: :meth:`Core.initialize`,
-:meth:`Core.tick` (one pass over every baton; ``now`` is a parameter so tests never patch
-time), :meth:`Core.shutdown`. Per task, a look is: observe (:mod:`.observe`) →
+A small loop class in the manner of huey's consumer: :meth:`Loop.tick` (one pass over
+every baton; ``now`` is a parameter so tests never patch time) and :meth:`Loop.evaluate`
+(one poked task); the service (:mod:`.service`) initializes, drives and shuts it down,
+and builds it from its parts. Per task, a look is: observe (:mod:`.observe`) →
 :func:`heartbeat.policy.decide` → act (:mod:`.act`). Dispatches of one pass are admitted
 together (:func:`heartbeat.policy.admit`) so capacity and the per-minute budget are
 respected, oldest-waiting first.
@@ -15,9 +16,8 @@ others are looked at.
 
 from __future__ import annotations
 
-import os
-import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -26,20 +26,20 @@ from heartbeat import defaults, systemd
 from heartbeat import policy as pol
 from heartbeat.baton import Baton, GateKind, Status
 from heartbeat.changes import ChangeFeed
-from heartbeat.clock import SYSTEM, Clock, StepWatch
+from heartbeat.clock import StepWatch
 from heartbeat.config import Config
 from heartbeat.daemon.act import Actor
-from heartbeat.daemon.leased import lease_part
+from heartbeat.daemon.leased import LeasePart
 from heartbeat.daemon.observe import EntryStatuses, Observer, StatusLookup
-from heartbeat.daemon.shared import Shared, logger, open_store
+from heartbeat.daemon.shared import Shared
 from heartbeat.daemon.vitals import VITALS_FILE, Vitals
 from heartbeat.daemon.watch import Watcher
 from heartbeat.errors import Busy, Conflict, HeartbeatError, InvalidBaton, NotActive, NotFound, UnsafePath
 from heartbeat.ledger import Event, EventKind
 from heartbeat.liveness import note_boot_time
-from heartbeat.store.base import Entry, FileBacked, Store
+from heartbeat.store.base import Entry
 
-__all__ = ["Core", "LookMemory", "Want"]
+__all__ = ["LookMemory", "Loop", "Want"]
 
 
 @dataclass(slots=True)
@@ -85,38 +85,40 @@ class _Partition:
     """The earliest time a quiet task's decision may change: a full pass is due then."""
 
 
-class Core:
-    """The decision loop over one store. See the module docstring."""
+class Loop:
+    """The decision loop over one store. See the module docstring.
+
+    Given its parts by the service (:class:`~heartbeat.daemon.service.Daemon`), which starts
+    and stops them; the loop only looks, decides and acts."""
 
     def __init__(
         self,
-        config: Config,
+        shared: Shared,
         *,
-        store: Store | None = None,
-        dry_run: bool = False,
-        log: Any = None,
-        clock: Clock = SYSTEM,
+        observer: Observer,
+        actor: Actor,
+        watcher: Watcher,
+        lease: LeasePart | None,
+        changes: ChangeFeed,
+        vitals: Vitals,
+        on_step: Callable[[float], None],
     ) -> None:
-        from heartbeat.liveness import this_host
-
-        if config.daemon.host and not os.environ.get("HEARTBEAT_HOST", "").strip():
-            os.environ["HEARTBEAT_HOST"] = config.daemon.host  # this_host(), the launchers and the agents agree
-        store = store if store is not None else open_store(config, claim=not dry_run, decisions=True)
-        if isinstance(store, FileBacked):  # a held baton lock must not stall every task
-            store.lock_wait = defaults.DAEMON_LOCK_WAIT
-        log = log if log is not None else logger()
-        self.shared = Shared(config, store, dry_run=dry_run, log=log, host=this_host(), clock=clock)
-        self.steps = StepWatch(clock)
-        """Notices the wall clock stepping (each pass, and the service's main thread between passes)."""
-        self.lease = lease_part(self.shared)
+        self.shared = shared
+        self.store = shared.store
+        """The daemon's store (the same object as ``shared.store``: it is never swapped)."""
+        self.log = shared.log
+        self.clock = shared.clock
+        self.observer = observer
+        self.actor = actor
+        self.watcher = watcher
+        self.lease = lease
         """Leases on a store shared by daemons on many hosts (:mod:`.leased`); None on the file store."""
-        self.shared.lease = self.lease
-        self.observer = Observer(self.shared)
-        self.actor = Actor(self.shared)
-        self._stop = threading.Event()
-        self.changes = ChangeFeed(config.daemon.sweep_every)
+        self.changes = changes
         """Which tasks the watcher reported since the last pass, and when a pass sweeps every baton."""
-        self.watcher = Watcher(self.shared, self.evaluate, self._stop, self.changes)
+        self.steps = StepWatch(self.clock)
+        """Notices the wall clock stepping (each pass, and the service's main thread between passes)."""
+        self._on_step = on_step
+        """Told each wall-clock step seen (the service re-arms its scheduler's jobs)."""
         self.memory: dict[str, LookMemory] = {}
         """Per task (under the look lock)."""
         self._staged_config: Config | None = None
@@ -128,103 +130,18 @@ class Core:
         self._indexed: list[Entry] | None = None
         self.counts: dict[str, int] = {}
         self.ticks = 0
-        if hasattr(store.ledger, "on_unreadable"):  # a corrupt row is skipped, and logged once
-            store.ledger.on_unreadable = lambda row, why: log.warning(
+        log = self.log
+        if hasattr(self.store.ledger, "on_unreadable"):  # a corrupt row is skipped, and logged once
+            self.store.ledger.on_unreadable = lambda row, why: log.warning(
                 "ledger_row_unreadable", row=row, error=why, hint="the row is skipped; the ledger is not changed")
-        self.vitals = Vitals.start(self.shared.host)
-        if self.lease is not None:  # its takeovers and renewals, for /metrics
-            self.lease.vitals = self.vitals
+        self.vitals = vitals
+        """The daemon's vitals (the lease part counts into the same), written for ``/metrics`` each tick."""
         self.vitals_dir: str | None = None
         """Where :meth:`tick` writes the vitals for ``/metrics`` (set by ``serve``; tests leave it unset)."""
 
-    # -- what the parts share, by their old names ---------------------------------------
-
-    @property
-    def config(self) -> Config:
-        return self.shared.config
-
-    @config.setter
-    def config(self, value: Config) -> None:
-        self.shared.config = value
-
-    @property
-    def clock(self) -> Clock:
-        return self.shared.clock
-
-    @property
-    def store(self) -> Store:
-        return self.shared.store
-
-    @property
-    def log(self) -> Any:
-        return self.shared.log
-
-    @property
-    def dry_run(self) -> bool:
-        return self.shared.dry_run
-
-    @property
-    def host(self) -> str:
-        return self.shared.host
-
-    @property
-    def launchers(self) -> dict[str, Any]:
-        return self.shared.launchers
-
-    @property
-    def gates(self) -> Any:
-        return self.shared.gates
-
-    def poke(self, task_id: str) -> None:
-        """Ask for ``task_id`` to be looked at soon (debounced), off the tick."""
-        self.watcher.poke(task_id)
-
-    # -- life cycle --------------------------------------------------------------------
-
-    def initialize(self, now: datetime | None = None) -> None:
-        """Seed the dispatch budget from the ledger, so a restart does not relaunch everything at once."""
-        seconds = self.clock.monotonic() if now is None else now.timestamp()
-        now = now or self.clock.now()
-        self.actor.seed_budget(now, seconds)
-        if self.lease is not None:
-            self.lease.start()
-        self.log.info("started", state_dir=self.config.state_dir, tick=self.config.daemon.tick,
-                      launchers=sorted(self.launchers), dry_run=self.dry_run, pid=os.getpid())
-
-    def shutdown(self, timeout: float | None = None) -> bool:
-        """Stop the scheduler and watchers; agents keep running (they are re-adopted on the next start).
-
-        Waits at most ``timeout`` seconds (default :meth:`stop_grace`) for a look in progress
-        to finish, never for ever: a thread stuck in a tick must not keep the daemon from
-        stopping. Returns False when one is still stuck (the store is then left open to it).
-        """
-        deadline = time.monotonic() + (self.stop_grace() if timeout is None else timeout)
-        self._stop.set()
-        self.watcher.wake_all()
-        self._stop_service()
-        self.watcher.stop(timeout=min(5.0, deadline - time.monotonic()))
-        self.shared.pool.shutdown(wait=False, cancel_futures=True)
-        self.gates.close()
-        if self.lease is not None:
-            self.lease.close()
-        lock = self.shared.lock
-        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            self.log.error("shutdown_stuck", pid=os.getpid(),
-                           reason="a look is still running after the grace; stopping without it")
-            return False
-        try:
-            self.store.close()
-        finally:
-            lock.release()
-        self.log.info("stopped", pid=os.getpid())
-        return True
-
-    def _stop_service(self) -> None:
-        """What the service adds to stop first (its scheduler); nothing for a bare loop."""
-
-    def stop_grace(self) -> float:
-        """How long a stop may wait for work in flight: the longest ``stop_grace`` of the launchers."""
-        return max((lc.stop_grace for lc in self.config.launchers.values()), default=defaults.STOP_GRACE)
+    def stage_config(self, new: Config) -> None:
+        """A reload that came during a pass: the next look starts with ``new`` (:meth:`apply_config`)."""
+        self._staged_config = new
 
     def apply_config(self, new: Config) -> None:
         """Swap in a reloaded config (under the look lock, between passes)."""
@@ -235,7 +152,7 @@ class Core:
         self.shared.build_launchers()
         for mem in self.memory.values():
             mem.quiet_entry = None  # decisions may differ under the new config
-        self.gates.checks = dict(new.checks)
+        self.shared.gates.checks = dict(new.checks)
         if self.lease is not None:
             self.lease.reconfigure()
         self.changes.sweep_every = new.daemon.sweep_every
@@ -270,7 +187,7 @@ class Core:
             self.check_clock()
             sh.look_mono = self.clock.monotonic() if now is None else None
             now = now or self.clock.now()
-            for launcher in self.launchers.values():
+            for launcher in self.shared.launchers.values():
                 launcher.reap()
             if self.lease is not None and not self.lease.acting():  # displaced by a daemon of our host id
                 return {}
@@ -343,7 +260,7 @@ class Core:
             self.dispatch(wants, now)
             from heartbeat.launchers.base import cap_running_logs  # an agent printing without end
 
-            for task_id, epoch, size in cap_running_logs(self.config.state_dir, self.config.launchers,
+            for task_id, epoch, size in cap_running_logs(self.shared.config.state_dir, self.shared.config.launchers,
                                                          running_batons, sh.running):
                 self.log.warning("log_capped", task=task_id, epoch=epoch, size=size)
             counts["running"] = len(sh.running)
@@ -372,6 +289,7 @@ class Core:
             self.log.warning("clock_stepped", direction="back" if step < 0 else "forward",
                              seconds=round(abs(step), 3), wall_now=self.clock.now().isoformat(),
                              hint="durations are measured on the monotonic clock; times of day follow the wall clock")
+            self._on_step(step)
         return step
 
     def _save_vitals(self) -> None:
@@ -484,7 +402,7 @@ class Core:
                               action=decision.action.value, reason=decision.reason)
             mem.last_reason = decision.reason
             if decision.action is pol.Action.DISPATCH:
-                launcher = baton.launcher or self.config.daemon.default_launcher
+                launcher = baton.launcher or self.shared.config.daemon.default_launcher
                 since = baton.meta.ended_at or baton.meta.updated_at or now
                 return baton.meta.status.value, Want(baton.id, launcher, since, decision, baton.meta.revision)
             try:
@@ -516,15 +434,15 @@ class Core:
         return obs, pol.decide(baton, obs, now, self.policy(baton))
 
     def policy(self, baton: Baton) -> pol.Policy:
-        name = baton.launcher or self.config.daemon.default_launcher
+        name = baton.launcher or self.shared.config.daemon.default_launcher
         policy = self._policies.get(name)
         if policy is None:
             policy = self._policies[name] = self._make_policy(name)
         return policy
 
     def _make_policy(self, launcher: str) -> pol.Policy:
-        d = self.config.daemon
-        lc = self.config.launchers.get(launcher)
+        d = self.shared.config.daemon
+        lc = self.shared.config.launchers.get(launcher)
         return pol.Policy(
             stall_after=d.stall_after,
             progress_after=d.progress_after,
@@ -562,10 +480,10 @@ class Core:
         capacity = pol.Capacity(
             running=len(sh.running),
             running_by_launcher=by_launcher,
-            max_concurrent=self.config.daemon.max_concurrent,
-            launcher_limits={n: lc.max_concurrent for n, lc in self.config.launchers.items()},
+            max_concurrent=self.shared.config.daemon.max_concurrent,
+            launcher_limits={n: lc.max_concurrent for n, lc in self.shared.config.launchers.items()},
             dispatched_last_minute=self.actor.dispatched_last_minute(sh.seconds(now)),
-            dispatches_per_minute=self.config.daemon.dispatches_per_minute,
+            dispatches_per_minute=self.shared.config.daemon.dispatches_per_minute,
         )
         by_id = {w.task_id: w for w in wants}
         admissions = pol.admit([(w.task_id, w.launcher, w.since) for w in wants], capacity)

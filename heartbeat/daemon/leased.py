@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from heartbeat import defaults
@@ -44,24 +45,24 @@ def renew_interval(shared: Shared) -> float:
     return min(d.tick, d.lease_ttl / 3)
 
 
-def lease_part(shared: Shared) -> LeasePart | None:
+def lease_part(shared: Shared, *, vitals: Vitals, on_stood_down: Callable[[], None]) -> LeasePart | None:
     """The lease part of a daemon on a shared store; None on the file store."""
-    return LeasePart(shared) if for_store(shared.store) else None
+    return LeasePart(shared, vitals=vitals, on_stood_down=on_stood_down) if for_store(shared.store) else None
 
 
 class LeasePart:
     """See the module docstring."""
 
-    def __init__(self, shared: Shared) -> None:
+    def __init__(self, shared: Shared, *, vitals: Vitals, on_stood_down: Callable[[], None]) -> None:
         self.shared = shared
         d = shared.config.daemon
         self.lease = Lease(shared.store, host=shared.host, labels=d.labels, ttl=d.lease_ttl,  # type: ignore[arg-type]
                            capacity=d.max_concurrent, interval=renew_interval(shared), log=shared.log,
                            stop_agent=self._stop_fenced, on_stood_down=self._stood_down)
-        self.on_stood_down: Any = lambda: None
-        """Set by the service: stop the daemon (another daemon with this host id is the host now)."""
-        self.vitals = Vitals(host=shared.host)
-        """Where takeovers and renewals are counted (the daemon passes its own, which /metrics reads)."""
+        self.on_stood_down = on_stood_down
+        """The service's: stop the daemon (another daemon with this host id is the host now)."""
+        self.vitals = vitals
+        """Where takeovers and renewals are counted (the daemon's, which /metrics reads)."""
         self._fencing: set[tuple[str, int]] = set()
         self._fence_lock = threading.Lock()  # never the look lock: a pass may hang on an unreachable database
 

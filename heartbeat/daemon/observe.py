@@ -15,6 +15,7 @@ from typing import Any
 from heartbeat import policy as pol
 from heartbeat.baton import Baton, GateKind, Owner, OwnerKind, Status
 from heartbeat.daemon.ages import Ages
+from heartbeat.daemon.leased import LeasePart
 from heartbeat.daemon.shared import Shared
 from heartbeat.errors import HeartbeatError, NotFound, UnsafePath
 from heartbeat.ledger import Event, EventKind
@@ -53,8 +54,10 @@ class BlockMemory:
 class Observer:
     """Observations of tasks, and the per-task :class:`BlockMemory` they need."""
 
-    def __init__(self, shared: Shared) -> None:
+    def __init__(self, shared: Shared, lease: LeasePart | None) -> None:
         self.shared = shared
+        self.lease = lease
+        """The lease part on a store shared by many hosts (a gate is evaluated by one host); None on the file store."""
         self.memory: dict[str, BlockMemory] = {}
         """Per task (under the look lock)."""
         self.block_seed: dict[str, Event] | None = None
@@ -138,7 +141,7 @@ class Observer:
             sh.running.pop(baton.id, None)
         gate_open = False
         if meta.status is Status.BLOCKED and meta.gate is not None and (
-                sh.lease is None or sh.lease.gate_here(baton.id, meta.gate)):  # a file/check gate: one host's
+                self.lease is None or self.lease.gate_here(baton.id, meta.gate)):  # a file/check gate: one host's
             gate_open = sh.gates.is_open(baton.id, meta.gate, now, workdir=baton.workdir,
                                          task_status=statuses.get)
         block_dropped = False

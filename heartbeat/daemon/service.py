@@ -1,6 +1,8 @@
-"""The service shell around the loop: ``heartbeat run``.
+"""The service around the loop: ``heartbeat run``.
 
-:class:`Daemon` adds to :class:`~heartbeat.daemon.core.Core` what a service needs:
+:class:`Daemon` is composition: it builds the parts, each given its dependencies in its
+constructor (the loop :class:`~heartbeat.daemon.core.Loop`, the observer, the actor, the
+watcher, the lease part, and the relay when it serves), and adds what a service needs:
 the tick every ``tick`` seconds of the monotonic clock (coalesced, one at a time), gc and
 lease renewals in APScheduler (re-armed when the wall clock steps), the watchers
 (:mod:`.watch`), signal handlers that only set flags (SIGHUP reloads, SIGTERM/SIGINT stop),
@@ -18,35 +20,117 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from heartbeat import defaults, systemd
+from heartbeat.changes import ChangeFeed
 from heartbeat.clock import SYSTEM, Clock, Metronome, OffsetFileClock, clock_from_env
 from heartbeat.config import Config, load_config
+from heartbeat.daemon.act import Actor
 from heartbeat.daemon.boot import wait_for_store
-from heartbeat.daemon.core import Core
-from heartbeat.daemon.leased import renew_interval
-from heartbeat.daemon.shared import logger, open_store
+from heartbeat.daemon.core import Loop
+from heartbeat.daemon.leased import lease_part, renew_interval
+from heartbeat.daemon.observe import Observer
+from heartbeat.daemon.pokes import Pokes
+from heartbeat.daemon.shared import Shared, logger, open_store
+from heartbeat.daemon.vitals import Vitals
+from heartbeat.daemon.watch import Watcher
 from heartbeat.errors import GcBusy, HeartbeatError, StoreError
 from heartbeat.layout import StateLayout
-from heartbeat.store.base import Archiving, Store
+from heartbeat.liveness import this_host
+from heartbeat.store.base import Archiving, FileBacked, Store
 
-__all__ = ["Daemon", "hold_daemon_lock", "logger", "open_store", "run_from_cli"]
+__all__ = ["Daemon", "PageStarter", "hold_daemon_lock", "logger", "open_store", "run_from_cli"]
 
 
-class Daemon(Core):
-    """The loop as a service: scheduler, watchers, signals, sd_notify, reload. See the module docstring."""
+class PageStarter(Protocol):
+    """Starts the status page and /metrics for ``config``'s ``[http]`` in a thread of its own: a
+    function that stops it, or None when it did not start (the starter logs why). ``vitals``: the
+    loop's, for /metrics. The command line gives :func:`heartbeat.web.start_for_daemon`; the
+    daemon, below the faces, never imports the page itself."""
+
+    def __call__(self, config: Config, vitals: Any, log: Any) -> Callable[[], None] | None: ...
+
+
+class Daemon:
+    """The daemon: a service that has a loop, an observer, an actor, a watcher, a lease part
+    and a relay, and drives them (scheduler, signals, sd_notify, reload). See the module docstring.
+
+    Every part is built here and given what it needs in its constructor: the common
+    :class:`~heartbeat.daemon.shared.Shared` (config, store, launchers, pokes, look lock),
+    the lease part (None on the file store), and the service's own methods where a part must
+    reach back (a wall-clock step re-arms the scheduler, a stood-down lease stops the daemon,
+    a lost change feed ticks soon)."""
 
     def __init__(self, config: Config, *, store: Store | None = None, dry_run: bool = False, log: Any = None,
-                 clock: Clock = SYSTEM) -> None:
-        super().__init__(config, store=store, dry_run=dry_run, log=log, clock=clock)
+                 clock: Clock = SYSTEM, page: PageStarter | None = None) -> None:
+        if config.daemon.host and not os.environ.get("HEARTBEAT_HOST", "").strip():
+            os.environ["HEARTBEAT_HOST"] = config.daemon.host  # this_host(), the launchers and the agents agree
+        store = store if store is not None else open_store(config, claim=not dry_run, decisions=True)
+        if isinstance(store, FileBacked):  # a held baton lock must not stall every task
+            store.lock_wait = defaults.DAEMON_LOCK_WAIT
+        log = log if log is not None else logger()
+        self.store = store
+        self.log = log
+        self.clock = clock
+        self._stop = threading.Event()
+        self._signalled = threading.Event()
+        """Set with any flag the main thread of :meth:`serve` must answer (a stop, a reload)."""
         self._reload = threading.Event()
         self._scheduler: Any = None
         self.metronome: Metronome | None = None
         """The tick's beat (started by :meth:`start_scheduler`)."""
+        self.relay: Any = None
+        """The relay server (:mod:`.relay`) while :meth:`serve` runs with ``daemon.relay`` on the file store."""
+        self._page = page
+        """Starts the ``[http]`` page when :meth:`serve` runs (:class:`PageStarter`); None: no page."""
+        self.pokes = Pokes(log)
+        self.shared = Shared(config, store, pokes=self.pokes, dry_run=dry_run, log=log, host=this_host(), clock=clock)
+        self.host = self.shared.host
+        vitals = Vitals.start(self.host)
+        """Ticks, histograms, takeovers and lease health: plain numbers the loop and the lease part count
+        and ``/metrics`` reads (:mod:`.vitals`)."""
+        self.lease = lease_part(self.shared, vitals=vitals, on_stood_down=self._stood_down)
+        self.observer = Observer(self.shared, self.lease)
+        self.actor = Actor(self.shared, self.lease)
+        changes = ChangeFeed(config.daemon.sweep_every)
+        self.watcher = Watcher(self.shared, changes, on_missed=self._tick_soon)
+        self.loop = Loop(self.shared, observer=self.observer, actor=self.actor, watcher=self.watcher,
+                         lease=self.lease, changes=changes, vitals=vitals, on_step=self._rearm)
 
-    def _stop_service(self) -> None:
+    # -- life cycle --------------------------------------------------------------------
+
+    def initialize(self, now: datetime | None = None) -> None:
+        """Seed the dispatch budget from the ledger, so a restart does not relaunch everything at once."""
+        seconds = self.clock.monotonic() if now is None else now.timestamp()
+        now = now or self.clock.now()
+        self.actor.seed_budget(now, seconds)
+        if self.lease is not None:
+            self.lease.start()
+        config = self.shared.config
+        self.log.info("started", state_dir=config.state_dir, tick=config.daemon.tick,
+                      launchers=sorted(self.shared.launchers), dry_run=self.shared.dry_run, pid=os.getpid())
+
+    def tick(self, now: datetime | None = None) -> dict[str, int]:
+        """One pass of the loop over every task (:meth:`Loop.tick`): what the metronome beats, and ``--once``."""
+        return self.loop.tick(now)
+
+    def evaluate(self, task_id: str, now: datetime | None = None) -> None:
+        """One look at one task (:meth:`Loop.evaluate`): what the watch worker runs for a poke."""
+        self.loop.evaluate(task_id, now)
+
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Stop the scheduler and watchers; agents keep running (they are re-adopted on the next start).
+
+        Waits at most ``timeout`` seconds (default :meth:`stop_grace`) for a look in progress
+        to finish, never for ever: a thread stuck in a tick must not keep the daemon from
+        stopping. Returns False when one is still stuck (the store is then left open to it).
+        """
+        deadline = time.monotonic() + (self.stop_grace() if timeout is None else timeout)
+        self._stop.set()
+        self.pokes.wake_all()
         if self.metronome is not None:
             self.metronome.stop()
         if self._scheduler is not None:
@@ -54,33 +138,59 @@ class Daemon(Core):
                 self._scheduler.shutdown(wait=False)  # a stuck tick is waited for below, bounded
             except Exception:  # the scheduler may already be stopped
                 pass
+        self.watcher.stop(timeout=min(5.0, deadline - time.monotonic()))
+        self.shared.pool.shutdown(wait=False, cancel_futures=True)
+        self.shared.gates.close()
+        if self.lease is not None:
+            self.lease.close()
+        lock = self.shared.lock
+        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            self.log.error("shutdown_stuck", pid=os.getpid(),
+                           reason="a look is still running after the grace; stopping without it")
+            return False
+        try:
+            self.store.close()
+        finally:
+            lock.release()
+        self.log.info("stopped", pid=os.getpid())
+        return True
+
+    def stop_grace(self) -> float:
+        """How long a stop may wait for work in flight: the longest ``stop_grace`` of the launchers."""
+        return max((lc.stop_grace for lc in self.shared.config.launchers.values()), default=defaults.STOP_GRACE)
+
+    def _stood_down(self) -> None:
+        """The lease part's: another daemon with this host id took the host over; stop (agents left to it)."""
+        self._stop.set()
+        self._signalled.set()
 
     def reload(self) -> bool:
         """Re-read the config (SIGHUP). An invalid new config is logged and the old one kept."""
         systemd.notify("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
+        config = self.shared.config
         try:
-            new = load_config(self.config.path)
+            new = load_config(config.path)
         except HeartbeatError as exc:
-            self.log.error("reload_failed", error=str(exc), keeping=self.config.path)
+            self.log.error("reload_failed", error=str(exc), keeping=config.path)
             systemd.notify("READY=1")
             return False
-        if new.state_dir != self.config.state_dir:
+        if new.state_dir != config.state_dir:
             self.log.error("reload_failed", error="state_dir cannot change on reload; restart the daemon",
-                           keeping=self.config.path)
+                           keeping=config.path)
             systemd.notify("READY=1")
             return False
-        old_tick = self.config.daemon.tick
+        old_tick = config.daemon.tick
         # A pass in progress holds the lock (a first pass over a backlog can take seconds on a
         # loaded machine): the valid config is then staged and the next pass starts with it,
         # so a SIGHUP is answered at once instead of after the pass.
         if self.shared.lock.acquire(blocking=False):
             try:
-                self.apply_config(new)
+                self.loop.apply_config(new)
             finally:
                 self.shared.lock.release()
             staged = False
         else:
-            self._staged_config = new
+            self.loop.stage_config(new)
             staged = True
         if self.metronome is not None and new.daemon.tick != old_tick:
             self.metronome.set_interval(new.daemon.tick)
@@ -92,7 +202,7 @@ class Daemon(Core):
     def serve(self) -> int:
         """Run until SIGTERM/SIGINT: the scheduler ticks, the watcher reacts, SIGHUP reloads."""
         # Handlers only set flags; the main thread, waiting on ``signalled``, does the work.
-        signalled = threading.Event()
+        signalled = self._signalled
 
         def on_term(signum: int, _frame: Any) -> None:
             self._stop.set()
@@ -105,37 +215,31 @@ class Daemon(Core):
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_term)
         signal.signal(signal.SIGHUP, on_hup)
-        if self.lease is not None:  # displaced by another daemon with this host id: stop, agents left to it
-
-            def on_stood_down() -> None:
-                self._stop.set()
-                signalled.set()
-
-            self.lease.on_stood_down = on_stood_down
-        self.vitals_dir = self.config.state_dir
+        config = self.shared.config
+        self.loop.vitals_dir = config.state_dir
         self.initialize()
         self.watcher.start()
-        self.watcher.on_missed = self._tick_soon
-        web = self._start_web()
-        relay = self._start_relay()
-        worker = threading.Thread(target=self.watcher.run_worker, name="heartbeat-watch", daemon=True)
+        stop_page = self._start_page()
+        self.relay = relay = self._start_relay()
+        worker = threading.Thread(target=self.pokes.run, args=(self.loop.evaluate, self._stop),
+                                  name="heartbeat-watch", daemon=True)
         worker.start()
         self.start_scheduler()
         systemd.notify("READY=1", "STATUS=started")
         interval = systemd.watchdog_interval()
-        if interval is not None and interval / 2 < self.config.daemon.tick:
-            self.log.warning("watchdog_shorter_than_tick", watchdog_s=interval, tick=self.config.daemon.tick,
+        if interval is not None and interval / 2 < config.daemon.tick:
+            self.log.warning("watchdog_shorter_than_tick", watchdog_s=interval, tick=config.daemon.tick,
                              hint="set WatchdogSec= to more than twice the tick")
         while not self._stop.is_set():
             signalled.wait(timeout=defaults.CLOCK_CHECK_EVERY)  # (waits on the monotonic clock)
             signalled.clear()
-            self.check_clock()
+            self.loop.check_clock()
             if self._reload.is_set() and not self._stop.is_set():
                 self._reload.clear()
                 self.reload()
         systemd.notify("STOPPING=1")
-        if web is not None:
-            web.should_exit = True
+        if stop_page is not None:
+            stop_page()
         deadline = time.monotonic() + self.stop_grace()
         if relay is not None:  # its writes under way finish beside the look in progress, by the same deadline
             relay.stop(wait=self.stop_grace())
@@ -156,13 +260,14 @@ class Daemon(Core):
         hour, would wait that hour. Its jobs are re-armed by :meth:`check_clock` when it sees a step."""
         from apscheduler.schedulers.background import BackgroundScheduler
 
-        self.metronome = Metronome(self._safe_tick, self.config.daemon.tick, clock=self.clock)
+        config = self.shared.config
+        self.metronome = Metronome(self._safe_tick, config.daemon.tick, clock=self.clock)
         self.metronome.start()
         self._scheduler = BackgroundScheduler(timezone="UTC", job_defaults={
             "coalesce": True, "max_instances": 1, "misfire_grace_time": None})
         now = self._scheduler_now()
-        retention = self.config.retention
-        if retention.enabled and not self.dry_run and isinstance(self.store, Archiving):
+        retention = config.retention
+        if retention.enabled and not self.shared.dry_run and isinstance(self.store, Archiving):
             self._scheduler.add_job(self._safe_gc, "interval", seconds=retention.every, id="gc",
                                     next_run_time=now + timedelta(seconds=min(retention.every,
                                                                               defaults.GC_FIRST_DELAY_MAX)))
@@ -175,71 +280,52 @@ class Daemon(Core):
         """The machine's wall clock, as APScheduler reads it."""
         return datetime.now(UTC)
 
-    def check_clock(self) -> float | None:
-        """A wall-clock step is logged (:meth:`Core.check_clock`) and the scheduler's jobs re-armed:
-        the lease renewal runs now, gc one interval from now (the tick needs nothing: it beats on
-        the monotonic clock)."""
-        step = super().check_clock()
+    def _rearm(self, step: float) -> None:
+        """The loop saw the wall clock step (:meth:`Loop.check_clock`, which logs it): the scheduler's
+        jobs are re-armed, the lease renewal runs now, gc one interval from now (the tick needs
+        nothing: it beats on the monotonic clock)."""
         scheduler = self._scheduler
-        if step is None or scheduler is None:
-            return step
+        if scheduler is None:
+            return
         now = self._scheduler_now()
         try:
             for job in scheduler.get_jobs():
                 if job.id == "gc":
-                    scheduler.reschedule_job("gc", trigger="interval", seconds=self.config.retention.every)
+                    scheduler.reschedule_job("gc", trigger="interval", seconds=self.shared.config.retention.every)
                 else:
                     scheduler.modify_job(job.id, next_run_time=now)
         except Exception as exc:  # stopped meanwhile
             self.log.debug("rearm_skipped", error=repr(exc))
-        return step
 
     def _start_relay(self) -> Any:
         """Agents' set/add written here (:mod:`heartbeat.relay`), when ``daemon.relay`` is on (file store)."""
-        if not self.config.daemon.relay or not self._keeps_files():
+        config = self.shared.config
+        if not config.daemon.relay or not self._keeps_files():
             return None
         from heartbeat.daemon.relay import RelayServer
 
-        vitals, counting = self.vitals, threading.Lock()
+        vitals, counting = self.loop.vitals, threading.Lock()
 
         def count(code: int) -> None:
             with counting:  # (the relay answers from several threads)
                 vitals.relayed += 1
                 vitals.relayed_refused += code != 0
 
-        relay = RelayServer(self.config.state_dir, lambda: open_store(self.config, claim=False), self.log,
+        relay = RelayServer(config.state_dir, lambda: open_store(config, claim=False), self.log,
                             on_write=count)
         return relay if relay.start() else None
 
-    def _start_web(self) -> Any:
-        """The status page and /metrics in a thread, when ``[http] listen`` is set (the clock runs either way)."""
-        http = self.config.http
-        if not http.listen:
+    def _start_page(self) -> Callable[[], None] | None:
+        """The status page and /metrics in a thread, when ``[http] listen`` is set (the clock runs either
+        way): started by the page starter the command line gave (the daemon imports no face)."""
+        config = self.shared.config
+        if not config.http.listen:
             return None
-        try:
-            from heartbeat import web
-
-            token = http.token or os.environ.get("HEARTBEAT_WEB_TOKEN", "")
-            listen = web.parse_listen(http.listen, what="[http] listen").in_dir(self.config.state_dir)
-            web.check_exposure(listen, token)
-            app = web.build_app(open_store(self.config, claim=False), state_dir=self.config.state_dir, token=token,
-                                hosts=web.HostCheck(listen, http.allowed_hosts),
-                                max_attempts=self.config.daemon.max_attempts,
-                                default_launcher=self.config.daemon.default_launcher, vitals=self.vitals)
-
-            def error(message: str, left_out: int) -> None:
-                self.log.error("http_error", error=message, left_out=left_out)
-
-            server, _, url = web.start_in_thread(app, listen, on_error=error)
-        except ImportError as exc:
-            self.log.error("http_failed", error=f"{exc}: install heartbeat[web] for [http]")
+        if self._page is None:
+            self.log.error("http_failed", error="[http] listen is set, but this daemon was built without a page "
+                           "to serve (`heartbeat run` gives it one)")
             return None
-        except HeartbeatError as exc:
-            self.log.error("http_failed", error=str(exc))
-            return None
-        self.log.info("http_serving", url=url, token=bool(token), pid=os.getpid())
-        return server
-
+        return self._page(config, self.loop.vitals, self.log)
 
     def _tick_soon(self) -> None:
         """The store's change feed may have missed writes: run a pass now rather than at the next tick."""
@@ -254,7 +340,7 @@ class Daemon(Core):
 
     def _safe_tick(self) -> None:
         try:
-            self.tick()
+            self.loop.tick()
         except StoreError as exc:
             if self.lease is None:
                 self.log.exception("tick_failed", error=repr(exc))
@@ -268,9 +354,10 @@ class Daemon(Core):
         from heartbeat.retention import run_gc
 
         try:
-            store = open_store(self.config, claim=False)  # its own: the tick's store caches scans, not thread-safe
+            config = self.shared.config
+            store = open_store(config, claim=False)  # its own: the tick's store caches scans, not thread-safe
             try:
-                result = run_gc(store, self.config.retention, now=self.clock.now())
+                result = run_gc(store, config.retention, now=self.clock.now())
             finally:
                 store.close()
             self.log.info("gc", removed_files=len(result.removed_files), removed_bytes=result.removed_bytes,
@@ -306,8 +393,8 @@ def exit_if_stuck(clean: bool, deadline: float, log: Any) -> None:
     os._exit(0)
 
 
-def run_from_cli(args: Any) -> int:
-    """``heartbeat run [--dry-run] [--once]``."""
+def run_from_cli(args: Any, *, page: PageStarter | None = None) -> int:
+    """``heartbeat run [--dry-run] [--once]``; ``page`` serves ``[http]`` (the command line gives it)."""
     from heartbeat.config import find_config
     from heartbeat.errors import ConfigError
     from heartbeat.logging import configure
@@ -330,7 +417,7 @@ def run_from_cli(args: Any) -> int:
         store = wait_for_store(lambda: open_store(config, claim=not args.dry_run, decisions=True), logger())
         if store is None:
             return 0
-        daemon = Daemon(config, store=store, dry_run=args.dry_run, clock=clock)
+        daemon = Daemon(config, store=store, dry_run=args.dry_run, clock=clock, page=page)
         if isinstance(clock, OffsetFileClock):
             daemon.log.warning("test_clock", path=clock.path, shift_s=clock.shift,
                                hint=f"{defaults.TEST_CLOCK_ENV} is a test seam: the wall clock is shifted by that file")

@@ -1,8 +1,10 @@
-"""What every part of the daemon reads: the config, the store, the launchers and the look lock.
+"""What every part of the daemon reads: the config, the store, the launchers, the pokes and the look lock.
 
-One :class:`Shared` per daemon. The parts (:mod:`.observe`, :mod:`.act`, :mod:`.watch`,
-:mod:`.core`, :mod:`.service`) each keep their own per-task records; this holds only what
-is truly common. Threads: the tick (the scheduler's thread, or the caller's), the watch
+One :class:`Shared` per daemon, built by the service (:mod:`.service`) before the parts and
+given to each in its constructor; nothing is set on it afterwards but the config a reload
+swaps, the launchers rebuilt with it, and the running agents. The parts (:mod:`.observe`,
+:mod:`.act`, :mod:`.watch`, :mod:`.core`, :mod:`.leased`) each keep their own per-task
+records; this holds only what is truly common. Threads: the tick (the scheduler's thread, or the caller's), the watch
 worker (looks at one poked task), the worker pool (stops, notifiers, checks) and the
 watchers' threads (inotify, LISTEN). Every per-task record of every part, and ``running``
 here, is read and written only under :attr:`Shared.lock` (the look lock), unless its
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from heartbeat import defaults
 from heartbeat.clock import SYSTEM, Clock
 from heartbeat.config import Config, LauncherConfig
+from heartbeat.daemon.pokes import Pokes
 from heartbeat.exits import ExitWatch
 from heartbeat.gates import GateEvaluator
 from heartbeat.layout import StateLayout
@@ -34,7 +36,7 @@ __all__ = ["Shared", "logger", "open_store"]
 class Shared:
     """The config (swapped on reload), store, launchers, pool, look lock and the running agents."""
 
-    def __init__(self, config: Config, store: Store, *, dry_run: bool, log: Any, host: str,
+    def __init__(self, config: Config, store: Store, *, pokes: Pokes, dry_run: bool, log: Any, host: str,
                  clock: Clock = SYSTEM) -> None:
         self.config = config
         """Swapped whole by a reload, under :attr:`lock` between passes: read it afresh each time."""
@@ -56,16 +58,11 @@ class Shared:
         self.running: dict[str, str] = {}
         """Task id -> launcher name of the live agents this daemon dispatched (under :attr:`lock`):
         written by observing (alive or not) and acting (launched, settled); admission counts it."""
-        self.poke: Callable[[str], None] = lambda task_id: None
-        self.lease: Any = None
-        """The lease part (:class:`~heartbeat.daemon.leased.LeasePart`) on a store shared by many
-        hosts, set by the loop; None on the file store."""
-        """Ask for a task to be looked at soon, off the tick (set by the watcher; thread-safe)."""
-        self.exits = ExitWatch(lambda task_id: self.exited(task_id))
+        self.pokes = pokes
+        """Ask for a task to be looked at soon, off the tick (any thread); an exit, at once."""
+        self.exits = ExitWatch(pokes.poke_now)
         """Exit notices of the live agents' processes: the observer and the actor say whom to watch
-        (under :attr:`lock`), the watcher starts and stops it."""
-        self.exited: Callable[[str], None] = lambda task_id: None
-        """An agent's process ended: look at its task at once, no debounce (set by the watcher)."""
+        (under :attr:`lock`), the watcher starts and stops it; an exit pokes its task with no debounce."""
         self.build_launchers()
 
     def build_launchers(self) -> None:

@@ -2,11 +2,11 @@
 
 The store says which task was written (:meth:`heartbeat.store.base.Store.watch`: inotify
 for the file store, LISTEN/NOTIFY for PostgreSQL); a gate file appearing in a watched
-directory names the blocked tasks waiting on it. Either way the task is *poked*: queued,
-debounced (:data:`heartbeat.defaults.WATCH_DEBOUNCE`) and looked at by one worker thread
-through the core's ``evaluate``, so a write is answered within a fraction of a second
-instead of at the next tick. An agent's process ending (:mod:`heartbeat.exits`, a pidfd per
-live agent) pokes its task with no debounce: its successor starts at once, whatever the tick.
+directory names the blocked tasks waiting on it. Either way the task is *poked*
+(:mod:`.pokes`: queued, debounced, looked at by the loop's ``evaluate`` in the watch worker),
+so a write is answered within a fraction of a second instead of at the next tick. An
+agent's process ending (:mod:`heartbeat.exits`, a pidfd per live agent) pokes its task
+with no debounce: its successor starts at once, whatever the tick.
 
 The store's reports also feed :class:`heartbeat.changes.ChangeFeed`: between full sweeps a
 tick stats only the batons reported; a feed that says it missed writes (an inotify queue
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,17 +27,13 @@ __all__ = ["Watcher"]
 
 
 class Watcher:
-    """Pokes, the worker that answers them, the store's change feed and the gate-file watches."""
+    """The store's change feed and the gate-file watches; what they report is poked (:mod:`.pokes`)."""
 
-    def __init__(self, shared: Shared, evaluate: Callable[[str], None], stop: threading.Event,
-                 changes: ChangeFeed) -> None:
+    def __init__(self, shared: Shared, changes: ChangeFeed, *, on_missed: Callable[[], None]) -> None:
         self.shared = shared
         self.changes = changes
-        self._evaluate = evaluate
-        self._stop = stop
-        self._wake = threading.Condition()
-        self._pending: dict[str, float] = {}
-        """Task id -> monotonic time of its last poke (under ``_wake``)."""
+        self.on_missed = on_missed
+        """Called when the store's feed may have missed writes (a lost LISTEN connection): the service ticks soon."""
         self._gates_lock = threading.Lock()
         self._gate_paths: dict[str, set[str]] = {}
         """Gate file path -> the blocked tasks waiting on it (under ``_gates_lock``): replaced by
@@ -49,54 +44,6 @@ class Watcher:
         self._handler: Any = None
         self._watched_dirs: dict[str, Any] = {}
         self._unwatch_store: Any = None
-        self.on_missed: Callable[[], None] = lambda: None
-        """Called when the store's feed may have missed writes (a lost LISTEN connection)."""
-        shared.poke = self.poke
-        shared.exited = self.poke_now
-
-    # -- pokes -------------------------------------------------------------------------
-
-    def poke(self, task_id: str) -> None:
-        """Ask for ``task_id`` to be looked at soon (debounced), off the tick. Any thread."""
-        with self._wake:
-            self._pending[task_id] = time.monotonic()
-            self._wake.notify()
-
-    def poke_now(self, task_id: str) -> None:
-        """Ask for ``task_id`` to be looked at at once, without the debounce (an agent's exit). Any thread."""
-        from heartbeat import defaults
-
-        with self._wake:
-            self._pending[task_id] = time.monotonic() - defaults.WATCH_DEBOUNCE
-            self._wake.notify()
-
-    def wake_all(self) -> None:
-        with self._wake:
-            self._wake.notify_all()
-
-    def run_worker(self) -> None:
-        """The watch worker's loop: look at each poked task once its debounce has passed."""
-        from heartbeat import defaults
-
-        debounce = defaults.WATCH_DEBOUNCE
-        while not self._stop.is_set():
-            with self._wake:
-                if not self._pending:
-                    self._wake.wait(timeout=5.0)
-                    continue
-                now_m = time.monotonic()
-                ready = [t for t, at in self._pending.items() if now_m - at >= debounce]
-                if not ready:
-                    wait = min(debounce - (now_m - at) for at in self._pending.values())
-                    self._wake.wait(timeout=max(wait, 0.001))
-                    continue
-                for task_id in ready:
-                    del self._pending[task_id]
-            for task_id in ready:
-                try:
-                    self._evaluate(task_id)
-                except Exception as exc:
-                    self.shared.log.exception("evaluate_failed", task=task_id, error=repr(exc))
 
     # -- watches -----------------------------------------------------------------------
 
@@ -129,7 +76,7 @@ class Watcher:
             self.on_missed()
         else:
             self.changes.changed(task_id)
-            self.poke(task_id)
+            self.shared.pokes.poke(task_id)
 
     def stop(self, timeout: float) -> None:
         """Stop both feeds, waiting at most ``timeout`` seconds for each."""
@@ -146,7 +93,7 @@ class Watcher:
         with self._gates_lock:
             task_ids = list(self._gate_paths.get(path, ()))
         for task_id in task_ids:
-            self.poke(task_id)
+            self.shared.pokes.poke(task_id)
 
     def set_gate_paths(self, gate_paths: dict[str, set[str]]) -> None:
         """A full pass's map of gate file -> waiting tasks."""
@@ -190,4 +137,4 @@ class Watcher:
             for path, task_ids in gate_paths.items():
                 if os.path.dirname(path) == directory:
                     for task_id in task_ids:
-                        self.poke(task_id)
+                        self.shared.pokes.poke(task_id)
