@@ -37,18 +37,17 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from heartbeat import defaults
-from heartbeat.baton import Baton, Owner, host_labels
+from heartbeat.baton import Baton, Owner, Status, host_labels
 from heartbeat.errors import HeartbeatError, StoreError
-from heartbeat.store.base import SharedStore
+from heartbeat.ledger import EventKind
+from heartbeat.store.base import Edit, HostRow, LeaseRow, Renewal, SharedStore, TakenOver
 
 if TYPE_CHECKING:
     from heartbeat.store.base import Entry
-    from heartbeat.store.postgres import PostgresStore
 
 __all__ = ["HostRow", "Lease", "LeaseRow", "TakenOver", "for_store", "host_labels", "lease_rows", "list_hosts",
            "resolve_host"]
@@ -61,140 +60,19 @@ def resolve_host(configured: str = "") -> str:
     return os.environ.get(defaults.HOST_ENV, "").strip() or configured.strip() or socket.gethostname()
 
 
-@dataclass(frozen=True)
-class TakenOver:
-    """One task this daemon took over from a host whose lease expired."""
-
-    task: str
-    from_host: str
-    lease_age: float
-    """Seconds since the old host last renewed the lease."""
-    epoch: int
-    """The task's new epoch (the old agent's writes are refused from now on)."""
-
-
-@dataclass(frozen=True)
-class HostRow:
-    """One daemon as ``heartbeat hosts`` shows it."""
-
-    host: str
-    pid: int
-    labels: tuple[str, ...]
-    capacity: int
-    running: int
-    lease_ttl: float
-    started_at: datetime
-    renewed_at: datetime
-    stopped_at: datetime | None
-    age: float
-    """Seconds since its last renewal (database time)."""
-
-    @property
-    def state(self) -> str:
-        if self.stopped_at is not None:
-            return "stopped"
-        return "live" if self.age <= self.lease_ttl else "lost"
-
-
-@dataclass(frozen=True)
-class LeaseRow:
-    """A task's lease as ``heartbeat status`` shows it."""
-
-    host: str
-    left: float | None
-    """Seconds until the lease expires (negative: expired, its agent not yet taken over); None when
-    no lease is held (none was ever renewed, or it lapsed on a task with no agent)."""
-
-
-def _fetch(store: PostgresStore, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
-    """The rows of one statement run in a transaction of its own (committed: a write sticks)."""
-    with store._conn() as conn:
-        rows = conn.execute(sql, params).fetchall()
-        conn.commit()
-    return rows
-
-
-def list_hosts(store: PostgresStore) -> list[HostRow]:
+def list_hosts(store: SharedStore) -> list[HostRow]:
     """Every daemon that ever renewed on this database, most recently renewed first."""
-    rows = _fetch(
-        store,
-        "SELECT host, pid, labels, capacity, running, lease_ttl, started_at, renewed_at, stopped_at, "
-        "extract(epoch FROM now() - renewed_at)::float8 FROM heartbeat_hosts ORDER BY renewed_at DESC, host",
-    )
-    return [HostRow(host=r[0], pid=r[1], labels=tuple(r[2]), capacity=r[3], running=r[4], lease_ttl=r[5],
-                    started_at=r[6], renewed_at=r[7], stopped_at=r[8], age=max(0.0, r[9])) for r in rows]
+    return store.lease_hosts()
 
 
-def lease_rows(store: PostgresStore) -> dict[str, LeaseRow]:
+def lease_rows(store: SharedStore) -> dict[str, LeaseRow]:
     """Task id -> its owner host and lease, for every task that has a host."""
-    rows = _fetch(
-        store,
-        "SELECT id, owner_host, CASE WHEN owned OR lease_expires > now() "
-        "THEN extract(epoch FROM lease_expires - now())::float8 END FROM heartbeat_batons WHERE owner_host <> ''",
-    )
-    return {r[0]: LeaseRow(host=r[1], left=r[2]) for r in rows}
+    return store.lease_rows()
 
 
 def for_store(store: Any) -> bool:
     """Whether ``store`` is shared between hosts (and so needs leases): the PostgreSQL store."""
     return isinstance(store, SharedStore)
-
-
-_RENEW = """
-WITH host AS (
-    INSERT INTO heartbeat_hosts AS h (host, pid, labels, capacity, running, lease_ttl, started_at, renewed_at)
-    VALUES (%(me)s, %(pid)s, %(labels)s, %(capacity)s, %(running)s, %(ttl)s, %(started)s, now())
-    ON CONFLICT (host) DO UPDATE SET pid = EXCLUDED.pid, labels = EXCLUDED.labels, capacity = EXCLUDED.capacity,
-        running = EXCLUDED.running, lease_ttl = EXCLUDED.lease_ttl, started_at = EXCLUDED.started_at,
-        renewed_at = now(), stopped_at = NULL
-    WHERE (h.pid = EXCLUDED.pid AND h.started_at = EXCLUDED.started_at)
-       OR (%(take)s AND h.renewed_at IS NOT DISTINCT FROM %(seen)s::timestamptz)
-    RETURNING 1
-), renewed AS (
-    UPDATE heartbeat_batons b
-    SET lease_expires = now() + %(ttl)s * interval '1 second', lease_renewed = now()
-    FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS s(id, epoch)
-    WHERE b.id = s.id AND (s.epoch IS NULL OR b.epoch = s.epoch) AND b.owner_host = %(me)s
-      AND EXISTS (SELECT 1 FROM host)
-    RETURNING b.id
-)
-SELECT EXISTS (SELECT 1 FROM host), array(SELECT id FROM renewed)
-"""
-"""Renew this daemon's host row and its tasks' leases, in one statement. The host row is this
-daemon's only while it holds this daemon's identity (pid and start time): once another daemon
-with the same host id took the row over, nothing renews and this daemon stands down. ``take``
-(the first renewal, after :meth:`Lease.take_host`) takes the row over, compare-and-set on the
-``renewed_at`` last seen."""
-
-_HOST_ROW = """
-SELECT pid, started_at, renewed_at, stopped_at, lease_ttl, extract(epoch FROM now() - renewed_at)::float8
-FROM heartbeat_hosts WHERE host = %(me)s
-"""
-
-_CLAIM = """
-WITH c AS (
-    SELECT id FROM heartbeat_batons
-    WHERE id = ANY(%(ids)s::text[]) AND status = 'active' AND NOT owned
-      AND (lease_expires IS NULL OR lease_expires < now() OR owner_host = %(me)s)
-      AND host_labels <@ %(labels)s::text[]
-    ORDER BY array_position(%(ids)s::text[], id)
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE heartbeat_batons b
-SET owner_host = %(me)s, lease_expires = now() + %(ttl)s * interval '1 second', lease_renewed = now()
-FROM c WHERE b.id = c.id
-RETURNING b.id
-"""
-
-_EXPIRED = """
-SELECT id, body, owner_host, extract(epoch FROM now() - coalesce(lease_renewed, lease_expires))::float8
-FROM heartbeat_batons
-WHERE owned AND owner_host <> %(me)s AND lease_expires < now() AND host_labels <@ %(labels)s::text[]
-ORDER BY lease_expires
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
-"""
 
 
 class Lease:
@@ -205,7 +83,7 @@ class Lease:
     job of its own, beside the daemon's pass.
     """
 
-    def __init__(self, store: PostgresStore, *, host: str, labels: Sequence[str], ttl: float, capacity: int,
+    def __init__(self, store: SharedStore, *, host: str, labels: Sequence[str], ttl: float, capacity: int,
                  interval: float, log: Any, stop_agent: Callable[[str, int, Owner], None],
                  on_stood_down: Callable[[], None] = lambda: None) -> None:
         self.store = store
@@ -285,18 +163,16 @@ class Lease:
         started = time.monotonic()
         self._attempt = started
         take, seen = self._take
-        params = {"me": self.host, "pid": os.getpid(), "labels": self.labels, "capacity": self.capacity,
-                  "running": len(supervised) if running is None else running, "ttl": self.ttl,
-                  "started": self.started, "ids": ids, "epochs": [supervised[i][0] for i in ids],
-                  "take": take, "seen": seen}
+        renewal = Renewal(host=self.host, pid=os.getpid(), started=self.started, labels=self.labels,
+                          capacity=self.capacity, running=len(supervised) if running is None else running,
+                          ttl=self.ttl, ids=ids, epochs=[supervised[i][0] for i in ids], take=take, seen=seen)
         try:
-            rows = _fetch(self.store, _RENEW, params)
+            held, renewed_ids = self.store.renew_leases(renewal)
         except HeartbeatError as exc:
             self.unreachable(exc)
             return False
         finally:
             self._attempt = None
-        held, renewed_ids = rows[0] if rows else (False, [])
         if not held:
             self._stand_down()
             return False
@@ -353,12 +229,11 @@ class Lease:
         """
         first: datetime | None = None
         while True:
-            rows = _fetch(self.store, _HOST_ROW, {"me": self.host})
-            row = rows[0] if rows else None
+            row = self.store.lease_host(self.host)
             if row is not None:
-                pid, started_at, renewed_at, stopped_at, ttl, age = row
-                mine = pid == os.getpid() and started_at == self.started
-                if stopped_at is None and not mine and age <= ttl:
+                pid, renewed_at, age, ttl = row.pid, row.renewed_at, row.age, row.lease_ttl
+                mine = pid == os.getpid() and row.started_at == self.started
+                if row.stopped_at is None and not mine and age <= ttl:
                     if first is None:
                         first = renewed_at
                         self.log.warning("host_busy", host=self.host, pid=pid, renewed_s_ago=round(age, 1),
@@ -370,14 +245,14 @@ class Lease:
                         raise self._refusal(pid, age)
                     sleep(max(0.05, min(1.0, ttl / 20)))
                     continue
-            self._take = (True, row[2] if row is not None else None)
+            self._take = (True, row.renewed_at if row is not None else None)
             self._taking = True
             try:
                 self.renew()  # (the database out of reach: the renewal job takes the row later)
             finally:
                 self._taking = False
             if self.stood_down:  # renewed by its daemon between our look and our take
-                raise self._refusal(row[0] if row is not None else 0, 0.0)
+                raise self._refusal(row.pid if row is not None else 0, 0.0)
             return
 
     def _refusal(self, pid: int, age: float) -> StoreError:
@@ -411,10 +286,9 @@ class Lease:
         if not ids:
             return
         try:
-            rows = _fetch(self.store, "SELECT id, epoch FROM heartbeat_batons WHERE id = ANY(%(ids)s)", {"ids": ids})
+            current = self.store.task_epochs(ids)
         except HeartbeatError:
             return  # not known: never stop an agent on a guess
-        current = {r[0]: int(r[1]) for r in rows}
         for task_id in ids:
             epoch, owner = left[task_id]
             if task_id in current and current[task_id] != epoch:
@@ -509,10 +383,9 @@ class Lease:
         """Of the tasks this daemon decided to dispatch, the ones it now holds (in order)."""
         if not ids or not self._fresh():
             return []
-        params = {"ids": list(ids), "me": self.host, "labels": self.labels, "ttl": self.ttl,
-                  "limit": len(ids) if limit is None else max(0, limit)}
         try:
-            got = {r[0] for r in _fetch(self.store, _CLAIM, params)}
+            got = self.store.claim_leases(list(ids), host=self.host, labels=self.labels, ttl=self.ttl,
+                                          limit=len(ids) if limit is None else max(0, limit))
         except StoreError as exc:
             self.unreachable(exc)
             return []
@@ -525,16 +398,9 @@ class Lease:
         """Take over (up to ``limit``) tasks whose owner host's lease expired. One transaction."""
         if limit <= 0 or not self._fresh():
             return []
-        from heartbeat.store import postgres as pg
-
-        taken: list[TakenOver] = []
         try:
-            with self.store._conn() as conn, conn.transaction():
-                rows = conn.execute(_EXPIRED, {"me": self.host, "labels": self.labels, "limit": limit}).fetchall()
-                for task_id, body, from_host, age in rows:
-                    done = self._take_one(conn, pg, task_id, body, from_host, float(age or 0.0))
-                    if done is not None:
-                        taken.append(done)
+            taken = self.store.take_over_leases(host=self.host, labels=self.labels, ttl=self.ttl, limit=limit,
+                                                change=self._taking_over)
         except StoreError as exc:
             self.unreachable(exc)
             return []
@@ -543,43 +409,20 @@ class Lease:
                              lease_age_s=round(t.lease_age, 1))
         return taken
 
-    def _take_one(self, conn: Any, pg: Any, task_id: str, body: str, from_host: str, age: float) -> TakenOver | None:
-        from heartbeat.baton import Status, parse_baton
-        from heartbeat.ledger import Event
-        from heartbeat.store.base import Edit, continue_above, finish_edit
-        from heartbeat.timeparse import utcnow
-
-        try:
-            old = parse_baton(body, path=f"{self.store.label}:{task_id}", expected_id=task_id)
-        except HeartbeatError:
-            return None  # an unreadable row is reported by the scan, never rewritten here
-        now = utcnow()
-        ed = Edit(old=old, baton=old.copy(), now=now, actor="daemon")
+    def _taking_over(self, ed: Edit, from_host: str, age: float) -> None:
+        """What a takeover writes: the epoch moves on (the old agent is fenced), the owner is
+        cleared, the ledger says ``taken_over`` (and ``stalled`` for an active task)."""
         meta = ed.baton.meta
         previous = meta.owner
         meta.owner = None
         meta.epoch += 1
-        meta.ended_at = now
+        meta.ended_at = ed.now
         meta.last_exit = None
         meta.last_failure = f"host {from_host} stopped renewing its lease ({age:.0f}s ago)"
         ed.event("taken_over", from_host=from_host, to_host=self.host, lease_age_s=round(age, 3),
-                 from_epoch=old.meta.epoch, pid=previous.pid if previous is not None else None)
+                 from_epoch=ed.old.meta.epoch, pid=previous.pid if previous is not None else None)
         if meta.status is Status.ACTIVE:
-            ed.event("stalled", why="owner_dead")
-        events: list[Event] = finish_edit(ed, world=False)  # nothing but bookkeeping changes: no world to fingerprint
-        continue_above(ed, events, pg.highest_revision(conn, task_id))
-        cur = conn.execute(
-            "UPDATE heartbeat_batons SET body = %s, status = %s, revision = %s, epoch = %s, owned = false, "
-            "owner_host = %s, lease_expires = now() + %s * interval '1 second', lease_renewed = now(), "
-            "written_at = now() WHERE id = %s AND revision = %s",
-            (self.store._body(ed.baton), meta.status.value, meta.revision, meta.epoch, self.host, self.ttl,
-             task_id, old.meta.revision),
-        )
-        if cur.rowcount != 1:
-            return None
-        pg.append_events(conn, events)
-        conn.execute("SELECT pg_notify(%s, %s)", (pg.CHANNEL, task_id))
-        return TakenOver(task=task_id, from_host=from_host, lease_age=age, epoch=meta.epoch)
+            ed.event(EventKind.STALLED, why="owner_dead")
 
     # -- what the daemon's looks need ----------------------------------------------------
 
@@ -601,10 +444,6 @@ class Lease:
         if self._watch is not None:
             self._watch.join(timeout=5)
         try:
-            with self.store._conn() as conn:
-                conn.execute("UPDATE heartbeat_hosts SET stopped_at = now() "
-                             "WHERE host = %s AND pid = %s AND started_at = %s",
-                             (self.host, os.getpid(), self.started))
-                conn.commit()
+            self.store.host_stopped(self.host, os.getpid(), self.started)
         except HeartbeatError:
             pass
