@@ -22,6 +22,15 @@ as long as H's lease on it lasts. The lease lives in the task's row (``owner_hos
   the epoch moves on (the old agent is fenced at once), the owner is cleared, the row's
   lease becomes this host's and the ledger says ``taken_over`` (from which host, the
   lease's age). The daemon's usual decision then dispatches it here.
+- **the agents' own stop** (:meth:`Lease.agent_deadlines`): the daemon's watch below cannot act
+  when the daemon itself is killed, paused or wedged, so each agent's shim watches its lease too,
+  through a small file the daemon writes before the launch and after every renewal that renewed
+  the agent's epoch (``on_renewed``; no database connection per agent). The file says when to
+  SIGTERM the agent (when this daemon would treat its leases as gone) and when to SIGKILL what
+  is left (:data:`~heartbeat.defaults.LEASE_KILL_MARGIN` before the lease can expire in the
+  database), on :func:`~heartbeat.launchers.shim.lease_clock` counted from the *start* of the
+  renewal (the database's ``now()`` comes after it). A replacement elsewhere needs the lease
+  expired, so it never runs beside the old agent.
 - A daemon that cannot renew (the database is unreachable) dispatches nothing and takes
   nothing over; when its own leases are about to expire unrenewed it stops its agents
   (nobody may assume them alive any longer: another host will take their tasks); it says
@@ -43,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from heartbeat import defaults
 from heartbeat.baton import Baton, Owner, Status, host_labels
 from heartbeat.errors import HeartbeatError, StoreError
+from heartbeat.launchers.shim import lease_clock
 from heartbeat.ledger import EventKind
 from heartbeat.store.base import Edit, HostRow, LeaseRow, Renewal, SharedStore, TakenOver
 
@@ -85,7 +95,8 @@ class Lease:
 
     def __init__(self, store: SharedStore, *, host: str, labels: Sequence[str], ttl: float, capacity: int,
                  interval: float, log: Any, stop_agent: Callable[[str, int, Owner], None],
-                 on_stood_down: Callable[[], None] = lambda: None) -> None:
+                 on_stood_down: Callable[[], None] = lambda: None,
+                 on_renewed: Callable[[dict[str, int], float], None] = lambda renewed, at: None) -> None:
         self.store = store
         self.host = host
         self.labels = sorted(set(labels))
@@ -96,6 +107,11 @@ class Lease:
         self.stop_agent = stop_agent
         self.on_stood_down = on_stood_down
         """Called once (from the thread that found it) when this daemon stands down."""
+        self.on_renewed = on_renewed
+        """Called after each successful renewal with {task id: epoch} of the dispatched tasks it
+        renewed and the :func:`lease_clock` time the renewal started (for :meth:`agent_deadlines`)."""
+        self._claimed_at: dict[str, float] = {}
+        """Task id -> :func:`lease_clock` time its claim started (its lease lasts ttl from after it)."""
         self.started = datetime.now().astimezone()
         """With the pid, this daemon's identity in its host's row of ``heartbeat_hosts``."""
         self.stood_down = False
@@ -109,6 +125,8 @@ class Lease:
         """Task id -> (epoch, owner) of this host's agents; (None, None) for a task claimed and not yet dispatched."""
         self._renewed_at: float | None = None
         """Monotonic time at which the last successful renewal *started* (its leases last ttl from after it)."""
+        self._renewed_clock: float | None = None
+        """:func:`lease_clock` time at which the last successful renewal started."""
         self._unreachable = False
         self._attempt: float | None = None
         """Monotonic start of the renewal in flight (None: none is)."""
@@ -161,6 +179,7 @@ class Lease:
             supervised = dict(self._supervised)
         ids = list(supervised)
         started = time.monotonic()
+        started_clock = lease_clock()
         self._attempt = started
         take, seen = self._take
         renewal = Renewal(host=self.host, pid=os.getpid(), started=self.started, labels=self.labels,
@@ -180,11 +199,20 @@ class Lease:
         renewed = set(renewed_ids)
         with self._lock:
             self._renewed_at = started
+            self._renewed_clock = started_clock
             self._fenced_all = False
+            for task_id in renewed:
+                self._claimed_at.pop(task_id, None)
         if self._unreachable:
             self._unreachable = False
             self.log.info("store_reachable", host=self.host, renewed=len(renewed),
                           hint="leases renewed; dispatching again")
+        agents = {t: e for t, (e, _) in supervised.items() if t in renewed and e is not None}
+        if agents:
+            try:
+                self.on_renewed(agents, started_clock)
+            except Exception as exc:  # the agents' lease files must never break the renewal
+                self.log.error("lease_files_failed", error=repr(exc))
         for task_id in ids:
             if task_id not in renewed:
                 with self._lock:
@@ -195,6 +223,24 @@ class Lease:
                 epoch, owner = supervised[task_id]
                 self._fence(task_id, epoch, owner, why="its lease did not renew: another host holds the task")
         return True
+
+    def agent_deadlines(self, started: float) -> tuple[float, float]:
+        """(SIGTERM at, SIGKILL by) for an agent whose lease renewal (or claim) started at ``started``
+        on :func:`lease_clock`: the SIGTERM when this daemon would treat the lease as gone, the
+        SIGKILL a margin before the lease can expire in the database (and so before another host can
+        take the task over)."""
+        kill = started + self.ttl - min(defaults.LEASE_KILL_MARGIN, self.ttl / 10)
+        return min(started + self._fence_after(), kill - min(defaults.LEASE_KILL_MARGIN, self.ttl / 10)), kill
+
+    def launch_deadlines(self, task_id: str) -> tuple[float, float] | None:
+        """The deadlines of an agent about to be launched for ``task_id``: from the start of its claim
+        (or of the last renewal, whichever came later); None when this daemon holds no lease on it."""
+        with self._lock:
+            claimed, renewed = self._claimed_at.get(task_id), self._renewed_clock
+            held = task_id in self._supervised
+        if not held or (claimed is None and renewed is None):
+            return None
+        return self.agent_deadlines(max(t for t in (claimed, renewed) if t is not None))
 
     def healthy(self) -> bool:
         """Whether this daemon's leases are safely held: renewed recently enough to act on."""
@@ -383,6 +429,7 @@ class Lease:
         """Of the tasks this daemon decided to dispatch, the ones it now holds (in order)."""
         if not ids or not self._fresh():
             return []
+        started = lease_clock()
         try:
             got = self.store.claim_leases(list(ids), host=self.host, labels=self.labels, ttl=self.ttl,
                                           limit=len(ids) if limit is None else max(0, limit))
@@ -392,6 +439,7 @@ class Lease:
         with self._lock:  # renewed from now on: the launches of a batch may outlast the claim's lease
             for task_id in got:
                 self._supervised.setdefault(task_id, (None, None))
+                self._claimed_at[task_id] = started
         return [i for i in ids if i in got]
 
     def take_over(self, limit: int) -> list[TakenOver]:
