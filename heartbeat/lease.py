@@ -207,7 +207,8 @@ class Lease:
             self._unreachable = False
             self.log.info("store_reachable", host=self.host, renewed=len(renewed),
                           hint="leases renewed; dispatching again")
-        agents = {t: e for t, (e, _) in supervised.items() if t in renewed and e is not None}
+        agents = {t: e for t, (e, o) in supervised.items()
+                  if t in renewed and e is not None and o is not None and o.how == "dispatch"}
         if agents:
             try:
                 self.on_renewed(agents, started_clock)
