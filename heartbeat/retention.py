@@ -2,7 +2,7 @@
 
 Three things, each safe against a running daemon and running agents:
 
-- **Old epochs' files.** ``logs/<id>/<epoch>.{log,log.1,brief.md,exit,pid,pulse}`` of all but the
+- **Old epochs' files.** ``logs/<id>/<epoch>.{log,log.1,brief.md,exit,pid,pulse,lease}`` of all but the
   ``keep_epochs`` latest epochs of a task are removed. The current epoch's files are never
   touched (nor any epoch at or above it: epochs only grow), and a task whose baton is not
   readable keeps everything. Entries are listed and removed through a directory descriptor
@@ -72,7 +72,7 @@ __all__ = [
     "EPOCH_FILE",
 ]
 
-EPOCH_FILE = re.compile(r"(\d{1,18})\.(log|log\.1|brief\.md|exit|pid|pulse)")
+EPOCH_FILE = re.compile(r"(\d{1,18})\.(log|log\.1|brief\.md|exit|pid|pulse|lease)")
 """The names of an epoch's files under ``logs/<id>/``; nothing else there is ever removed."""
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
