@@ -60,8 +60,9 @@ AGENT = textwrap.dedent("""\
 class Host(DaemonHarness):
     """A daemon with its own host id, state dir and database role on the shared store."""
 
-    def __init__(self, root: Path, daemon_url: str, url: str, host: str, agent: list[str]) -> None:
+    def __init__(self, root: Path, daemon_url: str, url: str, host: str, agent: list[str], ttl: float = TTL) -> None:
         self.host = host
+        self.ttl = ttl
         root.mkdir(mode=0o700, exist_ok=True)
         super().__init__(root, tick=f"{int(TICK * 1000)}ms", stall_after="1h", max_concurrent=4,
                          dispatches_per_minute=6000, agent=agent, extra=f"[store]\nurl = {json.dumps(daemon_url)}\n")
@@ -70,7 +71,7 @@ class Host(DaemonHarness):
 
     def config_text(self) -> str:
         return super().config_text().replace(
-            'log_level = "debug"\n', f'log_level = "debug"\nhost = "{self.host}"\nlease_ttl = "{TTL}s"\n', 1)
+            'log_level = "debug"\n', f'log_level = "debug"\nhost = "{self.host}"\nlease_ttl = "{self.ttl}s"\n', 1)
 
 
 def role_url(url: str, role: str) -> str:
@@ -189,3 +190,28 @@ def test_the_old_agent_stops_before_its_replacement_starts(fleet: tuple[Host, Ho
         logs = sorted((tmp_path / "a" / "state" / "logs" / "job").glob("*.log"))
         assert any("its host's lease on the task ran out" in p.read_text() for p in logs), \
             [p.read_text()[-500:] for p in logs]
+
+
+def test_a_daemon_restarted_at_once_keeps_its_agent(pg_url: str, tmp_path: Path) -> None:
+    """A clean stop leaves the agent running; a daemon started again before the agent's SIGTERM takes
+    the host's row at once, re-adopts the agent and renews its lease file: the agent is never stopped,
+    though it outlives the lease it had when its first daemon stopped."""
+    tmp_path.chmod(0o700)
+    record = tmp_path / "agents.txt"
+    script = tmp_path / "agent.py"
+    script.write_text(AGENT)
+    ttl = 10.0
+    a = Host(tmp_path / "a", pg_url, pg_url, "host-a", [sys.executable, str(script), str(record)], ttl=ttl)
+    try:
+        tasks.new_task(a.store, "job", task="work", step="start", workdir=str(tmp_path))
+        a.start()
+        a.wait(lambda: [r for r in records(record) if r[0] == "start"], "the agent started")
+        assert a.stop() == 0
+        stopped = time.monotonic()
+        a.start()
+        time.sleep(max(0.0, stopped + ttl + 2 - time.monotonic()))  # past the lease the agent had at the stop
+        assert [r[0] for r in records(record)] == ["start"], records(record)
+        assert len(a.live_agents().get("job", set())) == 1
+        assert not a.store.ledger.events("job", kinds=["taken_over", "exited", "stalled"])
+    finally:
+        a.close()
