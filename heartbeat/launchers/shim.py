@@ -26,7 +26,8 @@ group, then SIGKILL to what is left at ``kill_at``), whatever became of its daem
 paused, cut off from the database): the lease's ``kill_at`` lies before the lease can expire
 in the database, so no other host's replacement ever runs beside this agent. The file is
 read, never trusted to extend a stop under way: an unreadable or missing file gives no new
-deadline, so the last one seen holds (none seen: the agent is stopped at once).
+deadline, so the last one seen holds (none seen: the agent is stopped at once, ``--grace`` between
+SIGTERM and SIGKILL).
 
 An agent that cannot be started is recorded as code 127 (no such program) or 126 (not
 executable), with one line on stderr, which the launcher points at the task's log.
@@ -369,8 +370,10 @@ def read_lease(path: str) -> tuple[float, float] | None:
 class _LeaseWatch:
     """The thread that stops the agent when its host's lease runs out (see the module docstring)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, grace: float) -> None:
         self.path = path
+        self.no_lease_grace = grace
+        """Between SIGTERM and SIGKILL when no lease was ever read (else the lease's own kill_at)."""
         self.kill_at: float | None = None
         """Set once the stop began: when what is left of the agent is SIGKILLed."""
         self.done = threading.Event()
@@ -386,8 +389,8 @@ class _LeaseWatch:
             if got is not None:
                 term_at, kill_at = got
             now = lease_clock()
-            if term_at is None or kill_at is None:
-                term_at = kill_at = now  # no lease ever seen: the daemon writes one before the launch
+            if term_at is None or kill_at is None:  # no lease ever seen: the daemon writes one before the launch
+                term_at, kill_at = now, now + self.no_lease_grace
             if now >= term_at:
                 self._stop(kill_at, seen=got is not None)
                 return
@@ -467,7 +470,7 @@ def main(args: list[str] | None = None) -> int:
         pass  # the record writes will say what is wrong
     _write_pid_file(exit_file)
     pid = _spawn(argv)
-    watch = _LeaseWatch(lease) if lease else None
+    watch = _LeaseWatch(lease, grace) if lease else None
     if watch is not None:  # started after the fork: the agent's process has no thread of ours
         watch.start()
     code, sig = _wait(pid)
