@@ -33,7 +33,7 @@ from heartbeat.store.postgres import PostgresStore
 pytestmark = pytest.mark.slow
 
 TICK = 0.2
-TTL = 4.0
+TTL = 6.0
 
 AGENT = textwrap.dedent("""\
     import os, signal, sys, time
