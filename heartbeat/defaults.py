@@ -123,6 +123,12 @@ PG_IDLE_IN_TRANSACTION_TIMEOUT = 30.0
 mid-write) before the server ends the session and releases its row locks: a frozen daemon's
 locked task is then taken over (takeover skips locked rows) instead of pinned for ever."""
 
+LEASE_KILL_MARGIN = 1.0
+"""Seconds (at most a tenth of ``lease_ttl``) before a lease can expire in the database by which
+the agent's shim has SIGKILLed what is left of an agent whose host's lease was not renewed (its
+SIGTERM comes when the daemon itself would treat the lease as gone): no other host can take the
+task over, and so start a replacement, while that agent still runs (issue 19 item 4)."""
+
 FENCE_STOP_WAIT = 5.0
 """Seconds beyond the longest launcher ``stop_grace`` a daemon standing down (another daemon took
 its host id) waits for the stops of its fenced agents before it exits."""

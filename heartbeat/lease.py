@@ -22,6 +22,15 @@ as long as H's lease on it lasts. The lease lives in the task's row (``owner_hos
   the epoch moves on (the old agent is fenced at once), the owner is cleared, the row's
   lease becomes this host's and the ledger says ``taken_over`` (from which host, the
   lease's age). The daemon's usual decision then dispatches it here.
+- **the agents' own stop** (:meth:`Lease.agent_deadlines`): the daemon's watch below cannot act
+  when the daemon itself is killed, paused or wedged, so each agent's shim watches its lease too,
+  through a small file the daemon writes before the launch and after every renewal that renewed
+  the agent's epoch (``on_renewed``; no database connection per agent). The file says when to
+  SIGTERM the agent (when this daemon would treat its leases as gone) and when to SIGKILL what
+  is left (:data:`~heartbeat.defaults.LEASE_KILL_MARGIN` before the lease can expire in the
+  database), on :func:`~heartbeat.launchers.shim.lease_clock` counted from the *start* of the
+  renewal (the database's ``now()`` comes after it). A replacement elsewhere needs the lease
+  expired, so it never runs beside the old agent.
 - A daemon that cannot renew (the database is unreachable) dispatches nothing and takes
   nothing over; when its own leases are about to expire unrenewed it stops its agents
   (nobody may assume them alive any longer: another host will take their tasks); it says
@@ -37,18 +46,18 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from heartbeat import defaults
-from heartbeat.baton import Baton, Owner, host_labels
+from heartbeat.baton import Baton, Owner, Status, host_labels
 from heartbeat.errors import HeartbeatError, StoreError
-from heartbeat.store.base import SharedStore
+from heartbeat.launchers.shim import lease_clock
+from heartbeat.ledger import EventKind
+from heartbeat.store.base import Edit, HostRow, LeaseRow, Renewal, SharedStore, TakenOver
 
 if TYPE_CHECKING:
     from heartbeat.store.base import Entry
-    from heartbeat.store.postgres import PostgresStore
 
 __all__ = ["HostRow", "Lease", "LeaseRow", "TakenOver", "for_store", "host_labels", "lease_rows", "list_hosts",
            "resolve_host"]
@@ -61,140 +70,19 @@ def resolve_host(configured: str = "") -> str:
     return os.environ.get(defaults.HOST_ENV, "").strip() or configured.strip() or socket.gethostname()
 
 
-@dataclass(frozen=True)
-class TakenOver:
-    """One task this daemon took over from a host whose lease expired."""
-
-    task: str
-    from_host: str
-    lease_age: float
-    """Seconds since the old host last renewed the lease."""
-    epoch: int
-    """The task's new epoch (the old agent's writes are refused from now on)."""
-
-
-@dataclass(frozen=True)
-class HostRow:
-    """One daemon as ``heartbeat hosts`` shows it."""
-
-    host: str
-    pid: int
-    labels: tuple[str, ...]
-    capacity: int
-    running: int
-    lease_ttl: float
-    started_at: datetime
-    renewed_at: datetime
-    stopped_at: datetime | None
-    age: float
-    """Seconds since its last renewal (database time)."""
-
-    @property
-    def state(self) -> str:
-        if self.stopped_at is not None:
-            return "stopped"
-        return "live" if self.age <= self.lease_ttl else "lost"
-
-
-@dataclass(frozen=True)
-class LeaseRow:
-    """A task's lease as ``heartbeat status`` shows it."""
-
-    host: str
-    left: float | None
-    """Seconds until the lease expires (negative: expired, its agent not yet taken over); None when
-    no lease is held (none was ever renewed, or it lapsed on a task with no agent)."""
-
-
-def _fetch(store: PostgresStore, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
-    """The rows of one statement run in a transaction of its own (committed: a write sticks)."""
-    with store._conn() as conn:
-        rows = conn.execute(sql, params).fetchall()
-        conn.commit()
-    return rows
-
-
-def list_hosts(store: PostgresStore) -> list[HostRow]:
+def list_hosts(store: SharedStore) -> list[HostRow]:
     """Every daemon that ever renewed on this database, most recently renewed first."""
-    rows = _fetch(
-        store,
-        "SELECT host, pid, labels, capacity, running, lease_ttl, started_at, renewed_at, stopped_at, "
-        "extract(epoch FROM now() - renewed_at)::float8 FROM heartbeat_hosts ORDER BY renewed_at DESC, host",
-    )
-    return [HostRow(host=r[0], pid=r[1], labels=tuple(r[2]), capacity=r[3], running=r[4], lease_ttl=r[5],
-                    started_at=r[6], renewed_at=r[7], stopped_at=r[8], age=max(0.0, r[9])) for r in rows]
+    return store.lease_hosts()
 
 
-def lease_rows(store: PostgresStore) -> dict[str, LeaseRow]:
+def lease_rows(store: SharedStore) -> dict[str, LeaseRow]:
     """Task id -> its owner host and lease, for every task that has a host."""
-    rows = _fetch(
-        store,
-        "SELECT id, owner_host, CASE WHEN owned OR lease_expires > now() "
-        "THEN extract(epoch FROM lease_expires - now())::float8 END FROM heartbeat_batons WHERE owner_host <> ''",
-    )
-    return {r[0]: LeaseRow(host=r[1], left=r[2]) for r in rows}
+    return store.lease_rows()
 
 
 def for_store(store: Any) -> bool:
     """Whether ``store`` is shared between hosts (and so needs leases): the PostgreSQL store."""
     return isinstance(store, SharedStore)
-
-
-_RENEW = """
-WITH host AS (
-    INSERT INTO heartbeat_hosts AS h (host, pid, labels, capacity, running, lease_ttl, started_at, renewed_at)
-    VALUES (%(me)s, %(pid)s, %(labels)s, %(capacity)s, %(running)s, %(ttl)s, %(started)s, now())
-    ON CONFLICT (host) DO UPDATE SET pid = EXCLUDED.pid, labels = EXCLUDED.labels, capacity = EXCLUDED.capacity,
-        running = EXCLUDED.running, lease_ttl = EXCLUDED.lease_ttl, started_at = EXCLUDED.started_at,
-        renewed_at = now(), stopped_at = NULL
-    WHERE (h.pid = EXCLUDED.pid AND h.started_at = EXCLUDED.started_at)
-       OR (%(take)s AND h.renewed_at IS NOT DISTINCT FROM %(seen)s::timestamptz)
-    RETURNING 1
-), renewed AS (
-    UPDATE heartbeat_batons b
-    SET lease_expires = now() + %(ttl)s * interval '1 second', lease_renewed = now()
-    FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS s(id, epoch)
-    WHERE b.id = s.id AND (s.epoch IS NULL OR b.epoch = s.epoch) AND b.owner_host = %(me)s
-      AND EXISTS (SELECT 1 FROM host)
-    RETURNING b.id
-)
-SELECT EXISTS (SELECT 1 FROM host), array(SELECT id FROM renewed)
-"""
-"""Renew this daemon's host row and its tasks' leases, in one statement. The host row is this
-daemon's only while it holds this daemon's identity (pid and start time): once another daemon
-with the same host id took the row over, nothing renews and this daemon stands down. ``take``
-(the first renewal, after :meth:`Lease.take_host`) takes the row over, compare-and-set on the
-``renewed_at`` last seen."""
-
-_HOST_ROW = """
-SELECT pid, started_at, renewed_at, stopped_at, lease_ttl, extract(epoch FROM now() - renewed_at)::float8
-FROM heartbeat_hosts WHERE host = %(me)s
-"""
-
-_CLAIM = """
-WITH c AS (
-    SELECT id FROM heartbeat_batons
-    WHERE id = ANY(%(ids)s::text[]) AND status = 'active' AND NOT owned
-      AND (lease_expires IS NULL OR lease_expires < now() OR owner_host = %(me)s)
-      AND host_labels <@ %(labels)s::text[]
-    ORDER BY array_position(%(ids)s::text[], id)
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE heartbeat_batons b
-SET owner_host = %(me)s, lease_expires = now() + %(ttl)s * interval '1 second', lease_renewed = now()
-FROM c WHERE b.id = c.id
-RETURNING b.id
-"""
-
-_EXPIRED = """
-SELECT id, body, owner_host, extract(epoch FROM now() - coalesce(lease_renewed, lease_expires))::float8
-FROM heartbeat_batons
-WHERE owned AND owner_host <> %(me)s AND lease_expires < now() AND host_labels <@ %(labels)s::text[]
-ORDER BY lease_expires
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
-"""
 
 
 class Lease:
@@ -205,9 +93,10 @@ class Lease:
     job of its own, beside the daemon's pass.
     """
 
-    def __init__(self, store: PostgresStore, *, host: str, labels: Sequence[str], ttl: float, capacity: int,
+    def __init__(self, store: SharedStore, *, host: str, labels: Sequence[str], ttl: float, capacity: int,
                  interval: float, log: Any, stop_agent: Callable[[str, int, Owner], None],
-                 on_stood_down: Callable[[], None] = lambda: None) -> None:
+                 on_stood_down: Callable[[], None] = lambda: None,
+                 on_renewed: Callable[[dict[str, int], float], None] = lambda renewed, at: None) -> None:
         self.store = store
         self.host = host
         self.labels = sorted(set(labels))
@@ -218,6 +107,11 @@ class Lease:
         self.stop_agent = stop_agent
         self.on_stood_down = on_stood_down
         """Called once (from the thread that found it) when this daemon stands down."""
+        self.on_renewed = on_renewed
+        """Called after each successful renewal with {task id: epoch} of the dispatched tasks it
+        renewed and the :func:`lease_clock` time the renewal started (for :meth:`agent_deadlines`)."""
+        self._claimed_at: dict[str, float] = {}
+        """Task id -> :func:`lease_clock` time its claim started (its lease lasts ttl from after it)."""
         self.started = datetime.now().astimezone()
         """With the pid, this daemon's identity in its host's row of ``heartbeat_hosts``."""
         self.stood_down = False
@@ -231,6 +125,8 @@ class Lease:
         """Task id -> (epoch, owner) of this host's agents; (None, None) for a task claimed and not yet dispatched."""
         self._renewed_at: float | None = None
         """Monotonic time at which the last successful renewal *started* (its leases last ttl from after it)."""
+        self._renewed_clock: float | None = None
+        """:func:`lease_clock` time at which the last successful renewal started."""
         self._unreachable = False
         self._attempt: float | None = None
         """Monotonic start of the renewal in flight (None: none is)."""
@@ -283,20 +179,19 @@ class Lease:
             supervised = dict(self._supervised)
         ids = list(supervised)
         started = time.monotonic()
+        started_clock = lease_clock()
         self._attempt = started
         take, seen = self._take
-        params = {"me": self.host, "pid": os.getpid(), "labels": self.labels, "capacity": self.capacity,
-                  "running": len(supervised) if running is None else running, "ttl": self.ttl,
-                  "started": self.started, "ids": ids, "epochs": [supervised[i][0] for i in ids],
-                  "take": take, "seen": seen}
+        renewal = Renewal(host=self.host, pid=os.getpid(), started=self.started, labels=self.labels,
+                          capacity=self.capacity, running=len(supervised) if running is None else running,
+                          ttl=self.ttl, ids=ids, epochs=[supervised[i][0] for i in ids], take=take, seen=seen)
         try:
-            rows = _fetch(self.store, _RENEW, params)
+            held, renewed_ids = self.store.renew_leases(renewal)
         except HeartbeatError as exc:
             self.unreachable(exc)
             return False
         finally:
             self._attempt = None
-        held, renewed_ids = rows[0] if rows else (False, [])
         if not held:
             self._stand_down()
             return False
@@ -304,11 +199,21 @@ class Lease:
         renewed = set(renewed_ids)
         with self._lock:
             self._renewed_at = started
+            self._renewed_clock = started_clock
             self._fenced_all = False
+            for task_id in renewed:
+                self._claimed_at.pop(task_id, None)
         if self._unreachable:
             self._unreachable = False
             self.log.info("store_reachable", host=self.host, renewed=len(renewed),
                           hint="leases renewed; dispatching again")
+        agents = {t: e for t, (e, o) in supervised.items()
+                  if t in renewed and e is not None and o is not None and o.how == "dispatch"}
+        if agents:
+            try:
+                self.on_renewed(agents, started_clock)
+            except Exception as exc:  # the agents' lease files must never break the renewal
+                self.log.error("lease_files_failed", error=repr(exc))
         for task_id in ids:
             if task_id not in renewed:
                 with self._lock:
@@ -319,6 +224,24 @@ class Lease:
                 epoch, owner = supervised[task_id]
                 self._fence(task_id, epoch, owner, why="its lease did not renew: another host holds the task")
         return True
+
+    def agent_deadlines(self, started: float) -> tuple[float, float]:
+        """(SIGTERM at, SIGKILL by) for an agent whose lease renewal (or claim) started at ``started``
+        on :func:`lease_clock`: the SIGTERM when this daemon would treat the lease as gone, the
+        SIGKILL a margin before the lease can expire in the database (and so before another host can
+        take the task over)."""
+        kill = started + self.ttl - min(defaults.LEASE_KILL_MARGIN, self.ttl / 10)
+        return min(started + self._fence_after(), kill - min(defaults.LEASE_KILL_MARGIN, self.ttl / 10)), kill
+
+    def launch_deadlines(self, task_id: str) -> tuple[float, float] | None:
+        """The deadlines of an agent about to be launched for ``task_id``: from the start of its claim
+        (or of the last renewal, whichever came later); None when this daemon holds no lease on it."""
+        with self._lock:
+            claimed, renewed = self._claimed_at.get(task_id), self._renewed_clock
+            held = task_id in self._supervised
+        if not held or (claimed is None and renewed is None):
+            return None
+        return self.agent_deadlines(max(t for t in (claimed, renewed) if t is not None))
 
     def healthy(self) -> bool:
         """Whether this daemon's leases are safely held: renewed recently enough to act on."""
@@ -353,12 +276,11 @@ class Lease:
         """
         first: datetime | None = None
         while True:
-            rows = _fetch(self.store, _HOST_ROW, {"me": self.host})
-            row = rows[0] if rows else None
+            row = self.store.lease_host(self.host)
             if row is not None:
-                pid, started_at, renewed_at, stopped_at, ttl, age = row
-                mine = pid == os.getpid() and started_at == self.started
-                if stopped_at is None and not mine and age <= ttl:
+                pid, renewed_at, age, ttl = row.pid, row.renewed_at, row.age, row.lease_ttl
+                mine = pid == os.getpid() and row.started_at == self.started
+                if row.stopped_at is None and not mine and age <= ttl:
                     if first is None:
                         first = renewed_at
                         self.log.warning("host_busy", host=self.host, pid=pid, renewed_s_ago=round(age, 1),
@@ -370,14 +292,14 @@ class Lease:
                         raise self._refusal(pid, age)
                     sleep(max(0.05, min(1.0, ttl / 20)))
                     continue
-            self._take = (True, row[2] if row is not None else None)
+            self._take = (True, row.renewed_at if row is not None else None)
             self._taking = True
             try:
                 self.renew()  # (the database out of reach: the renewal job takes the row later)
             finally:
                 self._taking = False
             if self.stood_down:  # renewed by its daemon between our look and our take
-                raise self._refusal(row[0] if row is not None else 0, 0.0)
+                raise self._refusal(row.pid if row is not None else 0, 0.0)
             return
 
     def _refusal(self, pid: int, age: float) -> StoreError:
@@ -411,10 +333,9 @@ class Lease:
         if not ids:
             return
         try:
-            rows = _fetch(self.store, "SELECT id, epoch FROM heartbeat_batons WHERE id = ANY(%(ids)s)", {"ids": ids})
+            current = self.store.task_epochs(ids)
         except HeartbeatError:
             return  # not known: never stop an agent on a guess
-        current = {r[0]: int(r[1]) for r in rows}
         for task_id in ids:
             epoch, owner = left[task_id]
             if task_id in current and current[task_id] != epoch:
@@ -509,32 +430,26 @@ class Lease:
         """Of the tasks this daemon decided to dispatch, the ones it now holds (in order)."""
         if not ids or not self._fresh():
             return []
-        params = {"ids": list(ids), "me": self.host, "labels": self.labels, "ttl": self.ttl,
-                  "limit": len(ids) if limit is None else max(0, limit)}
+        started = lease_clock()
         try:
-            got = {r[0] for r in _fetch(self.store, _CLAIM, params)}
+            got = self.store.claim_leases(list(ids), host=self.host, labels=self.labels, ttl=self.ttl,
+                                          limit=len(ids) if limit is None else max(0, limit))
         except StoreError as exc:
             self.unreachable(exc)
             return []
         with self._lock:  # renewed from now on: the launches of a batch may outlast the claim's lease
             for task_id in got:
                 self._supervised.setdefault(task_id, (None, None))
+                self._claimed_at[task_id] = started
         return [i for i in ids if i in got]
 
     def take_over(self, limit: int) -> list[TakenOver]:
         """Take over (up to ``limit``) tasks whose owner host's lease expired. One transaction."""
         if limit <= 0 or not self._fresh():
             return []
-        from heartbeat.store import postgres as pg
-
-        taken: list[TakenOver] = []
         try:
-            with self.store._conn() as conn, conn.transaction():
-                rows = conn.execute(_EXPIRED, {"me": self.host, "labels": self.labels, "limit": limit}).fetchall()
-                for task_id, body, from_host, age in rows:
-                    done = self._take_one(conn, pg, task_id, body, from_host, float(age or 0.0))
-                    if done is not None:
-                        taken.append(done)
+            taken = self.store.take_over_leases(host=self.host, labels=self.labels, ttl=self.ttl, limit=limit,
+                                                change=self._taking_over)
         except StoreError as exc:
             self.unreachable(exc)
             return []
@@ -543,43 +458,20 @@ class Lease:
                              lease_age_s=round(t.lease_age, 1))
         return taken
 
-    def _take_one(self, conn: Any, pg: Any, task_id: str, body: str, from_host: str, age: float) -> TakenOver | None:
-        from heartbeat.baton import Status, parse_baton
-        from heartbeat.ledger import Event
-        from heartbeat.store.base import Edit, continue_above, finish_edit
-        from heartbeat.timeparse import utcnow
-
-        try:
-            old = parse_baton(body, path=f"{self.store.label}:{task_id}", expected_id=task_id)
-        except HeartbeatError:
-            return None  # an unreadable row is reported by the scan, never rewritten here
-        now = utcnow()
-        ed = Edit(old=old, baton=old.copy(), now=now, actor="daemon")
+    def _taking_over(self, ed: Edit, from_host: str, age: float) -> None:
+        """What a takeover writes: the epoch moves on (the old agent is fenced), the owner is
+        cleared, the ledger says ``taken_over`` (and ``stalled`` for an active task)."""
         meta = ed.baton.meta
         previous = meta.owner
         meta.owner = None
         meta.epoch += 1
-        meta.ended_at = now
+        meta.ended_at = ed.now
         meta.last_exit = None
         meta.last_failure = f"host {from_host} stopped renewing its lease ({age:.0f}s ago)"
         ed.event("taken_over", from_host=from_host, to_host=self.host, lease_age_s=round(age, 3),
-                 from_epoch=old.meta.epoch, pid=previous.pid if previous is not None else None)
+                 from_epoch=ed.old.meta.epoch, pid=previous.pid if previous is not None else None)
         if meta.status is Status.ACTIVE:
-            ed.event("stalled", why="owner_dead")
-        events: list[Event] = finish_edit(ed, world=False)  # nothing but bookkeeping changes: no world to fingerprint
-        continue_above(ed, events, pg.highest_revision(conn, task_id))
-        cur = conn.execute(
-            "UPDATE heartbeat_batons SET body = %s, status = %s, revision = %s, epoch = %s, owned = false, "
-            "owner_host = %s, lease_expires = now() + %s * interval '1 second', lease_renewed = now(), "
-            "written_at = now() WHERE id = %s AND revision = %s",
-            (self.store._body(ed.baton), meta.status.value, meta.revision, meta.epoch, self.host, self.ttl,
-             task_id, old.meta.revision),
-        )
-        if cur.rowcount != 1:
-            return None
-        pg.append_events(conn, events)
-        conn.execute("SELECT pg_notify(%s, %s)", (pg.CHANNEL, task_id))
-        return TakenOver(task=task_id, from_host=from_host, lease_age=age, epoch=meta.epoch)
+            ed.event(EventKind.STALLED, why="owner_dead")
 
     # -- what the daemon's looks need ----------------------------------------------------
 
@@ -601,10 +493,6 @@ class Lease:
         if self._watch is not None:
             self._watch.join(timeout=5)
         try:
-            with self.store._conn() as conn:
-                conn.execute("UPDATE heartbeat_hosts SET stopped_at = now() "
-                             "WHERE host = %s AND pid = %s AND started_at = %s",
-                             (self.host, os.getpid(), self.started))
-                conn.commit()
+            self.store.host_stopped(self.host, os.getpid(), self.started)
         except HeartbeatError:
             pass

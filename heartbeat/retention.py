@@ -2,7 +2,7 @@
 
 Three things, each safe against a running daemon and running agents:
 
-- **Old epochs' files.** ``logs/<id>/<epoch>.{log,log.1,brief.md,exit,pid,pulse}`` of all but the
+- **Old epochs' files.** ``logs/<id>/<epoch>.{log,log.1,brief.md,exit,pid,pulse,lease}`` of all but the
   ``keep_epochs`` latest epochs of a task are removed. The current epoch's files are never
   touched (nor any epoch at or above it: epochs only grow), and a task whose baton is not
   readable keeps everything. Entries are listed and removed through a directory descriptor

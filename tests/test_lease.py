@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -199,10 +198,10 @@ class _Down:
     def keep_daemon_lock(self) -> str:
         return ""  # (these leases run without a daemon's host-id lock)
 
-    @contextmanager
-    def _conn(self) -> Iterator[Any]:
+    def _down(self, *args: Any, **kwargs: Any) -> Any:
         raise StoreError("cannot reach the database down: connection refused")
-        yield
+
+    renew_leases = claim_leases = take_over_leases = lease_host = task_epochs = host_stopped = _down
 
 
 class TestRenew:

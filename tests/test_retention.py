@@ -183,6 +183,17 @@ class TestEpochFiles:
         names = epoch_files(store, "a")
         assert {"3.pulse", "4.pulse"} <= names and not names & {"1.pulse", "2.pulse"}
 
+    def test_old_epochs_lease_files_go_with_their_logs(self, store: FileStore) -> None:
+        """An agent's lease file (logs/<id>/<epoch>.lease, written on a shared store for its shim) is an
+        epoch file: kept for the latest epochs, removed with the older ones (else an archived task's
+        log directory could never go)."""
+        make_task(store, "a", T0, epochs=4, finish="active", log_bytes=10)
+        for epoch in range(1, 5):
+            (Path(store.logs_dir) / "a" / f"{epoch}.lease").write_text("{}")
+        run_gc(store, RetentionConfig(keep_epochs=2), now=T0 + timedelta(days=1))
+        names = epoch_files(store, "a")
+        assert {"3.lease", "4.lease"} <= names and not names & {"1.lease", "2.lease"}
+
     def test_hostile_entries_are_never_followed_or_opened(self, hb: Callable[..., Result], state_dir: Path,
                                                            tmp_path: Path) -> None:
         """A symlink and a FIFO named like old epoch files are removed as names (the link's target is

@@ -496,6 +496,9 @@ class Actor:
         step = f"cannot write the brief {brief_file}"  # what an OSError of the step in hand means
         try:  # logs/<id> is checked (no symlink, ours) before the brief is written in it
             write_private_file(brief_file, brief_text, state_dir=sh.config.state_dir, task=task_id)
+            if self.lease is not None:  # before the agent starts: its shim stops it when the lease runs out
+                step = "cannot write the lease file"
+                request.lease_file = self.lease.lease_file(task_id, epoch)
             step = "cannot start the agent"
             owner: Owner = launcher.launch(request)
         except HeartbeatError as exc:

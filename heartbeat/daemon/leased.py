@@ -15,6 +15,9 @@ fencing) are :mod:`heartbeat.lease`'s; this part wires them to the loop:
   here (liveness is local);
 - :meth:`LeasePart.gate_here`: a ``file:``/``check:`` gate is evaluated by one host only;
 - :meth:`LeasePart.claimed`: of the admitted dispatches, the ones this host holds now;
+- :meth:`LeasePart.lease_file`: before a launch, the agent's lease file (``logs/<id>/<epoch>.lease``):
+  its shim stops the agent when the deadlines in it pass unrenewed, whatever became of this daemon;
+  every renewal that renews the agent's epoch rewrites it (:meth:`LeasePart._renewed`);
 - :meth:`LeasePart.launched`: a dispatch of this host is renewed from now on;
 - :meth:`LeasePart.renew` (the service's job) and :meth:`LeasePart.unreachable` (a pass that
   could not reach the database: said once, with no traceback).
@@ -25,6 +28,8 @@ exactly as before.
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +39,9 @@ from heartbeat import defaults
 from heartbeat.baton import Baton, Gate, Owner
 from heartbeat.daemon.shared import Shared
 from heartbeat.daemon.vitals import Vitals
+from heartbeat.launchers.base import LaunchError, open_log_dir
 from heartbeat.lease import Lease, for_store, resolve_host
+from heartbeat.safefile import write_atomic
 
 __all__ = ["LeasePart", "lease_part", "renew_interval"]
 
@@ -58,7 +65,7 @@ class LeasePart:
         d = shared.config.daemon
         self.lease = Lease(shared.store, host=shared.host, labels=d.labels, ttl=d.lease_ttl,  # type: ignore[arg-type]
                            capacity=d.max_concurrent, interval=renew_interval(shared), log=shared.log,
-                           stop_agent=self._stop_fenced, on_stood_down=self._stood_down)
+                           stop_agent=self._stop_fenced, on_stood_down=self._stood_down, on_renewed=self._renewed)
         self.on_stood_down = on_stood_down
         """The service's: stop the daemon (another daemon with this host id is the host now)."""
         self.vitals = vitals
@@ -96,6 +103,39 @@ class LeasePart:
 
     def launched(self, task_id: str, epoch: int, owner: Owner) -> None:
         self.lease.supervise(task_id, epoch, owner)
+
+    # -- the agents' lease files ------------------------------------------------------------
+
+    def lease_file(self, task_id: str, epoch: int) -> str:
+        """Write the lease file of the agent about to be launched for ``task_id`` at ``epoch`` (its
+        deadlines from the claim) and return its path; :class:`LaunchError` when this daemon holds no
+        lease on the task any more or the file cannot be written (no agent without its watch)."""
+        deadlines = self.lease.launch_deadlines(task_id)
+        if deadlines is None:
+            raise LaunchError("this host's lease on the task lapsed before the launch", task=task_id)
+        path = self.shared.layout.lease(task_id, epoch)
+        self._write(task_id, epoch, path, deadlines)
+        return path
+
+    def _renewed(self, agents: dict[str, int], started: float) -> None:
+        """After a renewal: move each renewed agent's deadlines on (its shim reads them)."""
+        deadlines = self.lease.agent_deadlines(started)
+        for task_id, epoch in agents.items():
+            try:
+                self._write(task_id, epoch, self.shared.layout.lease(task_id, epoch), deadlines)
+            except (LaunchError, OSError) as exc:  # its shim stops the agent at the last deadline written
+                self.shared.log.error("lease_file_failed", task=task_id, epoch=epoch, error=str(exc),
+                                      hint="the agent is stopped when its last lease file runs out")
+
+    def _write(self, task_id: str, epoch: int, path: str, deadlines: tuple[float, float]) -> None:
+        term_at, kill_at = deadlines
+        body = json.dumps({"term_at": round(term_at, 3), "kill_at": round(kill_at, 3),
+                           "host": self.shared.host, "task": task_id, "epoch": epoch}) + "\n"
+        dir_fd = open_log_dir(self.shared.config.state_dir, os.path.dirname(path), task_id)
+        try:  # no fsync: it means nothing after a crash of the machine, which ends the agent too
+            write_atomic(dir_fd, os.path.basename(path), body.encode(), fsync=False)
+        finally:
+            os.close(dir_fd)
 
     # -- the service's calls ----------------------------------------------------------------
 

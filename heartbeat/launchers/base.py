@@ -81,6 +81,9 @@ class LaunchRequest:
     """The agent session of this dispatch (the ``{session}`` placeholder): a new id, or the one resumed."""
     resume: bool = False
     """The dispatch resumes ``session``: a preset launcher runs its resume argv."""
+    lease_file: str = ""
+    """``<state_dir>/logs/<id>/<epoch>.lease`` on a store shared by many hosts: the shim stops the
+    agent when its host's lease in it runs out (``--lease``); "" (the file store): no such watch."""
 
 
 @dataclass

@@ -42,7 +42,7 @@ _KEEP_FINISHED = 1024
 
 
 def shim_command(config: LauncherConfig, exit_file: str, argv: list[str],
-                 env: Mapping[str, str] | None = None) -> list[str]:
+                 env: Mapping[str, str] | None = None, *, lease_file: str = "") -> list[str]:
     """The argv that starts the shim around ``argv``.
 
     The shim runs as a script (``-I``: isolated from the agent's ``PYTHON*`` variables
@@ -50,13 +50,16 @@ def shim_command(config: LauncherConfig, exit_file: str, argv: list[str],
     heartbeat, stays small for the agent's whole life, and works whatever the agent's
     environment says. With ``env`` (the agent's environment) given, a variable Python's
     start-up adds to it (``LC_CTYPE``, when it coerces a C locale) is taken out again, so
-    the agent gets exactly the environment the launcher config says.
+    the agent gets exactly the environment the launcher config says. With ``lease_file`` the
+    shim stops the agent when its host's lease runs out (a store shared by many hosts).
     """
     if not sys.executable:
         raise LaunchError("cannot find the Python interpreter to run the shim (sys.executable is empty)")
     grace = f"{max(0.0, config.stop_grace):g}"
     unset = ["--unset", "LC_CTYPE"] if env is not None and "LC_CTYPE" not in env else []
-    return [sys.executable, "-I", "-S", os.path.abspath(shim.__file__), "--grace", grace, *unset, exit_file, "--", *argv]
+    lease = ["--lease", lease_file] if lease_file else []
+    return [sys.executable, "-I", "-S", os.path.abspath(shim.__file__), "--grace", grace, *unset, *lease, exit_file,
+            "--", *argv]
 
 
 def _stdin_for(config: LauncherConfig, req: LaunchRequest) -> IO[bytes] | int:
@@ -91,7 +94,7 @@ class ExecLauncher:
         argv = build_argv(self.config, req)
         env = build_env(self.config, req)
         cwd = resolve_cwd(self.config, req)
-        command = shim_command(self.config, req.exit_file, argv, env)
+        command = shim_command(self.config, req.exit_file, argv, env, lease_file=req.lease_file)
         log_fd = prepare_log(req)
         stdin: IO[bytes] | int = subprocess.DEVNULL
         try:

@@ -1,6 +1,6 @@
 """The process a launcher actually starts: it runs the agent and records how it ended.
 
-Usage: ``python heartbeat/launchers/shim.py [--grace SECONDS] [--unset NAME]... EXIT_FILE -- ARGV...``
+Usage: ``python heartbeat/launchers/shim.py [--grace SECONDS] [--unset NAME]... [--lease LEASE_FILE] EXIT_FILE -- ARGV...``
 (``python -m heartbeat.launchers.shim ...`` works too). ``--unset`` removes a variable
 from the agent's environment that the shim's own start-up put there: Python coerces a C
 locale by setting ``LC_CTYPE``, which the launcher's environment did not have.
@@ -18,6 +18,17 @@ atomically to EXIT_FILE, and the shim exits with the agent's code (128+S for a s
 This is how the daemon learns an agent's exit status even when it was restarted in the
 meantime and the agent is no longer its child.
 
+With ``--lease`` (a daemon on a store shared by many hosts) the shim also watches its host's
+lease on the task: the daemon writes ``LEASE_FILE`` (``{"term_at": T, "kill_at": K}``, seconds
+on :func:`lease_clock`) before the launch and after each renewal that renewed this epoch's
+lease. When ``term_at`` passes without a newer file the shim stops the agent (SIGTERM to the
+group, then SIGKILL to what is left at ``kill_at``), whatever became of its daemon (killed,
+paused, cut off from the database): the lease's ``kill_at`` lies before the lease can expire
+in the database, so no other host's replacement ever runs beside this agent. The file is
+read, never trusted to extend a stop under way: an unreadable or missing file gives no new
+deadline, so the last one seen holds (none seen: the agent is stopped at once, ``--grace`` between
+SIGTERM and SIGKILL).
+
 An agent that cannot be started is recorded as code 127 (no such program) or 126 (not
 executable), with one line on stderr, which the launcher points at the task's log.
 
@@ -32,19 +43,29 @@ import errno
 import json
 import os
 import signal
+import stat
 import sys
+import threading
 import time
 
-__all__ = ["main", "group_members", "descendants", "become_subreaper", "write_exit_file", "DEFAULT_GRACE"]
+__all__ = ["main", "group_members", "descendants", "become_subreaper", "write_exit_file", "DEFAULT_GRACE",
+           "LEASE_POLL", "lease_clock", "read_lease"]
 
 DEFAULT_GRACE = 5.0
 """Seconds the agent's leftovers get between SIGTERM and SIGKILL after the agent ended."""
+
+LEASE_POLL = 0.2
+"""Seconds between two reads of the lease file (the shim imports nothing from heartbeat, so this
+default lives here, not in defaults.py)."""
+
+LEASE_MAX_BYTES = 4096
+"""A lease file is a few dozen bytes; more is not one the daemon wrote."""
 
 PR_SET_CHILD_SUBREAPER = 36
 """``prctl`` option (linux/prctl.h): orphaned descendants are re-parented to this process."""
 
 _SWALLOWED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-_USAGE = "usage: shim.py [--grace SECONDS] [--unset NAME]... EXIT_FILE -- ARGV..."
+_USAGE = "usage: shim.py [--grace SECONDS] [--unset NAME]... [--lease LEASE_FILE] EXIT_FILE -- ARGV..."
 
 
 def _proc_table() -> list[tuple[int, int, int]] | None:
@@ -306,23 +327,132 @@ def _stop_leftovers(grace: float) -> None:
     _reap()
 
 
-def _parse(args: list[str]) -> tuple[float, list[str], str, list[str]]:
+def lease_clock() -> float:
+    """The clock of lease files: ``CLOCK_BOOTTIME`` (it goes on during a suspend, as the database's
+    clock does), else the monotonic clock. Both are system-wide: the daemon and the shim agree."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is not None:
+        try:
+            return time.clock_gettime(boottime)
+        except OSError:
+            pass
+    return time.monotonic()
+
+
+def read_lease(path: str) -> tuple[float, float] | None:
+    """``(term_at, kill_at)`` from a lease file, or None when it is missing, not a regular file,
+    too big or not what the daemon writes. Never blocks (a FIFO in its place is opened non-blocking
+    and refused) and never follows a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = os.read(fd, LEASE_MAX_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(raw) > LEASE_MAX_BYTES:
+        return None
+    try:
+        record = json.loads(raw)
+        term_at, kill_at = float(record["term_at"]), float(record["kill_at"])
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return None
+    if not (term_at == term_at and kill_at == kill_at) or abs(term_at) == float("inf") or abs(kill_at) == float("inf"):
+        return None
+    return min(term_at, kill_at), kill_at
+
+
+class _LeaseWatch:
+    """The thread that stops the agent when its host's lease runs out (see the module docstring)."""
+
+    def __init__(self, path: str, grace: float) -> None:
+        self.path = path
+        self.no_lease_grace = grace
+        """Between SIGTERM and SIGKILL when no lease was ever read (else the lease's own kill_at)."""
+        self.kill_at: float | None = None
+        """Set once the stop began: when what is left of the agent is SIGKILLed."""
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat-shim-lease", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        term_at = kill_at = None
+        while not self.done.is_set():
+            got = read_lease(self.path)
+            if got is not None:
+                term_at, kill_at = got
+            now = lease_clock()
+            if term_at is None or kill_at is None:  # no lease ever seen: the daemon writes one before the launch
+                term_at, kill_at = now, now + self.no_lease_grace
+            if now >= term_at:
+                self._stop(kill_at, seen=got is not None)
+                return
+            self.done.wait(max(0.01, min(LEASE_POLL, term_at - now)))
+
+    def _stop(self, kill_at: float, *, seen: bool) -> None:
+        self.kill_at = kill_at
+        why = "its host's lease on the task ran out unrenewed" if seen else f"no lease file at {self.path}"
+        try:
+            os.write(2, f"heartbeat shim: {why}: stopping the agent (another host may take the task over)\n"
+                     .encode(errors="replace"))
+        except OSError:
+            pass
+        me = os.getpid()
+        own_group = os.getpgid(0) == me
+        if own_group:
+            try:
+                os.killpg(me, signal.SIGTERM)  # reaches us too: swallowed
+            except OSError:
+                pass
+        for pid in _leftovers(me, own_group):  # a setsid'd descendant is in no group of ours
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+        while not self.done.is_set() and lease_clock() < kill_at and _leftovers(me, own_group):
+            self.done.wait(max(0.0, min(LEASE_POLL / 4, kill_at - lease_clock())))
+        if self.done.is_set():
+            return  # the agent ended: the main thread stops what it left, by kill_at
+        for pid in _leftovers(me, own_group):  # one by one, never the group: SIGKILL would reach us
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def grace(self, grace: float) -> float:
+        """The leftovers' grace after the agent ended: never past the lease's ``kill_at``."""
+        if self.kill_at is None:
+            return grace
+        return max(0.0, min(grace, self.kill_at - lease_clock()))
+
+
+def _parse(args: list[str]) -> tuple[float, list[str], str, str, list[str]]:
     grace = DEFAULT_GRACE
     unset: list[str] = []
-    while args[:1] in (["--grace"], ["--unset"]) and len(args) > 1:
+    lease = ""
+    while args[:1] in (["--grace"], ["--unset"], ["--lease"]) and len(args) > 1:
         if args[0] == "--grace":
             grace = max(0.0, float(args[1]))
+        elif args[0] == "--lease":
+            lease = args[1]
         else:
             unset.append(args[1])
         args = args[2:]
     if len(args) < 3 or args[1] != "--":
         raise ValueError(_USAGE)
-    return grace, unset, args[0], args[2:]
+    return grace, unset, lease, args[0], args[2:]
 
 
 def main(args: list[str] | None = None) -> int:
     try:
-        grace, unset, exit_file, argv = _parse(sys.argv[1:] if args is None else args)
+        grace, unset, lease, exit_file, argv = _parse(sys.argv[1:] if args is None else args)
     except ValueError as exc:
         msg = str(exc) if str(exc) == _USAGE else f"bad --grace: {exc}"
         os.write(2, f"heartbeat shim: {msg}\n".encode())
@@ -340,8 +470,14 @@ def main(args: list[str] | None = None) -> int:
         pass  # the record writes will say what is wrong
     _write_pid_file(exit_file)
     pid = _spawn(argv)
+    watch = _LeaseWatch(lease, grace) if lease else None
+    if watch is not None:  # started after the fork: the agent's process has no thread of ours
+        watch.start()
     code, sig = _wait(pid)
     ended_at = time.time()
+    if watch is not None:
+        watch.done.set()
+        grace = watch.grace(grace)
     _stop_leftovers(grace)
     try:
         write_exit_file(exit_file, code, sig, ended_at)

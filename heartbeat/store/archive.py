@@ -53,7 +53,7 @@ ARCHIVE_NAME = re.compile(r"\d{8}T\d{6}\d{6}Z\.jsonl\.gz")
 MAX_ARCHIVE_LINE = 64 * 1024 * 1024
 """The longest record read from an archive, in bytes."""
 
-EPOCH_FILE = re.compile(r"(\d{1,18})\.(log|log\.1|brief\.md|exit|pid|pulse)")
+EPOCH_FILE = re.compile(r"(\d{1,18})\.(log|log\.1|brief\.md|exit|pid|pulse|lease)")
 """The names of an epoch's files under ``logs/<id>/``; nothing else there is ever removed."""
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

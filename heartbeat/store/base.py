@@ -33,6 +33,7 @@ from heartbeat.ledger import Event, EventKind, Ledger
 from heartbeat.timeparse import utcnow
 
 __all__ = ["Entry", "Edit", "Store", "Unwatch", "FileBacked", "PulseSink", "TextImport", "SharedStore", "Archiving",
+           "HostRow", "LeaseRow", "Renewal", "TakenOver",
            "check_fence", "start_create", "finish_edit", "content_changes",
            "created_data", "continue_above", "fingerprint", "write_identity"]
 
@@ -158,6 +159,71 @@ class TextImport(Protocol):
         """Store ``text`` as the baton of ``task_id`` unless one exists; whether it was stored."""
 
 
+@dataclass(frozen=True)
+class HostRow:
+    """One daemon as ``heartbeat hosts`` shows it."""
+
+    host: str
+    pid: int
+    labels: tuple[str, ...]
+    capacity: int
+    running: int
+    lease_ttl: float
+    started_at: datetime
+    renewed_at: datetime
+    stopped_at: datetime | None
+    age: float
+    """Seconds since its last renewal (database time)."""
+
+    @property
+    def state(self) -> str:
+        if self.stopped_at is not None:
+            return "stopped"
+        return "live" if self.age <= self.lease_ttl else "lost"
+
+
+@dataclass(frozen=True)
+class LeaseRow:
+    """A task's lease as ``heartbeat status`` shows it."""
+
+    host: str
+    left: float | None
+    """Seconds until the lease expires (negative: expired, its agent not yet taken over); None when
+    no lease is held (none was ever renewed, or it lapsed on a task with no agent)."""
+
+
+@dataclass(frozen=True)
+class TakenOver:
+    """One task a daemon took over from a host whose lease expired."""
+
+    task: str
+    from_host: str
+    lease_age: float
+    """Seconds since the old host last renewed the lease."""
+    epoch: int
+    """The task's new epoch (the old agent's writes are refused from now on)."""
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """One renewal of a daemon's host row and of the leases of the tasks it supervises."""
+
+    host: str
+    pid: int
+    started: datetime
+    """With ``pid``, the daemon's identity in its host's row."""
+    labels: list[str]
+    capacity: int
+    running: int
+    ttl: float
+    ids: list[str]
+    epochs: list[int | None]
+    """The epoch each of ``ids`` must still be at (None: claimed, not yet dispatched)."""
+    take: bool = False
+    """Take the host's row over from another daemon, compare-and-set on ``seen``."""
+    seen: datetime | None = None
+
+
 @runtime_checkable
 class SharedStore(Protocol):
     """A store shared by daemons on many hosts (the PostgreSQL store): leases decide who runs a task."""
@@ -176,6 +242,38 @@ class SharedStore(Protocol):
 
     def daemon_backends(self) -> list[int]:
         """The server pids of the sessions holding any host's daemon lock: empty when no daemon runs on it."""
+
+    def keep_daemon_lock(self) -> str:
+        """Re-check (and re-take) the lock of :meth:`claim_daemon`: ``held``, ``retaken``, ``lost`` or ``""``."""
+
+    # Leases (the SQL in store/pg_leases.py; the policy, when to renew, take over or stand down,
+    # in heartbeat/lease.py). Each runs in a transaction of its own; StoreError when unreachable.
+
+    def lease_hosts(self) -> list[HostRow]:
+        """Every daemon that ever renewed on this store, most recently renewed first."""
+
+    def lease_host(self, host: str) -> HostRow | None:
+        """The row of host id ``host``, or None."""
+
+    def lease_rows(self) -> dict[str, LeaseRow]:
+        """Task id -> its owner host and lease, for every task that has a host."""
+
+    def renew_leases(self, renewal: Renewal) -> tuple[bool, list[str]]:
+        """(whether the host's row is this daemon's, the ids whose lease renewed), in one statement."""
+
+    def claim_leases(self, ids: list[str], *, host: str, labels: list[str], ttl: float, limit: int) -> set[str]:
+        """Of ``ids`` (active, unowned, unleased or leased here, labels offered), the ones now leased to ``host``."""
+
+    def take_over_leases(self, *, host: str, labels: list[str], ttl: float, limit: int,
+                         change: Callable[[Edit, str, float], None]) -> list[TakenOver]:
+        """Take (up to ``limit``) owned tasks whose owner host's lease expired, in one transaction;
+        ``change(ed, from_host, lease_age)`` says what the takeover writes in each baton."""
+
+    def task_epochs(self, ids: list[str]) -> dict[str, int]:
+        """Task id -> its current epoch, for those of ``ids`` that exist."""
+
+    def host_stopped(self, host: str, pid: int, started: datetime) -> None:
+        """Mark the row of host ``host`` stopped, if it is still the daemon (``pid``, ``started``)'s."""
 
 
 @runtime_checkable

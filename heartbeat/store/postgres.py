@@ -48,10 +48,14 @@ from heartbeat import defaults
 from heartbeat.baton import Baton, check_id, dump_baton, host_labels, parse_baton
 from heartbeat.errors import AlreadyExists, BadInput, Conflict, HeartbeatError, NotFound, StoreError, StoreUnreachable
 from heartbeat.ledger import Event, EventKind, Ledger, PendingWrite, _minute
-from heartbeat.store import pg_archive
+from heartbeat.store import pg_archive, pg_leases
 from heartbeat.store.base import (
     Edit,
     Entry,
+    HostRow,
+    LeaseRow,
+    Renewal,
+    TakenOver,
     Unwatch,
     check_fence,
     continue_above,
@@ -824,6 +828,44 @@ class PostgresStore:
                 "AND classid::bigint = %s AND database = (SELECT oid FROM pg_database "
                 "WHERE datname = current_database())", (_DAEMON_LOCK,)).fetchall()
         return sorted(int(row[0]) for row in rows)
+
+    # -- leases (the SharedStore capability: the SQL in pg_leases, the policy in heartbeat.lease) --
+
+    def lease_hosts(self) -> list[HostRow]:
+        with self._conn() as conn:
+            return pg_leases.hosts(conn)
+
+    def lease_host(self, host: str) -> HostRow | None:
+        with self._conn() as conn:
+            return pg_leases.host_row(conn, host)
+
+    def lease_rows(self) -> dict[str, LeaseRow]:
+        with self._conn() as conn:
+            return pg_leases.lease_rows(conn)
+
+    def renew_leases(self, renewal: Renewal) -> tuple[bool, list[str]]:
+        with self._conn() as conn:
+            return pg_leases.renew(conn, renewal)
+
+    def claim_leases(self, ids: list[str], *, host: str, labels: list[str], ttl: float, limit: int) -> set[str]:
+        with self._conn() as conn:
+            return pg_leases.claim(conn, ids, host=host, labels=labels, ttl=ttl, limit=limit)
+
+    def take_over_leases(self, *, host: str, labels: list[str], ttl: float, limit: int,
+                         change: Callable[[Edit, str, float], None]) -> list[TakenOver]:
+        with self._conn() as conn, conn.transaction():
+            return pg_leases.take_over(
+                conn, host=host, labels=labels, ttl=ttl, limit=limit, label=self.label, change=change,
+                body=self._body, highest=highest_revision, append=append_events,
+                notify=lambda c, task_id: c.execute("SELECT pg_notify(%s, %s)", (CHANNEL, task_id)))
+
+    def task_epochs(self, ids: list[str]) -> dict[str, int]:
+        with self._conn() as conn:
+            return pg_leases.epochs(conn, ids)
+
+    def host_stopped(self, host: str, pid: int, started: datetime) -> None:
+        with self._conn() as conn:
+            pg_leases.host_stopped(conn, host, pid, started)
 
     def close(self) -> None:
         with self._daemon_lock_guard:
