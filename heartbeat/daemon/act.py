@@ -461,16 +461,12 @@ class Actor:
             return None
         return ed.baton
 
-    def _spawn(self, baton: Baton, pending: Baton, launcher: Any, plan: SessionPlan, now: datetime) -> Owner | None:
-        """Write the brief of ``pending`` (phase 1's baton; ``baton`` is the one before it, whose
-        failure a resumed session is told of) and start its agent: who the agent is, or None when
-        the launch failed (recorded as a failed exit, so the attempt counts)."""
+    def _brief_text(self, baton: Baton, pending: Baton, plan: SessionPlan, now: datetime) -> str:
+        """The brief ``pending``'s agent starts from: its upstreams' packages included, and for a
+        resumed session a note of how the run before it (``baton``) ended. Warnings are logged."""
         from heartbeat.brief import render_brief
-        from heartbeat.launchers.base import LaunchRequest, write_private_file
 
         sh = self.shared
-        task_id, epoch = pending.id, pending.meta.epoch
-        layout = sh.layout
         upstream: tuple[dict[str, Any], ...] = ()
         if pending.after:
             from heartbeat.handoff import load_packages
@@ -478,14 +474,24 @@ class Actor:
             upstream = tuple(load_packages(sh.store, pending))
         brief = render_brief(pending, max_attempts=sh.config.daemon.max_attempts, now=now, upstream=upstream)
         for warning in brief.warnings:
-            sh.log.warning("brief_warning", task=task_id, epoch=epoch, warning=warning)
-        brief_file = layout.brief(task_id, epoch)
-        brief_text = brief.text
-        if plan.resume:
-            from heartbeat.presets import resume_note
+            sh.log.warning("brief_warning", task=pending.id, epoch=pending.meta.epoch, warning=warning)
+        if not plan.resume:
+            return brief.text
+        from heartbeat.presets import resume_note
 
-            how = baton.meta.last_failure or f"exit {baton.meta.last_exit}"
-            brief_text = resume_note(how) + brief_text
+        return resume_note(baton.meta.last_failure or f"exit {baton.meta.last_exit}") + brief.text
+
+    def _spawn(self, baton: Baton, pending: Baton, launcher: Any, plan: SessionPlan, now: datetime) -> Owner | None:
+        """Write the brief of ``pending`` (phase 1's baton; ``baton`` is the one before it, whose
+        failure a resumed session is told of) and start its agent: who the agent is, or None when
+        the launch failed (recorded as a failed exit, so the attempt counts)."""
+        from heartbeat.launchers.base import LaunchRequest, write_private_file
+
+        sh = self.shared
+        task_id, epoch = pending.id, pending.meta.epoch
+        layout = sh.layout
+        brief_file = layout.brief(task_id, epoch)
+        brief_text = self._brief_text(baton, pending, plan, now)
         request = LaunchRequest(
             task_id=task_id, epoch=epoch, attempt=pending.meta.attempt,
             workdir=pending.workdir or sh.config.state_dir, brief_text=brief_text, brief_file=brief_file,

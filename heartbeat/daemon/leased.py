@@ -70,6 +70,7 @@ class LeasePart:
         """The service's: stop the daemon (another daemon with this host id is the host now)."""
         self.vitals = vitals
         """Where takeovers and renewals are counted (the daemon's, which /metrics reads)."""
+        self.vitals.lease_ttl = self.lease.ttl  # the fleet's series from the first scrape, before a renewal
         self._fencing: set[tuple[str, int]] = set()
         self._fence_lock = threading.Lock()  # never the look lock: a pass may hang on an unreachable database
 
