@@ -112,6 +112,8 @@ def open_store(config: Config, *, claim: bool = True, decisions: bool = False) -
 
         os.environ[URL_ENV] = url  # the launchers pass it on: agents write to the same database
         ensure_private_dir(config.state_dir)  # agents' logs, the daemon lock and the vitals still live there
+        if isinstance(store, SharedStore):
+            store.refused_wait = 0.0  # the daemon's own statements never wait on a refusing database (leases must not)
         if claim and isinstance(store, SharedStore):
             try:
                 store.claim_daemon(this_host())  # one daemon per host id; other hosts share it through leases
