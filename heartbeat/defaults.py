@@ -117,9 +117,10 @@ PG_RELAY_WAIT = 30.0
 client's ``heartbeat.relay.REPLY_TIMEOUT``)."""
 
 PG_REFUSED_WAIT = 300.0
-"""Seconds a command (an agent's own write when no daemon relays it, a person's ``heartbeat``) waits,
-backing off, while the database refuses connections ("too many clients", refused, starting up)
-before it gives up with one line. The daemon's own stores never wait so (its lease must not)."""
+"""Seconds an agent's own call (``$HEARTBEAT_EPOCH`` set; no daemon relayed it) waits, backing off,
+while the database refuses connections ("too many clients", refused, starting up) before it
+gives up with one line: a full or restarting server is not a failed attempt. A person's command
+and the daemon's own stores do not wait (the daemon's leases must not)."""
 
 PG_REFUSED_BACKOFF = (0.25, 5.0)
 """The first and the longest pause between two tries at a database that refused a connection."""

@@ -126,7 +126,7 @@ def encode_request(argv: list[str], env: Mapping[str, str]) -> bytes | None:
 def decode_request(body: bytes) -> tuple[list[str], dict[str, str]]:
     """``(argv, variables)`` from a request's body; ValueError when it is not one."""
     fields = body.decode("utf-8").split("\0")
-    if len(fields) < len(_VARIABLES) + 3:
+    if len(fields) < len(_VARIABLES) + 2:  # (``show ID``: two arguments)
         raise ValueError("too few fields")
     env = {name: value for name, value in zip(_VARIABLES, fields, strict=False) if value}
     return fields[len(_VARIABLES):], env

@@ -180,6 +180,53 @@ class TestFleet:
             h.close()
 
 
+def _hb(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "heartbeat", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+class TestRelayedOnPostgres:
+    def test_an_agents_calls_are_the_daemons_and_answer_as_its_own(self, db_url: str, short_root: Path) -> None:
+        """show, set, add, touch and done go through the daemon (greeting 2) and answer exactly as the agent's
+        own process would: the same stdout, exit codes and one-line errors, the fence included (exit 5); an
+        agent whose HEARTBEAT_STORE_URL names another database is not relayed (it writes by itself)."""
+        h = Host(short_root / "h", db_url, "host-r", ["/bin/true"], max_concurrent=1)
+        try:
+            h.start()
+            h.wait_log(lambda e: e.get("event") == "relay_serving", "the relay")
+            tasks.new_task(h.store, "r1", task="t", step="start", workdir=str(short_root))
+            epoch = tasks.claim(h.store, "r1", _owner()).meta.epoch  # this test process is the agent
+            env = _agent_env("r1", epoch, db_url, h.state)
+            local = {**env, "HEARTBEAT_RELAY": "off"}
+
+            def relayed() -> list[str]:
+                return [e["command"] for e in h.lines("relayed")]
+
+            through, own = _hb(env, "show", "r1"), _hb(local, "show", "r1")
+            assert (through.returncode, through.stdout, through.stderr) == (0, own.stdout, "")
+            assert relayed() == ["show"]
+            for args in (["set", "r1", "step=two"], ["add", "r1", "decisions", "d1"], ["touch", "r1"]):
+                r = _hb(env, *args)
+                assert (r.returncode, r.stderr) == (0, ""), args
+            assert relayed() == ["show", "set", "add", "touch"]
+            for case in (["show", "nope"], ["set", "r1", "nofield"], ["add", "r1", "colour", "x"]):
+                through, own = _hb(env, *case), _hb(local, *case)
+                assert (through.returncode, through.stderr) == (own.returncode, own.stderr), case
+                assert through.returncode != 0 and through.stderr.count("\n") == 1, case
+            stale = _hb({**env, "HEARTBEAT_EPOCH": str(epoch - 1)}, "set", "r1", "step=stale")
+            assert stale.returncode == 5, stale.stderr
+            others = _hb({**env, "HEARTBEAT_STORE_URL": db_url + "&application_name=elsewhere"}, "touch", "r1")
+            assert others.returncode == 0 and relayed().count("touch") == 1  # written by itself, not relayed
+            done = _hb(env, "done", "r1", "--note", "finished by the relay")
+            assert (done.returncode, done.stderr) == (0, "")
+            assert relayed()[-1] == "done"
+            baton = h.store.load("r1")
+            assert (baton.meta.status.value, baton.step, baton.decisions) == ("done", "two", ["d1"])
+        finally:
+            h.stop()
+            h.close()
+
+
 def _owner() -> Owner:
     found = identify(os.getpid())
     assert found is not None

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -409,10 +410,13 @@ class PostgresStore:
                  wait: float | None = None, refused_wait: float | None = None) -> None:
         """``pool_size``: connections at most (default ``defaults.PG_POOL_SIZE``); ``wait``: seconds a
         statement waits for one of them (``defaults.PG_CONNECT_TIMEOUT``); ``refused_wait``: seconds it
-        goes on waiting, with one notice on stderr, while the database refuses connections
-        (``defaults.PG_REFUSED_WAIT``; 0 for the daemon's own stores)."""
+        goes on waiting, with one notice on stderr, while the database refuses connections (default:
+        ``defaults.PG_REFUSED_WAIT`` in an agent's process, ``$HEARTBEAT_EPOCH`` set, whose failed
+        call would count against its task; else 0, a person's command answers at once)."""
         self.url = url
-        self.refused_wait = defaults.PG_REFUSED_WAIT if refused_wait is None else refused_wait
+        if refused_wait is None:
+            refused_wait = defaults.PG_REFUSED_WAIT if os.environ.get("HEARTBEAT_EPOCH") else 0.0
+        self.refused_wait = refused_wait
         """Seconds :meth:`_conn` waits while the database refuses connections (see :func:`_refusal`)."""
         self._refused_noticed = False
         self.label = _label(url)
