@@ -22,9 +22,11 @@ On a database store (the agent has ``HEARTBEAT_STORE_URL``) the daemon greets wi
 ``heartbeat-relay 2 pg:<16 hex digits>\n`` (:func:`store_id`: its database, no password shown);
 the client goes on only when that is its own database. Version 2 also carries ``touch ID``,
 ``show ID``, ``done ID`` and ``done ID --note NOTE``, and answers ``<exit code> <n>\n``, then
-``n`` bytes of standard output (``show``'s baton), then the one line or nothing: every
-``heartbeat`` call an agent's brief teaches goes through the daemon's few connections
-(``defaults.PG_RELAY_POOL``), so an agent holds no database connection of its own.
+``n`` bytes of standard output (``show``'s baton), then the one line or nothing, or
+``declined\n`` (nothing written: a ``done`` whose guarantees have checks runs them in the
+agent's own process, as without a daemon). An agent's frequent calls thus go through the
+daemon's few connections (``defaults.PG_RELAY_POOL``) and it holds no database connection of
+its own; its rare ones (``verify``, ``snooze``, ``block``, any call with an option) connect briefly.
 
 **Nothing is written twice.** Until the greeting has arrived nothing has been sent, so
 any failure before it (no socket, no daemon, a stopped or saturated one: no greeting
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
     import _socket
     from collections.abc import Mapping
 
-__all__ = ["GREETING", "GREETING_TIMEOUT", "MAX_REQUEST", "REPLY_TIMEOUT", "SOCKET_NAME", "encode_request",
+__all__ = ["DECLINED_REPLY", "GREETING", "GREETING_TIMEOUT", "MAX_REQUEST", "REPLY_TIMEOUT", "SOCKET_NAME", "encode_request",
            "decode_request", "forward", "greeting", "relayable", "store_id"]
 
 SOCKET_NAME = "daemon.sock"
@@ -56,6 +58,10 @@ GREETING = b"heartbeat-relay 1\n"
 
 GREETING_2 = b"heartbeat-relay 2 "
 """How a daemon on a database store starts its greeting: then :func:`store_id` and a newline."""
+
+DECLINED_REPLY = b"declined\n"
+"""A version-2 answer that says the daemon wrote nothing and the client must run the command itself
+(a ``done`` whose guarantees have checks: they run in the agent's process, as without a daemon)."""
 
 GREETING_TIMEOUT = 2.0
 """Seconds the client waits to connect and be greeted before writing by itself instead."""
@@ -180,6 +186,8 @@ def _exchange(sock: _socket.socket, path: str, argv: list[str], request: bytes, 
         sock.settimeout(REPLY_TIMEOUT)
         sock.sendall(request)
         reply = _read_all(sock, MAX_REQUEST + 65536)  # a message may echo the arguments, as the CLI prints it
+        if reply == DECLINED_REPLY:
+            return None  # nothing was written: the caller runs the command itself
         head, _, message = reply.partition(b"\n")
         code_text, _, out_size = head.partition(b" ")  # version 2: "<code> <stdout bytes>"
         code = int(code_text)

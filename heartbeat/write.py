@@ -38,6 +38,11 @@ class Write:
     note: str = ""
 
 
+DECLINED = -1
+""":func:`answer`'s code for a call the daemon leaves to the agent's own process, having written
+nothing: a ``done`` whose guarantees have checks to run (they run where the agent runs, with the
+agent's environment and config, not in the daemon's relay within its reply timeout)."""
+
 AGENT_COMMANDS = ("touch", "show", "done")
 """What an agent's relay carries besides ``set``/``add`` on a database store (relay greeting 2)."""
 
@@ -125,7 +130,8 @@ def relayed(store: Store, write: Write | None, env: Mapping[str, str]) -> tuple[
 
 
 def answer(store: Store, write: Write | None, env: Mapping[str, str]) -> tuple[int, str, str]:
-    """:func:`relayed`, and what the CLI would print on stdout (``show``'s baton, else nothing)."""
+    """:func:`relayed`, and what the CLI would print on stdout (``show``'s baton, else nothing);
+    the code :data:`DECLINED` when the caller must run the command itself (nothing written)."""
     try:
         if write is None:
             raise BadInput("the daemon writes only an agent's `set ID F=V...` and `add ID FIELD V...`")
@@ -133,6 +139,8 @@ def answer(store: Store, write: Write | None, env: Mapping[str, str]) -> tuple[i
             from heartbeat.baton import dump_baton
 
             return 0, "", dump_baton(store.load(write.id))
+        if write.command == "done" and any(g.check for g in store.load(write.id).guarantees):
+            return DECLINED, "", ""
         apply(store, write, epoch=epoch_from_env(write.id, env), actor=actor_from_env(env))
     except HeartbeatError as exc:
         return exc.exit_code, f"heartbeat: {exc}", ""

@@ -77,12 +77,13 @@ def tagged(url: str) -> str:
 class Host(DaemonHarness):
     """A daemon with its own host id and state dir on the shared database; its own store holds one connection."""
 
-    def __init__(self, root: Path, url: str, host: str, agent: list[str], max_concurrent: int) -> None:
+    def __init__(self, root: Path, url: str, host: str, agent: list[str], max_concurrent: int, extra: str = "") -> None:
         self.url = url
         self.host = host
         root.mkdir(mode=0o700, exist_ok=True)
         super().__init__(root, tick="200ms", stall_after="60s", max_concurrent=max_concurrent,
-                         dispatches_per_minute=6000, agent=agent, extra=f"[store]\nurl = {json.dumps(url)}\n")
+                         dispatches_per_minute=6000, agent=agent,
+                         extra=f"[store]\nurl = {json.dumps(url)}\n{extra}")
         self.store.close()
         self.store = PostgresStore(tagged(url), pool_size=1)  # type: ignore[assignment]
 
@@ -222,6 +223,29 @@ class TestRelayedOnPostgres:
             assert relayed()[-1] == "done"
             baton = h.store.load("r1")
             assert (baton.meta.status.value, baton.step, baton.decisions) == ("done", "two", ["d1"])
+        finally:
+            h.stop()
+            h.close()
+
+
+    def test_a_done_with_checked_guarantees_runs_them_in_the_agents_own_process(self, db_url: str,
+                                                                                short_root: Path) -> None:
+        """The daemon declines (writes nothing) a `done` whose guarantees have checks: the agent's own process
+        runs them with its own config and environment, as without a daemon (here: the check fails, exit 4)."""
+        h = Host(short_root / "h", db_url, "host-g", ["/bin/true"], max_concurrent=1,
+                 extra='[checks.never]\ncommand = ["/bin/false"]\n')
+        try:
+            h.start()
+            h.wait_log(lambda e: e.get("event") == "relay_serving", "the relay")
+            tasks.new_task(h.store, "g1", task="t", step="start", workdir=str(short_root))
+            epoch = tasks.claim(h.store, "g1", _owner()).meta.epoch
+            tasks.add_guarantee(h.store, "g1", "it builds", check="never", epoch=epoch)
+            env = {**_agent_env("g1", epoch, db_url, h.state), "HEARTBEAT_CONFIG": str(h.config)}
+            r = _hb(env, "done", "g1")
+            assert r.returncode == 4 and "guarantee 'it builds' failed (check never" in r.stderr, r.stderr
+            assert [e["command"] for e in h.lines("relay_declined")] == ["done"]
+            assert not h.lines("relayed")
+            assert h.store.load("g1").meta.status.value == "active"
         finally:
             h.stop()
             h.close()

@@ -28,9 +28,9 @@ from typing import Any
 
 from heartbeat import defaults
 from heartbeat.errors import HeartbeatError
-from heartbeat.relay import MAX_PATH, MAX_REQUEST, decode_request, greeting, socket_path
+from heartbeat.relay import DECLINED_REPLY, MAX_PATH, MAX_REQUEST, decode_request, greeting, socket_path
 from heartbeat.store.base import Store
-from heartbeat.write import answer, parse_hot
+from heartbeat.write import DECLINED, answer, parse_hot
 
 __all__ = ["RelayServer"]
 
@@ -227,8 +227,11 @@ class RelayServer:
             finally:
                 with contextlib.suppress(Exception):
                     store.close()
-        self.log.debug("relayed", command=argv[0], task=argv[1], code=code)
-        self._on_write(code)
+        if code == DECLINED:
+            self.log.debug("relay_declined", command=argv[0], task=argv[1], reason="checked guarantees")
+        else:
+            self.log.debug("relayed", command=argv[0], task=argv[1], code=code)
+            self._on_write(code)
         _reply(conn, code, message, output if version2 else None)
 
 
@@ -268,9 +271,12 @@ def _read_request(conn: socket.socket) -> bytes | None:
 
 
 def _reply(conn: socket.socket, code: int, message: str, output: str | None = None) -> None:
-    """``<code>\n<message>``; version 2 (``output`` given): ``<code> <n>\n``, n bytes of stdout, the message."""
+    """``<code>\n<message>``; version 2 (``output`` given): ``<code> <n>\n``, n bytes of stdout, the message,
+    or ``declined\n`` (:data:`heartbeat.write.DECLINED`: nothing written, the client runs the command itself)."""
     line = message.replace("\n", " ").encode("utf-8", errors="replace")
-    if output is None:
+    if code == DECLINED and output is not None:
+        data = DECLINED_REPLY
+    elif output is None:
         data = b"%d\n%s" % (code, line)
     else:
         out = output.encode("utf-8", errors="replace")
