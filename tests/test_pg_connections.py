@@ -219,6 +219,15 @@ class TestRelayedOnPostgres:
             assert stale.returncode == 5, stale.stderr
             others = _hb({**env, "HEARTBEAT_STORE_URL": db_url + "&application_name=elsewhere"}, "touch", "r1")
             assert others.returncode == 0 and relayed().count("touch") == 1  # written by itself, not relayed
+            # The relayed call loads no database driver, no parser: the agent's fast path (tests/test_relay.py).
+            timed = subprocess.run([sys.executable, "-X", "importtime", "-m", "heartbeat", "touch", "r1"],
+                                   capture_output=True, text=True, env=env, timeout=120)
+            assert timed.returncode == 0, timed.stderr
+            modules = {line.rsplit("|", 1)[1].strip() for line in timed.stderr.splitlines()
+                       if line.startswith("import time:")}
+            assert {m for m in modules if m.startswith("heartbeat")} == {"heartbeat", "heartbeat.pulse",
+                                                                         "heartbeat.relay"}
+            assert not {m.split(".")[0] for m in modules} & {"psycopg", "psycopg_pool", "tomllib", "typing"}
             done = _hb(env, "done", "r1", "--note", "finished by the relay")
             assert (done.returncode, done.stderr) == (0, "")
             assert relayed()[-1] == "done"
