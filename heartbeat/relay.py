@@ -189,9 +189,11 @@ def _exchange(sock: _socket.socket, path: str, argv: list[str], request: bytes, 
         if reply == DECLINED_REPLY:
             return None  # nothing was written: the caller runs the command itself
         head, _, message = reply.partition(b"\n")
-        code_text, _, out_size = head.partition(b" ")  # version 2: "<code> <stdout bytes>"
-        code = int(code_text)
-        output, message = message[:int(out_size or 0)], message[int(out_size or 0):]
+        code_text, _, out_text = head.partition(b" ")  # version 2: "<code> <stdout bytes>"
+        code, out_size = int(code_text), int(out_text or 0)
+        if len(message) < out_size:
+            raise ValueError("the answer was cut short")  # never a partial baton printed as if whole
+        output, message = message[:out_size], message[out_size:]
     except (OSError, ValueError) as exc:
         reason = "no answer in time" if isinstance(exc, TimeoutError) else "the connection broke"
         os.write(2, (f"heartbeat: the daemon took this write but its answer was lost ({reason}): "

@@ -261,6 +261,96 @@ class TestRelayedOnPostgres:
             h.close()
 
 
+class FakeDaemon:
+    """A relay socket at ``<state>/daemon.sock`` that greets with ``greeting``, reads what comes and answers
+    ``reply`` once: the client's side of version 2 without a daemon."""
+
+    def __init__(self, state: Path, greeting: bytes, reply: bytes) -> None:
+        import socket
+
+        state.mkdir(mode=0o700, exist_ok=True)
+        self.received = b""
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(state / "daemon.sock"))
+        self.sock.listen(1)
+        self.sock.settimeout(30)
+
+        def serve() -> None:
+            conn, _ = self.sock.accept()
+            with conn:
+                conn.sendall(greeting)
+                conn.settimeout(2)
+                try:
+                    while chunk := conn.recv(65536):
+                        self.received += chunk
+                        head, _, body = self.received.partition(b"\n")
+                        if head.isdigit() and len(body) >= int(head):
+                            break
+                    conn.sendall(reply)
+                except OSError:  # (a client that sent nothing has gone)
+                    pass
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.thread.join(timeout=30)
+        self.sock.close()
+
+
+class TestClientVersion2:
+    URL = "postgresql://u@/db?host=/nowhere"
+
+    def env(self, state: Path) -> dict[str, str]:
+        return {"HEARTBEAT_STATE_DIR": str(state), "HEARTBEAT_TASK": "t1", "HEARTBEAT_EPOCH": "3",
+                "HEARTBEAT_STORE_URL": self.URL}
+
+    def test_a_daemon_on_another_database_is_sent_nothing(self, short_root: Path) -> None:
+        """The greeting names another database: the client sends nothing and writes by itself (None)."""
+        from heartbeat import relay
+
+        fake = FakeDaemon(short_root / "s", relay.greeting(self.URL + "&x=1"), b"0 0\n")
+        try:
+            assert relay.forward(["touch", "t1"], self.env(short_root / "s")) is None
+        finally:
+            fake.close()
+        assert fake.received == b""
+
+    def test_a_file_store_daemon_is_sent_no_touch(self, short_root: Path) -> None:
+        """A version-1 daemon (the file store's, or one not yet restarted after an upgrade) is sent nothing."""
+        from heartbeat import relay
+
+        fake = FakeDaemon(short_root / "s", relay.GREETING, b"0\n")
+        try:
+            assert relay.forward(["show", "t1"], self.env(short_root / "s")) is None
+        finally:
+            fake.close()
+        assert fake.received == b""
+
+    def test_a_declined_call_is_run_by_the_caller(self, short_root: Path) -> None:
+        from heartbeat import relay
+
+        fake = FakeDaemon(short_root / "s", relay.greeting(self.URL), relay.DECLINED_REPLY)
+        try:
+            assert relay.forward(["done", "t1"], self.env(short_root / "s")) is None
+        finally:
+            fake.close()
+        assert fake.received.endswith(b"\0done\0t1")
+
+    def test_an_answer_cut_short_is_an_error_never_a_partial_baton(self, short_root: Path,
+                                                                   capfd: pytest.CaptureFixture[str]) -> None:
+        """An answer announcing more standard output than arrived is exit 1 saying so; nothing is printed."""
+        from heartbeat import relay
+
+        fake = FakeDaemon(short_root / "s", relay.greeting(self.URL), b"0 100\nstep = ")
+        try:
+            assert relay.forward(["show", "t1"], self.env(short_root / "s")) == 1
+        finally:
+            fake.close()
+        out, err = capfd.readouterr()
+        assert out == "" and "answer was lost" in err
+
+
 def _owner() -> Owner:
     found = identify(os.getpid())
     assert found is not None
