@@ -119,8 +119,9 @@ client's ``heartbeat.relay.REPLY_TIMEOUT``)."""
 PG_REFUSED_WAIT = 300.0
 """Seconds an agent's own call (``$HEARTBEAT_EPOCH`` set; no daemon relayed it) waits, backing off,
 while the database refuses connections ("too many clients", refused, starting up) before it
-gives up with one line: a full or restarting server is not a failed attempt. A person's command
-and the daemon's own stores do not wait (the daemon's leases must not)."""
+gives up with one line: a full or restarting server is not a failed attempt. A person's command,
+the hooks (an agent's turn must not wait on them) and the daemon's own stores (its leases must not)
+do not wait."""
 
 PG_REFUSED_BACKOFF = (0.25, 5.0)
 """The first and the longest pause between two tries at a database that refused a connection."""

@@ -106,14 +106,13 @@ def open_store(config: Config, *, claim: bool = True, decisions: bool = False) -
     from heartbeat.store import open_store as open_any
 
     url = store_url(config.store.url)
-    store = open_any(config.state_dir, url, scan_view=decision_view if decisions else None)
+    # (refused_wait 0: the daemon's own statements never wait on a refusing database; its leases must not)
+    store = open_any(config.state_dir, url, scan_view=decision_view if decisions else None, refused_wait=0.0)
     if url:
         from heartbeat.store.files import ensure_private_dir
 
         os.environ[URL_ENV] = url  # the launchers pass it on: agents write to the same database
         ensure_private_dir(config.state_dir)  # agents' logs, the daemon lock and the vitals still live there
-        if isinstance(store, SharedStore):
-            store.refused_wait = 0.0  # the daemon's own statements never wait on a refusing database (leases must not)
         if claim and isinstance(store, SharedStore):
             try:
                 store.claim_daemon(this_host())  # one daemon per host id; other hosts share it through leases

@@ -171,10 +171,6 @@ class SharedStore(Protocol):
     label: str
     """The database as a person may read it (no password)."""
 
-    refused_wait: float
-    """Seconds a statement waits while the database refuses connections (too many clients,
-    restarting); the daemon sets 0 on its own stores."""
-
     def baton_text(self, task_id: str) -> str:
         """The baton's text as the store keeps it."""
 
