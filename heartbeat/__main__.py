@@ -13,6 +13,7 @@ __all__ = ["main"]
 
 def main() -> int:
     """Run the command in ``sys.argv``; its exit code."""
+    import os
     import sys
 
     from heartbeat.pulse import hot_touch
@@ -20,7 +21,9 @@ def main() -> int:
     argv = sys.argv[1:]
     if hot_touch(argv):
         return 0
-    if argv[:1] in (["set"], ["add"]):  # an agent's set/add is written by the daemon when one runs
+    if argv[:1] in (["set"], ["add"]) or (argv[:1] in (["touch"], ["show"], ["done"])
+                                          and os.environ.get("HEARTBEAT_STORE_URL")):  # written by the daemon
+        # when one runs (heartbeat.relay); on a database store its touch, done and show too
         from heartbeat.relay import forward
 
         code = forward(argv)

@@ -108,6 +108,30 @@ an API user working inside ``with task.update():``) is skipped until its next lo
 PG_CONNECT_TIMEOUT = 5.0
 """Seconds a PostgreSQL store waits for a connection before saying it cannot reach the database."""
 
+PG_POOL_SIZE = 3
+"""Connections a PostgreSQL store's pool may hold (one is opened at start, the rest on demand):
+the daemon's loop, its lease renewals and its change handling each take one for a statement."""
+
+PG_RELAY_POOL = 2
+"""Connections the daemon's relay holds on a PostgreSQL store: every agent of its host writes
+(``set``, ``add``, ``touch``, ``done``) and reads (``show``) through them, so an agent holds none.
+A daemon holds at most PG_POOL_SIZE + 1 (its change feed's LISTEN) + 1 (its host lock) +
+PG_RELAY_POOL connections, plus PG_POOL_SIZE for ``[http]`` (see docs/operating.md)."""
+
+PG_RELAY_WAIT = 30.0
+"""Seconds a relayed write waits for one of the relay's PG_RELAY_POOL connections (less than the
+client's ``heartbeat.relay.REPLY_TIMEOUT``)."""
+
+PG_REFUSED_WAIT = 300.0
+"""Seconds an agent's own call (``$HEARTBEAT_EPOCH`` set; no daemon relayed it) waits, backing off,
+while the database refuses connections ("too many clients", refused, starting up) before it
+gives up with one line: a full or restarting server is not a failed attempt. A person's command,
+the hooks (an agent's turn must not wait on them) and the daemon's own stores (its leases must not)
+do not wait."""
+
+PG_REFUSED_BACKOFF = (0.25, 5.0)
+"""The first and the longest pause between two tries at a database that refused a connection."""
+
 STORE_WAIT_INITIAL = 1.0
 """Seconds the daemon waits before its second try at a database it could not reach at start;
 doubled after each failed try up to :data:`STORE_WAIT_MAX`."""

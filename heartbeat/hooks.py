@@ -388,7 +388,8 @@ def _open(state_dir: str | None, config: str | None, env: Mapping[str, str]) -> 
     from heartbeat.store import open_store
 
     if url:  # a database store needs no state dir
-        return open_store(path or "", url), hooks, max_attempts
+        # (refused_wait 0: a hook answers at once, never holding its agent's turn; it never fails the agent)
+        return open_store(path or "", url, refused_wait=0.0), hooks, max_attempts
     if path is None or not os.path.isdir(path):
         return None, hooks, max_attempts
     return open_store(path), hooks, max_attempts

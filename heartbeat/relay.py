@@ -18,6 +18,16 @@ The exchange (version 1), every step bounded in time:
    three variables then the arguments (an argument cannot hold a NUL).
 3. The daemon writes, answers ``<exit code>\\n<one line or nothing>`` and closes.
 
+On a database store (the agent has ``HEARTBEAT_STORE_URL``) the daemon greets with version 2,
+``heartbeat-relay 2 pg:<16 hex digits>\n`` (:func:`store_id`: its database, no password shown);
+the client goes on only when that is its own database. Version 2 also carries ``touch ID``,
+``show ID``, ``done ID`` and ``done ID --note NOTE``, and answers ``<exit code> <n>\n``, then
+``n`` bytes of standard output (``show``'s baton), then the one line or nothing, or
+``declined\n`` (nothing written: a ``done`` whose guarantees have checks runs them in the
+agent's own process, as without a daemon). An agent's frequent calls thus go through the
+daemon's few connections (``defaults.PG_RELAY_POOL``) and it holds no database connection of
+its own; its rare ones (``verify``, ``snooze``, ``block``, any call with an option) connect briefly.
+
 **Nothing is written twice.** Until the greeting has arrived nothing has been sent, so
 any failure before it (no socket, no daemon, a stopped or saturated one: no greeting
 within :data:`GREETING_TIMEOUT`) runs the command in the caller's process as before. After
@@ -37,14 +47,21 @@ if TYPE_CHECKING:
     import _socket
     from collections.abc import Mapping
 
-__all__ = ["GREETING", "GREETING_TIMEOUT", "MAX_REQUEST", "REPLY_TIMEOUT", "SOCKET_NAME", "encode_request",
-           "decode_request", "forward", "relayable"]
+__all__ = ["DECLINED_REPLY", "GREETING", "GREETING_TIMEOUT", "MAX_REQUEST", "REPLY_TIMEOUT", "SOCKET_NAME", "encode_request",
+           "decode_request", "forward", "greeting", "relayable", "store_id"]
 
 SOCKET_NAME = "daemon.sock"
 """The daemon's relay socket, in the state dir."""
 
 GREETING = b"heartbeat-relay 1\n"
 """What the daemon says first: the client sends nothing before it."""
+
+GREETING_2 = b"heartbeat-relay 2 "
+"""How a daemon on a database store starts its greeting: then :func:`store_id` and a newline."""
+
+DECLINED_REPLY = b"declined\n"
+"""A version-2 answer that says the daemon wrote nothing and the client must run the command itself
+(a ``done`` whose guarantees have checks: they run in the agent's process, as without a daemon)."""
 
 GREETING_TIMEOUT = 2.0
 """Seconds the client waits to connect and be greeted before writing by itself instead."""
@@ -68,12 +85,36 @@ def socket_path(state_dir: str) -> str:
     return os.path.join(state_dir, SOCKET_NAME)
 
 
-def relayable(argv: list[str]) -> bool:
+def relayable(argv: list[str], *, agent_commands: bool = False) -> bool:
     """Whether ``argv`` is an agent's hot write, as :func:`heartbeat.cli._hot_args` reads it:
-    ``set ID F=V...`` or ``add ID FIELD V...``, no argument starting with ``-``."""
+    ``set ID F=V...`` or ``add ID FIELD V...``, no argument starting with ``-``; with
+    ``agent_commands`` (a database store) also ``touch ID``, ``show ID``, ``done ID`` and
+    ``done ID --note NOTE`` (as :func:`heartbeat.write.parse_hot` reads them)."""
+    if agent_commands and len(argv) >= 2 and argv[0] in ("touch", "show", "done") and not argv[1].startswith("-"):
+        return len(argv) == 2 or (len(argv) == 4 and argv[0] == "done" and argv[2] == "--note")
     if len(argv) < 3 or any(arg.startswith("-") for arg in argv):
         return False
     return argv[0] == "set" or (argv[0] == "add" and len(argv) >= 4)
+
+
+def store_id(url: str) -> bytes:
+    """``pg:`` and 16 hex digits of the SHA-256 of the store URL: the database a daemon's relay
+    writes to, named in its greeting without its password; the client compares it with its own."""
+    try:
+        from _sha2 import sha256  # (Python 3.12 on: no OpenSSL to load)
+    except ImportError:
+        try:
+            from _sha256 import sha256  # (Python 3.11)
+        except ImportError:
+            from hashlib import sha256
+    return b"pg:" + sha256(url.strip().encode("utf-8", "surrogateescape")).hexdigest()[:16].encode()
+
+
+def greeting(url: str) -> bytes:
+    """The daemon's greeting: :data:`GREETING` on the file store (version 1: ``set``/``add``), else
+    version 2 naming the database (:func:`store_id`): ``set``, ``add``, ``touch``, ``done``, ``show``,
+    and an answer that carries the command's standard output too."""
+    return GREETING_2 + store_id(url) + b"\n" if url.strip() else GREETING
 
 
 def encode_request(argv: list[str], env: Mapping[str, str]) -> bytes | None:
@@ -91,7 +132,7 @@ def encode_request(argv: list[str], env: Mapping[str, str]) -> bytes | None:
 def decode_request(body: bytes) -> tuple[list[str], dict[str, str]]:
     """``(argv, variables)`` from a request's body; ValueError when it is not one."""
     fields = body.decode("utf-8").split("\0")
-    if len(fields) < len(_VARIABLES) + 3:
+    if len(fields) < len(_VARIABLES) + 2:  # (``show ID``: two arguments)
         raise ValueError("too few fields")
     env = {name: value for name, value in zip(_VARIABLES, fields, strict=False) if value}
     return fields[len(_VARIABLES):], env
@@ -102,8 +143,9 @@ def forward(argv: list[str], environ: Mapping[str, str] | None = None) -> int | 
     run the command itself (not an agent's hot write, no daemon to greet it)."""
     env = os.environ if environ is None else environ
     state_dir = env.get("HEARTBEAT_STATE_DIR")
-    if not state_dir or not env.get("HEARTBEAT_EPOCH") or env.get("HEARTBEAT_STORE_URL") \
-            or env.get("HEARTBEAT_RELAY") == "off" or not relayable(argv):
+    url = env.get("HEARTBEAT_STORE_URL", "")
+    if not state_dir or not env.get("HEARTBEAT_EPOCH") or env.get("HEARTBEAT_RELAY") == "off" \
+            or not relayable(argv, agent_commands=bool(url.strip())):
         return None
     path = socket_path(os.path.abspath(state_dir))
     if len(os.fsencode(path)) > MAX_PATH:
@@ -121,35 +163,48 @@ def forward(argv: list[str], environ: Mapping[str, str] | None = None) -> int | 
 
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        return _exchange(sock, path, argv, request)
+        return _exchange(sock, path, argv, request, greeting(url))
     except KeyboardInterrupt:
         return 130  # as the CLI answers Ctrl-C: quietly (once greeted, the daemon may still write)
     finally:
         sock.close()
 
 
-def _exchange(sock: _socket.socket, path: str, argv: list[str], request: bytes) -> int | None:
-    """Greeting, request and answer over ``sock``; see :func:`forward`."""
+def _exchange(sock: _socket.socket, path: str, argv: list[str], request: bytes, expected: bytes) -> int | None:
+    """Greeting, request and answer over ``sock``; see :func:`forward`. A greeting other than
+    ``expected`` (another version, another database) gets nothing sent: the caller writes itself."""
     sock.settimeout(GREETING_TIMEOUT)
     try:
         sock.connect(path)
-        greeting = _read_line(sock, len(GREETING))
+        said = _read_line(sock, len(expected))
     except OSError:
         return None
-    if greeting != GREETING:
+    if said != expected:
         return None
     # From here on the daemon may write: never fall back to a write of our own.
     try:
         sock.settimeout(REPLY_TIMEOUT)
         sock.sendall(request)
         reply = _read_all(sock, MAX_REQUEST + 65536)  # a message may echo the arguments, as the CLI prints it
+        if reply == DECLINED_REPLY:
+            return None  # nothing was written: the caller runs the command itself
         head, _, message = reply.partition(b"\n")
-        code = int(head)
+        code_text, _, out_text = head.partition(b" ")  # version 2: "<code> <stdout bytes>"
+        code, out_size = int(code_text), int(out_text or 0)
+        if len(message) < out_size:
+            raise ValueError("the answer was cut short")  # never a partial baton printed as if whole
+        output, message = message[:out_size], message[out_size:]
     except (OSError, ValueError) as exc:
         reason = "no answer in time" if isinstance(exc, TimeoutError) else "the connection broke"
         os.write(2, (f"heartbeat: the daemon took this write but its answer was lost ({reason}): "
                      f"look with `heartbeat show {argv[1]}` before writing it again\n").encode(errors="replace"))
         return 1
+    try:
+        view = memoryview(output)
+        while view:
+            view = view[os.write(1, view):]
+    except OSError:  # (a closed pipe: the CLI's exit 1 too)
+        code = code or 1
     if message:
         os.write(2, message.rstrip(b"\n") + b"\n")
     return code

@@ -4,7 +4,8 @@ The CLI parses it from its own arguments and runs it in the agent's process; the
 relay server (:mod:`heartbeat.daemon.relay`) receives it over the socket from an agent's
 ``heartbeat`` command (:mod:`heartbeat.relay`) and runs it in the daemon. Both hand a parsed
 :class:`Write` to :func:`apply`: the same fence, checks, ledger rows, exit codes and one-line
-errors, wherever it ran.
+errors, wherever it ran. On a database store the relay also carries an agent's ``touch``,
+``done`` and ``show`` (:func:`answer`), so that an agent holds no database connection.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from heartbeat.errors import BadInput, HeartbeatError
 if TYPE_CHECKING:
     from heartbeat.store.base import Store
 
-__all__ = ["Write", "parse_hot", "assignments", "apply", "epoch_from_env", "actor_from_env", "relayed"]
+__all__ = ["Write", "parse_hot", "assignments", "apply", "epoch_from_env", "actor_from_env", "relayed", "answer"]
 
 
 @dataclass(frozen=True)
 class Write:
-    """One ``set`` (``pairs``, each ``FIELD=VALUE``) or ``add`` (``field`` and ``values``) to one task."""
+    """One ``set`` (``pairs``, each ``FIELD=VALUE``) or ``add`` (``field`` and ``values``) to one task;
+    from an agent on a database store also ``touch``, ``done`` (``note``) and the read ``show``."""
 
     command: str
     id: str
@@ -33,11 +35,28 @@ class Write:
     values: tuple[str, ...] = ()
     check: str = ""
     expect_revision: int | None = None
+    note: str = ""
 
 
-def parse_hot(argv: Sequence[str]) -> Write | None:
+DECLINED = -1
+""":func:`answer`'s code for a call the daemon leaves to the agent's own process, having written
+nothing: a ``done`` whose guarantees have checks to run (they run where the agent runs, with the
+agent's environment and config, not in the daemon's relay within its reply timeout)."""
+
+AGENT_COMMANDS = ("touch", "show", "done")
+"""What an agent's relay carries besides ``set``/``add`` on a database store (relay greeting 2)."""
+
+
+def parse_hot(argv: Sequence[str], *, agent_commands: bool = False) -> Write | None:
     """``set ID F=V...`` or ``add ID FIELD V...`` written without any option (an agent's hot
-    write, as the relay carries it), else None."""
+    write, as the relay carries it), else None. ``agent_commands``: also ``touch ID``, ``show ID``,
+    ``done ID`` and ``done ID --note NOTE`` (see :func:`heartbeat.relay.relayable`)."""
+    if agent_commands and len(argv) >= 2 and argv[0] in AGENT_COMMANDS and not argv[1].startswith("-"):
+        if len(argv) == 2:
+            return Write(argv[0], argv[1])
+        if len(argv) == 4 and argv[0] == "done" and argv[2] == "--note":
+            return Write("done", argv[1], note=argv[3])
+        return None
     if len(argv) < 3 or any(arg.startswith("-") for arg in argv):
         return None
     command, task_id, rest = argv[0], argv[1], tuple(argv[2:])
@@ -63,7 +82,11 @@ def apply(store: Store, write: Write, *, epoch: int | None, actor: str) -> None:
     """Run ``write`` on ``store``, fenced by ``epoch``."""
     from heartbeat import tasks
 
-    if write.command == "set":
+    if write.command == "touch":
+        tasks.touch(store, write.id, epoch=epoch, actor=actor)
+    elif write.command == "done":
+        tasks.finish(store, write.id, note=write.note, epoch=epoch, actor=actor, checks=None)
+    elif write.command == "set":
         tasks.set_fields(store, write.id, assignments(write.pairs), expect_revision=write.expect_revision,
                          epoch=epoch, actor=actor)
     elif write.field == "guarantees":
@@ -102,10 +125,23 @@ def relayed(store: Store, write: Write | None, env: Mapping[str, str]) -> tuple[
     """An agent's write the daemon received (None: the request was not one), run on ``store``
     with the caller's variables ``env``: the exit code and what the CLI would print on stderr
     (one line, or nothing)."""
+    code, message, _ = answer(store, write, env)
+    return code, message
+
+
+def answer(store: Store, write: Write | None, env: Mapping[str, str]) -> tuple[int, str, str]:
+    """:func:`relayed`, and what the CLI would print on stdout (``show``'s baton, else nothing);
+    the code :data:`DECLINED` when the caller must run the command itself (nothing written)."""
     try:
         if write is None:
             raise BadInput("the daemon writes only an agent's `set ID F=V...` and `add ID FIELD V...`")
+        if write.command == "show":  # the CLI's `show ID` (cmd_show), read by the daemon
+            from heartbeat.baton import dump_baton
+
+            return 0, "", dump_baton(store.load(write.id))
+        if write.command == "done" and any(g.check for g in store.load(write.id).guarantees):
+            return DECLINED, "", ""
         apply(store, write, epoch=epoch_from_env(write.id, env), actor=actor_from_env(env))
     except HeartbeatError as exc:
-        return exc.exit_code, f"heartbeat: {exc}"
-    return 0, ""
+        return exc.exit_code, f"heartbeat: {exc}", ""
+    return 0, "", ""

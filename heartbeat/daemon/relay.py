@@ -6,7 +6,10 @@ dir) in a thread of its own. Each connection gets a thread (at most
 client writes by itself), a peer-uid check, the greeting, a bounded read of the request,
 and :func:`heartbeat.write.relayed` on a store opened for that request alone (as the
 agent's own process would have opened one: no state shared with the loop's store). A
-request that did not arrive whole is dropped unwritten. A planted file at the socket's path
+request that did not arrive whole is dropped unwritten. On a database store (``shared``) every
+request runs on that one store, whose pool (``defaults.PG_RELAY_POOL`` connections) is all the
+agents of this host hold on the database, and the greeting is version 2 (naming the database:
+:func:`heartbeat.relay.greeting`), which also carries ``touch``, ``done`` and ``show``. A planted file at the socket's path
 (anything but a socket) is left alone and the relay stays off, in one logged line: agents
 then write by themselves, as without a daemon.
 """
@@ -25,9 +28,9 @@ from typing import Any
 
 from heartbeat import defaults
 from heartbeat.errors import HeartbeatError
-from heartbeat.relay import GREETING, MAX_PATH, MAX_REQUEST, decode_request, socket_path
+from heartbeat.relay import DECLINED_REPLY, MAX_PATH, MAX_REQUEST, decode_request, greeting, socket_path
 from heartbeat.store.base import Store
-from heartbeat.write import parse_hot, relayed
+from heartbeat.write import DECLINED, answer, parse_hot
 
 __all__ = ["RelayServer"]
 
@@ -48,8 +51,12 @@ class RelayServer:
     """Writes agents' ``set``/``add`` for them. See the module docstring."""
 
     def __init__(self, state_dir: str, open_store: Callable[[], Store], log: Any,
-                 on_write: Callable[[int], None] = lambda code: None) -> None:
+                 on_write: Callable[[int], None] = lambda code: None, *, shared: Store | None = None,
+                 store_url: str = "") -> None:
         self.path = socket_path(state_dir)
+        self._shared = shared
+        """The database store every request runs on (None: a store opened per request, the file store's)."""
+        self._greeting = greeting(store_url if shared is not None else "")
         self._on_write = on_write
         """Told each answered request's exit code (the daemon's vitals count them)."""
         self._open_store = open_store
@@ -189,7 +196,7 @@ class RelayServer:
                 return  # no greeting: the client writes by itself
             self._waiting.add(conn)
         try:
-            conn.sendall(GREETING)
+            conn.sendall(self._greeting)
             body = _read_request(conn)
         except OSError:  # (a timeout too)
             body = None
@@ -203,23 +210,29 @@ class RelayServer:
         except ValueError:
             _reply(conn, 2, "heartbeat: the relayed request is malformed")
             return
-        request = parse_hot(argv)
-
-        try:
-            store = self._open_store()
-        except HeartbeatError as exc:  # (a FIFO planted as the ledger's journal): the agent's own error, unwritten
-            self.log.debug("relayed", command=argv[0], task=argv[1], code=exc.exit_code)
-            self._on_write(exc.exit_code)
-            _reply(conn, exc.exit_code, f"heartbeat: {exc}")
-            return
-        try:
-            code, message = relayed(store, request, env)
-        finally:
-            with contextlib.suppress(Exception):
-                store.close()
-        self.log.debug("relayed", command=argv[0], task=argv[1], code=code)
-        self._on_write(code)
-        _reply(conn, code, message)
+        version2 = self._shared is not None
+        request = parse_hot(argv, agent_commands=version2)
+        if self._shared is not None:
+            code, message, output = answer(self._shared, request, env)
+        else:
+            try:
+                store = self._open_store()
+            except HeartbeatError as exc:  # (a FIFO planted as the ledger's journal): the agent's own error, unwritten
+                self.log.debug("relayed", command=argv[0], task=argv[1], code=exc.exit_code)
+                self._on_write(exc.exit_code)
+                _reply(conn, exc.exit_code, f"heartbeat: {exc}")
+                return
+            try:
+                code, message, output = answer(store, request, env)
+            finally:
+                with contextlib.suppress(Exception):
+                    store.close()
+        if code == DECLINED:
+            self.log.debug("relay_declined", command=argv[0], task=argv[1], reason="checked guarantees")
+        else:
+            self.log.debug("relayed", command=argv[0], task=argv[1], code=code)
+            self._on_write(code)
+        _reply(conn, code, message, output if version2 else None)
 
 
 def _read_request(conn: socket.socket) -> bytes | None:
@@ -257,7 +270,17 @@ def _read_request(conn: socket.socket) -> bytes | None:
     return b"".join(chunks)
 
 
-def _reply(conn: socket.socket, code: int, message: str) -> None:
+def _reply(conn: socket.socket, code: int, message: str, output: str | None = None) -> None:
+    """``<code>\n<message>``; version 2 (``output`` given): ``<code> <n>\n``, n bytes of stdout, the message,
+    or ``declined\n`` (:data:`heartbeat.write.DECLINED`: nothing written, the client runs the command itself)."""
+    line = message.replace("\n", " ").encode("utf-8", errors="replace")
+    if code == DECLINED and output is not None:
+        data = DECLINED_REPLY
+    elif output is None:
+        data = b"%d\n%s" % (code, line)
+    else:
+        out = output.encode("utf-8", errors="replace")
+        data = b"%d %d\n%s%s" % (code, len(out), out, line)
     with contextlib.suppress(OSError):  # the client may be gone: what was written stays written
         conn.settimeout(_REQUEST_TIMEOUT)  # (the request's reads left whatever remained of theirs)
-        conn.sendall(b"%d\n%s" % (code, message.replace("\n", " ").encode("utf-8", errors="replace")))
+        conn.sendall(data)

@@ -83,7 +83,9 @@ class Daemon:
         self.metronome: Metronome | None = None
         """The tick's beat (started by :meth:`start_scheduler`)."""
         self.relay: Any = None
-        """The relay server (:mod:`.relay`) while :meth:`serve` runs with ``daemon.relay`` on the file store."""
+        """The relay server (:mod:`.relay`) while :meth:`serve` runs with ``daemon.relay``."""
+        self._relay_store: Store | None = None
+        """The relay's database store (None: the file store's relay opens one per request)."""
         self._page = page
         """Starts the ``[http]`` page when :meth:`serve` runs (:class:`PageStarter`); None: no page."""
         self.pokes = Pokes(log)
@@ -242,7 +244,7 @@ class Daemon:
             stop_page()
         deadline = time.monotonic() + self.stop_grace()
         if relay is not None:  # its writes under way finish beside the look in progress, by the same deadline
-            relay.stop(wait=self.stop_grace())
+            self._stop_relay(relay)
         clean = self.shutdown(timeout=max(0.0, deadline - time.monotonic()))
         exit_if_stuck(clean, deadline, self.log)
         if self.lease is not None and self.lease.stood_down:
@@ -298,11 +300,26 @@ class Daemon:
             self.log.debug("rearm_skipped", error=repr(exc))
 
     def _start_relay(self) -> Any:
-        """Agents' set/add written here (:mod:`heartbeat.relay`), when ``daemon.relay`` is on (file store)."""
+        """Agents' set/add written here (:mod:`heartbeat.relay`), when ``daemon.relay`` is on; on a
+        database store also their touch/done/show, through a pool of ``defaults.PG_RELAY_POOL``
+        connections of the relay's own (closed with it: :meth:`_stop_relay`)."""
         config = self.shared.config
-        if not config.daemon.relay or not self._keeps_files():
+        if not config.daemon.relay:
             return None
         from heartbeat.daemon.relay import RelayServer
+        from heartbeat.store import store_url
+
+        url = "" if self._keeps_files() else store_url(config.store.url)
+        shared: Store | None = None
+        if url:
+            from heartbeat.store.postgres import PostgresStore
+
+            try:  # never waits on a refusing database: agents then write by themselves, waiting there
+                shared = PostgresStore(url, pool_size=defaults.PG_RELAY_POOL, wait=defaults.PG_RELAY_WAIT,
+                                       refused_wait=0.0)
+            except HeartbeatError as exc:
+                self.log.error("relay_off", reason=str(exc))
+                return None
 
         vitals, counting = self.loop.vitals, threading.Lock()
 
@@ -312,8 +329,20 @@ class Daemon:
                 vitals.relayed_refused += code != 0
 
         relay = RelayServer(config.state_dir, lambda: open_store(config, claim=False), self.log,
-                            on_write=count)
-        return relay if relay.start() else None
+                            on_write=count, shared=shared, store_url=url)
+        if relay.start():
+            self._relay_store = shared
+            return relay
+        if shared is not None:
+            shared.close()
+        return None
+
+    def _stop_relay(self, relay: Any) -> None:
+        """Stop the relay (its writes under way get the stop grace), then close its database store."""
+        relay.stop(wait=self.stop_grace())
+        store, self._relay_store = self._relay_store, None
+        if store is not None:
+            store.close()
 
     def _start_page(self) -> Callable[[], None] | None:
         """The status page and /metrics in a thread, when ``[http] listen`` is set (the clock runs either

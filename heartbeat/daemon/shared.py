@@ -103,7 +103,8 @@ def open_store(config: Config, *, claim: bool = True, decisions: bool = False) -
     from heartbeat.store import open_store as open_any
 
     url = store_url(config.store.url)
-    store = open_any(config.state_dir, url, scan_view=decision_view if decisions else None)
+    # (refused_wait 0: the daemon's own statements never wait on a refusing database; its leases must not)
+    store = open_any(config.state_dir, url, scan_view=decision_view if decisions else None, refused_wait=0.0)
     if url:
         from heartbeat.store.files import ensure_private_dir
 

@@ -19,16 +19,19 @@ def store_url(configured: str = "") -> str:
     return os.environ.get(URL_ENV, "").strip() or configured.strip()
 
 
-def open_store(state_dir: str, url: str = "", *, scan_view: Callable[[Baton], Baton] | None = None) -> Store:
+def open_store(state_dir: str, url: str = "", *, scan_view: Callable[[Baton], Baton] | None = None,
+               refused_wait: float | None = None) -> Store:
     """The store named by ``url`` (see :func:`store_url`), else the file store in ``state_dir``.
 
     A ``postgresql://`` (or ``postgres://``) URL opens the PostgreSQL store, which needs
     the extra ``heartbeat[postgres]``; psycopg is imported only then. ``scan_view``: what the
-    file store's scans keep of each baton (a database store keeps whole batons).
+    file store's scans keep of each baton (a database store keeps whole batons). ``refused_wait``:
+    seconds a database store waits while the server refuses connections (see
+    :class:`heartbeat.store.postgres.PostgresStore`; 0 for the daemon and the hooks, which answer at once).
     """
     url = store_url(url)
     if url:
-        return _open_url(url)
+        return _open_url(url, refused_wait)
     from heartbeat.store.files import FileStore
 
     return FileStore(state_dir, scan_view=scan_view)
@@ -45,7 +48,7 @@ def open_configured(state_dir: str | None = None, config_path: str | None = None
     return open_store(found_dir, url), found_dir
 
 
-def _open_url(url: str) -> Store:
+def _open_url(url: str, refused_wait: float | None = None) -> Store:
     from heartbeat.errors import BadInput, ConfigError
 
     if not url.startswith(("postgresql://", "postgres://")):
@@ -58,4 +61,4 @@ def _open_url(url: str) -> Store:
             f"a PostgreSQL store needs the extra heartbeat[postgres] ({exc.name or 'psycopg'} is missing): "
             "pip install 'heartbeat[postgres]'"
         ) from None
-    return PostgresStore(url)
+    return PostgresStore(url, refused_wait=refused_wait)

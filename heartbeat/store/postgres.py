@@ -34,7 +34,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 import threading
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
@@ -206,6 +209,23 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
     for statement in _session_settings():
         conn.execute(statement)  # our own constant SQL
     conn.commit()
+
+
+_REFUSALS = ("too many clients", "remaining connection slots are reserved", "connection refused",
+             "the database system is starting up", "the database system is shutting down",
+             "the database system is in recovery mode", "no such file or directory")
+"""What libpq says when the server is full, restarting or not (yet) listening: worth a wait."""
+
+
+def _refusal(exc: BaseException | None) -> str | None:
+    """The reason (``"too many clients"``, ...) when ``exc`` says the server refused a connection
+    it may accept later; None for anything else (a bad password, a missing database, success)."""
+    if exc is None:
+        return None
+    if getattr(exc, "sqlstate", None) in ("53300", "57P03"):  # too_many_connections, cannot_connect_now
+        return "too many clients" if exc.sqlstate == "53300" else "not accepting connections now"  # type: ignore[attr-defined]
+    text = str(exc).lower()
+    return next((reason for reason in _REFUSALS if reason in text), None)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -474,8 +494,19 @@ def append_events(conn: psycopg.Connection[Any], events: Sequence[Event]) -> Non
 class PostgresStore:
     """Batons in ``heartbeat_batons``, events in ``heartbeat_events``; see the module docstring."""
 
-    def __init__(self, url: str, *, check_schema: bool = True) -> None:
+    def __init__(self, url: str, *, check_schema: bool = True, pool_size: int | None = None,
+                 wait: float | None = None, refused_wait: float | None = None) -> None:
+        """``pool_size``: connections at most (default ``defaults.PG_POOL_SIZE``); ``wait``: seconds a
+        statement waits for one of them (``defaults.PG_CONNECT_TIMEOUT``); ``refused_wait``: seconds it
+        goes on waiting, with one notice on stderr, while the database refuses connections (default:
+        ``defaults.PG_REFUSED_WAIT`` in an agent's process, ``$HEARTBEAT_EPOCH`` set, whose failed
+        call would count against its task; else 0, a person's command answers at once)."""
         self.url = url
+        if refused_wait is None:
+            refused_wait = defaults.PG_REFUSED_WAIT if os.environ.get("HEARTBEAT_EPOCH") else 0.0
+        self.refused_wait = refused_wait
+        """Seconds :meth:`_conn` waits while the database refuses connections (see :func:`_refusal`)."""
+        self._refused_noticed = False
         self.label = _label(url)
         self.ledger: Ledger = PostgresLedger(self)
         self.scan_unchanged = False
@@ -496,11 +527,11 @@ class PostgresStore:
         self._pool = ConnectionPool(
             url,
             min_size=1,
-            max_size=8,
+            max_size=pool_size or defaults.PG_POOL_SIZE,
             kwargs=_connect_kwargs(url),
             configure=_configure,
             check=ConnectionPool.check_connection,
-            timeout=defaults.PG_CONNECT_TIMEOUT,
+            timeout=defaults.PG_CONNECT_TIMEOUT if wait is None else wait,
             name="heartbeat",
             open=True,
         )
@@ -517,7 +548,7 @@ class PostgresStore:
     def _conn(self) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection; database errors become one-line :class:`StoreError`."""
         try:
-            with self._pool.connection() as conn:
+            with self._checkout() as conn:
                 yield conn
         except PoolTimeout:
             raise self._diagnose() from None
@@ -532,12 +563,74 @@ class PostgresStore:
         except psycopg.Error as exc:
             raise StoreError(f"database error on {self.label}: {_one_line(exc)}") from None
 
-    def _diagnose(self) -> StoreError:
-        """Why the pool has no connection to give: one direct attempt says what libpq says."""
+    @contextmanager
+    def _checkout(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection of the pool; when the pool has none to give within its ``wait`` (its own
+        retries back off 1 s, 2 s, 4 s ... unbounded), a store that may wait (:attr:`refused_wait`
+        > 0: a command, not the daemon) connects by itself, for this one statement or transaction:
+        while the database refuses connections (:func:`_refusal`: "too many clients", refused,
+        restarting) it tries again after a pause doubling from ``PG_REFUSED_BACKOFF[0]`` up to
+        ``PG_REFUSED_BACKOFF[1]``, for :attr:`refused_wait` seconds in all, saying so once on
+        stderr. A full or restarting server is a wait, not an agent's failed write."""
+        try:
+            conn = self._pool.getconn()
+        except PoolTimeout:
+            if self.refused_wait <= 0:
+                raise
+            conn = None
+        if conn is not None:
+            try:
+                yield conn
+            finally:
+                self._pool.putconn(conn)
+            return
+        own = self._connect_waiting()
+        try:
+            yield own
+        finally:
+            own.close()
+
+    def _connect_waiting(self) -> psycopg.Connection[Any]:
+        """A configured connection of this store's own, waiting while the database refuses them
+        (see :meth:`_checkout`); :class:`StoreUnreachable` when it does not come in time."""
+        give_up = time.monotonic() + self.refused_wait
+        pause = defaults.PG_REFUSED_BACKOFF[0]
+        while True:
+            try:
+                conn = psycopg.connect(self.url, **_connect_kwargs(self.url))
+            except psycopg.Error as exc:
+                reason = _refusal(exc)
+                if reason is None or time.monotonic() + pause >= give_up:
+                    raise _unreachable(exc, self.url) from None
+                if not self._refused_noticed:
+                    self._refused_noticed = True
+                    sys.stderr.write(f"heartbeat: the database {self.label} refuses connections ({reason}): "
+                                     f"waiting up to {self.refused_wait:.0f}s\n")
+                    sys.stderr.flush()
+                time.sleep(pause)
+                pause = min(pause * 2, defaults.PG_REFUSED_BACKOFF[1])
+                continue
+            try:
+                _configure(conn)
+            except psycopg.Error as exc:
+                conn.close()
+                raise _unreachable(exc, self.url) from None
+            return conn
+
+    def _probe(self) -> psycopg.Error | None:
+        """One direct connection attempt: what libpq says, or None when it connected."""
         try:
             psycopg.connect(self.url, **_connect_kwargs(self.url)).close()
         except psycopg.Error as exc:
-            return _unreachable(exc, self.url)
+            return exc
+        return None
+
+    def _diagnose(self) -> StoreError:
+        """Why the pool has no connection to give: one direct attempt says what libpq says."""
+        found = self._probe()
+        return self._no_connection() if found is None else _unreachable(found, self.url)
+
+    def _no_connection(self) -> StoreError:
         return StoreUnreachable(
             f"cannot reach the database {self.label}: no connection within {defaults.PG_CONNECT_TIMEOUT:.0f}s"
         )
