@@ -16,32 +16,8 @@ from heartbeat.errors import EXIT_BAD_INPUT, EXIT_ERROR, BadInput, HeartbeatErro
 __all__ = ["main", "build_parser"]
 
 
-class _Deferred(types.ModuleType):
-    """Stands in for a module in ``sys.modules`` until one of its attributes is used, then imports it.
-
-    Unlike importlib's LazyLoader it survives a plain ``import``: the import system reads
-    ``__spec__`` from every module it finds in ``sys.modules``, which makes a lazy module load.
-    """
-
-    def __getattr__(self, attr: str) -> Any:
-        if sys.modules.get(self.__name__) is self:
-            del sys.modules[self.__name__]
-        __import__(self.__name__)
-        module = sys.modules[self.__name__]
-        self.__dict__.update(module.__dict__)  # whoever bound the stand-in now reads the module's own names
-        return getattr(module, attr)
-
-
 if TYPE_CHECKING:
-    import argparse
-else:
-    # argparse (with gettext and locale) costs an agent's write a few milliseconds it never
-    # uses: the hot writes are parsed without it (_hot_args).
-    argparse = _Deferred("argparse")
-    if "dataclasses" not in sys.modules and "inspect" not in sys.modules:
-        # dataclasses imports inspect (with ast, dis and tokenize: more than an interpreter start)
-        # for one call, made only for a class without a docstring: an agent's set or add never uses it.
-        sys.modules["inspect"] = _Deferred("inspect")
+    import argparse  # imported where used: argparse (with gettext) costs an agent's write more than it uses
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -831,6 +807,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 @functools.cache
 def _parser_class() -> type[argparse.ArgumentParser]:
     # Made on first use, not at import: subclassing would load argparse on every call.
+    import argparse
+
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> Any:  # one line, exit 2, as every other bad input
             raise BadInput(f"{self.prog}: {message}")
@@ -886,6 +864,8 @@ def _hoist_global_options(argv: Sequence[str]) -> list[str]:
 
 def _int64(text: str) -> int:
     """An integer option: a number that fits the ledger's 64 bits, or one line and exit 2."""
+    import argparse
+
     try:
         value = int(text)
     except ValueError:
@@ -920,6 +900,8 @@ def _hot_args(argv: Sequence[str]) -> Any:
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser; ``only`` builds just that command's subparser (argparse spends
     milliseconds per subparser, and an agent's ``touch`` should not pay for all of them)."""
+    import argparse
+
     parser_class = _parser_class()
     parser = parser_class(prog="heartbeat", description="Keep long-running agent work alive across seams.")
     parser.add_argument("--config", help="config file (else $HEARTBEAT_CONFIG, ./heartbeat.toml, /etc/heartbeat/)")

@@ -557,6 +557,16 @@ class TestHotPath:
         assert "heartbeat.world" in modules and "dataclasses" in modules  # the measurement works
         assert not modules & {"inspect", "ast", "dis", "tokenize", "_hashlib", "argparse", "importlib.util"}
 
+    def test_importing_the_cli_leaves_the_module_table_alone(self) -> None:
+        """Importing heartbeat.cli (as the MCP server, the hooks and tests do) puts no stand-in in
+        sys.modules: inspect is either not loaded or the real module, with its spec."""
+        code = ("import sys, heartbeat.cli, heartbeat.hooks; m = sys.modules.get('inspect'); "
+                "print('absent' if m is None else type(m).__name__, getattr(m, '__spec__', None) is not None)")
+        proc = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True,
+                              cwd=str(ROOT), timeout=60)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.split() in (["absent", "False"], ["module", "True"]), proc.stdout
+
     def test_an_agents_touch_loads_only_the_pulse(self, hb: Hb, state_dir: Path) -> None:
         """An agent's touch with its pulse armed (heartbeat.pulse) loads heartbeat and heartbeat.pulse, and of
         the rest of Python nothing that parses, types or stores: no TOML, typing, re, sqlite3 or dataclasses."""
