@@ -15,8 +15,11 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, Result, clean_env
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from heartbeat import cli, defaults
+from heartbeat.errors import BadInput
 
 Hb = Callable[..., Result]
 
@@ -589,6 +592,24 @@ class TestHotPath:
         fast = cli._hot_args(argv)
         assert fast is not None
         assert vars(fast) == vars(cli.build_parser().parse_args(argv))
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.sampled_from([*cli.AGENT_WRITES, "show", "new"]),
+           st.lists(st.sampled_from(["t", "", "step=a", "done", "a b", "=", "--epoch", "3", "-x", "--", "--check",
+                                     "--state-dir", "--expect-revision", "--config=c", "ü"]), max_size=6))
+    def test_the_hot_reader_and_argparse_never_disagree(self, command: str, words: list[str]) -> None:
+        """For any arguments: when the argparse-free reader answers, argparse gives the same namespace;
+        when an agent's write has no option and argparse accepts it, the reader answers too."""
+        argv = [command, *words]
+        fast = cli._hot_args(argv)
+        try:
+            parsed: Any = cli.build_parser().parse_args(argv)
+        except (BadInput, SystemExit):
+            parsed = None
+        if fast is not None:
+            assert parsed is not None and vars(fast) == vars(parsed)
+        elif command in cli.AGENT_WRITES and not any(word.startswith("-") for word in words):
+            assert parsed is None
 
     @pytest.mark.parametrize("argv", [
         ["touch"], ["touch", "t", "extra"], ["touch", "t", "--epoch", "3"], ["--state-dir", "/x", "touch", "t"],
