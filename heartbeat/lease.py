@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from heartbeat import defaults
 from heartbeat.baton import Baton, Owner, host_labels
 from heartbeat.errors import HeartbeatError, StoreError
+from heartbeat.ledger import EventKind
 from heartbeat.store.base import SharedStore
 
 if TYPE_CHECKING:
@@ -565,7 +566,7 @@ class Lease:
         ed.event("taken_over", from_host=from_host, to_host=self.host, lease_age_s=round(age, 3),
                  from_epoch=old.meta.epoch, pid=previous.pid if previous is not None else None)
         if meta.status is Status.ACTIVE:
-            ed.event("stalled", why="owner_dead")
+            ed.event(EventKind.STALLED, why="owner_dead")
         events: list[Event] = finish_edit(ed, world=False)  # nothing but bookkeeping changes: no world to fingerprint
         continue_above(ed, events, pg.highest_revision(conn, task_id))
         cur = conn.execute(

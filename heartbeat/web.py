@@ -44,7 +44,7 @@ from heartbeat.baton import Baton, Status, check_id, dump_baton
 from heartbeat.config import Listen, parse_listen
 from heartbeat.errors import BadInput, HeartbeatError, NotFound
 from heartbeat.layout import LOGS_DIR, StateLayout, log_name
-from heartbeat.ledger import Event
+from heartbeat.ledger import Event, EventKind
 from heartbeat.policy import waiting_text
 from heartbeat.timeparse import format_duration, utcnow
 
@@ -67,7 +67,7 @@ REPORT_CACHE_SECONDS = 30.0
 """The handoff report replays the whole ledger: ``/report`` rebuilds it at most this often
 (and does not refresh itself)."""
 
-_ROUTINE_KINDS = frozenset({"touched", "updated"})
+_ROUTINE_KINDS = frozenset({EventKind.TOUCHED, EventKind.UPDATED})
 """Left out of a task's timeline unless ``?all=1``: the agent's own progress writes, which the baton shows."""
 
 _STATUS_ORDER = ("escalated", "invalid", "blocked", "active", "paused", "snoozed", "failed", "done")
@@ -346,15 +346,15 @@ def _list_params(params: Any) -> tuple[str, int, int]:
     return query, numbers["page"], numbers["per"]
 
 
-_SUMMARY_KEYS = {
-    "dispatched": ("launcher", "attempt", "reason", "resume"),
-    "exited": ("kind", "code", "signal", "duration_s", "progress", "pid"),
-    "stalled": ("why",),
-    "rate_limited": ("until", "source", "hits", "reason"),
-    "blocked": ("on", "gate"),
-    "unblocked": ("by", "note", "gate"),
-    "escalated": ("reason",),
-    "bypass": ("was", "on"),
+_SUMMARY_KEYS: dict[str, tuple[str, ...]] = {
+    EventKind.DISPATCHED: ("launcher", "attempt", "reason", "resume"),
+    EventKind.EXITED: ("kind", "code", "signal", "duration_s", "progress", "pid"),
+    EventKind.STALLED: ("why",),
+    EventKind.RATE_LIMITED: ("until", "source", "hits", "reason"),
+    EventKind.BLOCKED: ("on", "gate"),
+    EventKind.UNBLOCKED: ("by", "note", "gate"),
+    EventKind.ESCALATED: ("reason",),
+    EventKind.BYPASS: ("was", "on"),
 }
 
 
@@ -377,9 +377,9 @@ def _event_row(event: Event) -> dict[str, Any]:
         elif isinstance(value, dict):
             value = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
         details.append((key, value if isinstance(value, str) else str(value)))
-    seam = event.kind in ("stalled", "exited", "dispatched", "claimed", "released", "session_started",
-                          "compacting", "session_ended")
-    alarm = event.kind in ("escalated", "bypass", "spinning", "invalid")
+    seam = event.kind in (EventKind.STALLED, EventKind.EXITED, EventKind.DISPATCHED, EventKind.CLAIMED,
+                          EventKind.RELEASED, EventKind.SESSION_STARTED, EventKind.COMPACTING, EventKind.SESSION_ENDED)
+    alarm = event.kind in (EventKind.ESCALATED, EventKind.BYPASS, EventKind.SPINNING, EventKind.INVALID)
     return {"ts": event.ts.strftime("%Y-%m-%d %H:%M:%S"), "kind": event.kind, "epoch": event.epoch,
             "revision": event.revision, "actor": event.actor, "details": details,
             "tone": "alarm" if alarm else ("seam" if seam else "")}
@@ -516,7 +516,7 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         shown = [_row(e, now, default_launcher) for e in matched[(page_no - 1) * per:page_no * per]]
         for row in shown:  # only this page's escalations are read from the ledger
             if row["status"] == Status.ESCALATED.value:
-                found = store.ledger.events(row["id"], kinds=["escalated"])
+                found = store.ledger.events(row["id"], kinds=[EventKind.ESCALATED])
                 if found:
                     row["reason"] = str(found[-1].data.get("reason", ""))
                     row["since"], row["since_at"] = _age(now, found[-1].ts), _iso(found[-1].ts)
@@ -539,7 +539,7 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         try:
             baton = store.load(task_id)
         except NotFound:
-            if not store.ledger.events(task_id, kinds=["created"]):
+            if not store.ledger.events(task_id, kinds=[EventKind.CREATED]):
                 return page(request, "error.html", 404, title="no such task", message=f"no task {task_id!r}")
             error = "the baton is gone (the ledger still has its history)"
         except HeartbeatError as exc:
