@@ -50,7 +50,7 @@ PULSE_SUFFIX = ".pulse"
 MAGIC = b"heartbeat-pulse 1 "
 """The pulse's first line starts so; then ``<epoch> <fold_by>`` (Unix seconds) and a newline."""
 
-FUTURE_SKEW = 5.0
+FUTURE_SKEW = 5.0  # defaults.PULSE_FUTURE_SKEW, without loading defaults (tests pin them equal)
 """Seconds a pulse's mtime may lie ahead of the reader's clock before it is ignored as forged."""
 
 MAX_BATON_BYTES = 1024 * 1024  # defaults.MAX_BATON_BYTES, without loading defaults (tests pin them equal)

@@ -60,13 +60,6 @@ LOG_TAIL_BYTES = 64 * 1024
 TIMELINE_EVENTS = 500
 """The most recent ledger events the task page lists."""
 
-REFRESH_SECONDS = 15
-"""How often an open page refreshes itself (a fetch of the same URL, when the tab is visible)."""
-
-REPORT_CACHE_SECONDS = 30.0
-"""The handoff report replays the whole ledger: ``/report`` rebuilds it at most this often
-(and does not refresh itself)."""
-
 _ROUTINE_KINDS = frozenset({EventKind.TOUCHED, EventKind.UPDATED})
 """Left out of a task's timeline unless ``?all=1``: the agent's own progress writes, which the baton shows."""
 
@@ -480,7 +473,7 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         html = env.get_template(template).render(
             request=request, link=lambda path, **p: link(request, path, **p), nonce=nonce, now=now.isoformat(
                 timespec="seconds"), state_dir=state_dir, daemon=daemon, daemon_tone=daemon_tone,
-            refresh_ms=REFRESH_SECONDS * 1000 if refresh else 0, **context)
+            refresh_ms=defaults.WEB_REFRESH_SECONDS * 1000 if refresh else 0, **context)
         headers = {
             "Content-Security-Policy": (f"default-src 'none'; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'; "
                                         "connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
@@ -576,13 +569,13 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
     report_lock = threading.Lock()
 
     def report(request: Request) -> HTMLResponse:
-        # The report replays the whole ledger: built at most once per REPORT_CACHE_SECONDS, one at a time.
+        # The report replays the whole ledger: built at most once per WEB_REPORT_CACHE_SECONDS, one at a time.
         with report_lock:
-            if not report_cache or time.monotonic() - report_cache[0][0] > REPORT_CACHE_SECONDS:
+            if not report_cache or time.monotonic() - report_cache[0][0] > defaults.WEB_REPORT_CACHE_SECONDS:
                 report_cache[:] = [(time.monotonic(), build_report(store))]
             built = report_cache[0][1]
         return page(request, "report.html", title="handoff report", report=built.to_json(), refresh=False,
-                    cache_s=int(REPORT_CACHE_SECONDS))
+                    cache_s=int(defaults.WEB_REPORT_CACHE_SECONDS))
 
     def hosts_page(request: Request) -> HTMLResponse:
         """What ``heartbeat hosts`` prints: the daemons sharing a PostgreSQL store."""

@@ -35,9 +35,9 @@ import signal
 import sys
 import time
 
-__all__ = ["main", "group_members", "descendants", "become_subreaper", "write_exit_file", "DEFAULT_GRACE"]
+__all__ = ["main", "group_members", "descendants", "become_subreaper", "write_exit_file", "STOP_GRACE"]
 
-DEFAULT_GRACE = 5.0
+STOP_GRACE = 10.0  # defaults.STOP_GRACE: the shim imports nothing from heartbeat (tests pin them equal)
 """Seconds the agent's leftovers get between SIGTERM and SIGKILL after the agent ended."""
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -307,7 +307,7 @@ def _stop_leftovers(grace: float) -> None:
 
 
 def _parse(args: list[str]) -> tuple[float, list[str], str, list[str]]:
-    grace = DEFAULT_GRACE
+    grace = STOP_GRACE
     unset: list[str] = []
     while args[:1] in (["--grace"], ["--unset"]) and len(args) > 1:
         if args[0] == "--grace":
