@@ -659,14 +659,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     store = _store(args)
     try:
         if args.to and args.to != "-":
-            tmp = f"{args.to}.{os.getpid()}.tmp"
-            try:  # 0600: an export holds every baton
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-            except OSError as exc:
-                raise BadInput(f"{args.to}: cannot write: {exc.strerror}") from None
-            with open(fd, "w", encoding="utf-8") as out:
+            import io
+            from contextlib import ExitStack
+
+            from heartbeat.safefile import open_atomic
+
+            with ExitStack() as stack:
+                try:  # 0600: an export holds every baton
+                    raw = stack.enter_context(open_atomic(args.to, 0o600))
+                except OSError as exc:
+                    raise BadInput(f"{args.to}: cannot write: {exc.strerror}") from None
+                out = io.TextIOWrapper(raw, encoding="utf-8")
                 counts = write_export(store, out)
-            os.replace(tmp, args.to)
+                out.flush()
+                out.detach()  # open_atomic fsyncs, closes and renames the file it opened
         else:
             counts = write_export(store, sys.stdout)
     finally:

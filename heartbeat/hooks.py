@@ -57,6 +57,7 @@ from typing import IO, TYPE_CHECKING, Any
 from heartbeat import defaults
 from heartbeat.errors import BadInput, HeartbeatError
 from heartbeat.ledger import EventKind
+from heartbeat.safefile import write_file_atomic
 
 if TYPE_CHECKING:
     from heartbeat.baton import Baton
@@ -571,30 +572,15 @@ def _load_json(path: str, what: str) -> dict[str, Any]:
 
 
 def _write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` (through a symlink, to its target) by rename, keeping its mode."""
-    import tempfile
-
+    """Write ``text`` to ``path`` (through a symlink, to its target: a settings file kept in a dotfiles
+    repository stays one) by rename, keeping its mode (0644 for a new file)."""
     target = os.path.realpath(path)
-    directory = os.path.dirname(target)
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
     try:
         mode = os.stat(target).st_mode & 0o777
     except FileNotFoundError:
         mode = 0o644
-    fd, tmp = tempfile.mkstemp(prefix=".heartbeat-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    write_file_atomic(target, text.encode("utf-8"), mode)
 
 
 def _hooks_table(doc: dict[str, Any], path: str) -> dict[str, Any]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
+import stat
 import subprocess
 import sys
 import tomllib
@@ -634,6 +636,27 @@ def _heartbeat(*args: str, env: dict[str, str]) -> Result:
     proc = subprocess.run([sys.executable, "-m", "heartbeat", *args], env=env, capture_output=True, text=True,
                           timeout=60)
     return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+class TestExportToAFile:
+    def test_a_failed_export_leaves_no_temp_file(self, hb: Hb, state_dir: Path, tmp_path: Path) -> None:
+        """An export that fails midway (here: past the file size limit) says so in one line, exit 1, and
+        leaves neither the target nor a temp file in its directory."""
+        assert hb("new", "big", "--task", "t", "--step", "s", "--intent", "x" * 90_000).code == 0
+        out_dir = tmp_path / "out"
+        out_dir.mkdir()
+
+        def limit_file_size() -> None:  # Python ignores SIGXFSZ: the write fails with EFBIG instead
+            resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+
+        proc = subprocess.run([sys.executable, "-m", "heartbeat", "export", "--to", str(out_dir / "all.jsonl")],
+                              env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir)), capture_output=True, text=True,
+                              timeout=60, preexec_fn=limit_file_size)
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "too large" in proc.stderr, proc.stderr
+        assert list(out_dir.iterdir()) == []
+        assert hb("export", "--to", str(out_dir / "all.jsonl")).code == 0  # and without the limit, it lands
+        assert sorted(p.name for p in out_dir.iterdir()) == ["all.jsonl"]
+        assert stat.S_IMODE((out_dir / "all.jsonl").stat().st_mode) == 0o600
 
 
 class TestEdgesFoundUnderAttack:

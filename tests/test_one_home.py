@@ -81,3 +81,47 @@ class TestTimeoutsHaveOneHome:
     def test_the_scan(self, source: str, found: list[str]) -> None:
         """The scan finds module-level literal durations, not references to defaults or other numbers."""
         assert list(time_literals(ast.parse(source))) == found
+
+
+REPLACE_BY_HAND = {"heartbeat/launchers/shim.py"}
+"""Modules that rename a temp file over another by hand, beside safefile.py: the shim alone, which
+imports nothing from heartbeat (documented in safefile.py's docstring and docs/design.md)."""
+
+
+def renames(tree: ast.Module) -> Iterator[int]:
+    """Lines of ``os.replace``/``os.rename``/``os.renames`` calls and of ``from os import`` any of them."""
+    names = {"replace", "rename", "renames"}
+    for node in ast.walk(tree):
+        by_attribute = (isinstance(node, ast.Attribute) and node.attr in names and isinstance(node.value, ast.Name)
+                        and node.value.id == "os")
+        by_import = isinstance(node, ast.ImportFrom) and node.module == "os" and bool(
+            {alias.name for alias in node.names} & names)
+        if by_attribute or by_import:
+            yield node.lineno
+
+
+class TestWholeFileWritesHaveOneHome:
+    def test_no_rename_outside_safefile(self) -> None:
+        """No module but safefile.py (and the documented shim) renames a file into place by hand."""
+        found = [f"{name}:{line}" for name, tree in _sources()
+                 if name != "heartbeat/safefile.py" and name not in REPLACE_BY_HAND for line in renames(tree)]
+        assert not found, found
+
+    def test_the_exception_is_documented(self) -> None:
+        """Each hand-rolled writer left is named in safefile.py's docstring and in docs/design.md."""
+        from heartbeat import safefile
+
+        design = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+        for name in REPLACE_BY_HAND:
+            module = name.removesuffix(".py").replace("/", ".")
+            assert module in (safefile.__doc__ or ""), module
+            assert name in design, name
+        assert list(renames(ast.parse((ROOT / "heartbeat/launchers/shim.py").read_text()))), "the shim still renames"
+
+    @pytest.mark.parametrize(("source", "count"), [
+        ("os.replace(a, b)", 1), ("os.rename(a, b, src_dir_fd=d)", 1), ("from os import replace", 1),
+        ("s.replace('a', 'b')", 0), ("path.rename(x)", 0),
+    ])
+    def test_the_scan(self, source: str, count: int) -> None:
+        """The scan finds os's renames, not str.replace or anything else named so."""
+        assert len(list(renames(ast.parse(source)))) == count

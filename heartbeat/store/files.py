@@ -8,7 +8,7 @@ Layout under the state dir (created 0700; refused when others can write to it)::
     ledger.sqlite3       the ledger (WAL)
 
 A write is: temp file in ``batons/`` (named ``.<id>.toml.<pid>.<rand>.tmp``, which no
-reader looks at), fsync, ledger append, ``os.replace`` over the baton, fsync of the
+reader looks at), fsync, ledger append, rename over the baton, fsync of the
 directory. A crash at any instant leaves the old baton or the new one. Temp files
 orphaned by a killed writer are removed by :meth:`FileStore.scan` once their writer
 is gone.
@@ -43,7 +43,7 @@ from heartbeat.layout import StateLayout
 from heartbeat.ledger import Event, EventKind, Ledger, PendingWrite, SqliteLedger
 from heartbeat.pulse import apply_pulse
 from heartbeat.pulse import arm as _arm_pulse
-from heartbeat.safefile import check_not_special, open_parent, open_regular, write_file_atomic, write_temp
+from heartbeat.safefile import check_not_special, open_parent, open_regular, replace_temp, write_file_atomic, write_temp
 from heartbeat.store.base import (
     Edit,
     Entry,
@@ -442,7 +442,7 @@ class FileStore:
             # The event goes in before the rename: a baton on disk always has its event.
             write = PendingWrite(task_id, base, write_identity(baton))
             self.ledger.append(events, write=write)
-            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            replace_temp(dir_fd, tmp, name)
             tmp = ""
             self._dirty.add(task_id)
             try:
