@@ -4,11 +4,18 @@ An agent's touch is answered from its pulse (:mod:`heartbeat.pulse`), its set/ad
 daemon (:mod:`heartbeat.relay`), anything else by :mod:`heartbeat.cli`. Each is imported only
 when reached: this module is what every ``heartbeat`` call loads first, and an agent's touch
 must cost about one interpreter start.
+
+An agent's write that the CLI makes in this process (``touch``, ``set``, ``add``) runs with
+:mod:`inspect` deferred (:func:`_defer_inspect`): only this entry does that, only for those three
+commands, each a process that writes once and exits. Nothing that imports :mod:`heartbeat.cli`
+(the MCP server, the hooks, tests) sees it.
 """
 
 from __future__ import annotations
 
 __all__ = ["main"]
+
+_AGENT_WRITES = (["touch"], ["set"], ["add"])
 
 
 def main() -> int:
@@ -29,9 +36,35 @@ def main() -> int:
         code = forward(argv)
         if code is not None:
             return code
+    if argv[:1] in _AGENT_WRITES:
+        _defer_inspect()
     from heartbeat.cli import main as cli_main
 
     return cli_main()
+
+
+def _defer_inspect() -> None:
+    """Put a stand-in for :mod:`inspect` in ``sys.modules`` that imports it on first use.
+
+    :mod:`dataclasses` imports inspect (with ast, dis and tokenize: about an interpreter start) for
+    one call, made only for a class without a docstring, which an agent's write never makes.
+    importlib's LazyLoader would not do: it needs importlib.util, and the import system reads
+    ``__spec__`` from every module it finds in ``sys.modules``, which makes a lazy module load.
+    """
+    import sys
+    import types
+
+    class Deferred(types.ModuleType):
+        def __getattr__(self, attr: str) -> object:
+            if sys.modules.get(self.__name__) is self:
+                del sys.modules[self.__name__]
+            __import__(self.__name__)
+            module = sys.modules[self.__name__]
+            self.__dict__.update(module.__dict__)  # whoever bound the stand-in now reads the module's own names
+            return getattr(module, attr)
+
+    if "dataclasses" not in sys.modules and "inspect" not in sys.modules:
+        sys.modules["inspect"] = Deferred("inspect")
 
 
 if __name__ == "__main__":

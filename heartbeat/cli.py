@@ -16,32 +16,8 @@ from heartbeat.errors import EXIT_BAD_INPUT, EXIT_ERROR, BadInput, HeartbeatErro
 __all__ = ["main", "build_parser"]
 
 
-class _Deferred(types.ModuleType):
-    """Stands in for a module in ``sys.modules`` until one of its attributes is used, then imports it.
-
-    Unlike importlib's LazyLoader it survives a plain ``import``: the import system reads
-    ``__spec__`` from every module it finds in ``sys.modules``, which makes a lazy module load.
-    """
-
-    def __getattr__(self, attr: str) -> Any:
-        if sys.modules.get(self.__name__) is self:
-            del sys.modules[self.__name__]
-        __import__(self.__name__)
-        module = sys.modules[self.__name__]
-        self.__dict__.update(module.__dict__)  # whoever bound the stand-in now reads the module's own names
-        return getattr(module, attr)
-
-
 if TYPE_CHECKING:
-    import argparse
-else:
-    # argparse (with gettext and locale) costs an agent's write a few milliseconds it never
-    # uses: the hot writes are parsed without it (_hot_args).
-    argparse = _Deferred("argparse")
-    if "dataclasses" not in sys.modules and "inspect" not in sys.modules:
-        # dataclasses imports inspect (with ast, dis and tokenize: more than an interpreter start)
-        # for one call, made only for a class without a docstring: an agent's set or add never uses it.
-        sys.modules["inspect"] = _Deferred("inspect")
+    import argparse  # imported where used: argparse (with gettext) costs an agent's write more than it uses
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -688,14 +664,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     store = _store(args)
     try:
         if args.to and args.to != "-":
-            tmp = f"{args.to}.{os.getpid()}.tmp"
-            try:  # 0600: an export holds every baton
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-            except OSError as exc:
-                raise BadInput(f"{args.to}: cannot write: {exc.strerror}") from None
-            with open(fd, "w", encoding="utf-8") as out:
+            import io
+            from contextlib import ExitStack
+
+            from heartbeat.safefile import open_atomic
+
+            with ExitStack() as stack:
+                try:  # 0600: an export holds every baton
+                    raw = stack.enter_context(open_atomic(args.to, 0o600))
+                except OSError as exc:
+                    raise BadInput(f"{args.to}: cannot write: {exc.strerror}") from None
+                out = io.TextIOWrapper(raw, encoding="utf-8")
                 counts = write_export(store, out)
-            os.replace(tmp, args.to)
+                out.flush()
+                out.detach()  # open_atomic fsyncs, closes and renames the file it opened
         else:
             counts = write_export(store, sys.stdout)
     finally:
@@ -836,6 +818,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 @functools.cache
 def _parser_class() -> type[argparse.ArgumentParser]:
     # Made on first use, not at import: subclassing would load argparse on every call.
+    import argparse
+
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> Any:  # one line, exit 2, as every other bad input
             raise BadInput(f"{self.prog}: {message}")
@@ -850,13 +834,26 @@ class _Skipped:
         return lambda *args, **kwargs: self
 
 
+Argument = tuple[str, dict[str, Any]]
+"""One ``add_argument`` call as data: the name or flag, and its keyword arguments."""
+
+GLOBAL_OPTIONS: tuple[Argument, ...] = (
+    ("--config", {"help": "config file (else $HEARTBEAT_CONFIG, ./heartbeat.toml, /etc/heartbeat/)"}),
+    ("--state-dir", {"help": "state dir (else $HEARTBEAT_STATE_DIR, else the config's)"}),
+)
+"""The options before (or, hoisted, after) the command word."""
+
+_GLOBAL_FLAGS = tuple(name for name, _ in GLOBAL_OPTIONS)
+_GLOBAL_PREFIXES = tuple(f"{name}=" for name in _GLOBAL_FLAGS)
+
+
 def _command_in(argv: Sequence[str]) -> str | None:
     """The command word of ``argv`` (after the global options), or None when there is none."""
     args = iter(argv)
     for arg in args:
-        if arg in ("--config", "--state-dir"):
+        if arg in _GLOBAL_FLAGS:
             next(args, None)
-        elif arg.startswith(("--config=", "--state-dir=")):
+        elif arg.startswith(_GLOBAL_PREFIXES):
             continue
         elif arg.startswith("-"):
             return None
@@ -877,12 +874,12 @@ def _hoist_global_options(argv: Sequence[str]) -> list[str]:
             rest.append(arg)
             rest.extend(args)
             break
-        if arg in ("--config", "--state-dir"):
+        if arg in _GLOBAL_FLAGS:
             front.append(arg)
             value = next(args, None)
             if value is not None:
                 front.append(value)
-        elif arg.startswith(("--config=", "--state-dir=")):
+        elif arg.startswith(_GLOBAL_PREFIXES):
             front.append(arg)
         else:
             rest.append(arg)
@@ -891,6 +888,8 @@ def _hoist_global_options(argv: Sequence[str]) -> list[str]:
 
 def _int64(text: str) -> int:
     """An integer option: a number that fits the ledger's 64 bits, or one line and exit 2."""
+    import argparse
+
     try:
         value = int(text)
     except ValueError:
@@ -900,35 +899,72 @@ def _int64(text: str) -> int:
     return value
 
 
-def _hot_args(argv: Sequence[str]) -> Any:
-    """What the parser would return for the agent's hot calls, ``touch ID``, ``set ID F=V...``
-    and ``add ID FIELD V...`` written without any option, or None for anything else.
+_ID: Argument = ("id", {"help": "task id"})
+_EPOCH: Argument = ("--epoch", {"type": _int64, "help": "your epoch (else $HEARTBEAT_EPOCH); a superseded one is "
+                                "refused"})
+_EXPECT_REVISION: Argument = ("--expect-revision", {"type": _int64, "help": "refuse (exit 5) if the baton moved "
+                                                    "past this revision"})
 
-    Building argparse's parsers costs an agent more than its whole write; a call with any
-    option (or anything unusual) goes through the real parser. ``tests/test_cli.py`` checks
-    that both give the same namespace.
+AGENT_WRITES: dict[str, tuple[Callable[[argparse.Namespace], int], str, tuple[Argument, ...]]] = {
+    "set": (cmd_set, "set scalar fields", (_ID, ("pairs", {"nargs": "+", "metavar": "FIELD=VALUE"}), _EPOCH,
+                                           _EXPECT_REVISION)),
+    "add": (cmd_add, "append to a list field", (_ID, ("field", {}), ("values", {"nargs": "+", "metavar": "VALUE"}),
+                                                _EPOCH, _EXPECT_REVISION,
+                                                ("--check", {"help": "with `guarantees`: the [checks.NAME] proving "
+                                                             "it"}))),
+    "touch": (cmd_touch, "heartbeat: alive, still on this step", (_ID, _EPOCH)),
+}
+"""The commands an agent calls often, each as (function, help, arguments in order): build_parser
+declares them from here and :func:`_hot_args` reads them from here, so the two cannot disagree."""
+
+
+def _dest(argument: Argument) -> str:
+    """The attribute argparse stores ``argument`` under."""
+    name, options = argument
+    return str(options.get("dest") or name.lstrip("-").replace("-", "_"))
+
+
+def _hot_args(argv: Sequence[str]) -> Any:
+    """What the parser would return for an agent's :data:`AGENT_WRITES` call given without any
+    option (``touch ID``, ``set ID F=V...``, ``add ID FIELD V...``), or None for anything else.
+
+    Why a second reader beside argparse: importing argparse and building even one subparser costs
+    an agent more than its whole write (``scripts/bench_cli.py``). It reads only positionals, from
+    the declarations build_parser uses (a name, at most one ``nargs="+"`` last), and gives every
+    option its declared default; a call with any option, or anything it does not read, goes to
+    argparse. ``tests/test_cli.py`` checks that both give the same namespace, for any arguments.
     """
-    if len(argv) < 2 or any(arg.startswith("-") for arg in argv):
+    if not argv or argv[0] not in AGENT_WRITES or any(arg.startswith("-") for arg in argv):
         return None
-    command, rest = argv[0], list(argv[1:])
-    common = {"config": None, "state_dir": None, "command": command, "epoch": None, "id": rest[0]}
-    if command == "touch" and len(rest) == 1:
-        return types.SimpleNamespace(func=cmd_touch, **common)
-    if command == "set" and len(rest) >= 2:
-        return types.SimpleNamespace(func=cmd_set, pairs=rest[1:], expect_revision=None, **common)
-    if command == "add" and len(rest) >= 3:
-        return types.SimpleNamespace(func=cmd_add, field=rest[1], values=rest[2:], expect_revision=None, check=None,
-                                     **common)
-    return None
+    func, _, arguments = AGENT_WRITES[argv[0]]
+    values: dict[str, Any] = {_dest(option): option[1].get("default") for option in GLOBAL_OPTIONS}
+    values.update(command=argv[0], func=func)
+    rest = list(argv[1:])
+    for argument in (a for a in arguments if not a[0].startswith("-")):
+        options = argument[1]
+        if options.get("nargs") == "+":
+            if not rest:
+                return None
+            values[_dest(argument)], rest = rest, []
+        elif options.get("nargs") is not None or not rest:
+            return None  # a form this reader does not know (or a missing argument): argparse decides
+        else:
+            values[_dest(argument)] = rest.pop(0)
+    if rest:
+        return None
+    values.update((_dest(a), a[1].get("default")) for a in arguments if a[0].startswith("-"))
+    return types.SimpleNamespace(**values)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser; ``only`` builds just that command's subparser (argparse spends
     milliseconds per subparser, and an agent's ``touch`` should not pay for all of them)."""
+    import argparse
+
     parser_class = _parser_class()
     parser = parser_class(prog="heartbeat", description="Keep long-running agent work alive across seams.")
-    parser.add_argument("--config", help="config file (else $HEARTBEAT_CONFIG, ./heartbeat.toml, /etc/heartbeat/)")
-    parser.add_argument("--state-dir", help="state dir (else $HEARTBEAT_STATE_DIR, else the config's)")
+    for name, options in GLOBAL_OPTIONS:
+        parser.add_argument(name, **options)
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=parser_class)
 
@@ -939,9 +975,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
         p.set_defaults(func=func)
         if task:
-            p.add_argument("id", help="task id")
+            p.add_argument(_ID[0], **_ID[1])
         if write:
-            p.add_argument("--epoch", type=_int64, help="your epoch (else $HEARTBEAT_EPOCH); a superseded one is refused")
+            p.add_argument(_EPOCH[0], **_EPOCH[1])
         if json_:
             p.add_argument("--json", action="store_true", help="print one JSON document")
         return p
@@ -985,15 +1021,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                    "include this label dispatches the task (repeatable)")
 
     p = command("show", cmd_show, "print a baton", json_=True)
-    p = command("set", cmd_set, "set scalar fields", write=True)
-    p.add_argument("pairs", nargs="+", metavar="FIELD=VALUE")
-    p.add_argument("--expect-revision", type=_int64, help="refuse (exit 5) if the baton moved past this revision")
-    p = command("add", cmd_add, "append to a list field", write=True)
-    p.add_argument("field")
-    p.add_argument("values", nargs="+", metavar="VALUE")
-    p.add_argument("--expect-revision", type=_int64, help="refuse (exit 5) if the baton moved past this revision")
-    p.add_argument("--check", help="with `guarantees`: the [checks.NAME] proving it")
-    command("touch", cmd_touch, "heartbeat: alive, still on this step", write=True)
+    for name, (func, help_, arguments) in AGENT_WRITES.items():
+        p = command(name, func, help_, task=False)
+        for argument, options in arguments:
+            p.add_argument(argument, **options)
     p = command("claim", cmd_claim, "take the task for an agent the daemon did not start; prints the epoch")
     p.add_argument("--pid", type=_int64, help="the owner's pid (default: the caller's parent)")
     p.add_argument("--force", action="store_true", help="take it even from a live agent")

@@ -66,7 +66,9 @@ DEFAULT_LAUNCHER = "agent"
 """The launcher a baton uses when it names none."""
 
 STOP_GRACE = 10.0
-"""Seconds between SIGTERM and SIGKILL when stopping an agent."""
+"""Seconds between SIGTERM and SIGKILL when stopping an agent (a launcher's ``stop_grace``). The shim
+(:mod:`heartbeat.launchers.shim`, which imports nothing from heartbeat) holds a copy for a run
+without ``--grace``; a test pins them equal."""
 
 INACTIVE_GRACE = 5.0
 """Seconds an agent may keep running once its task is no longer active (a human blocked,
@@ -120,7 +122,7 @@ PG_RELAY_POOL connections, plus PG_POOL_SIZE for ``[http]`` (see docs/operating.
 
 PG_RELAY_WAIT = 30.0
 """Seconds a relayed write waits for one of the relay's PG_RELAY_POOL connections (less than the
-client's ``heartbeat.relay.REPLY_TIMEOUT``)."""
+client's :data:`RELAY_REPLY_TIMEOUT`)."""
 
 PG_REFUSED_WAIT = 300.0
 """Seconds an agent's own call (``$HEARTBEAT_EPOCH`` set; no daemon relayed it) waits, backing off,
@@ -262,6 +264,48 @@ GC_FIRST_DELAY_MAX = 300.0
 RELAY_MAX_CLIENTS = 16
 """Agents' writes the daemon's relay (:mod:`heartbeat.relay`) serves at once; one more writes by itself."""
 
+RELAY_GREETING_TIMEOUT = 2.0
+"""Seconds an agent's ``set``/``add`` waits to connect to the relay and be greeted before writing by itself."""
+
+RELAY_REPLY_TIMEOUT = 75.0
+"""Seconds an agent's relayed write waits for the daemon's answer (more than a write's lock wait, 30 s)."""
+
+RELAY_REQUEST_TIMEOUT = 5.0
+"""Seconds a greeted relay client has to send its request whole (a dribbling client holds no slot for long)."""
+
+RELAY_STOP_WAIT = 2.0
+"""Seconds a stopping daemon waits for the relayed writes under way."""
+
+RELAY_STOP_LISTEN = 0.5
+"""Seconds a stopping daemon still gives greeted relay clients for their request before closing on them."""
+
+RELAY_ACCEPT_RETRY = 0.1
+"""Seconds the relay pauses after a failed ``accept()`` (no descriptor left) before trying again."""
+
+PULSE_FUTURE_SKEW = 5.0
+"""Seconds a pulse's (or an agent log's) mtime may lie ahead of the reader's clock before it is
+ignored as forged. :mod:`heartbeat.pulse` holds a copy (it loads nothing else; a test pins them equal)."""
+
+SYSTEMD_QUERY_TIMEOUT = 2.0
+"""Seconds a ``systemctl is-active``/``show`` may take: liveness checks must not stall the daemon."""
+
+SYSTEMD_START_TIMEOUT = 30.0
+"""Seconds ``systemd-run`` may take to create and start an agent's unit."""
+
+SYSTEMD_STOP_MARGIN = 10.0
+"""Seconds beyond the unit's stop grace that ``systemctl stop`` may take before the daemon stops waiting."""
+
+SD_NOTIFY_TIMEOUT = 1.0
+"""Seconds an sd_notify message may block on a full socket queue before it is given up: the watchdog
+ping runs on the daemon's own threads, and a wedged service manager must not wedge the daemon with it
+(systemd notices the missing pings on its own)."""
+
+KILL_CONFIRM_WAIT = 2.0
+"""Seconds to wait after SIGKILL for the kernel to take an agent's processes away."""
+
+MAX_DURATION = 10 * 365 * 86400.0
+"""The longest duration a config or a command accepts (ten years: anything longer is a typo)."""
+
 WEB_MAX_CONNECTIONS = 32
 """Connections the status page holds open at once; one more is closed as it is accepted, so a flood
 of idle connections costs the daemon at most this many descriptors (its clock shares them)."""
@@ -269,6 +313,13 @@ of idle connections costs the daemon at most this many descriptors (its clock sh
 WEB_REQUEST_TIMEOUT = 10.0
 """Seconds a connection to the status page may take to send a request (from its accept, or from the
 previous response) before it is closed: an idle or trickling client cannot keep its descriptor."""
+
+WEB_REFRESH_SECONDS = 15
+"""How often an open status page refreshes itself (a fetch of the same URL, when the tab is visible)."""
+
+WEB_REPORT_CACHE_SECONDS = 30.0
+"""The handoff report replays the whole ledger: the status page's ``/report`` rebuilds it at most this
+often (and does not refresh itself)."""
 
 WEB_BACKLOG = 16
 """The status page's listen backlog: connections the kernel queues (holding none of the daemon's

@@ -26,6 +26,7 @@ from typing import Any
 
 from heartbeat.errors import HeartbeatError
 from heartbeat.layout import StateLayout
+from heartbeat.ledger import EventKind
 
 __all__ = ["run_demo"]
 
@@ -279,7 +280,7 @@ def _redone_steps(demo: _Demo) -> list[str]:
     events = json.loads(demo.hb("log", "fix-fallback", "--json"))["events"]
     started: dict[str, int] = {}
     for e in events:
-        if e["kind"] == "updated" and "step" in e["data"].get("changed", []):
+        if e["kind"] == EventKind.UPDATED and "step" in e["data"].get("changed", []):
             step = e["data"].get("step", "")
             started[step] = started.get(step, 0) + 1
     return [s for s, n in started.items() if n > 1]

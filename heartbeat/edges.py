@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from heartbeat.ledger import Event
+from heartbeat.ledger import Event, EventKind
 
 if TYPE_CHECKING:
     from heartbeat.store.base import Store
@@ -103,7 +103,7 @@ def _table(rows: list[tuple[str, dict[str, Any]]], title: str) -> list[str]:
 
 
 def _progress(e: Event) -> bool:
-    return e.kind == "done" or (e.kind == "updated" and ("step" in e.data or "done" in e.data))
+    return e.kind == EventKind.DONE or (e.kind == EventKind.UPDATED and ("step" in e.data or "done" in e.data))
 
 
 def build_edges(store: Store, *, since: datetime | None = None) -> EdgeReport:
@@ -128,7 +128,7 @@ def build_edges(store: Store, *, since: datetime | None = None) -> EdgeReport:
             for e in of(upstream):
                 if not within(e):
                     continue
-                if e.kind == "handed_off":
+                if e.kind == EventKind.HANDED_OFF:
                     p.counts["handoffs"] += 1
                     missing = [m for m in e.data.get("missing") or [] if isinstance(m, str)]
                     if missing:
@@ -137,16 +137,16 @@ def build_edges(store: Store, *, since: datetime | None = None) -> EdgeReport:
                     after = [t for t in progress if t > e.ts]
                     if after:
                         p.waits.append((after[0] - e.ts).total_seconds())
-                elif e.kind == "guarantee_failed":
+                elif e.kind == EventKind.GUARANTEE_FAILED:
                     p.counts["guarantee_failed"] += 1
-                elif e.kind == "reopened" and e.data.get("by") == downstream:
+                elif e.kind == EventKind.REOPENED and e.data.get("by") == downstream:
                     p.counts["reopens"] += 1
             for e in down:
                 if not within(e):
                     continue
-                if e.kind == "rederived":
+                if e.kind == EventKind.REDERIVED:
                     p.counts["rederived"] += len(e.data.get("items") or [])
-                elif e.kind == "guarantee_broken" and e.data.get("upstream") == upstream:
+                elif e.kind == EventKind.GUARANTEE_BROKEN and e.data.get("upstream") == upstream:
                     p.counts["broken"] += len(e.data.get("broken") or [])
             profiles.append(p)
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from heartbeat.baton import Baton, Gate, GateKind, Status
 from heartbeat.errors import BadInput, GuaranteeFailed, HeartbeatError
+from heartbeat.ledger import EventKind
 
 if TYPE_CHECKING:
     from heartbeat.config import CommandConfig
@@ -50,7 +51,7 @@ __all__ = [
 PACKAGE_PARTS = ("intent", "constraints", "decisions", "rejected", "unknowns", "handoff", "key_files", "guarantees")
 """What a package holds; each one empty at the upstream's ``done`` is named as missing."""
 
-HANDED_OFF = "handed_off"
+HANDED_OFF = EventKind.HANDED_OFF
 
 
 def after_gate(upstreams: Sequence[str]) -> Gate:
@@ -261,7 +262,7 @@ def require_guarantees(store: Store, baton: Baton, checks: Mapping[str, CommandC
     from heartbeat.timeparse import utcnow
 
     data = [r.to_json() for r in failed]
-    store.record([Event(task=baton.id, kind="guarantee_failed", ts=utcnow(), epoch=baton.meta.epoch,
+    store.record([Event(task=baton.id, kind=EventKind.GUARANTEE_FAILED, ts=utcnow(), epoch=baton.meta.epoch,
                         revision=baton.meta.revision, actor=actor, data={"failed": data})])
     raise GuaranteeFailed(f"cannot mark done: {describe_failed(data)}", task=baton.id)
 
@@ -277,7 +278,7 @@ def describe_failed(failed: Sequence[Mapping[str, Any]]) -> str:
 
 def refused_done(store: Store, task_id: str, epoch: int) -> str:
     """What the latest ``done`` refused in ``epoch`` said (:func:`describe_failed`), or "" when none was."""
-    events = [e for e in store.ledger.events(task_id, kinds=["guarantee_failed"]) if e.epoch == epoch]
+    events = [e for e in store.ledger.events(task_id, kinds=[EventKind.GUARANTEE_FAILED]) if e.epoch == epoch]
     if not events:
         return ""
     failed = [f for f in events[-1].data.get("failed") or [] if isinstance(f, dict)]

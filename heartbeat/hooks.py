@@ -56,6 +56,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 from heartbeat import defaults
 from heartbeat.errors import BadInput, HeartbeatError
+from heartbeat.ledger import EventKind
+from heartbeat.safefile import write_file_atomic
 
 if TYPE_CHECKING:
     from heartbeat.baton import Baton
@@ -86,11 +88,13 @@ HOOK_EVENTS = ("SessionStart", "PreCompact", "Stop", "SessionEnd")
 HOOK_AGENTS = ("claude", "codex")
 """The agent CLIs ``heartbeat hook`` serves."""
 
-SEAM_KINDS = ("session_started", "compacting", "stop_blocked", "stop_allowed", "session_ended")
+SEAM_KINDS = (EventKind.SESSION_STARTED, EventKind.COMPACTING, EventKind.STOP_BLOCKED, EventKind.STOP_ALLOWED,
+              EventKind.SESSION_ENDED)
 """The ledger event kinds the hook records."""
 
-_MARK_KINDS = ("session_started", "stop_blocked", "stop_allowed", "session_ended")
-_NOTE_KINDS = ("updated", "done", "failed", "blocked", "snoozed", "created")
+_MARK_KINDS = (EventKind.SESSION_STARTED, EventKind.STOP_BLOCKED, EventKind.STOP_ALLOWED, EventKind.SESSION_ENDED)
+_NOTE_KINDS = (EventKind.UPDATED, EventKind.DONE, EventKind.FAILED, EventKind.BLOCKED, EventKind.SNOOZED,
+               EventKind.CREATED)
 _ACTOR = "hook"
 _AGENTS_BEGIN = "<!-- heartbeat:begin (written by `heartbeat hooks install codex`; remove with uninstall) -->"
 _AGENTS_END = "<!-- heartbeat:end -->"
@@ -166,7 +170,7 @@ def _epoch(baton: Baton, env: Mapping[str, str]) -> int:
 def _last_note_write(events: Sequence[Event]) -> datetime | None:
     """When the note was last written by anyone but the daemon (a content write or a status verb)."""
     for e in reversed(events):
-        if e.kind in _NOTE_KINDS and e.actor != "daemon" and (e.kind != "updated" or e.data.get("changed")):
+        if e.kind in _NOTE_KINDS and e.actor != "daemon" and (e.kind != EventKind.UPDATED or e.data.get("changed")):
             return e.ts
     return None
 
@@ -223,13 +227,13 @@ def handle_event(
     session_id = _str(event, "session_id")
     epoch = _epoch(baton, env)
 
-    def record(kind: str, **data: Any) -> None:
+    def record(kind: EventKind, **data: Any) -> None:
         store.record([Event(task=baton.id, kind=kind, ts=now, epoch=epoch, revision=baton.meta.revision,
                             actor=_ACTOR, data={"session_id": session_id, **data})])
 
     if name == "SessionStart":
         source = _str(event, "source") or "startup"
-        record("session_started", source=source)
+        record(EventKind.SESSION_STARTED, source=source)
         context = session_context(baton, source, env, max_attempts=max_attempts, epoch=epoch, now=now,
                                   prefix=command_prefix(state_dir_arg, config_arg))
         out = {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": context}}
@@ -239,35 +243,35 @@ def handle_event(
     if name == "PreCompact":
         written = last_write or baton.meta.updated_at or baton.meta.created_at
         age = round(max(0.0, (now - written).total_seconds()), 3) if written else None
-        record("compacting", trigger=_str(event, "trigger") or "auto", note_age_s=age,
+        record(EventKind.COMPACTING, trigger=_str(event, "trigger") or "auto", note_age_s=age,
                fresh=age is not None and age <= hooks.fresh_within, fresh_within_s=hooks.fresh_within)
         return HookResult()
     if name == "SessionEnd":
-        record("session_ended", reason=_str(event, "reason") or "other")
+        record(EventKind.SESSION_ENDED, reason=_str(event, "reason") or "other")
         return HookResult()
     # Stop
     if not _bound(baton, env):
         return HookResult()  # a person's own session in the workdir is never held up
     if event.get("stop_hook_active") is True:
-        record("stop_allowed", why="stop_hook_active")
+        record(EventKind.STOP_ALLOWED, why="stop_hook_active")
         return HookResult()
     if baton.meta.status is not Status.ACTIVE or epoch < baton.meta.epoch:
         return HookResult()
     mine = _session_marks(events, session_id)
-    since = mine[-1].ts if mine and mine[-1].kind != "session_ended" else None
-    blocked = sum(1 for e in mine if e.kind == "stop_blocked")
+    since = mine[-1].ts if mine and mine[-1].kind != EventKind.SESSION_ENDED else None
+    blocked = sum(1 for e in mine if e.kind == EventKind.STOP_BLOCKED)
     stale = since is not None and (last_write is None or last_write < since)
     if not stale or blocked >= hooks.max_stop_blocks:
-        record("stop_allowed", why="note written" if not stale else f"{blocked} block(s) in this session")
+        record(EventKind.STOP_ALLOWED, why="note written" if not stale else f"{blocked} block(s) in this session")
         return HookResult()
     hb = command_prefix(state_dir_arg, config_arg)
     reason = (f"heartbeat: the state note of task {baton.id!r} has not been written since this session "
-              f"{'started' if mine[-1].kind == 'session_started' else 'last stopped'}. Before you stop, write it so "
+              f"{'started' if mine[-1].kind == EventKind.SESSION_STARTED else 'last stopped'}. Before you stop, write it so "
               f"the next session (after a compaction, a crash or a handoff) can continue: run "
               f"`{hb} set {baton.id} step=\"<where you are now>\" next_step=\"<what comes next>\"` and "
               f"`{hb} add {baton.id} done \"<what you finished>\"` (or `{hb} done {baton.id}` if the task is "
               "finished), then stop.")
-    record("stop_blocked", note_age_s=round((now - last_write).total_seconds(), 3) if last_write else None)
+    record(EventKind.STOP_BLOCKED, note_age_s=round((now - last_write).total_seconds(), 3) if last_write else None)
     return HookResult(json.dumps({"decision": "block", "reason": reason}, ensure_ascii=False) + "\n")
 
 
@@ -569,30 +573,15 @@ def _load_json(path: str, what: str) -> dict[str, Any]:
 
 
 def _write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` (through a symlink, to its target) by rename, keeping its mode."""
-    import tempfile
-
+    """Write ``text`` to ``path`` (through a symlink, to its target: a settings file kept in a dotfiles
+    repository stays one) by rename, keeping its mode (0644 for a new file)."""
     target = os.path.realpath(path)
-    directory = os.path.dirname(target)
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
     try:
         mode = os.stat(target).st_mode & 0o777
     except FileNotFoundError:
         mode = 0o644
-    fd, tmp = tempfile.mkstemp(prefix=".heartbeat-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    write_file_atomic(target, text.encode("utf-8"), mode)
 
 
 def _hooks_table(doc: dict[str, Any], path: str) -> dict[str, Any]:

@@ -389,7 +389,7 @@ class SqliteLedger:
         """Insert one event (True), or merge a touch into the previous one (False)."""
         ts = event.ts.timestamp()
         data = json.dumps(event.data, ensure_ascii=False, default=str, sort_keys=True)
-        if event.kind == "touched":
+        if event.kind == EventKind.TOUCHED:
             row = conn.execute(
                 "SELECT id, kind, ts FROM events WHERE task = ? ORDER BY id DESC LIMIT 1", (event.task,)
             ).fetchone()
@@ -507,9 +507,9 @@ class MemoryLedger:
             for event in events:
                 last = next((e for e in reversed(self._events) if e.task == event.task), None)
                 if (
-                    event.kind == "touched"
+                    event.kind == EventKind.TOUCHED
                     and last is not None
-                    and last.kind == "touched"
+                    and last.kind == EventKind.TOUCHED
                     and _minute(last.ts.timestamp()) == _minute(event.ts.timestamp())
                 ):
                     event.id = last.id

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from heartbeat import defaults
 from heartbeat.baton import Owner
 from heartbeat.launchers.shim import group_members
 
@@ -21,7 +22,7 @@ __all__ = ["identify", "is_alive", "note_boot_time", "output_at", "process_age",
            "stop_process_group"]
 
 _CREATE_TIME_SLACK = 0.05  # psutil's create_time is derived from jiffies: allow rounding
-_OUTPUT_FUTURE_SKEW = 5.0
+_OUTPUT_FUTURE_SKEW = defaults.PULSE_FUTURE_SKEW
 """Seconds an output log's mtime may lie ahead of the reader's clock before it is ignored as forged."""
 
 _BOOT_TIMES: set[float] = set()
@@ -133,9 +134,6 @@ def is_alive(owner: Owner | None, *, host: str | None = None) -> bool:
         return True
     return same_start(found[1], owner.create_time)
 
-
-_CONFIRM_AFTER_KILL = 2.0
-"""Seconds to wait after SIGKILL for the kernel to take the processes away."""
 
 
 def _matches(pid: int, create_time: float | None) -> bool:
@@ -255,4 +253,4 @@ def stop_process_group(
     if _wait_gone(targets, grace, on_poll):
         return True
     _signal(targets, pgid, signal.SIGKILL)
-    return _wait_gone(targets, _CONFIRM_AFTER_KILL, on_poll)
+    return _wait_gone(targets, defaults.KILL_CONFIRM_WAIT, on_poll)

@@ -266,17 +266,18 @@ class HeartbeatCollector:
         stalls = CounterMetricFamily("heartbeat_stalls", "Tasks found stalled, by why (ledger: stalled).",
                                      labels=["scope", "why"])
         counted = self._monotonic(_count_events(self.store.ledger))
-        for family, kind in ((dispatches, "dispatched"), (exits, "exited"), (stalls, "stalled")):
+        for family, kind in ((dispatches, EventKind.DISPATCHED), (exits, EventKind.EXITED),
+                             (stalls, EventKind.STALLED)):
             for label, n in sorted(counted[kind].items()):
                 family.add_metric(["store", label], n)
             yield family
         for name, kind, doc in (
-            ("heartbeat_escalations", "escalated", "Tasks escalated to a human (ledger: escalated)."),
-            ("heartbeat_bypasses", "bypass", "Blocks dropped by a hand edit of the baton (ledger: bypass)."),
-            ("heartbeat_spinning", "spinning", "Agents found alive but not moving the step (ledger: spinning)."),
-            ("heartbeat_compactions", "compacting",
+            ("heartbeat_escalations", EventKind.ESCALATED, "Tasks escalated to a human (ledger: escalated)."),
+            ("heartbeat_bypasses", EventKind.BYPASS, "Blocks dropped by a hand edit of the baton (ledger: bypass)."),
+            ("heartbeat_spinning", EventKind.SPINNING, "Agents found alive but not moving the step (ledger: spinning)."),
+            ("heartbeat_compactions", EventKind.COMPACTING,
              "Context compactions inside live agent sessions (ledger: compacting, from the agents' hooks)."),
-            ("heartbeat_guarantee_failures", "guarantee_failed",
+            ("heartbeat_guarantee_failures", EventKind.GUARANTEE_FAILED,
              "`done` refused because a checked guarantee of the task failed (ledger: guarantee_failed)."),
         ):
             yield _one(CounterMetricFamily(name, doc, labels=STORE_LABELS), ["store"], sum(counted[kind].values()))

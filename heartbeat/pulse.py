@@ -50,7 +50,7 @@ PULSE_SUFFIX = ".pulse"
 MAGIC = b"heartbeat-pulse 1 "
 """The pulse's first line starts so; then ``<epoch> <fold_by>`` (Unix seconds) and a newline."""
 
-FUTURE_SKEW = 5.0
+FUTURE_SKEW = 5.0  # defaults.PULSE_FUTURE_SKEW, without loading defaults (tests pin them equal)
 """Seconds a pulse's mtime may lie ahead of the reader's clock before it is ignored as forged."""
 
 MAX_BATON_BYTES = 1024 * 1024  # defaults.MAX_BATON_BYTES, without loading defaults (tests pin them equal)
@@ -140,33 +140,18 @@ def arm(state_dir: str, task_id: str, epoch: int, baton_bytes: bytes, touched: f
     or FIFO on the way, a full disk, anything unusual leaves no pulse (every touch then takes
     the slow way) and returns False."""
     from heartbeat.errors import UnsafePath
-    from heartbeat.safefile import open_dir
+    from heartbeat.safefile import open_dir, write_atomic
 
     try:
         task_dir = open_dir(state_dir, "logs", task_id)
     except (UnsafePath, OSError):
         return False
-    name = pulse_name(epoch)
-    tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     data = MAGIC + f"{int(epoch)} {fold_by!r}\n".encode() + baton_bytes
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                     dir_fd=task_dir)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.utime(fd, (touched, touched))
-        finally:
-            os.close(fd)
         # No fsync: a pulse lost to a crash costs one slow touch, never a wrong answer.
-        os.replace(tmp, name, src_dir_fd=task_dir, dst_dir_fd=task_dir)
+        write_atomic(task_dir, pulse_name(epoch), data, 0o600, fsync=False, mtime=touched)
         return True
     except OSError:
-        try:
-            os.unlink(tmp, dir_fd=task_dir)
-        except OSError:
-            pass
         return False
     finally:
         os.close(task_dir)

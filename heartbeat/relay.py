@@ -30,24 +30,26 @@ its own; its rare ones (``verify``, ``snooze``, ``block``, any call with an opti
 
 **Nothing is written twice.** Until the greeting has arrived nothing has been sent, so
 any failure before it (no socket, no daemon, a stopped or saturated one: no greeting
-within :data:`GREETING_TIMEOUT`) runs the command in the caller's process as before. After
+within ``defaults.RELAY_GREETING_TIMEOUT``) runs the command in the caller's process as before. After
 the greeting the daemon may have written: a lost answer is then an error (exit 1) that says
 so, never a second write. The daemon acts only on a request whose every byte arrived.
 
-This module imports only ``os`` and the ``_socket`` C module at load (``socket`` loads
-``enum``): it is what the ``heartbeat`` command runs before the CLI.
+This module imports only ``os``, :mod:`heartbeat.defaults` (constants) and the ``_socket`` C module
+at load (``socket`` loads ``enum``): it is what the ``heartbeat`` command runs before the CLI.
 """
 
 from __future__ import annotations
 
 import os
 
+from heartbeat import defaults
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import _socket
     from collections.abc import Mapping
 
-__all__ = ["DECLINED_REPLY", "GREETING", "GREETING_TIMEOUT", "MAX_REQUEST", "REPLY_TIMEOUT", "SOCKET_NAME", "encode_request",
+__all__ = ["DECLINED_REPLY", "GREETING", "MAX_REQUEST", "SOCKET_NAME", "encode_request",
            "decode_request", "forward", "greeting", "relayable", "store_id"]
 
 SOCKET_NAME = "daemon.sock"
@@ -62,12 +64,6 @@ GREETING_2 = b"heartbeat-relay 2 "
 DECLINED_REPLY = b"declined\n"
 """A version-2 answer that says the daemon wrote nothing and the client must run the command itself
 (a ``done`` whose guarantees have checks: they run in the agent's process, as without a daemon)."""
-
-GREETING_TIMEOUT = 2.0
-"""Seconds the client waits to connect and be greeted before writing by itself instead."""
-
-REPLY_TIMEOUT = 75.0
-"""Seconds the client waits for the daemon's answer (more than a write's lock wait, 30 s)."""
 
 MAX_REQUEST = (1024 + 64) * 1024
 """The longest request the daemon reads, in bytes: a baton may be at most 1 MiB
@@ -173,7 +169,7 @@ def forward(argv: list[str], environ: Mapping[str, str] | None = None) -> int | 
 def _exchange(sock: _socket.socket, path: str, argv: list[str], request: bytes, expected: bytes) -> int | None:
     """Greeting, request and answer over ``sock``; see :func:`forward`. A greeting other than
     ``expected`` (another version, another database) gets nothing sent: the caller writes itself."""
-    sock.settimeout(GREETING_TIMEOUT)
+    sock.settimeout(defaults.RELAY_GREETING_TIMEOUT)
     try:
         sock.connect(path)
         said = _read_line(sock, len(expected))
@@ -183,7 +179,7 @@ def _exchange(sock: _socket.socket, path: str, argv: list[str], request: bytes, 
         return None
     # From here on the daemon may write: never fall back to a write of our own.
     try:
-        sock.settimeout(REPLY_TIMEOUT)
+        sock.settimeout(defaults.RELAY_REPLY_TIMEOUT)
         sock.sendall(request)
         reply = _read_all(sock, MAX_REQUEST + 65536)  # a message may echo the arguments, as the CLI prints it
         if reply == DECLINED_REPLY:

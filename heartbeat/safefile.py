@@ -13,12 +13,19 @@ goes through this module:
 - :func:`open_dir` walks a directory below a trusted root one component at a time with
   ``O_DIRECTORY | O_NOFOLLOW`` relative to the previous one, creating missing ones 0700,
   so a symlinked ``logs`` or ``logs/<id>`` is refused *before* anything is written;
-- :func:`write_temp`, :func:`write_atomic` and :func:`write_file_atomic` are the one way
-  heartbeat writes a file whole: a fresh temp file (exclusive, never through a link, exact
-  mode), fsync, rename, optionally a directory fsync, all relative to one directory
-  descriptor; no temp file outlives a failed write.
+- :func:`write_temp`, :func:`replace_temp`, :func:`write_atomic`, :func:`write_file_atomic` and
+  :func:`open_atomic` are the one way heartbeat writes a file whole: a fresh temp file
+  (exclusive, never through a link, exact mode), fsync, rename, optionally a directory fsync,
+  all relative to one directory descriptor; no temp file outlives a failed write.
 
 Every refusal is an :class:`~heartbeat.errors.UnsafePath` whose one line names the file.
+
+**The one exception** to "every whole-file write goes through here" is the launcher shim
+(:mod:`heartbeat.launchers.shim`): it runs as a plain script that imports nothing from heartbeat
+(the agent's ``PYTHONPATH`` must not reach it), so it writes its exit file with the same steps by
+hand (exclusive no-follow temp file relative to its held log directory, fsync, rename, directory
+fsync, the temp removed on failure). ``tests/test_one_home.py`` fails on any other ``os.replace``
+or ``os.rename`` outside this module.
 """
 
 from __future__ import annotations
@@ -27,12 +34,14 @@ import errno
 import fcntl
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import BinaryIO
 
 from heartbeat.errors import UnsafePath
 
 __all__ = ["NOFOLLOW_READ", "open_regular", "read_regular", "check_not_special", "open_dir", "write_temp",
-           "write_atomic", "write_file_atomic", "open_parent", "fsync_dir", "kind_of"]
+           "replace_temp", "write_atomic", "write_file_atomic", "open_atomic", "open_parent", "fsync_dir", "kind_of"]
 
 NOFOLLOW_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 """The flags of a read that neither waits for a FIFO's writer nor follows a planted link."""
@@ -159,25 +168,39 @@ def open_dir(root: str, *parts: str, create: bool = True) -> int:
     return fd
 
 
-def write_temp(dir_fd: int, name: str, data: bytes | Iterable[bytes], mode: int = 0o600, *,
-               fsync: bool = True) -> str:
-    """Write ``data`` (bytes, or chunks of it) to a fresh temp file beside ``name`` in the directory
-    ``dir_fd`` and return the temp file's name (relative to ``dir_fd``), for the caller to rename.
-
-    The temp file is ``.<name>.<pid>.<random>.tmp``: created exclusively (``O_EXCL``, never a
-    file someone planted at the name, never through a link), given exactly ``mode`` (whatever
-    the umask), written in full and fsynced (unless ``fsync`` is False: a report rewritten every
-    few seconds). It is removed again when any step fails.
-    """
+def _create_temp(dir_fd: int, name: str, mode: int) -> tuple[str, int]:
+    """A fresh ``.<name>.<pid>.<random>.tmp`` in ``dir_fd`` and its descriptor, created exclusively
+    (``O_EXCL``, never a file someone planted at the name, never through a link) with exactly ``mode``."""
     tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
     try:
+        os.fchmod(fd, mode)  # whatever the umask
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(tmp, dir_fd)
+        raise
+    return tmp, fd
+
+
+def write_temp(dir_fd: int, name: str, data: bytes | Iterable[bytes], mode: int = 0o600, *,
+               fsync: bool = True, mtime: float | None = None) -> str:
+    """Write ``data`` (bytes, or chunks of it) to a fresh temp file beside ``name`` in the directory
+    ``dir_fd`` and return the temp file's name (relative to ``dir_fd``), for :func:`replace_temp`.
+
+    The temp file is ``.<name>.<pid>.<random>.tmp``: created exclusively (``O_EXCL``, never a
+    file someone planted at the name, never through a link), given exactly ``mode`` (whatever
+    the umask), written in full, its times set to ``mtime`` when given, and fsynced (unless
+    ``fsync`` is False: a report rewritten every few seconds). It is removed again when any step fails.
+    """
+    tmp, fd = _create_temp(dir_fd, name, mode)
+    try:
         try:
-            os.fchmod(fd, mode)
             for chunk in (data,) if isinstance(data, bytes) else data:
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(fd, view):]
+            if mtime is not None:
+                os.utime(fd, (mtime, mtime))
             if fsync:
                 os.fsync(fd)
         finally:
@@ -188,19 +211,48 @@ def write_temp(dir_fd: int, name: str, data: bytes | Iterable[bytes], mode: int 
     return tmp
 
 
-def write_atomic(dir_fd: int, name: str, data: bytes | Iterable[bytes], mode: int = 0o600, *,
-                 fsync: bool = True, fsync_dir: bool = False) -> None:
-    """Write ``data`` to ``name`` in the directory ``dir_fd``: :func:`write_temp`, then rename over
-    ``name`` (a reader sees the old file or the new one), then fsync the directory when
-    ``fsync_dir`` (the rename itself survives a crash). No temp file outlives a failed write."""
-    tmp = write_temp(dir_fd, name, data, mode, fsync=fsync)
+def replace_temp(dir_fd: int, tmp: str, name: str) -> None:
+    """Rename the temp file ``tmp`` (from :func:`write_temp`) over ``name`` in the directory
+    ``dir_fd``: a reader sees the old file or the new one. On failure the temp file is removed."""
     try:
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         _unlink_quietly(tmp, dir_fd)
         raise
+
+
+def write_atomic(dir_fd: int, name: str, data: bytes | Iterable[bytes], mode: int = 0o600, *,
+                 fsync: bool = True, fsync_dir: bool = False, mtime: float | None = None) -> None:
+    """Write ``data`` to ``name`` in the directory ``dir_fd``: :func:`write_temp`, then rename over
+    ``name`` (a reader sees the old file or the new one), then fsync the directory when
+    ``fsync_dir`` (the rename itself survives a crash). No temp file outlives a failed write."""
+    replace_temp(dir_fd, write_temp(dir_fd, name, data, mode, fsync=fsync, mtime=mtime), name)
     if fsync_dir:
         os.fsync(dir_fd)
+
+
+@contextmanager
+def open_atomic(path: str, mode: int = 0o600, *, fsync_dir: bool = False) -> Iterator[BinaryIO]:
+    """A binary file to stream into that replaces ``path`` whole when the ``with`` block ends
+    normally (fsynced first); when the block raises, ``path`` is untouched and the temp file gone.
+    For output too large to hold in memory (an export); everything else uses :func:`write_file_atomic`."""
+    dir_fd = open_parent(path)
+    try:
+        name = os.path.basename(path)
+        tmp, fd = _create_temp(dir_fd, name, mode)
+        try:
+            with open(fd, "wb") as out:
+                yield out
+                out.flush()
+                os.fsync(out.fileno())
+        except BaseException:
+            _unlink_quietly(tmp, dir_fd)
+            raise
+        replace_temp(dir_fd, tmp, name)
+        if fsync_dir:
+            os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def write_file_atomic(path: str, data: bytes | Iterable[bytes], mode: int = 0o600, *,

@@ -33,7 +33,7 @@ from datetime import datetime
 from typing import Any
 
 from heartbeat import defaults
-from heartbeat.ledger import Event
+from heartbeat.ledger import Event, EventKind
 
 __all__ = ["SEAM_KEYS", "seam_metrics", "seam_totals", "render_seams"]
 
@@ -97,28 +97,29 @@ def seam_metrics(events: Iterable[Event], *, since: datetime | None = None,
     resume_of: dict[int, bool] = {}  # epoch -> the agent holding it is a resume (a start after the first)
     for e in events:
         data = e.data if isinstance(e.data, dict) else {}
-        if e.kind in ("dispatched", "claimed") or (e.kind == "created" and e.epoch > 0):
-            same = e.kind == "claimed" and data.get("pid") is not None and data.get("pid") == data.get("previous_pid")
+        if e.kind in (EventKind.DISPATCHED, EventKind.CLAIMED) or (e.kind == EventKind.CREATED and e.epoch > 0):
+            same = (e.kind == EventKind.CLAIMED and data.get("pid") is not None
+                    and data.get("pid") == data.get("previous_pid"))
             if not same:
                 starts += 1
             resume_of[e.epoch] = starts > 1  # the same process claiming again keeps its standing
         if since is not None and e.ts < since:
             continue
-        if e.kind == "session_started":
+        if e.kind == EventKind.SESSION_STARTED:
             source = str(data.get("source") or "startup")
             m["session_starts"][source] = m["session_starts"].get(source, 0) + 1
-        elif e.kind == "compacting":
+        elif e.kind == EventKind.COMPACTING:
             m["compactions"] += 1
             fresh = data.get("fresh")
             if not isinstance(fresh, bool):
                 age = _number(data.get("note_age_s"))
                 fresh = age is not None and age <= fresh_within
             m["compactions_fresh" if fresh else "compactions_stale"] += 1
-        elif e.kind == "stop_blocked":
+        elif e.kind == EventKind.STOP_BLOCKED:
             m["stop_blocks"] += 1
-        elif e.kind == "session_ended":
+        elif e.kind == EventKind.SESSION_ENDED:
             m["sessions_ended"] += 1
-        elif e.kind == "exited":
+        elif e.kind == EventKind.EXITED:
             # The presets record ``cost_usd`` and ``*_tokens`` at the top level; a launcher of
             # its own may pass Claude's own ``total_cost_usd`` and ``usage`` through.
             cost = _number(data.get("cost_usd", data.get("total_cost_usd")))

@@ -17,6 +17,8 @@ import os
 import socket
 from collections.abc import Mapping
 
+from heartbeat import defaults
+
 __all__ = [
     "PLUMBING_ENV",
     "STATUS_ORDER",
@@ -39,13 +41,6 @@ PLUMBING_ENV: tuple[str, ...] = (
 STATUS_ORDER: tuple[str, ...] = ("active", "blocked", "snoozed", "paused", "escalated", "failed", "done", "invalid")
 """The order states appear in ``STATUS=``: what needs attention first, finished work last."""
 
-_SEND_TIMEOUT = 1.0
-"""Seconds a notification may block on a full socket queue before it is given up.
-
-The watchdog ping runs on the daemon's own threads; a wedged service manager must not
-wedge the daemon with it (systemd will notice the missing pings on its own)."""
-
-
 def notify(*states: str, env: Mapping[str, str] = os.environ) -> bool:
     """Send ``states`` (e.g. ``"READY=1"``, ``"STATUS=..."``) to ``$NOTIFY_SOCKET``.
 
@@ -67,7 +62,7 @@ def notify(*states: str, env: Mapping[str, str] = os.environ) -> bool:
     payload = "\n".join(state.replace("\n", " ") for state in states).encode()
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-            sock.settimeout(_SEND_TIMEOUT)
+            sock.settimeout(defaults.SD_NOTIFY_TIMEOUT)
             sock.connect(target)
             sock.send(payload)
     except (OSError, ValueError):

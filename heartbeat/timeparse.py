@@ -10,13 +10,13 @@ import math
 import re
 from datetime import UTC, datetime, timedelta
 
+from heartbeat import defaults
 from heartbeat.errors import BadInput
 
 __all__ = ["parse_duration", "parse_instant", "format_duration", "utcnow", "to_utc"]
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_MAX_SECONDS = 10 * 365 * 86400.0  # ten years: anything longer is a typo
 
 
 def parse_duration(value: object, *, field: str | None = None) -> float:
@@ -48,7 +48,7 @@ def parse_duration(value: object, *, field: str | None = None) -> float:
                 ) from None
     else:
         raise BadInput(f"expected a duration, got {type(value).__name__}", field=field)
-    if math.isnan(seconds) or seconds < 0 or seconds > _MAX_SECONDS:
+    if math.isnan(seconds) or seconds < 0 or seconds > defaults.MAX_DURATION:
         raise BadInput(f"duration out of range: {value!r}", field=field)
     return seconds
 

@@ -31,7 +31,7 @@ from typing import IO, Any
 
 from heartbeat.baton import check_id, dump_baton
 from heartbeat.errors import BadInput, Conflict, HeartbeatError
-from heartbeat.ledger import Event
+from heartbeat.ledger import Event, EventKind
 from heartbeat.store.base import FileBacked, SharedStore, Store, TextImport
 
 __all__ = ["FORMAT", "Counts", "export_lines", "import_lines", "migrate", "open_exact"]
@@ -169,7 +169,7 @@ def import_lines(store: Store, lines: Iterable[str], *, where: str = "import") -
 def _same_event(a: Event, b: Event) -> bool:
     """The same ledger row on both sides. A touch row is rewritten in place while its minute lasts
     (coalescing), so a copy of it is the same row whatever its time and data."""
-    if a.kind == "touched" and b.kind == "touched":
+    if a.kind == EventKind.TOUCHED and b.kind == EventKind.TOUCHED:
         return a.epoch == b.epoch
     return (a.kind, a.ts, a.epoch, a.revision, a.actor, a.data) == (b.kind, b.ts, b.epoch, b.revision, b.actor, b.data)
 

@@ -44,7 +44,7 @@ from heartbeat.baton import Baton, Status, check_id, dump_baton
 from heartbeat.config import Config, Listen, parse_listen
 from heartbeat.errors import BadInput, HeartbeatError, NotFound
 from heartbeat.layout import LOGS_DIR, StateLayout, log_name
-from heartbeat.ledger import Event
+from heartbeat.ledger import Event, EventKind
 from heartbeat.policy import waiting_text
 from heartbeat.timeparse import format_duration, utcnow
 
@@ -61,14 +61,7 @@ LOG_TAIL_BYTES = 64 * 1024
 TIMELINE_EVENTS = 500
 """The most recent ledger events the task page lists."""
 
-REFRESH_SECONDS = 15
-"""How often an open page refreshes itself (a fetch of the same URL, when the tab is visible)."""
-
-REPORT_CACHE_SECONDS = 30.0
-"""The handoff report replays the whole ledger: ``/report`` rebuilds it at most this often
-(and does not refresh itself)."""
-
-_ROUTINE_KINDS = frozenset({"touched", "updated"})
+_ROUTINE_KINDS = frozenset({EventKind.TOUCHED, EventKind.UPDATED})
 """Left out of a task's timeline unless ``?all=1``: the agent's own progress writes, which the baton shows."""
 
 _STATUS_ORDER = ("escalated", "invalid", "blocked", "active", "paused", "snoozed", "failed", "done")
@@ -347,15 +340,15 @@ def _list_params(params: Any) -> tuple[str, int, int]:
     return query, numbers["page"], numbers["per"]
 
 
-_SUMMARY_KEYS = {
-    "dispatched": ("launcher", "attempt", "reason", "resume"),
-    "exited": ("kind", "code", "signal", "duration_s", "progress", "pid"),
-    "stalled": ("why",),
-    "rate_limited": ("until", "source", "hits", "reason"),
-    "blocked": ("on", "gate"),
-    "unblocked": ("by", "note", "gate"),
-    "escalated": ("reason",),
-    "bypass": ("was", "on"),
+_SUMMARY_KEYS: dict[str, tuple[str, ...]] = {
+    EventKind.DISPATCHED: ("launcher", "attempt", "reason", "resume"),
+    EventKind.EXITED: ("kind", "code", "signal", "duration_s", "progress", "pid"),
+    EventKind.STALLED: ("why",),
+    EventKind.RATE_LIMITED: ("until", "source", "hits", "reason"),
+    EventKind.BLOCKED: ("on", "gate"),
+    EventKind.UNBLOCKED: ("by", "note", "gate"),
+    EventKind.ESCALATED: ("reason",),
+    EventKind.BYPASS: ("was", "on"),
 }
 
 
@@ -378,9 +371,9 @@ def _event_row(event: Event) -> dict[str, Any]:
         elif isinstance(value, dict):
             value = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
         details.append((key, value if isinstance(value, str) else str(value)))
-    seam = event.kind in ("stalled", "exited", "dispatched", "claimed", "released", "session_started",
-                          "compacting", "session_ended")
-    alarm = event.kind in ("escalated", "bypass", "spinning", "invalid")
+    seam = event.kind in (EventKind.STALLED, EventKind.EXITED, EventKind.DISPATCHED, EventKind.CLAIMED,
+                          EventKind.RELEASED, EventKind.SESSION_STARTED, EventKind.COMPACTING, EventKind.SESSION_ENDED)
+    alarm = event.kind in (EventKind.ESCALATED, EventKind.BYPASS, EventKind.SPINNING, EventKind.INVALID)
     return {"ts": event.ts.strftime("%Y-%m-%d %H:%M:%S"), "kind": event.kind, "epoch": event.epoch,
             "revision": event.revision, "actor": event.actor, "details": details,
             "tone": "alarm" if alarm else ("seam" if seam else "")}
@@ -481,7 +474,7 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         html = env.get_template(template).render(
             request=request, link=lambda path, **p: link(request, path, **p), nonce=nonce, now=now.isoformat(
                 timespec="seconds"), state_dir=state_dir, daemon=daemon, daemon_tone=daemon_tone,
-            refresh_ms=REFRESH_SECONDS * 1000 if refresh else 0, **context)
+            refresh_ms=defaults.WEB_REFRESH_SECONDS * 1000 if refresh else 0, **context)
         headers = {
             "Content-Security-Policy": (f"default-src 'none'; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'; "
                                         "connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
@@ -517,7 +510,7 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         shown = [_row(e, now, default_launcher) for e in matched[(page_no - 1) * per:page_no * per]]
         for row in shown:  # only this page's escalations are read from the ledger
             if row["status"] == Status.ESCALATED.value:
-                found = store.ledger.events(row["id"], kinds=["escalated"])
+                found = store.ledger.events(row["id"], kinds=[EventKind.ESCALATED])
                 if found:
                     row["reason"] = str(found[-1].data.get("reason", ""))
                     row["since"], row["since_at"] = _age(now, found[-1].ts), _iso(found[-1].ts)
@@ -540,7 +533,7 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         try:
             baton = store.load(task_id)
         except NotFound:
-            if not store.ledger.events(task_id, kinds=["created"]):
+            if not store.ledger.events(task_id, kinds=[EventKind.CREATED]):
                 return page(request, "error.html", 404, title="no such task", message=f"no task {task_id!r}")
             error = "the baton is gone (the ledger still has its history)"
         except HeartbeatError as exc:
@@ -577,13 +570,13 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
     report_lock = threading.Lock()
 
     def report(request: Request) -> HTMLResponse:
-        # The report replays the whole ledger: built at most once per REPORT_CACHE_SECONDS, one at a time.
+        # The report replays the whole ledger: built at most once per WEB_REPORT_CACHE_SECONDS, one at a time.
         with report_lock:
-            if not report_cache or time.monotonic() - report_cache[0][0] > REPORT_CACHE_SECONDS:
+            if not report_cache or time.monotonic() - report_cache[0][0] > defaults.WEB_REPORT_CACHE_SECONDS:
                 report_cache[:] = [(time.monotonic(), build_report(store))]
             built = report_cache[0][1]
         return page(request, "report.html", title="handoff report", report=built.to_json(), refresh=False,
-                    cache_s=int(REPORT_CACHE_SECONDS))
+                    cache_s=int(defaults.WEB_REPORT_CACHE_SECONDS))
 
     def hosts_page(request: Request) -> HTMLResponse:
         """What ``heartbeat hosts`` prints: the daemons sharing a PostgreSQL store."""

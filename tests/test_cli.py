@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
+import stat
 import subprocess
 import sys
 import tomllib
@@ -15,8 +17,11 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, Result, clean_env
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from heartbeat import cli, defaults
+from heartbeat.errors import BadInput
 
 Hb = Callable[..., Result]
 
@@ -557,6 +562,16 @@ class TestHotPath:
         assert "heartbeat.world" in modules and "dataclasses" in modules  # the measurement works
         assert not modules & {"inspect", "ast", "dis", "tokenize", "_hashlib", "argparse", "importlib.util"}
 
+    def test_importing_the_cli_leaves_the_module_table_alone(self) -> None:
+        """Importing heartbeat.cli (as the MCP server, the hooks and tests do) puts no stand-in in
+        sys.modules: inspect is either not loaded or the real module, with its spec."""
+        code = ("import sys, heartbeat.cli, heartbeat.hooks; m = sys.modules.get('inspect'); "
+                "print('absent' if m is None else type(m).__name__, getattr(m, '__spec__', None) is not None)")
+        proc = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True,
+                              cwd=str(ROOT), timeout=60)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.split() in (["absent", "False"], ["module", "True"]), proc.stdout
+
     def test_an_agents_touch_loads_only_the_pulse(self, hb: Hb, state_dir: Path) -> None:
         """An agent's touch with its pulse armed (heartbeat.pulse) loads heartbeat and heartbeat.pulse, and of
         the rest of Python nothing that parses, types or stores: no TOML, typing, re, sqlite3 or dataclasses."""
@@ -579,6 +594,24 @@ class TestHotPath:
         fast = cli._hot_args(argv)
         assert fast is not None
         assert vars(fast) == vars(cli.build_parser().parse_args(argv))
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.sampled_from([*cli.AGENT_WRITES, "show", "new"]),
+           st.lists(st.sampled_from(["t", "", "step=a", "done", "a b", "=", "--epoch", "3", "-x", "--", "--check",
+                                     "--state-dir", "--expect-revision", "--config=c", "ü"]), max_size=6))
+    def test_the_hot_reader_and_argparse_never_disagree(self, command: str, words: list[str]) -> None:
+        """For any arguments: when the argparse-free reader answers, argparse gives the same namespace;
+        when an agent's write has no option and argparse accepts it, the reader answers too."""
+        argv = [command, *words]
+        fast = cli._hot_args(argv)
+        try:
+            parsed: Any = cli.build_parser().parse_args(argv)
+        except (BadInput, SystemExit):
+            parsed = None
+        if fast is not None:
+            assert parsed is not None and vars(fast) == vars(parsed)
+        elif command in cli.AGENT_WRITES and not any(word.startswith("-") for word in words):
+            assert parsed is None
 
     @pytest.mark.parametrize("argv", [
         ["touch"], ["touch", "t", "extra"], ["touch", "t", "--epoch", "3"], ["--state-dir", "/x", "touch", "t"],
@@ -603,6 +636,27 @@ def _heartbeat(*args: str, env: dict[str, str]) -> Result:
     proc = subprocess.run([sys.executable, "-m", "heartbeat", *args], env=env, capture_output=True, text=True,
                           timeout=60)
     return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+class TestExportToAFile:
+    def test_a_failed_export_leaves_no_temp_file(self, hb: Hb, state_dir: Path, tmp_path: Path) -> None:
+        """An export that fails midway (here: past the file size limit) says so in one line, exit 1, and
+        leaves neither the target nor a temp file in its directory."""
+        assert hb("new", "big", "--task", "t", "--step", "s", "--intent", "x" * 90_000).code == 0
+        out_dir = tmp_path / "out"
+        out_dir.mkdir()
+
+        def limit_file_size() -> None:  # Python ignores SIGXFSZ: the write fails with EFBIG instead
+            resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+
+        proc = subprocess.run([sys.executable, "-m", "heartbeat", "export", "--to", str(out_dir / "all.jsonl")],
+                              env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir)), capture_output=True, text=True,
+                              timeout=60, preexec_fn=limit_file_size)
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "too large" in proc.stderr, proc.stderr
+        assert list(out_dir.iterdir()) == []
+        assert hb("export", "--to", str(out_dir / "all.jsonl")).code == 0  # and without the limit, it lands
+        assert sorted(p.name for p in out_dir.iterdir()) == ["all.jsonl"]
+        assert stat.S_IMODE((out_dir / "all.jsonl").stat().st_mode) == 0o600
 
 
 class TestEdgesFoundUnderAttack:

@@ -416,8 +416,8 @@ class TestClient:
         assert relay.encode_request(["set", "t", "step=\udcff"], {}) is None
 
     def test_the_agents_relayed_write_loads_no_parser(self, short_root: Path) -> None:
-        """With a daemon running, an agent's set loads heartbeat, its pulse and relay modules and _socket:
-        no TOML, SQLite, typing, re, dataclasses or json in the agent's process."""
+        """With a daemon running, an agent's set loads heartbeat, its pulse, relay and defaults (constants)
+        modules and _socket: no TOML, SQLite, typing, re, dataclasses or json in the agent's process."""
         h = started(short_root)
         try:
             env = agent_env(h, "h1", claimed(h, "h1"))
@@ -432,7 +432,7 @@ class TestClient:
                         if line.startswith("import time:")}
             assert h.baton("h1").step == "x" and relayed(h) == 1
             assert {m for m in modules if m.startswith("heartbeat")} == {"heartbeat", "heartbeat.pulse",
-                                                                         "heartbeat.relay"}
+                                                                         "heartbeat.relay", "heartbeat.defaults"}
             heavy = {"tomllib", "sqlite3", "typing", "re", "dataclasses", "json", "argparse", "socket", "enum"}
             assert not {m.split(".")[0] for m in modules} & heavy, sorted(modules)
         finally:

@@ -10,7 +10,7 @@ import pytest
 
 from heartbeat.launchers import shim
 from heartbeat.layout import StateLayout
-from heartbeat.safefile import open_parent, write_atomic, write_file_atomic, write_temp
+from heartbeat.safefile import open_atomic, open_parent, write_atomic, write_file_atomic, write_temp
 
 
 class TestAtomicWrites:
@@ -60,6 +60,37 @@ class TestAtomicWrites:
         finally:
             os.close(fd)
         assert list(tmp_path.iterdir()) == []
+
+    def test_a_streamed_write_lands_whole(self, tmp_path: Path) -> None:
+        """open_atomic: what the block wrote replaces the file, 0600, and no temp file is left."""
+        target = tmp_path / "export.jsonl"
+        target.write_text("old")
+        with open_atomic(str(target)) as out:
+            out.write(b"line 1\n")
+            assert target.read_text() == "old"  # nothing shows before the block ends
+            out.write(b"line 2\n")
+        assert target.read_bytes() == b"line 1\nline 2\n"
+        assert stat.S_IMODE(target.stat().st_mode) == 0o600
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["export.jsonl"]
+
+    def test_a_streamed_write_that_raises_changes_nothing(self, tmp_path: Path) -> None:
+        """open_atomic: a block that raises leaves the old file as it was and no temp file."""
+        target = tmp_path / "export.jsonl"
+        target.write_text("old")
+        with pytest.raises(RuntimeError), open_atomic(str(target)) as out:
+            out.write(b"half")
+            raise RuntimeError("the source failed")
+        assert target.read_text() == "old"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["export.jsonl"]
+
+    def test_a_write_can_set_the_files_time(self, tmp_path: Path) -> None:
+        """write_atomic(mtime=...) lands the file with that modification time (a pulse's touch time)."""
+        fd = open_parent(str(tmp_path / "p"))
+        try:
+            write_atomic(fd, "p", b"x", fsync=False, mtime=1_700_000_000.25)
+        finally:
+            os.close(fd)
+        assert (tmp_path / "p").stat().st_mtime == 1_700_000_000.25
 
     def test_no_follow_parent_refuses_a_symlinked_directory(self, tmp_path: Path) -> None:
         """With follow=False a directory that is a symlink is refused before anything is written."""

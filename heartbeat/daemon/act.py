@@ -563,8 +563,8 @@ class Actor:
                 ed.baton.meta.ended_at = now
                 ed.baton.meta.last_exit = None
                 ed.baton.meta.last_failure = f"launch failed: {error}"
-                ed.event(EventKind.EXITED, code=None, signal=None, pid=None, duration_s=0, progress=False, kind="failed",
-                         error=error)
+                ed.event(EventKind.EXITED, code=None, signal=None, pid=None, duration_s=0, progress=False,
+                         kind=pol.ExitKind.FAILED, error=error)
         except HeartbeatError:
             pass
 

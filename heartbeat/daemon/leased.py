@@ -202,7 +202,7 @@ class LeasePart:
                 return
             self._fencing.add(key)
         lc = sh.config.launchers.get(owner.launcher)
-        grace = lc.stop_grace if lc else 10.0
+        grace = lc.stop_grace if lc else defaults.STOP_GRACE
 
         def stop() -> None:
             try:

@@ -34,17 +34,10 @@ from heartbeat.write import DECLINED, answer, parse_hot
 
 __all__ = ["RelayServer"]
 
-_REQUEST_TIMEOUT = 5.0
-"""Seconds a greeted client has to send its request whole."""
-
-_STOP_WAIT = 2.0
-"""Seconds a stopping daemon waits for the relayed writes under way."""
-
-_STOP_LISTEN = 0.5
-"""Seconds a stopping daemon still gives greeted clients for their request before closing on them."""
-
-_ACCEPT_RETRY = 0.1
-"""Seconds the relay pauses after a failed accept() (no descriptor left) before trying again."""
+_REQUEST_TIMEOUT = defaults.RELAY_REQUEST_TIMEOUT
+_STOP_WAIT = defaults.RELAY_STOP_WAIT
+_STOP_LISTEN = defaults.RELAY_STOP_LISTEN
+_ACCEPT_RETRY = defaults.RELAY_ACCEPT_RETRY
 
 
 class RelayServer:

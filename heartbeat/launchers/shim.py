@@ -48,10 +48,10 @@ import sys
 import threading
 import time
 
-__all__ = ["main", "group_members", "descendants", "become_subreaper", "write_exit_file", "DEFAULT_GRACE",
+__all__ = ["main", "group_members", "descendants", "become_subreaper", "write_exit_file", "STOP_GRACE",
            "LEASE_POLL", "lease_clock", "read_lease"]
 
-DEFAULT_GRACE = 5.0
+STOP_GRACE = 10.0  # defaults.STOP_GRACE: the shim imports nothing from heartbeat (tests pin them equal)
 """Seconds the agent's leftovers get between SIGTERM and SIGKILL after the agent ended."""
 
 LEASE_POLL = 0.2
@@ -434,7 +434,7 @@ class _LeaseWatch:
 
 
 def _parse(args: list[str]) -> tuple[float, list[str], str, str, list[str]]:
-    grace = DEFAULT_GRACE
+    grace = STOP_GRACE
     unset: list[str] = []
     lease = ""
     while args[:1] in (["--grace"], ["--unset"], ["--lease"]) and len(args) > 1:

@@ -33,6 +33,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
+from heartbeat import defaults
 from heartbeat.baton import Owner
 from heartbeat.config import LauncherConfig
 from heartbeat.errors import ConfigError
@@ -56,12 +57,6 @@ __all__ = ["SystemdRunLauncher", "unit_name", "ALIVE_STATES"]
 
 ALIVE_STATES = frozenset({"active", "activating", "deactivating", "reloading", "refreshing"})
 """Unit states in which the agent's processes may still exist (``deactivating``: being stopped)."""
-
-QUERY_TIMEOUT = 2.0
-"""Seconds a ``systemctl is-active``/``show`` may take: liveness checks must not stall the daemon."""
-
-START_TIMEOUT = 30.0
-"""Seconds ``systemd-run`` may take to create and start the unit."""
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PROPERTY_KEY = re.compile(r"[A-Za-z][A-Za-z0-9]*")
@@ -187,9 +182,10 @@ class SystemdRunLauncher:
                 raise LaunchError(f"cannot write the brief {req.brief_file}: {exc.strerror}", task=req.task_id)
         try:
             done = subprocess.run(cmd, env=client_env, stdin=subprocess.DEVNULL, capture_output=True,
-                                  timeout=START_TIMEOUT, check=False)
+                                  timeout=defaults.SYSTEMD_START_TIMEOUT, check=False)
         except subprocess.TimeoutExpired:
-            raise LaunchError(f"systemd-run did not answer within {START_TIMEOUT:g}s", task=req.task_id) from None
+            raise LaunchError(f"systemd-run did not answer within {defaults.SYSTEMD_START_TIMEOUT:g}s",
+                              task=req.task_id) from None
         except OSError as exc:
             raise LaunchError(f"cannot run systemd-run: {exc.strerror}", task=req.task_id) from None
         if done.returncode != 0:
@@ -210,7 +206,8 @@ class SystemdRunLauncher:
             started_at=utcnow(),
         )
 
-    def _systemctl(self, *args: str, timeout: float = QUERY_TIMEOUT) -> subprocess.CompletedProcess[str] | None:
+    def _systemctl(self, *args: str,
+                   timeout: float = defaults.SYSTEMD_QUERY_TIMEOUT) -> subprocess.CompletedProcess[str] | None:
         """Run systemctl; None when it cannot be run or does not answer in time."""
         try:
             return subprocess.run(self._base("systemctl") + list(args), stdin=subprocess.DEVNULL,
@@ -250,7 +247,7 @@ class SystemdRunLauncher:
             return owner.pid is None or stop_process_group(owner.pid, owner.create_time, grace)
         if owner.host and owner.host != this_host():
             return False
-        self._systemctl("stop", owner.unit, timeout=max(grace, self.config.stop_grace) + 10.0)
+        self._systemctl("stop", owner.unit, timeout=max(grace, self.config.stop_grace) + defaults.SYSTEMD_STOP_MARGIN)
         return not self.alive(owner)
 
     def reap(self) -> None:

@@ -399,7 +399,7 @@ def finish_edit(ed: Edit, *, world: bool = True) -> list[Event]:
     for event in events:
         event.epoch = meta.epoch
         event.revision = meta.revision
-        if changed and event.kind not in ("touched", "created"):
+        if changed and event.kind not in (EventKind.TOUCHED, EventKind.CREATED):
             event.data.setdefault("changed", changed)
         if "step" in changed:
             event.data.setdefault("step", new.step)

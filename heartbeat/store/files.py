@@ -9,7 +9,7 @@ Layout under the state dir (created 0700; refused when others can write to it)::
     format.toml          the state dir's format: ``version`` and ``min_reader`` (see :func:`check_format`)
 
 A write is: temp file in ``batons/`` (named ``.<id>.toml.<pid>.<rand>.tmp``, which no
-reader looks at), fsync, ledger append, ``os.replace`` over the baton, fsync of the
+reader looks at), fsync, ledger append, rename over the baton, fsync of the
 directory. A crash at any instant leaves the old baton or the new one. Temp files
 orphaned by a killed writer are removed by :meth:`FileStore.scan` once their writer
 is gone.
@@ -52,6 +52,7 @@ from heartbeat.safefile import (
     open_parent,
     open_regular,
     read_regular,
+    replace_temp,
     write_file_atomic,
     write_temp,
 )
@@ -568,7 +569,7 @@ class FileStore:
             # The event goes in before the rename: a baton on disk always has its event.
             write = PendingWrite(task_id, base, write_identity(baton))
             self.ledger.append(events, write=write)
-            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            replace_temp(dir_fd, tmp, name)
             tmp = ""
             self._dirty.add(task_id)
             try:

@@ -472,11 +472,11 @@ def append_events(conn: psycopg.Connection[Any], events: Sequence[Event]) -> Non
         data = json.dumps(event.data, ensure_ascii=False, default=str, sort_keys=True)
         if "\x00" in event.task + event.kind + event.actor:
             raise BadInput("an event may not hold a NUL character", task=event.task)
-        if event.kind == "touched":
+        if event.kind == EventKind.TOUCHED:
             row = conn.execute(
                 "SELECT id, kind, ts FROM heartbeat_events WHERE task = %s ORDER BY id DESC LIMIT 1", (event.task,)
             ).fetchone()
-            if row and row[1] == "touched" and _minute(row[2].timestamp()) == _minute(event.ts.timestamp()):
+            if row and row[1] == EventKind.TOUCHED and _minute(row[2].timestamp()) == _minute(event.ts.timestamp()):
                 conn.execute(
                     "UPDATE heartbeat_events SET ts = %s, epoch = %s, revision = %s, actor = %s, data = %s WHERE id = %s",
                     (event.ts, event.epoch, event.revision, event.actor, data, row[0]),
