@@ -468,7 +468,7 @@ class Lease:
         meta.ended_at = ed.now
         meta.last_exit = None
         meta.last_failure = f"host {from_host} stopped renewing its lease ({age:.0f}s ago)"
-        ed.event("taken_over", from_host=from_host, to_host=self.host, lease_age_s=round(age, 3),
+        ed.event(EventKind.TAKEN_OVER, from_host=from_host, to_host=self.host, lease_age_s=round(age, 3),
                  from_epoch=ed.old.meta.epoch, pid=previous.pid if previous is not None else None)
         if meta.status is Status.ACTIVE:
             ed.event(EventKind.STALLED, why="owner_dead")

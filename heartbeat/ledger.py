@@ -73,6 +73,7 @@ class EventKind(StrEnum):
     STOP_BLOCKED = "stop_blocked"
     ARCHIVED = "archived"
     COMPACTED = "compacted"
+    TAKEN_OVER = "taken_over"
 
 
 @dataclass

@@ -286,14 +286,15 @@ def _archive(store: Archiving, ledger: Ledger, batons: list[Baton], result: GcRe
 
 # -- folding touches -----------------------------------------------------------------------
 
-_STARTS = frozenset({"dispatched", "claimed", "created"})
-_AGENT_WRITES = frozenset({"updated", "touched", "blocked", "snoozed", "released", "done", "failed"})
+_STARTS = frozenset({EventKind.DISPATCHED, EventKind.CLAIMED, EventKind.CREATED})
+_AGENT_WRITES = frozenset({EventKind.UPDATED, EventKind.TOUCHED, EventKind.BLOCKED, EventKind.SNOOZED,
+                           EventKind.RELEASED, EventKind.DONE, EventKind.FAILED})
 
 
 def foldable_touches(events: list[Event]) -> list[Event]:
     """``touched`` rows no report metric reads: before the task's last finish, carrying no
     world or change, and not the first agent write since the latest start."""
-    finished = [e.ts for e in events if e.kind in ("done", "failed")]
+    finished = [e.ts for e in events if e.kind in (EventKind.DONE, EventKind.FAILED)]
     if not finished:
         return []
     end = finished[-1]
@@ -302,7 +303,7 @@ def foldable_touches(events: list[Event]) -> list[Event]:
     for e in events:
         if e.kind in _STARTS:
             written.clear()
-        if e.kind == "touched" and e.ts < end and not (set(e.data) & {"world", "changed"}) \
+        if e.kind == EventKind.TOUCHED and e.ts < end and not (set(e.data) & {"world", "changed"}) \
                 and e.epoch in written and e.actor != "daemon":
             out.append(e)
             continue
