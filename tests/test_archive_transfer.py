@@ -23,7 +23,7 @@ from conftest import Result, clean_env
 from test_retention import sim
 
 from heartbeat.config import RetentionConfig
-from heartbeat.errors import BadInput, Conflict
+from heartbeat.errors import BadInput, Conflict, StoreError
 from heartbeat.report import build_report
 from heartbeat.retention import run_gc
 from heartbeat.store.base import Archiving, Store
@@ -43,7 +43,7 @@ def other_pg_url(pg_cluster: Any, pg_url: str) -> str:
     """A second database at the current schema, on the same throwaway cluster."""
     name = urlsplit(pg_url).path.lstrip("/") + "_b"
     with psycopg.connect(pg_cluster.host_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE hb_template')  # type: ignore[arg-type]
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE hb_template')
     return str(pg_cluster.url(name))
 
 
@@ -62,7 +62,7 @@ def places(tmp_path: Path, pg_url: str, other_pg_url: str) -> Iterator[dict[str,
 
 
 def write(store: Store, task: str, start: datetime, *, seed: int, finish: str = "done") -> None:
-    sim.write_history(store, task, start, random.Random(seed), epochs=2 + seed % 4, touches=3, finish=finish)  # type: ignore[arg-type]
+    sim.write_history(store, task, start, random.Random(seed), epochs=2 + seed % 4, touches=3, finish=finish)
 
 
 def gc_twice(store: Store) -> None:
@@ -71,11 +71,11 @@ def gc_twice(store: Store) -> None:
     for n in range(8):
         write(store, f"early{n}", T0 + timedelta(hours=n), seed=n, finish="failed" if n == 3 else "done")
     write(store, "active", T0, seed=20, finish="active")
-    assert len(run_gc(store, RetentionConfig(), now=MID).archived) == 7  # type: ignore[arg-type]
+    assert len(run_gc(store, RetentionConfig(), now=MID).archived) == 7
     for n in range(4):
         write(store, f"late{n}", MID + timedelta(hours=n), seed=10 + n)
     write(store, "recent", LATER - timedelta(days=2), seed=30)
-    assert len(run_gc(store, RetentionConfig(), now=LATER).archived) == 4  # type: ignore[arg-type]
+    assert len(run_gc(store, RetentionConfig(), now=LATER).archived) == 4
 
 
 def report(store: Store) -> dict[str, Any]:
@@ -143,6 +143,19 @@ class TestMigrate:
         with pytest.raises(Conflict, match=f"holds an archive {name} with other records; nothing was written"):
             migrate(src, dst)
         assert everything(dst) == before
+
+    def test_a_damaged_archive_on_the_source_is_one_line_and_nothing_written(self, places: dict[str, Store]) -> None:
+        """An archive file cut short on the source (its report fails the same way) stops the migration
+        in one line before anything is written: history is never left out of a copy."""
+        src, dst = places["files"], places["pg"]
+        gc_twice(src)
+        assert isinstance(src, Archiving)
+        path = Path(src.layout.archive_dir) / src.archive_names()[0]  # type: ignore[attr-defined]
+        path.write_bytes(path.read_bytes()[:-20])
+        with pytest.raises(StoreError, match="the archive is damaged") as caught:
+            migrate(src, dst)
+        assert "\n" not in str(caught.value) and str(path) in str(caught.value)
+        assert everything(dst) == ([], {}, [])
 
 
 def export_of(store: Store) -> list[str]:
