@@ -197,23 +197,29 @@ def _parse(lines: Iterable[str], where: str) -> Parsed:
     return parsed
 
 
+def _shown(text: str) -> str:
+    """``text`` for a one-line message: as it is when printable, else quoted (a newline shows as \\n)."""
+    return text if text.isprintable() else repr(text)
+
+
 def _record_mismatch(mark: Event, records: list[dict[str, Any]]) -> str:
     """Why the archive's ``records`` do not hold what the ``archived`` event ``mark`` says; "" when they do."""
+    task = _shown(mark.task)
     sha = mark.data.get("baton_sha256")
     found = [r for r in records if r.get("task") == mark.task and r.get("baton_sha256") == sha]
     if not found:
-        return f"has no record of task {mark.task} with the baton its archived event names"
+        return f"has no record of task {task} with the baton its archived event names"
     record = found[-1]
     baton = record.get("baton")
     if not isinstance(baton, str) or hashlib.sha256(baton.encode("utf-8")).hexdigest() != sha:
-        return f"holds a baton of task {mark.task} whose sha256 is not its archived event's"
+        return f"holds a baton of task {task} whose sha256 is not its archived event's"
     events = record.get("events")
     if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
-        return f"holds task {mark.task}'s events in no list of events"
+        return f"holds task {task}'s events in no list of events"
     if "rows" in mark.data and len(events) != mark.data["rows"]:
-        return f"holds {len(events)} event(s) of task {mark.task}, its archived event says {mark.data['rows']}"
+        return f"holds {len(events)} event(s) of task {task}, its archived event says {mark.data['rows']!r}"
     if "kinds" in mark.data and dict(Counter(str(e.get("kind")) for e in events)) != mark.data["kinds"]:
-        return f"holds task {mark.task}'s events of other kinds than its archived event counts"
+        return f"holds task {task}'s events of other kinds than its archived event counts"
     return ""
 
 
@@ -238,16 +244,16 @@ def _plan_archives(target: Store, archives: Archives, events: list[Event], where
         else:
             raise Conflict(f"the target holds an archive {name} with other records; nothing was written")
     for mark in marks:
-        named = mark.data.get("archive")
+        task, named = _shown(mark.task), mark.data.get("archive")
         if not isinstance(named, str) or not ARCHIVE_NAME.fullmatch(named):
-            raise BadInput(f"{where}: task {mark.task}'s archived event names no archive ({named!r}); "
+            raise BadInput(f"{where}: task {task}'s archived event names no archive ({named!r}); "
                            "nothing was written")
         if named in archives:
             records = archives[named]
         elif named in held:
             records = target.archive_records(named)
         else:
-            raise BadInput(f"{where}: task {mark.task}'s archived event names the archive {named}, which neither "
+            raise BadInput(f"{where}: task {task}'s archived event names the archive {named}, which neither "
                            "the export nor the target holds; nothing was written")
         why = _record_mismatch(mark, records)
         if why:

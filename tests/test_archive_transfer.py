@@ -255,6 +255,17 @@ class TestImport:
         assert everything(dst) == ([], {}, [])
         assert not (tmp_path / "evil.jsonl.gz").exists() and not Path("/tmp/evil.jsonl.gz").exists()
 
+    def test_a_hostile_task_id_in_an_archived_event_stays_one_line(self, places: dict[str, Store]) -> None:
+        """An `archived` event whose task id holds a newline, naming an archive the export lacks: one
+        line (the id quoted), nothing written."""
+        event = {"ts": "2026-01-01T00:00:00+00:00", "task": "a\nb", "kind": "archived",
+                 "data": {"archive": "20260101T000000000000Z.jsonl.gz", "baton_sha256": "0"}}
+        lines = ['{"heartbeat_export": 1}\n', json.dumps({"event": event}) + "\n"]
+        with pytest.raises(BadInput) as caught:
+            import_lines(places["pg"], lines, where="x.jsonl")
+        assert "\n" not in str(caught.value) and "'a\\nb'" in str(caught.value), str(caught.value)
+        assert everything(places["pg"]) == ([], {}, [])
+
 
 def hb(tmp_path: Path, where: str, *args: str) -> Result:
     env = clean_env(HEARTBEAT_STATE_DIR=where) if where.startswith("/") else clean_env(
