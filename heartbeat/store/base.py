@@ -311,6 +311,14 @@ class Archiving(Protocol):
         """Every task an ``archived`` mark names: its archived baton (None if it no longer
         parses) and archived events, in order (:func:`heartbeat.store.archive.resolve_marks`)."""
 
+    def archive_names(self) -> list[str]:
+        """The names of the archives this store holds, oldest first (``heartbeat export`` and
+        ``migrate`` carry them: :mod:`heartbeat.transfer`)."""
+
+    def archive_records(self, name: str) -> list[dict[str, Any]]:
+        """The records of the archive ``name``, in order; :class:`~heartbeat.errors.StoreError`
+        when it is not held, or damaged."""
+
 
 def check_fence(current: Baton, *, expect_revision: int | None, epoch: int | None) -> None:
     """Refuse a write whose expected revision or epoch has moved on."""

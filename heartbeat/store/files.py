@@ -661,6 +661,22 @@ class FileStore:
             return str(exc), 0
         return "", sum(size for _, size in _archive.remove_epoch_files(self.logs_dir, task_id, None))
 
+    def archive_names(self) -> list[str]:
+        """The files of ``<state_dir>/archive/`` named as gc names archives (temp files aside)."""
+        try:
+            names = os.listdir(self.layout.archive_dir)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StoreError(f"cannot list the archives: {exc.strerror}", path=self.layout.archive_dir) from None
+        return sorted(n for n in names if _archive.ARCHIVE_NAME.fullmatch(n))
+
+    def archive_records(self, name: str) -> list[dict[str, Any]]:
+        path = os.path.join(self.layout.archive_dir, name)
+        if not _archive.ARCHIVE_NAME.fullmatch(name):
+            raise StoreError("not an archive file name", path=path)
+        return list(_archive.read_archive(path))
+
     def archived_tasks(self) -> dict[str, tuple[Baton | None, list[Event]]]:
         marks = self.ledger.events(kinds=[EventKind.ARCHIVED])
         archive_dir = self.layout.archive_dir

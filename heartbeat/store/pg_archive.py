@@ -140,6 +140,23 @@ class PgArchive:
             conn.execute("SELECT pg_notify(%s, %s)", (self.channel, task_id))
         return "", 0
 
+    def names(self) -> list[str]:
+        """The names of the archive rows, oldest first."""
+        with self._conn() as conn:
+            rows = conn.execute("SELECT name FROM heartbeat_archive ORDER BY name").fetchall()
+            conn.commit()
+        return [str(r[0]) for r in rows]
+
+    def records(self, name: str) -> list[dict[str, Any]]:
+        """The records of the archive row ``name``."""
+        where = f"{self.label}:heartbeat_archive/{name}"
+        with self._conn() as conn:
+            row = conn.execute("SELECT body FROM heartbeat_archive WHERE name = %s", (name,)).fetchone()
+            conn.commit()
+        if row is None:
+            raise StoreError("the database holds no such archive", path=where)
+        return records_in(bytes(row[0]), where)
+
     def archived_tasks(self, marks: list[Event]) -> dict[str, tuple[Baton | None, list[Event]]]:
         """The tasks ``marks`` (the ledger's ``archived`` events) name, from the archive rows."""
         if not marks:

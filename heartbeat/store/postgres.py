@@ -808,6 +808,12 @@ class PostgresStore:
     def archived_tasks(self) -> dict[str, tuple[Baton | None, list[Event]]]:
         return self._archive.archived_tasks(self.ledger.events(kinds=[EventKind.ARCHIVED]))
 
+    def archive_names(self) -> list[str]:
+        return self._archive.names()
+
+    def archive_records(self, name: str) -> list[dict[str, Any]]:
+        return self._archive.records(name)
+
     # -- change notification and the daemon's lock -------------------------------------
 
     def watch(self, callback: Callable[[str | None], None]) -> Unwatch:
