@@ -24,10 +24,14 @@ except ImportError:
     except ImportError:
         from hashlib import sha256 as _sha256
 
+sha256 = _sha256
+"""SHA-256 without OpenSSL: what a module on an agent's write path hashes with (store/archive.py)."""
+
 if TYPE_CHECKING:
     from heartbeat.baton import Baton
 
 __all__ = [
+    "sha256",
     "GIT_HEAD_KEY",
     "MISSING",
     "resolve_key_file",

@@ -24,7 +24,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import gzip
-import hashlib
 import io
 import json
 import os
@@ -40,6 +39,7 @@ from heartbeat.errors import GcBusy, HeartbeatError, StoreError
 from heartbeat.ledger import Event, EventKind
 from heartbeat.safefile import write_file_atomic
 from heartbeat.store.base import Archiving
+from heartbeat.world import sha256
 
 __all__ = ["RETENTION_KINDS", "ARCHIVE_NAME", "EPOCH_FILE", "archive_name", "make_record", "pack", "same_history",
            "event_from_json", "records_of", "read_archive", "read_archived", "resolve_marks"]
@@ -70,7 +70,7 @@ def archive_name(now: datetime) -> str:
 def make_record(task: str, raw: bytes, events: list[Event], now: datetime) -> dict[str, Any]:
     """One archived task: its baton's text and sha256 and its events (``archived`` marks aside)."""
     return {"task": task, "archived_at": now.isoformat(), "baton": raw.decode("utf-8"),
-            "baton_sha256": hashlib.sha256(raw).hexdigest(), "events": [e.to_json() for e in events]}
+            "baton_sha256": sha256(raw).hexdigest(), "events": [e.to_json() for e in events]}
 
 
 def pack(records: list[dict[str, Any]]) -> bytes:
