@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from heartbeat.errors import UnsafePath
 from heartbeat.layout import VITALS_NAME, StateLayout
+from heartbeat.safefile import read_regular
 
 __all__ = ["LATENCY_BUCKETS", "TICK_BUCKETS", "VITALS_FILE", "Histogram", "Vitals"]
 
@@ -174,17 +175,9 @@ class Vitals:
         regular file or not ours to trust: a symlink or FIFO placed there is never followed or read)."""
         path = StateLayout(state_dir).vitals_file
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
+            raw = read_regular(path, _MAX_VITALS_BYTES + 1)
+        except (OSError, UnsafePath):
             return None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            raw = os.read(fd, _MAX_VITALS_BYTES + 1)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
         try:
             doc = json.loads(raw) if len(raw) <= _MAX_VITALS_BYTES else None
         except ValueError:
