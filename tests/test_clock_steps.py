@@ -368,6 +368,7 @@ class TestAgentsKeepTheirIdentity:
             owner = Owner(pid=agent.pid, create_time=found[1], host=liveness.this_host(), how=OwnerKind.DISPATCH)
             stranger = Owner(pid=agent.pid, create_time=found[1] - 7.0, host=liveness.this_host(),
                              how=OwnerKind.DISPATCH)
+            seen = set(liveness._BOOT_TIMES)  # this process's memory of steps: restored for the tests after
             liveness.note_boot_time()
             procfs = self.stepped_procfs(tmp_path, agent.pid, step)
             psutil.PROCFS_PATH = str(procfs)
@@ -378,6 +379,8 @@ class TestAgentsKeepTheirIdentity:
                 assert not liveness.is_alive(stranger)
             finally:
                 psutil.PROCFS_PATH = "/proc"
+                liveness._BOOT_TIMES.clear()
+                liveness._BOOT_TIMES.update(seen)
         finally:
             agent.kill()
             agent.wait()

@@ -259,7 +259,7 @@ class TestAcceptFailure:
 
     def test_accept_failing_for_lack_of_descriptors_pauses_instead_of_spinning(self, short_root: Path) -> None:
         """RLIMIT_NOFILE at the daemon's open descriptors + 3 and clients queued: accept() fails with
-        EMFILE; the relay logs it once and pauses (the unfixed loop retried at once, ~80% of a core),
+        EMFILE; the relay logs it once per run of failures and pauses (the unfixed loop retried at once, ~80% of a core),
         the clock ticks on, and an agent writes by itself."""
         import resource
 
@@ -285,7 +285,9 @@ class TestAcceptFailure:
             h.wait(lambda: events(h, "tick") >= ticks + 5, "five more ticks")
             spent = sum(daemon.cpu_times()[:2]) - cpu
             assert spent < 0.5, f"the daemon spent {spent:.2f} s of CPU in about a second of five ticks"
-            assert events(h, "relay_accept_failed") == 1
+            # One line per run of failures: a run ends only when a queued client is accepted (a descriptor
+            # the daemon's tick closed), so there are at most as many lines as clients queued.
+            assert 1 <= events(h, "relay_accept_failed") <= len(queued)
             r = agent(env, "set", "m1", "step=by myself")
             assert r.returncode == 0, r.stderr
             assert h.baton("m1").step == "by myself"
