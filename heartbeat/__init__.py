@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from typing import Any
 
     from heartbeat.api import Task, open_task
-    from heartbeat.baton import Baton
-    from heartbeat.errors import HeartbeatError
+    from heartbeat.model.baton import Baton
+    from heartbeat.model.errors import HeartbeatError
 
 
 def __getattr__(name: str) -> Any:
@@ -25,11 +25,11 @@ def __getattr__(name: str) -> Any:
 
         return getattr(api, name)
     if name == "Baton":
-        from heartbeat.baton import Baton
+        from heartbeat.model.baton import Baton
 
         return Baton
     if name == "HeartbeatError":
-        from heartbeat.errors import HeartbeatError
+        from heartbeat.model.errors import HeartbeatError
 
         return HeartbeatError
     raise AttributeError(name)

@@ -1,13 +1,13 @@
 """The ``heartbeat`` command (``bin/heartbeat`` and ``python -m heartbeat``): the entry.
 
-An agent's touch is answered from its pulse (:mod:`heartbeat.pulse`), its set/add through the
-daemon (:mod:`heartbeat.relay`), anything else by :mod:`heartbeat.cli`. Each is imported only
+An agent's touch is answered from its pulse (:mod:`heartbeat.hotpath.pulse`), its set/add through the
+daemon (:mod:`heartbeat.hotpath.relay`), anything else by :mod:`heartbeat.cli.commands`. Each is imported only
 when reached: this module is what every ``heartbeat`` call loads first, and an agent's touch
 must cost about one interpreter start.
 
 An agent's write that the CLI makes in this process (``touch``, ``set``, ``add``) runs with
 :mod:`inspect` deferred (:func:`_defer_inspect`): only this entry does that, only for those three
-commands, each a process that writes once and exits. Nothing that imports :mod:`heartbeat.cli`
+commands, each a process that writes once and exits. Nothing that imports :mod:`heartbeat.cli.commands`
 (the MCP server, the hooks, tests) sees it.
 """
 
@@ -23,22 +23,22 @@ def main() -> int:
     import os
     import sys
 
-    from heartbeat.pulse import hot_touch
+    from heartbeat.hotpath.pulse import hot_touch
 
     argv = sys.argv[1:]
     if hot_touch(argv):
         return 0
     if argv[:1] in (["set"], ["add"]) or (argv[:1] in (["touch"], ["show"], ["done"])
                                           and os.environ.get("HEARTBEAT_STORE_URL")):  # written by the daemon
-        # when one runs (heartbeat.relay); on a database store its touch, done and show too
-        from heartbeat.relay import forward
+        # when one runs (heartbeat.hotpath.relay); on a database store its touch, done and show too
+        from heartbeat.hotpath.relay import forward
 
         code = forward(argv)
         if code is not None:
             return code
     if argv[:1] in _AGENT_WRITES:
         _defer_inspect()
-    from heartbeat.cli import main as cli_main
+    from heartbeat.cli.commands import main as cli_main
 
     return cli_main()
 

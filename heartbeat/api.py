@@ -12,7 +12,7 @@
 
 The epoch comes from ``HEARTBEAT_EPOCH`` when ``HEARTBEAT_TASK`` names this task (as it
 does for an agent the daemon launched), so a superseded agent's update is refused with
-:class:`~heartbeat.errors.Conflict` and changes nothing.
+:class:`~heartbeat.model.errors.Conflict` and changes nothing.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from heartbeat import tasks
-from heartbeat.baton import Baton, check_id
-from heartbeat.errors import BadInput
+from heartbeat.model.baton import Baton, check_id
+from heartbeat.model.errors import BadInput
 from heartbeat.store import Store, open_configured
-from heartbeat.write import epoch_from_env
+from heartbeat.tasks import verbs as tasks
+from heartbeat.tasks.write import epoch_from_env
 
 if TYPE_CHECKING:
-    from heartbeat.verify import VerifyResult
+    from heartbeat.tasks.verify import VerifyResult
 
 __all__ = ["Task", "open_task", "epoch_from_env"]
 
@@ -65,7 +65,7 @@ class Task:
         return tasks.touch(self.store, self.id, epoch=self.epoch, actor=self.actor)
 
     def block(self, on: str, gate: str = "human") -> Baton:
-        from heartbeat.baton import Gate
+        from heartbeat.model.baton import Gate
 
         return tasks.block(self.store, self.id, on, Gate.parse(gate), epoch=self.epoch, actor=self.actor)
 
@@ -75,7 +75,7 @@ class Task:
     def verify(self) -> VerifyResult:
         """Does the baton still hold for this caller? The same result as ``heartbeat verify``:
         ``.code`` 0 fresh, 3 stale (``.changed`` says what), 4 not active, 5 superseded."""
-        from heartbeat.verify import verify
+        from heartbeat.tasks.verify import verify
 
         return verify(self.store, self.id, epoch=self.epoch, actor=self.actor)
 

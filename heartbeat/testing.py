@@ -4,7 +4,7 @@ Like ``structlog.testing``, this lets code built on heartbeat (and heartbeat's o
 generate batons without re-deriving what a valid one is::
 
     from hypothesis import given
-    from heartbeat.baton import dump_baton, parse_baton
+    from heartbeat.model.baton import dump_baton, parse_baton
     from heartbeat.testing import batons
 
     @given(batons())
@@ -26,7 +26,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from heartbeat.baton import (
+from heartbeat.model.baton import (
     HANDOFF_FIELDS,
     ID_PATTERN,
     LIST_FIELDS,

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from heartbeat import open_task
-    from heartbeat.errors import Conflict, HeartbeatError
+    from heartbeat.model.errors import Conflict, HeartbeatError
 
     task_id = os.environ.get("HEARTBEAT_TASK", "")
     mode = args.mode
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                 say("crashing on purpose")
                 return 1
             if mode.startswith("snooze:"):
-                from heartbeat import tasks
-                from heartbeat.timeparse import parse_duration, utcnow
+                from heartbeat.model.timeparse import parse_duration, utcnow
+                from heartbeat.tasks import verbs as tasks
 
                 wait = parse_duration(mode.split(":", 1)[1])
                 tasks.snooze(task.store, task.id, utcnow() + timedelta(seconds=wait), epoch=task.epoch)
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _make_key_files(baton: object) -> None:
-    from heartbeat.world import resolve_key_file
+    from heartbeat.system.world import resolve_key_file
 
     workdir, key_files = getattr(baton, "workdir", ""), getattr(baton, "key_files", [])
     for key in key_files if workdir else []:

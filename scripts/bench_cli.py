@@ -5,11 +5,11 @@ In one run, on this machine, in a throw-away state dir:
 
 * the CLI: an agent's ``heartbeat touch``, ``set`` and ``add`` (``HEARTBEAT_EPOCH`` and
   ``HEARTBEAT_TASK`` set, the task claimed: its touches are pulses, see
-  ``heartbeat.pulse``) and a touch by hand (no epoch: it writes the baton), as real
+  ``heartbeat.hotpath.pulse``) and a touch by hand (no epoch: it writes the baton), as real
   subprocesses through the installed ``heartbeat`` script and through ``python -m
   heartbeat``, against the interpreter's own start-up (``python -c pass``) measured
   interleaved with them. A daemon (``heartbeat run --dry-run``) runs meanwhile, so an
-  agent's set/add is relayed to it (``heartbeat.relay``; the daemon's CPU for them is
+  agent's set/add is relayed to it (``heartbeat.hotpath.relay``; the daemon's CPU for them is
   reported too); the ``no daemon`` rows are the same writes made in the agent's own
   process (``HEARTBEAT_RELAY=off``, what an agent does when no daemon runs);
 * the Python API: ``open_task(...).update()`` in a loop, against a bare atomic write of
@@ -231,9 +231,9 @@ def bench_api(state_dir: str, iterations: int) -> dict[str, dict[str, float]]:
 
 def _setup(state_dir: str) -> int:
     """The benchmark's task, claimed for this process (so that its agent's touches are pulses); its epoch."""
-    from heartbeat import tasks
-    from heartbeat.baton import Owner
+    from heartbeat.model.baton import Owner
     from heartbeat.store.files import FileStore
+    from heartbeat.tasks import verbs as tasks
 
     workdir = os.path.join(state_dir, "work")
     os.makedirs(workdir, exist_ok=True)

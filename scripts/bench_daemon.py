@@ -40,11 +40,11 @@ import tomllib
 from datetime import timedelta
 from pathlib import Path
 
-from heartbeat.baton import Baton, Gate, GateKind, Meta, Status, dump_baton
-from heartbeat.config import parse_config
+from heartbeat.config.load import parse_config
 from heartbeat.daemon import Daemon
-from heartbeat.logging import configure
-from heartbeat.timeparse import utcnow
+from heartbeat.model.baton import Baton, Gate, GateKind, Meta, Status, dump_baton
+from heartbeat.model.timeparse import utcnow
+from heartbeat.system.logging import configure
 
 
 def make_batons(state: Path, count: int) -> list[str]:
@@ -171,8 +171,8 @@ def wait_for(predicate, timeout: float = 30.0):  # type: ignore[no-untyped-def]
 
 
 def bench_reaction(samples: int) -> dict[str, float]:
-    from heartbeat import tasks
     from heartbeat.store.files import FileStore
+    from heartbeat.tasks import verbs as tasks
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -338,8 +338,8 @@ def _percentiles(gaps: list[float]) -> dict[str, float]:
 
 
 def bench_exit_to_successor(samples: int, tick: str) -> dict[str, float]:
-    from heartbeat import tasks
     from heartbeat.store.files import FileStore
+    from heartbeat.tasks import verbs as tasks
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -44,10 +44,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from heartbeat import handoff, tasks
-from heartbeat.baton import Gate, GateKind, Status
-from heartbeat.brief import render_brief
+from heartbeat.model.baton import Gate, GateKind, Status
+from heartbeat.reports.brief import render_brief
 from heartbeat.store.memory import MemoryStore
+from heartbeat.tasks import handoff
+from heartbeat.tasks import verbs as tasks
 
 __all__ = ["main"]
 

@@ -44,9 +44,9 @@ sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
 
-from heartbeat.baton import Baton, Gate, GateKind, Meta, Status, dump_baton  # noqa: E402
-from heartbeat.store.postgres import PostgresStore, upgrade  # noqa: E402
-from heartbeat.timeparse import utcnow  # noqa: E402
+from heartbeat.model.baton import Baton, Gate, GateKind, Meta, Status, dump_baton  # noqa: E402
+from heartbeat.model.timeparse import utcnow  # noqa: E402
+from heartbeat.store.postgres.store import PostgresStore, upgrade  # noqa: E402
 
 
 def fill(url: str, count: int) -> None:
@@ -75,7 +75,7 @@ def fill(url: str, count: int) -> None:
 
 def bench_leases(url: str, bare: psycopg.Connection[Any], count: int) -> list[tuple[str, str, str]]:
     """Dispatch latency, claim and renewal on the filled database (section 4 of the docstring)."""
-    from heartbeat.config import parse_config
+    from heartbeat.config.load import parse_config
     from heartbeat.daemon import Daemon
 
     store = PostgresStore(url)
@@ -192,9 +192,9 @@ def main() -> int:
         rows.append(("scan, quiet (median of 10)", f"{statistics.median(quiet):.1f} ms",
                      f"SELECT id, revision: {statistics.median(keys):.1f} ms"))
 
-        from heartbeat.config import parse_config
+        from heartbeat.config.load import parse_config
         from heartbeat.daemon import Daemon
-        from heartbeat.logging import configure
+        from heartbeat.system.logging import configure
 
         configure(fmt="json", level="error")
         with tempfile.TemporaryDirectory() as state:

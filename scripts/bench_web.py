@@ -16,12 +16,12 @@ import time
 import urllib.request
 from datetime import timedelta
 
-from heartbeat import tasks
-from heartbeat.baton import Baton, Gate, GateKind, Meta
-from heartbeat.ledger import Event
+from heartbeat.model.baton import Baton, Gate, GateKind, Meta
+from heartbeat.model.ledger import Event
+from heartbeat.model.timeparse import utcnow
 from heartbeat.store import open_store
-from heartbeat.timeparse import utcnow
-from heartbeat.web import HostCheck, Listen, build_app, start_in_thread
+from heartbeat.tasks import verbs as tasks
+from heartbeat.web.app import HostCheck, Listen, build_app, start_in_thread
 
 
 def main() -> int:

@@ -99,7 +99,7 @@ class Agent:
 
     def write(self, kind: str, action: Callable[[], Any]) -> Any:
         """Run one write; record it if it landed. Conflict ends the agent (superseded)."""
-        from heartbeat.errors import Conflict, InvalidBaton
+        from heartbeat.model.errors import Conflict, InvalidBaton
 
         for _ in range(40):
             try:
@@ -128,9 +128,9 @@ class Agent:
 
     def cli_set(self, kind: str, field: str, value: str) -> None:
         """``heartbeat set ID FIELD=VALUE`` as an agent types it: written by the daemon's relay
-        when one runs (heartbeat.relay), else by the CLI here. Its revision is not known (the
+        when one runs (heartbeat.hotpath.relay), else by the CLI here. Its revision is not known (the
         command prints none), so the checker holds only the ledger to it; exit 5 is a refusal."""
-        from heartbeat.errors import Conflict, InvalidBaton
+        from heartbeat.model.errors import Conflict, InvalidBaton
 
         def run() -> None:
             r = subprocess.run([sys.executable, "-m", "heartbeat", "set", self.task_id, f"{field}={value}"],
@@ -165,7 +165,7 @@ class Agent:
         return len(remaining) <= count
 
     def finish(self) -> None:
-        from heartbeat import tasks
+        from heartbeat.tasks import verbs as tasks
 
         self.write("finish", lambda: tasks.finish(self.task.store, self.task_id, note="plan through",
                                                   epoch=self.epoch, actor="chaos"))
@@ -176,8 +176,8 @@ class Superseded(Exception):
 
 
 def run_behaviour(agent: Agent, behaviour: str, calm: bool) -> int:
-    from heartbeat import tasks
-    from heartbeat.baton import Gate
+    from heartbeat.model.baton import Gate
+    from heartbeat.tasks import verbs as tasks
 
     rng = agent.rng
     step = agent.step_time
@@ -217,7 +217,7 @@ def run_behaviour(agent: Agent, behaviour: str, calm: bool) -> int:
         return 0
     if behaviour == "snooze":
         agent.work_steps(1, step)
-        from heartbeat.timeparse import utcnow
+        from heartbeat.model.timeparse import utcnow
 
         until = utcnow() + timedelta(seconds=rng.uniform(0.5, 2.0))
         agent.write("snooze", lambda: tasks.snooze(agent.task.store, agent.task_id, until, epoch=agent.epoch,
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="never pick this behaviour (repeatable)")
     args = parser.parse_args(argv)
 
-    from heartbeat.errors import HeartbeatError, NotActive
+    from heartbeat.model.errors import HeartbeatError, NotActive
 
     try:
         agent = Agent(args.root, args.step_time, args.seed, zombie=args.zombie)

@@ -33,10 +33,10 @@ import atheris
 with atheris.instrument_imports(include=["heartbeat", "tomllib", "tomli_w"]):
     import tomllib  # noqa: F401  (instrumented: its branches guide the fuzzer)
 
-    from heartbeat.baton import Gate, check_id, dump_baton, parse_baton
-    from heartbeat.config import expand_argv, parse_config
-    from heartbeat.errors import HeartbeatError
-    from heartbeat.timeparse import parse_duration, parse_instant
+    from heartbeat.config.load import expand_argv, parse_config
+    from heartbeat.model.baton import Gate, check_id, dump_baton, parse_baton
+    from heartbeat.model.errors import HeartbeatError
+    from heartbeat.model.timeparse import parse_duration, parse_instant
 
 __all__ = ["TARGETS", "main"]
 

@@ -33,9 +33,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from heartbeat.baton import Baton, Owner, Status
-from heartbeat.config import RetentionConfig
-from heartbeat.ledger import Event
+from heartbeat.config.load import RetentionConfig
+from heartbeat.model.baton import Baton, Owner, Status
+from heartbeat.model.ledger import Event
 from heartbeat.store.files import FileStore
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -193,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     store = FileStore(root)
     store.ledger._connect().execute("PRAGMA synchronous=OFF")  # type: ignore[attr-defined]  # as os.fsync
     retention = RetentionConfig()
-    from heartbeat.report import build_report
-    from heartbeat.retention import run_gc
+    from heartbeat.ops.retention import run_gc
+    from heartbeat.reports.report import build_report
 
     began = time.monotonic()
     tasks = 0

@@ -135,7 +135,7 @@ STEP_HOURS = 2.0
 """The least clock step, in hours: every step is longer than the whole soak (``--long`` runs about
 32 minutes), so a duration measured across one is beyond anything an agent really did."""
 TEST_CLOCK_ENV = "HEARTBEAT_TEST_CLOCK_OFFSET_FILE"
-"""The daemon's test clock (``heartbeat.defaults.TEST_CLOCK_ENV``): its wall clock is the machine's
+"""The daemon's test clock (``heartbeat.model.defaults.TEST_CLOCK_ENV``): its wall clock is the machine's
 plus the seconds written in this file."""
 LOCK_HOLDERS = ("second daemon", "migrate")
 """Background commands that take the daemon lock: stopped before the soak restarts its daemon."""
@@ -181,7 +181,7 @@ FAULTS: dict[str, tuple[float, float]] = {
 
 
 def parse_seconds(text: str) -> float:
-    from heartbeat.timeparse import parse_duration
+    from heartbeat.model.timeparse import parse_duration
 
     return float(parse_duration(text))
 
@@ -573,8 +573,8 @@ timeout = "5s"
     # -- tasks -------------------------------------------------------------------------
 
     def create_task(self, store: Any) -> str:
-        from heartbeat import tasks
-        from heartbeat.baton import Gate
+        from heartbeat.model.baton import Gate
+        from heartbeat.tasks import verbs as tasks
 
         self._task_seq += 1
         task_id = f"t{self._task_seq:04d}"
@@ -821,7 +821,7 @@ timeout = "5s"
             return
         if self.stale_rng.random() < 0.5:
             r = self.cli("set", task, f"step={marker}", "--epoch", str(epoch))
-        else:  # as a superseded agent types it: relayed to the daemon when it runs (heartbeat.relay)
+        else:  # as a superseded agent types it: relayed to the daemon when it runs (heartbeat.hotpath.relay)
             env = {**self.env, "HEARTBEAT_STATE_DIR": str(self.state), "HEARTBEAT_TASK": task,
                    "HEARTBEAT_EPOCH": str(epoch), "SOAK_OUTSIDER": "1"}  # (not an agent the checker counts)
             r = subprocess.run([sys.executable, "-m", "heartbeat", "set", task, f"step={marker}"],
@@ -1058,9 +1058,9 @@ timeout = "5s"
 
     def race(self) -> bool:
         """Make a task dispatchable (create, unblock, re-arm), then write block/done/snooze 0-200 ms later."""
-        from heartbeat import tasks
-        from heartbeat.errors import HeartbeatError
+        from heartbeat.model.errors import HeartbeatError
         from heartbeat.store.files import FileStore
+        from heartbeat.tasks import verbs as tasks
 
         how = self.rng.choice(["new", "unblock", "retry"])
         store = FileStore(str(self.state))
@@ -1102,11 +1102,11 @@ timeout = "5s"
         return True
 
     def race_write(self, task: str, verb: str) -> None:
-        from heartbeat import tasks
-        from heartbeat.baton import Gate
-        from heartbeat.errors import HeartbeatError
+        from heartbeat.model.baton import Gate
+        from heartbeat.model.errors import HeartbeatError
+        from heartbeat.model.timeparse import utcnow
         from heartbeat.store.files import FileStore
-        from heartbeat.timeparse import utcnow
+        from heartbeat.tasks import verbs as tasks
 
         try:
             store = FileStore(str(self.state))

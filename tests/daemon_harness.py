@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from heartbeat.baton import Baton
-from heartbeat.errors import HeartbeatError
+from heartbeat.model.baton import Baton
+from heartbeat.model.errors import HeartbeatError
 from heartbeat.store.files import FileStore
 
 if TYPE_CHECKING:
-    from heartbeat.config import Config
+    from heartbeat.config.load import Config
 
 TOY = [sys.executable, "-m", "heartbeat.toyagent"]
 NULL_AGENT = """[launchers.agent]
@@ -42,7 +42,7 @@ def toml_list(items: list[str]) -> str:
 def in_process_config(root: Path, *, daemon: str = "", launchers: str = NULL_AGENT) -> tuple[Path, Config]:
     """The state dir ``root/state`` (made, 0700) and a config on it for an in-process daemon:
     ``default_launcher = "agent"``, the ``[daemon]`` lines ``daemon``, then the tables ``launchers``."""
-    from heartbeat.config import parse_config
+    from heartbeat.config.load import parse_config
 
     state = root / "state"
     state.mkdir(mode=0o700, exist_ok=True)

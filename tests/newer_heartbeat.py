@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from heartbeat.store import postgres
+from heartbeat.store.postgres import store as postgres
 
 NEXT = postgres.SCHEMA_VERSION + 1
 NEXT_MIGRATION = (

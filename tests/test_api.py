@@ -10,12 +10,12 @@ import pytest
 from conftest import ROOT, clean_env
 
 import heartbeat
-from heartbeat import tasks
 from heartbeat.api import Task, epoch_from_env, open_task
-from heartbeat.baton import GateKind, Owner, Status
-from heartbeat.errors import BadInput, Conflict, NotFound
+from heartbeat.model.baton import GateKind, Owner, Status
+from heartbeat.model.errors import BadInput, Conflict, NotFound
 from heartbeat.store.files import FileStore
 from heartbeat.store.memory import MemoryStore
+from heartbeat.tasks import verbs as tasks
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ class TestOpen:
     def test_package_exposes_open_task_lazily(self) -> None:
         """`heartbeat.open_task` and `heartbeat.Baton` are importable from the package root."""
         assert heartbeat.open_task is open_task
-        from heartbeat.baton import Baton
+        from heartbeat.model.baton import Baton
 
         assert heartbeat.Baton is Baton
 

@@ -22,14 +22,14 @@ import pytest
 from conftest import Result, clean_env
 from test_retention import sim
 
-from heartbeat.config import RetentionConfig
-from heartbeat.errors import BadInput, Conflict, StoreError
-from heartbeat.report import build_report
-from heartbeat.retention import run_gc
+from heartbeat.config.load import RetentionConfig
+from heartbeat.model.errors import BadInput, Conflict, StoreError
+from heartbeat.ops.retention import run_gc
+from heartbeat.ops.transfer import Counts, export_lines, import_lines, migrate
+from heartbeat.reports.report import build_report
 from heartbeat.store.base import Archiving, Store
 from heartbeat.store.files import FileStore
-from heartbeat.store.postgres import PostgresStore
-from heartbeat.transfer import Counts, export_lines, import_lines, migrate
+from heartbeat.store.postgres.store import PostgresStore
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 MID = T0 + timedelta(days=200)

@@ -15,7 +15,7 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from heartbeat.baton import (
+from heartbeat.model.baton import (
     LIST_FIELDS,
     SCALAR_FIELDS,
     Baton,
@@ -28,7 +28,7 @@ from heartbeat.baton import (
     dump_baton,
     parse_baton,
 )
-from heartbeat.errors import BadInput, InvalidBaton
+from heartbeat.model.errors import BadInput, InvalidBaton
 from heartbeat.store.files import FileStore
 from heartbeat.testing import batons, task_ids, toml_scalars, toml_values
 

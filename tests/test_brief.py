@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import Result
 
-from heartbeat.baton import Baton, Gate, GateKind, Meta, Status
-from heartbeat.brief import estimate_tokens, render_brief
+from heartbeat.model.baton import Baton, Gate, GateKind, Meta, Status
+from heartbeat.reports.brief import estimate_tokens, render_brief
 from heartbeat.store.files import FileStore
 
 HEADINGS = ("## Intent", "## Constraints", "## Where things stand", "## Context", "## Pointers",
@@ -224,7 +224,7 @@ class TestChangedKeyFiles:
         """render_brief (the daemon's entry point) reads the key files afresh and compares with meta.world."""
         store = FileStore(str(state_dir))
         try:
-            from heartbeat import tasks
+            from heartbeat.tasks import verbs as tasks
 
             baton = tasks.new_task(store, "t1", task="T", step="s", workdir=str(work), key_files=["a.py"])
             assert "CHANGED" not in render_brief(baton).text

@@ -20,8 +20,9 @@ from conftest import ROOT, Result, clean_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heartbeat import cli, defaults
-from heartbeat.errors import BadInput
+from heartbeat.cli import commands as cli
+from heartbeat.model import defaults
+from heartbeat.model.errors import BadInput
 
 Hb = Callable[..., Result]
 
@@ -426,7 +427,7 @@ class TestLifecycle:
 
     def test_retry_of_an_escalated_task(self, hb: Hb, state_dir: Path) -> None:
         """An escalated task (as the daemon leaves it) is re-armed by `retry`, attempts reset."""
-        from heartbeat.baton import Status
+        from heartbeat.model.baton import Status
         from heartbeat.store.files import FileStore
 
         assert hb("new", "e", "--task", "t", "--step", "s").code == 0
@@ -545,10 +546,10 @@ class TestHotPath:
         parser when HEARTBEAT_STATE_DIR is set."""
         assert hb("new", "hot", "--task", "t", "--step", "s").code == 0
         modules = _imports_of(args, state_dir)
-        assert "heartbeat.tasks" in modules  # the measurement works
+        assert "heartbeat.tasks.verbs" in modules  # the measurement works
         roots = {name.split(".")[0] for name in modules}
         assert not roots & set(self.HEAVY), sorted(roots & set(self.HEAVY))
-        assert "heartbeat.config" not in modules
+        assert "heartbeat.config.load" not in modules
 
     @pytest.mark.parametrize("args", [["set", "hot", "step=next"], ["add", "hot", "done", "x"]])
     def test_agent_writes_load_no_inspect_or_openssl(self, hb: Hb, state_dir: Path, args: list[str]) -> None:
@@ -559,13 +560,13 @@ class TestHotPath:
                    "--key-file", "k.txt").out.strip()
         env = {"HEARTBEAT_EPOCH": epoch, "HEARTBEAT_TASK": "hot"}
         modules = _imports_of(args, state_dir, env) - _imports_of([], state_dir, env, code="pass")
-        assert "heartbeat.world" in modules and "dataclasses" in modules  # the measurement works
+        assert "heartbeat.system.world" in modules and "dataclasses" in modules  # the measurement works
         assert not modules & {"inspect", "ast", "dis", "tokenize", "_hashlib", "argparse", "importlib.util"}
 
     def test_importing_the_cli_leaves_the_module_table_alone(self) -> None:
-        """Importing heartbeat.cli (as the MCP server, the hooks and tests do) puts no stand-in in
+        """Importing heartbeat.cli.commands (as the MCP server, the hooks and tests do) puts no stand-in in
         sys.modules: inspect is either not loaded or the real module, with its spec."""
-        code = ("import sys, heartbeat.cli, heartbeat.hooks; m = sys.modules.get('inspect'); "
+        code = ("import sys, heartbeat.cli.commands, heartbeat.integrations.hooks; m = sys.modules.get('inspect'); "
                 "print('absent' if m is None else type(m).__name__, getattr(m, '__spec__', None) is not None)")
         proc = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True,
                               cwd=str(ROOT), timeout=60)
@@ -573,13 +574,13 @@ class TestHotPath:
         assert proc.stdout.split() in (["absent", "False"], ["module", "True"]), proc.stdout
 
     def test_an_agents_touch_loads_only_the_pulse(self, hb: Hb, state_dir: Path) -> None:
-        """An agent's touch with its pulse armed (heartbeat.pulse) loads heartbeat and heartbeat.pulse, and of
+        """An agent's touch with its pulse armed (heartbeat.hotpath.pulse) loads heartbeat and heartbeat.hotpath.pulse, and of
         the rest of Python nothing that parses, types or stores: no TOML, typing, re, sqlite3 or dataclasses."""
         epoch = hb("new", "hot", "--task", "t", "--step", "s", "--claim").out.strip()
         env = {"HEARTBEAT_EPOCH": epoch, "HEARTBEAT_TASK": "hot"}
         assert hb("touch", "hot", env=env).code == 0  # arms the pulse
         modules = _imports_of(["touch", "hot"], state_dir, env)
-        assert {name for name in modules if name.startswith("heartbeat")} == {"heartbeat", "heartbeat.pulse"}
+        assert {name for name in modules if name.startswith("heartbeat")} == {"heartbeat", "heartbeat.hotpath.pulse"}
         modules -= _imports_of([], state_dir, env, code="pass")  # what this interpreter loads at start (an
         # editable install's finder loads re and pathlib for every program)
         heavy = {*self.HEAVY, "tomllib", "typing", "re", "sqlite3", "dataclasses", "json", "argparse", "datetime"}

@@ -6,7 +6,7 @@ Two ways to step a clock without touching the machine's:
 - a real ``heartbeat run`` and its agents under libfaketime (``LD_PRELOAD``; the offset is
   read from a file at every call, the monotonic clock is left alone): their wall clock steps
   an hour while the test watches (:class:`TestARealDaemon`);
-- a daemon in this process on a :class:`~heartbeat.clock.ShiftedClock`, its tick beating in
+- a daemon in this process on a :class:`~heartbeat.system.clock.ShiftedClock`, its tick beating in
   its own thread: its wall clock is stepped in-process while its monotonic clock runs on, and
   the agents are real processes writing through the real store with the machine's clock.
 """
@@ -24,11 +24,11 @@ import pytest
 from conftest import wait_for
 from daemon_harness import TOY, DaemonHarness, in_process_config, toml_list
 
-from heartbeat import tasks
-from heartbeat.baton import Status
-from heartbeat.clock import Metronome, ShiftedClock, StepWatch
 from heartbeat.daemon import Daemon
+from heartbeat.model.baton import Status
 from heartbeat.store.files import FileStore
+from heartbeat.system.clock import Metronome, ShiftedClock, StepWatch
+from heartbeat.tasks import verbs as tasks
 
 HOUR = 3600.0
 
@@ -358,8 +358,8 @@ class TestAgentsKeepTheirIdentity:
 
         import psutil
 
-        from heartbeat import liveness
-        from heartbeat.baton import Owner, OwnerKind
+        from heartbeat.launchers import liveness
+        from heartbeat.model.baton import Owner, OwnerKind
 
         agent = subprocess.Popen(["sleep", "60"])
         try:

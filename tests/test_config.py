@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, Result, clean_env
 
-from heartbeat import defaults
-from heartbeat.config import (
+from heartbeat.config.load import (
     BUILTIN_LAUNCHER_KEYS,
     CommandConfig,
     DaemonConfig,
@@ -28,7 +27,8 @@ from heartbeat.config import (
     parse_config,
     resolve_state_dir,
 )
-from heartbeat.errors import ConfigError
+from heartbeat.model import defaults
+from heartbeat.model.errors import ConfigError
 
 Hb = Callable[..., Result]
 EXAMPLE = ROOT / "config" / "heartbeat.example.toml"

@@ -398,8 +398,8 @@ class TestRacesBetweenLookAndAct:
 
     def test_baton_turned_to_garbage_before_settle_is_a_race_not_a_task_failure(self, tmp_path: Path) -> None:
         """Garbage written after the scan and before the settle: logged as a race, left byte-identical, reported."""
-        from heartbeat import tasks
-        from heartbeat.logging import capture
+        from heartbeat.system.logging import capture
+        from heartbeat.tasks import verbs as tasks
 
         tmp_path.chmod(0o700)
         d = in_process_daemon(tmp_path, 'runtime = "0s"')
@@ -428,8 +428,8 @@ class TestRacesBetweenLookAndAct:
 
         from conftest import wait_for
 
-        from heartbeat import tasks
-        from heartbeat.timeparse import utcnow
+        from heartbeat.model.timeparse import utcnow
+        from heartbeat.tasks import verbs as tasks
 
         tmp_path.chmod(0o700)
         d = in_process_daemon(tmp_path, "", stall_after="1h", progress_after="1s")
@@ -458,10 +458,10 @@ class TestEscalationNotifySurvivesRestarts:
         """Escalated with no notified event after it: the next daemon runs the notifier, once; a notified one is left."""
         from conftest import wait_for
 
-        from heartbeat import tasks
-        from heartbeat.baton import Status
-        from heartbeat.ledger import Event
-        from heartbeat.timeparse import utcnow
+        from heartbeat.model.baton import Status
+        from heartbeat.model.ledger import Event
+        from heartbeat.model.timeparse import utcnow
+        from heartbeat.tasks import verbs as tasks
 
         tmp_path.chmod(0o700)
         out = tmp_path / "notified.txt"
@@ -497,8 +497,8 @@ class TestGateWatchRace:
         """While the watcher's look adds blocked tasks' gate paths, updating the watches never raises."""
         import threading
 
-        from heartbeat import tasks
-        from heartbeat.baton import Gate
+        from heartbeat.model.baton import Gate
+        from heartbeat.tasks import verbs as tasks
 
         tmp_path.chmod(0o700)
         gates = tmp_path / "gates"
@@ -540,8 +540,8 @@ class TestBlockSeed:
 
     def test_gate_opened_before_start_unblocks_without_a_bypass(self, tmp_path: Path) -> None:
         """A task whose file gate opened while no daemon ran is unblocked on the first pass, with no bypass."""
-        from heartbeat import tasks
-        from heartbeat.baton import Gate
+        from heartbeat.model.baton import Gate
+        from heartbeat.tasks import verbs as tasks
 
         tmp_path.chmod(0o700)
         gate = tmp_path / "gate.done"
@@ -606,7 +606,7 @@ class TestPhaseTwoLockHeld:
     def test_the_agent_is_adopted_from_its_pid_file(self, tmp_path: Path) -> None:
         """Phase 2 (recording the pid) meets a held lock: no error, one agent, adopted at the next look."""
         from heartbeat.daemon import Daemon
-        from heartbeat.errors import Busy
+        from heartbeat.model.errors import Busy
         from heartbeat.store.files import FileStore
 
         class HeldAtPhaseTwo(FileStore):
@@ -625,7 +625,7 @@ command = {toml_list([sys.executable, "-c", "import time; time.sleep(60)"])}
 stop_grace = "200ms"
 """)
         store = HeldAtPhaseTwo(str(state))
-        from heartbeat.baton import Baton, Meta
+        from heartbeat.model.baton import Baton, Meta
 
         store.create(Baton(meta=Meta(id="t1"), task="T", step="S", workdir=str(tmp_path)))
         log = _ListLog()

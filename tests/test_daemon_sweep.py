@@ -18,11 +18,11 @@ import pytest
 from conftest import wait_for
 from daemon_harness import TOY, DaemonHarness, in_process_config
 
-from heartbeat import tasks
 from heartbeat.daemon import Daemon
-from heartbeat.exits import pidfds_available
+from heartbeat.daemon.exits import pidfds_available
 from heartbeat.store.base import Unwatch
 from heartbeat.store.files import FileStore
+from heartbeat.tasks import verbs as tasks
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from heartbeat.config import parse_config
-from heartbeat.pipeline import parse_pipeline
+from heartbeat.config.load import parse_config
+from heartbeat.tasks.pipeline import parse_pipeline
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -1,4 +1,4 @@
-"""The ledger's event kinds are one vocabulary: :class:`heartbeat.ledger.EventKind`.
+"""The ledger's event kinds are one vocabulary: :class:`heartbeat.model.ledger.EventKind`.
 
 Read from the source with :mod:`ast`, never by importing it: wherever heartbeat writes or reads an
 event's kind, it names an ``EventKind`` member, not a bare string that a typo or a rename would
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from heartbeat.baton import Status
-from heartbeat.ledger import EventKind
+from heartbeat.model.baton import Status
+from heartbeat.model.ledger import EventKind
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "heartbeat"

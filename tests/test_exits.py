@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 
-from heartbeat.baton import Owner
-from heartbeat.changes import ChangeFeed
-from heartbeat.exits import ExitWatch, pidfds_available
+from heartbeat.daemon.changes import ChangeFeed
+from heartbeat.daemon.exits import ExitWatch, pidfds_available
+from heartbeat.launchers.liveness import identify, this_host
 from heartbeat.launchers.null import FAKE_PID_BASE
-from heartbeat.liveness import identify, this_host
+from heartbeat.model.baton import Owner
 
 needs_pidfd = pytest.mark.skipif(not pidfds_available(), reason="this kernel gives no pidfds")
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, clean_env
 
-from heartbeat import defaults
-from heartbeat.baton import Baton, Meta
-from heartbeat.errors import BadInput, InvalidBaton, NotFound, StoreError, UnsafePath
+from heartbeat.model import defaults
+from heartbeat.model.baton import Baton, Meta
+from heartbeat.model.errors import BadInput, InvalidBaton, NotFound, StoreError, UnsafePath
 from heartbeat.store.files import FileStore
 
 # A writer that rewrites its batons in a loop until it is killed. Every write bumps an

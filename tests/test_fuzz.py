@@ -29,12 +29,12 @@ import tomli_w
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from heartbeat import defaults
-from heartbeat.baton import Baton, Gate, check_id, dump_baton, load_toml, parse_baton
-from heartbeat.config import Config, expand_argv, parse_config
-from heartbeat.errors import BadInput, ConfigError, HeartbeatError, InvalidBaton
+from heartbeat.config.load import Config, expand_argv, parse_config
+from heartbeat.model import defaults
+from heartbeat.model.baton import Baton, Gate, check_id, dump_baton, load_toml, parse_baton
+from heartbeat.model.errors import BadInput, ConfigError, HeartbeatError, InvalidBaton
+from heartbeat.model.timeparse import parse_duration, parse_instant
 from heartbeat.store.files import FileStore
-from heartbeat.timeparse import parse_duration, parse_instant
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 """Enough examples to shake the parsers, few enough that the whole module runs in about 30 s."""
@@ -277,9 +277,9 @@ class TestBatonParser:
 
 _WORST_RUNNER = r"""
 import json, sys, time
-from heartbeat.baton import parse_baton
-from heartbeat.config import parse_config
-from heartbeat.errors import HeartbeatError
+from heartbeat.model.baton import parse_baton
+from heartbeat.config.load import parse_config
+from heartbeat.model.errors import HeartbeatError
 cases = json.load(sys.stdin)
 for name, (parser, text) in cases.items():
     started = time.monotonic()
@@ -570,7 +570,7 @@ class TestCli:
     @given(st.sampled_from(COMMANDS), st.lists(WORDS, max_size=7))
     def test_any_arguments(self, cli_state: Path, command: str, words: list[str]) -> None:
         """main() returns 0-5 for any arguments; on failure stderr is one line starting 'heartbeat:'."""
-        from heartbeat.cli import main
+        from heartbeat.cli.commands import main
 
         out, err = io.StringIO(), io.StringIO()
         with environment(HEARTBEAT_STATE_DIR=str(cli_state)), contextlib.redirect_stdout(out), \

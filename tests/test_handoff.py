@@ -11,15 +11,16 @@ from pathlib import Path
 import pytest
 from conftest import Result
 
-from heartbeat import handoff, tasks
-from heartbeat.baton import Baton, Gate, GateKind, Guarantee, Meta, Status, dump_baton, parse_baton
-from heartbeat.brief import render_brief
-from heartbeat.config import CommandConfig
-from heartbeat.errors import EXIT_NOT_ACTIVE, EXIT_STALE, BadInput, GuaranteeFailed, InvalidBaton
-from heartbeat.gates import GateEvaluator
-from heartbeat.policy import Action, Observation, Policy, decide
+from heartbeat.config.load import CommandConfig
+from heartbeat.daemon.gates import GateEvaluator
+from heartbeat.model.baton import Baton, Gate, GateKind, Guarantee, Meta, Status, dump_baton, parse_baton
+from heartbeat.model.errors import EXIT_NOT_ACTIVE, EXIT_STALE, BadInput, GuaranteeFailed, InvalidBaton
+from heartbeat.model.policy import Action, Observation, Policy, decide
+from heartbeat.reports.brief import render_brief
 from heartbeat.store.files import FileStore
-from heartbeat.verify import verify
+from heartbeat.tasks import handoff
+from heartbeat.tasks import verbs as tasks
+from heartbeat.tasks.verify import verify
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 CHECKS = {

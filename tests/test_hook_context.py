@@ -19,11 +19,12 @@ from agent_clis import agent_cli
 from conftest import clean_env
 from scripted_model import ScriptedModel, Workload, scripted_model
 
-from heartbeat import defaults, tasks
-from heartbeat.baton import Baton
-from heartbeat.brief import render_brief
-from heartbeat.hooks import command_prefix, context_length, install_claude, session_context
+from heartbeat.integrations.hooks import command_prefix, context_length, install_claude, session_context
+from heartbeat.model import defaults
+from heartbeat.model.baton import Baton
+from heartbeat.reports.brief import render_brief
 from heartbeat.store.files import FileStore
+from heartbeat.tasks import verbs as tasks
 
 BIN = Path(sys.executable).parent
 PREVIEW = "<persisted-output>"

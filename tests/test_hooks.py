@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 from conftest import ROOT, Result, clean_env
 
-from heartbeat import tasks
-from heartbeat.config import HooksConfig
-from heartbeat.hooks import allow_rules, handle_event, install_claude, uninstall_claude
+from heartbeat.config.load import HooksConfig
+from heartbeat.integrations.hooks import allow_rules, handle_event, install_claude, uninstall_claude
+from heartbeat.model.timeparse import utcnow
 from heartbeat.store.files import FileStore
-from heartbeat.timeparse import utcnow
+from heartbeat.tasks import verbs as tasks
 
 SESSION = json.loads((ROOT / "tests" / "data" / "claude_session_events.json").read_text())["events"]
 
@@ -149,7 +149,7 @@ class TestNeverBreaksTheAgent:
         assert proc.returncode == 0
         modules = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
                    if line.startswith("import time:")}
-        assert "heartbeat.hooks" in modules  # the measurement works
+        assert "heartbeat.integrations.hooks" in modules  # the measurement works
         roots = {name.split(".")[0] for name in modules}
         heavy = {"argparse", "apscheduler", "watchdog", "structlog", "psutil", "mcp"}
         assert not roots & heavy, sorted(roots & heavy)
@@ -746,8 +746,8 @@ class TestHooksConfig:
     ])
     def test_bad_values_are_refused(self, body: str, message: str) -> None:
         """A bad [hooks] value is a ConfigError naming the key."""
-        from heartbeat.config import parse_config
-        from heartbeat.errors import ConfigError
+        from heartbeat.config.load import parse_config
+        from heartbeat.model.errors import ConfigError
 
         with pytest.raises(ConfigError, match=message):
             parse_config(f"[hooks]\n{body}\n")

@@ -26,10 +26,10 @@ import pytest
 from conftest import wait_for
 from daemon_harness import DaemonHarness, toml_list
 
-from heartbeat import tasks
-from heartbeat.errors import UnsafePath
 from heartbeat.launchers import shim
-from heartbeat.safefile import open_dir, open_regular, read_regular, write_atomic
+from heartbeat.model.errors import UnsafePath
+from heartbeat.system.safefile import open_dir, open_regular, read_regular, write_atomic
+from heartbeat.tasks import verbs as tasks
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(3600)"]
 
@@ -202,8 +202,8 @@ class TestFifoInLogs:
         h = harness
         h.new("a")
         with h.store.edit("a") as ed:  # a dispatch recorded by a daemon that died before the agent's pid
-            from heartbeat.baton import Owner
-            from heartbeat.liveness import this_host
+            from heartbeat.launchers.liveness import this_host
+            from heartbeat.model.baton import Owner
 
             ed.baton.meta.epoch = 1
             ed.baton.meta.owner = Owner(how="dispatch", launcher="toy", host=this_host())

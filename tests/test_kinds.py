@@ -7,10 +7,10 @@ import json
 import sqlite3
 from pathlib import Path
 
-from heartbeat.baton import OwnerKind
-from heartbeat.ledger import Event, EventKind, SqliteLedger
-from heartbeat.policy import StallReason
-from heartbeat.timeparse import utcnow
+from heartbeat.model.baton import OwnerKind
+from heartbeat.model.ledger import Event, EventKind, SqliteLedger
+from heartbeat.model.policy import StallReason
+from heartbeat.model.timeparse import utcnow
 
 ON_DISK_EVENT_KINDS = {
     "created", "updated", "touched", "restored", "rederived", "claimed", "released", "snoozed", "woke",

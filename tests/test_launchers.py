@@ -25,9 +25,7 @@ import psutil
 import pytest
 from conftest import wait_for
 
-from heartbeat.baton import Owner
-from heartbeat.config import LauncherConfig, parse_config
-from heartbeat.errors import ConfigError
+from heartbeat.config.load import LauncherConfig, parse_config
 from heartbeat.launchers import BUILTIN, make_launcher, resolve
 from heartbeat.launchers.base import (
     ExitStatus,
@@ -39,11 +37,13 @@ from heartbeat.launchers.base import (
     read_exit_file,
 )
 from heartbeat.launchers.exec import ExecLauncher
+from heartbeat.launchers.liveness import identify, is_alive, stop_process_group
 from heartbeat.launchers.null import FAKE_PID_BASE, NullLauncher
 from heartbeat.launchers.shim import group_members
 from heartbeat.launchers.systemd_run import SystemdRunLauncher
-from heartbeat.liveness import identify, is_alive, stop_process_group
-from heartbeat.systemd import PLUMBING_ENV
+from heartbeat.model.baton import Owner
+from heartbeat.model.errors import ConfigError
+from heartbeat.system.systemd import PLUMBING_ENV
 
 HOSTILE = "; rm -rf / $(touch pwned) `touch pwned2` $HOME ${PATH} %n\nsecond line 'q' \"dq\" \\"
 """A baton value that would do damage if it ever reached a shell or systemd's expansion."""
@@ -559,7 +559,7 @@ class TestExecProcesses:
         req = kit.request()
         helper = textwrap.dedent('''
             import json, sys
-            from heartbeat.config import LauncherConfig
+            from heartbeat.config.load import LauncherConfig
             from heartbeat.launchers.base import LaunchRequest
             from heartbeat.launchers.exec import ExecLauncher
             cfg, req = json.loads(sys.argv[1]), json.loads(sys.argv[2])
@@ -877,7 +877,7 @@ class TestRegistry:
 
     @pytest.mark.parametrize(("type_name", "message"), [
         ("nope", "unknown launcher type 'nope'"),
-        ("heartbeat.errors:HeartbeatError", "missing launch, alive, exit_status, stop, reap"),
+        ("heartbeat.model.errors:HeartbeatError", "missing launch, alive, exit_status, stop, reap"),
         ("heartbeat.no_such_module:X", "cannot import"),
         ("heartbeat.launchers.null:Nothing", "has no Nothing"),
         ("heartbeat.launchers.null:FAKE_PID_BASE", "is not a class"),

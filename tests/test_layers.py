@@ -271,7 +271,7 @@ class TestDaemonComposition:
     def test_the_parts_share_one_context_and_one_lease_part(self, tmp_path: Path) -> None:
         """A daemon on a file store: the loop, observer, actor and watcher hold the one ``Shared``
         the service built, and the lease part is None in each."""
-        from heartbeat.config import parse_config
+        from heartbeat.config.load import parse_config
         from heartbeat.daemon import Daemon
 
         state = tmp_path / "state"
@@ -300,12 +300,12 @@ class TestDaemonComposition:
 
     def test_the_daemon_imports_no_face_for_its_page(self) -> None:
         """``[http]`` inside ``heartbeat run``: the command line gives the daemon its page starter
-        (:func:`heartbeat.web.start_for_daemon`); no daemon module imports ``heartbeat.web`` (on
+        (:func:`heartbeat.web.app.start_for_daemon`); no daemon module imports ``heartbeat.web.app`` (on
         c31a8a9 daemon/service.py did, listed in import-linter's ignore_imports)."""
         graph = import_graph()
         daemon_modules = [m for m in graph if m == "heartbeat.daemon" or m.startswith("heartbeat.daemon.")]
-        assert [m for m in daemon_modules if "heartbeat.web" in graph[m]] == []
-        assert "heartbeat.web" in graph["heartbeat.cli"]
+        assert [m for m in daemon_modules if "heartbeat.web.app" in graph[m]] == []
+        assert "heartbeat.web.app" in graph["heartbeat.cli.commands"]
 
 
 if __name__ == "__main__":

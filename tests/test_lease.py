@@ -15,12 +15,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from heartbeat.baton import Baton, Gate, GateKind, Meta, Owner
-from heartbeat.config import parse_config
-from heartbeat.errors import BadInput, ConfigError, Conflict, StoreError
-from heartbeat.gates import GateEvaluator
-from heartbeat.lease import Lease, LeaseRow, host_labels, lease_rows, list_hosts, resolve_host
-from heartbeat.store.postgres import MIGRATIONS, PostgresStore, upgrade
+from heartbeat.config.load import parse_config
+from heartbeat.daemon.gates import GateEvaluator
+from heartbeat.model.baton import Baton, Gate, GateKind, Meta, Owner
+from heartbeat.model.errors import BadInput, ConfigError, Conflict, StoreError
+from heartbeat.ops.lease import Lease, LeaseRow, host_labels, lease_rows, list_hosts, resolve_host
+from heartbeat.store.postgres.store import MIGRATIONS, PostgresStore, upgrade
 from tests.conftest import Result, clean_env
 
 
@@ -408,7 +408,7 @@ class TestGatesByHost:
 
 
 def _now() -> Any:
-    from heartbeat.timeparse import utcnow
+    from heartbeat.model.timeparse import utcnow
 
     return utcnow()
 

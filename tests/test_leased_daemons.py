@@ -22,10 +22,10 @@ import psycopg
 import pytest
 from daemon_harness import TOY, DaemonHarness
 
-from heartbeat import tasks
-from heartbeat.baton import Gate
-from heartbeat.ledger import Event
-from heartbeat.store.postgres import PostgresStore
+from heartbeat.model.baton import Gate
+from heartbeat.model.ledger import Event
+from heartbeat.store.postgres.store import PostgresStore
+from heartbeat.tasks import verbs as tasks
 from tests.pg import Cluster
 
 pytestmark = pytest.mark.slow
@@ -248,7 +248,7 @@ class TestPartition:
         """The database stopped for longer than the lease: no daemon launches an agent while it cannot renew
         (their agents stop as the leases run out), each says so in one line and, the database back, one line
         again, neither crashes nor hangs, and every task runs again, still without twins."""
-        from heartbeat.store.postgres import upgrade
+        from heartbeat.store.postgres.store import upgrade
 
         url = own_cluster.create_db("partition")
         upgrade(url)
@@ -324,7 +324,7 @@ class TestGatesByHost:
 def kill_host_lock(url: str) -> list[int]:
     """``pg_terminate_backend`` every connection holding a daemon's host-id lock (as a database restart,
     a failover or an idle timeout would end it); the backends' pids."""
-    from heartbeat.store.postgres import _DAEMON_LOCK
+    from heartbeat.store.postgres.store import _DAEMON_LOCK
 
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute("SELECT pid, pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
@@ -551,7 +551,7 @@ class TestFrozenWriter:
             import os, signal, sys
             from heartbeat import defaults
             defaults.PG_IDLE_IN_TRANSACTION_TIMEOUT = 2.0
-            from heartbeat.store.postgres import PostgresStore
+            from heartbeat.store.postgres.store import PostgresStore
             store = PostgresStore({a.url!r})
             with store.edit("f1", actor="frozen") as ed:
                 ed.baton.step = "written by a frozen writer"

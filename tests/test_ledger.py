@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import Result
 
-from heartbeat import tasks
-from heartbeat.baton import Gate, Owner, Status
-from heartbeat.errors import Conflict, NotActive
-from heartbeat.ledger import Event, Ledger, MemoryLedger, SqliteLedger
+from heartbeat.model.baton import Gate, Owner, Status
+from heartbeat.model.errors import Conflict, NotActive
+from heartbeat.model.ledger import Event, Ledger, MemoryLedger, SqliteLedger
 from heartbeat.store.files import FileStore
+from heartbeat.tasks import verbs as tasks
 
 Hb = Callable[..., Result]
 T0 = datetime(2026, 11, 29, 6, 0, 5, tzinfo=UTC)  # five seconds into a minute
@@ -234,7 +234,7 @@ class TestSupersede:
         self, file_store: FileStore, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """A writer dying after appending its events but before the rename: the retry's events replace them."""
-        from heartbeat.baton import Baton, Meta
+        from heartbeat.model.baton import Baton, Meta
 
         file_store.create(Baton(task="t", step="s", meta=Meta(id="crashy")))
 

@@ -18,10 +18,10 @@ import structlog
 from conftest import wait_for
 from daemon_harness import in_process_config
 
-from heartbeat import logging as hlog
-from heartbeat import tasks
 from heartbeat.daemon import Daemon
 from heartbeat.store.files import FileStore
+from heartbeat.system import logging as hlog
+from heartbeat.tasks import verbs as tasks
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 

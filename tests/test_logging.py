@@ -1,4 +1,4 @@
-"""heartbeat.logging: JSON lines for journald, console on a real TTY, capture for tests."""
+"""heartbeat.system.logging: JSON lines for journald, console on a real TTY, capture for tests."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import pytest
 import structlog
 from conftest import clean_env, wait_for
 
-from heartbeat import logging as hlog
-from heartbeat.errors import BadInput
+from heartbeat.model.errors import BadInput
+from heartbeat.system import logging as hlog
 
 
 @pytest.fixture(autouse=True)
@@ -208,7 +208,7 @@ class TestConsole:
     def test_console_in_a_child_whose_stdout_is_a_pty(self) -> None:
         """A process whose stdout is a terminal logs for humans by default."""
         master, slave = pty.openpty()
-        code = ("from heartbeat.logging import configure, get_logger\n"
+        code = ("from heartbeat.system.logging import configure, get_logger\n"
                 "print(configure(), flush=True)\n"
                 "get_logger().info('hello', task='t1')\n")
         try:
@@ -227,7 +227,7 @@ class TestConsole:
 
     def test_json_in_a_child_whose_stdout_is_a_pipe(self) -> None:
         """A process whose stdout is a pipe (journald) writes JSON lines by default."""
-        code = ("from heartbeat.logging import configure, get_logger\n"
+        code = ("from heartbeat.system.logging import configure, get_logger\n"
                 "configure()\n"
                 "get_logger().info('hello', task='t1')\n")
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(),

@@ -142,7 +142,7 @@ class TestBesideADaemonOnADatabase:
         """The lock a daemon takes (``claim_daemon``, held here as ``heartbeat run`` holds it): exit 1,
         one line, nothing copied (on main 5107149: exit 0 and "copied 1 baton(s)", a copy of a moving
         store, as issue 20 item 3 found for a state dir)."""
-        from heartbeat.store.postgres import PostgresStore
+        from heartbeat.store.postgres.store import PostgresStore
 
         (tmp_path / "dst").mkdir(mode=0o700)
         daemon = PostgresStore(pg_url)

@@ -27,8 +27,8 @@ import psycopg
 import pytest
 from daemon_harness import DaemonHarness
 
-from heartbeat import tasks
-from heartbeat.store.postgres import PostgresStore
+from heartbeat.store.postgres.store import PostgresStore
+from heartbeat.tasks import verbs as tasks
 
 pytestmark = pytest.mark.slow
 

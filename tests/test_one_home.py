@@ -1,5 +1,5 @@
 """One home per mechanism, read from the source with :mod:`ast`: every timeout and interval in
-:mod:`heartbeat.defaults`, every whole-file atomic write through :mod:`heartbeat.safefile`.
+:mod:`heartbeat.model.defaults`, every whole-file atomic write through :mod:`heartbeat.system.safefile`.
 
 Each names its documented exceptions (the fast paths that may import nothing more), and each of those
 is pinned: a copy of a default is equal to it.
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from heartbeat import defaults, pulse
+from heartbeat.hotpath import pulse
 from heartbeat.launchers import shim
+from heartbeat.model import defaults
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "heartbeat"
@@ -24,7 +25,7 @@ TIME_NAME = re.compile(r"TIMEOUT|GRACE|INTERVAL|WAIT|RETRY|SKEW|EVERY|SECONDS|DE
 """A module-level name that holds a duration."""
 
 TIME_COPIES = {
-    ("heartbeat/pulse.py", "FUTURE_SKEW"): defaults.PULSE_FUTURE_SKEW,
+    ("heartbeat/hotpath/pulse.py", "FUTURE_SKEW"): defaults.PULSE_FUTURE_SKEW,
     ("heartbeat/launchers/shim.py", "STOP_GRACE"): defaults.STOP_GRACE,
 }
 """Durations a fast path holds as its own literal, because it loads nothing from heartbeat (the
@@ -61,7 +62,7 @@ def time_literals(tree: ast.Module) -> Iterator[str]:
 class TestTimeoutsHaveOneHome:
     def test_no_duration_literal_outside_defaults(self) -> None:
         """No module but defaults.py names a duration as a literal number (beyond the pinned copies)."""
-        found = [f"{name}: {constant}" for name, tree in _sources() if name != "heartbeat/defaults.py"
+        found = [f"{name}: {constant}" for name, tree in _sources() if name != "heartbeat/model/defaults.py"
                  for constant in time_literals(tree) if (name, constant) not in TIME_COPIES]
         assert not found, found
 
@@ -104,12 +105,12 @@ class TestWholeFileWritesHaveOneHome:
     def test_no_rename_outside_safefile(self) -> None:
         """No module but safefile.py (and the documented shim) renames a file into place by hand."""
         found = [f"{name}:{line}" for name, tree in _sources()
-                 if name != "heartbeat/safefile.py" and name not in REPLACE_BY_HAND for line in renames(tree)]
+                 if name != "heartbeat/system/safefile.py" and name not in REPLACE_BY_HAND for line in renames(tree)]
         assert not found, found
 
     def test_the_exception_is_documented(self) -> None:
         """Each hand-rolled writer left is named in safefile.py's docstring and in docs/design.md."""
-        from heartbeat import safefile
+        from heartbeat.system import safefile
 
         design = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
         for name in REPLACE_BY_HAND:

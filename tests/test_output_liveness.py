@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from daemon_harness import DaemonHarness, toml_list
 
-from heartbeat.liveness import output_at
+from heartbeat.launchers.liveness import output_at
 
 pytestmark = pytest.mark.slow
 

@@ -3,7 +3,7 @@
 A throwaway cluster with ``max_connections = 20``; two daemons (two host ids) on one database;
 30 agents that are shell scripts calling ``heartbeat`` the way an agent's brief teaches it
 (``show``, ``add``, ``touch``, ``set``, ``done``), all at once. Their calls go through their
-host's daemon (:mod:`heartbeat.relay`, greeting version 2), so the database sees only the
+host's daemon (:mod:`heartbeat.hotpath.relay`, greeting version 2), so the database sees only the
 daemons' connections: at most ``PG_POOL_SIZE + 2 + PG_RELAY_POOL`` per daemon, sampled from
 ``pg_stat_activity`` throughout. A command that does open a connection (no daemon) and finds the
 server full waits, with one notice, instead of failing; a fenced agent is still refused after
@@ -25,11 +25,12 @@ import psycopg
 import pytest
 from daemon_harness import DaemonHarness
 
-from heartbeat import defaults, tasks
-from heartbeat.baton import Owner
-from heartbeat.liveness import identify, this_host
-from heartbeat.store.postgres import PostgresStore, upgrade
-from heartbeat.timeparse import utcnow
+from heartbeat.launchers.liveness import identify, this_host
+from heartbeat.model import defaults
+from heartbeat.model.baton import Owner
+from heartbeat.model.timeparse import utcnow
+from heartbeat.store.postgres.store import PostgresStore, upgrade
+from heartbeat.tasks import verbs as tasks
 from tests.pg import Cluster, start_cluster
 
 pytestmark = pytest.mark.slow
@@ -225,8 +226,8 @@ class TestRelayedOnPostgres:
             assert timed.returncode == 0, timed.stderr
             modules = {line.rsplit("|", 1)[1].strip() for line in timed.stderr.splitlines()
                        if line.startswith("import time:")}
-            assert {m for m in modules if m.startswith("heartbeat")} == {"heartbeat", "heartbeat.pulse",
-                                                                         "heartbeat.relay", "heartbeat.defaults"}
+            assert {m for m in modules if m.startswith("heartbeat")} == {"heartbeat", "heartbeat.hotpath.pulse",
+                                                                         "heartbeat.hotpath.relay", "heartbeat.model.defaults"}
             assert not {m.split(".")[0] for m in modules} & {"psycopg", "psycopg_pool", "tomllib", "typing"}
             done = _hb(env, "done", "r1", "--note", "finished by the relay")
             assert (done.returncode, done.stderr) == (0, "")
@@ -307,7 +308,7 @@ class TestClientVersion2:
 
     def test_a_daemon_on_another_database_is_sent_nothing(self, short_root: Path) -> None:
         """The greeting names another database: the client sends nothing and writes by itself (None)."""
-        from heartbeat import relay
+        from heartbeat.hotpath import relay
 
         fake = FakeDaemon(short_root / "s", relay.greeting(self.URL + "&x=1"), b"0 0\n")
         try:
@@ -318,7 +319,7 @@ class TestClientVersion2:
 
     def test_a_file_store_daemon_is_sent_no_touch(self, short_root: Path) -> None:
         """A version-1 daemon (the file store's, or one not yet restarted after an upgrade) is sent nothing."""
-        from heartbeat import relay
+        from heartbeat.hotpath import relay
 
         fake = FakeDaemon(short_root / "s", relay.GREETING, b"0\n")
         try:
@@ -328,7 +329,7 @@ class TestClientVersion2:
         assert fake.received == b""
 
     def test_a_declined_call_is_run_by_the_caller(self, short_root: Path) -> None:
-        from heartbeat import relay
+        from heartbeat.hotpath import relay
 
         fake = FakeDaemon(short_root / "s", relay.greeting(self.URL), relay.DECLINED_REPLY)
         try:
@@ -340,7 +341,7 @@ class TestClientVersion2:
     def test_an_answer_cut_short_is_an_error_never_a_partial_baton(self, short_root: Path,
                                                                    capfd: pytest.CaptureFixture[str]) -> None:
         """An answer announcing more standard output than arrived is exit 1 saying so; nothing is printed."""
-        from heartbeat import relay
+        from heartbeat.hotpath import relay
 
         fake = FakeDaemon(short_root / "s", relay.greeting(self.URL), b"0 100\nstep = ")
         try:
@@ -443,7 +444,7 @@ class TestRefused:
 
     def test_a_server_that_stays_full_is_given_up_on_after_the_bound(self, db_url: str) -> None:
         """The wait is bounded: a store whose refused_wait has run out says so in one line (exit 1's error)."""
-        from heartbeat.errors import StoreUnreachable
+        from heartbeat.model.errors import StoreUnreachable
 
         hogs = Hogs(db_url)
         try:

@@ -1,6 +1,6 @@
 """Retention on PostgreSQL (issue 19 item 2): ``heartbeat gc`` and the daemon's daily gc archive
 long-done tasks into ``heartbeat_archive``, fold finished tasks' touches, and bound the events
-table, through the same policy code as the file store (:mod:`heartbeat.retention`) and the
+table, through the same policy code as the file store (:mod:`heartbeat.ops.retention`) and the
 store's :class:`~heartbeat.store.base.Archiving` capability. A real throwaway cluster; two
 daemons with different host ids where the fleet matters."""
 
@@ -18,13 +18,13 @@ import pytest
 from conftest import Result, clean_env
 from test_retention import _counters, sim
 
-from heartbeat.baton import Baton, Gate, Status
-from heartbeat.config import RetentionConfig
-from heartbeat.errors import GcBusy, StoreError
-from heartbeat.report import build_report
-from heartbeat.retention import run_gc
+from heartbeat.config.load import RetentionConfig
+from heartbeat.model.baton import Baton, Gate, Status
+from heartbeat.model.errors import GcBusy, StoreError
+from heartbeat.ops.retention import run_gc
+from heartbeat.reports.report import build_report
 from heartbeat.store.base import Archiving
-from heartbeat.store.postgres import PostgresStore
+from heartbeat.store.postgres.store import PostgresStore
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 LATER = T0 + timedelta(days=400)
@@ -222,7 +222,7 @@ class TestReportAndCounters:
     def test_counters_are_not_lower_after_gc(self, pg: PostgresStore, pg_url: str) -> None:
         """Every `*_total` counter a scrape of the PostgreSQL store shows is the same after gc archived
         most tasks, for the same exporter and a fresh one (a restart)."""
-        from heartbeat.metrics import HeartbeatCollector
+        from heartbeat.web.metrics import HeartbeatCollector
 
         fill_rich(pg)
         collector = HeartbeatCollector(pg, state_dir="")

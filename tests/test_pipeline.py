@@ -287,7 +287,7 @@ class TestLongChains:
 
     def test_a_long_chain_listed_downstream_first_parses_upstreams_first(self, tmp_path: Path) -> None:
         """1,500 stages, the last listed first: parsed in upstream order (on c684e38: RecursionError)."""
-        from heartbeat.pipeline import parse_pipeline
+        from heartbeat.tasks.pipeline import parse_pipeline
 
         stages = parse_pipeline("long", chain(1500), base_dir=str(tmp_path))
         assert [s.name for s in stages] == [f"s{i}" for i in range(1500)]
@@ -303,8 +303,8 @@ class TestLongChains:
         """1,500 batons in one chain (past Python's recursion limit, as the probe's 3,000 were): ``status``
         draws it flat past a few levels, each deep task with its depth (on c684e38: RecursionError for the
         whole state dir); report, edges, brief and verify read it too."""
-        from heartbeat.baton import Baton, Gate, GateKind, Meta, Status, dump_baton
-        from heartbeat.timeparse import utcnow
+        from heartbeat.model.baton import Baton, Gate, GateKind, Meta, Status, dump_baton
+        from heartbeat.model.timeparse import utcnow
 
         batons = state_dir / "batons"
         batons.mkdir(mode=0o700)

@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from heartbeat.baton import Baton, Gate, GateKind, Meta, Owner, Status
-from heartbeat.policy import (
+from heartbeat.model.baton import Baton, Gate, GateKind, Meta, Owner, Status
+from heartbeat.model.policy import (
     Action,
     Capacity,
     ExitKind,

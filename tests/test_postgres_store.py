@@ -19,12 +19,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from heartbeat.baton import Baton, Meta, Status
-from heartbeat.config import parse_config
-from heartbeat.errors import ConfigError, StoreError
+from heartbeat.config.load import parse_config
+from heartbeat.model.baton import Baton, Meta, Status
+from heartbeat.model.errors import ConfigError, StoreError
 from heartbeat.store import open_store
 from heartbeat.store.files import FileStore
-from heartbeat.store.postgres import SCHEMA_VERSION, PostgresStore, upgrade
+from heartbeat.store.postgres.store import SCHEMA_VERSION, PostgresStore, upgrade
 from tests.conftest import ROOT, Result, clean_env, wait_for
 from tests.pg import Cluster
 
@@ -98,7 +98,7 @@ class TestConcurrentWriters:
         baton.extra = {"counter": 0}
         pg.create(baton)
         code = f"""
-            from heartbeat.store.postgres import PostgresStore
+            from heartbeat.store.postgres.store import PostgresStore
             store = PostgresStore({pg_url!r})
             for _ in range(25):
                 with store.edit("t") as ed:
@@ -321,7 +321,7 @@ class TestCli:
     def test_file_store_hot_path_never_imports_psycopg(self, state_dir: Path) -> None:
         """An agent's touch on the file store does not load psycopg."""
         FileStore(str(state_dir)).create(_baton())
-        code = ("import sys; from heartbeat.cli import main; rc = main(['touch', 't']); "
+        code = ("import sys; from heartbeat.cli.commands import main; rc = main(['touch', 't']); "
                 "print(rc, any(m.startswith('psycopg') for m in sys.modules))")
         proc = subprocess.run([sys.executable, "-c", code], env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir)),
                               capture_output=True, text=True, timeout=60)
@@ -658,8 +658,8 @@ class TestSessionBounds:
         """Issue 19 item 3: pooled and direct connections alike set idle_in_transaction_session_timeout,
         lock_timeout, statement_timeout and the server's TCP keepalives, and ask libpq for keepalives
         (a paused or cut-off session must not hold its row locks for ever)."""
-        from heartbeat import defaults
-        from heartbeat.store.postgres import connect
+        from heartbeat.model import defaults
+        from heartbeat.store.postgres.store import connect
 
         store = PostgresStore(pg_url)
         direct = connect(pg_url, autocommit=True)

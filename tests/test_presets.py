@@ -21,11 +21,11 @@ from daemon_harness import DaemonHarness, toml_list
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heartbeat import defaults
-from heartbeat.config import LauncherConfig, parse_config
-from heartbeat.errors import ConfigError
+from heartbeat.config.load import LauncherConfig, parse_config
 from heartbeat.launchers.base import LaunchRequest, build_argv
-from heartbeat.presets import (
+from heartbeat.model import defaults
+from heartbeat.model.errors import ConfigError
+from heartbeat.presets.common import (
     PRESETS,
     PresetName,
     ResultInfo,
@@ -656,10 +656,10 @@ class TestCompactionHeavySessions:
         """Two compactions of the session: resumed; a third (of that session, not another): a fresh one."""
         from datetime import datetime, timezone
 
-        from heartbeat import tasks
         from heartbeat.daemon import Daemon
-        from heartbeat.ledger import Event
+        from heartbeat.model.ledger import Event
         from heartbeat.store.files import FileStore
+        from heartbeat.tasks import verbs as tasks
 
         tmp_path.chmod(0o700)
         state = tmp_path / "state"

@@ -22,8 +22,8 @@ import pytest
 from conftest import Result, clean_env
 from daemon_harness import TOY, DaemonHarness, in_process_config
 
-from heartbeat.baton import Gate
-from heartbeat.ledger import Event, SqliteLedger
+from heartbeat.model.baton import Gate
+from heartbeat.model.ledger import Event, SqliteLedger
 from heartbeat.store.files import FileStore
 
 
@@ -174,12 +174,12 @@ class _WritesBetweenDecisionAndDispatch(FileStore):
 # A real ``heartbeat`` write that waits, CLI loaded, for a baton to appear, then a delay.
 _AFTER_THE_BATON = """\
 import os, sys, time
-import heartbeat.cli, heartbeat.tasks, heartbeat.store.files, tomli_w
+import heartbeat.cli.commands, heartbeat.tasks.verbs, heartbeat.store.files, tomli_w
 path, delay = sys.argv[1], float(sys.argv[2])
 while not os.path.exists(path):
     time.sleep(0.001)
 time.sleep(delay)
-sys.exit(heartbeat.cli.main(sys.argv[3:]))
+sys.exit(heartbeat.cli.commands.main(sys.argv[3:]))
 """
 
 
@@ -189,8 +189,8 @@ class TestNoDispatchAfterAStop:
     @pytest.mark.parametrize("verb", sorted(_STOPS))
     def test_a_stop_between_decision_and_dispatch_aborts_the_launch(self, tmp_path: Path, verb: str) -> None:
         """The stop lands between the decision and the phase-1 write: no dispatch, no brief, no launch."""
-        from heartbeat import tasks
         from heartbeat.daemon import Daemon
+        from heartbeat.tasks import verbs as tasks
 
         tmp_path.chmod(0o700)
         state, config = in_process_config(tmp_path)
@@ -212,8 +212,8 @@ class TestNoDispatchAfterAStop:
 
     def test_a_write_between_decision_and_dispatch_is_looked_at_again(self, tmp_path: Path) -> None:
         """A harmless write (a new step) racing the dispatch: the launch waits for a fresh look, then goes."""
-        from heartbeat import tasks
         from heartbeat.daemon import Daemon
+        from heartbeat.tasks import verbs as tasks
 
         tmp_path.chmod(0o700)
         state, config = in_process_config(tmp_path)
@@ -394,7 +394,7 @@ class TestPendingWrites:
         self, file_store: FileStore, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """The baton landed but its 'landed' mark did not: the next write finds that baton and keeps the events."""
-        from heartbeat import tasks
+        from heartbeat.tasks import verbs as tasks
 
         tasks.new_task(file_store, "k", task="t", step="s")
         with monkeypatch.context() as patch:
@@ -412,7 +412,7 @@ class TestPendingWrites:
         """A crashed write followed by a hand-restored baton proves nothing: no event is removed."""
         import shutil
 
-        from heartbeat import tasks
+        from heartbeat.tasks import verbs as tasks
 
         tasks.new_task(file_store, "k", task="t", step="s")
         backup = state_dir.parent / "k.bak"
@@ -431,7 +431,7 @@ class TestPendingWrites:
 
     def test_a_recreated_task_id_continues_above_its_old_history(self, file_store: FileStore) -> None:
         """A baton deleted and created again under the same id keeps the old events and starts above them."""
-        from heartbeat import tasks
+        from heartbeat.tasks import verbs as tasks
 
         tasks.new_task(file_store, "k", task="t", step="s")
         tasks.set_fields(file_store, "k", {"step": "two"})

@@ -1,4 +1,4 @@
-"""The pulse (heartbeat.pulse): an agent's touch as a file's mtime, fenced by the baton's bytes."""
+"""The pulse (heartbeat.hotpath.pulse): an agent's touch as a file's mtime, fenced by the baton's bytes."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import pytest
 from conftest import Result
 from daemon_harness import DaemonHarness, toml_list
 
-from heartbeat import defaults, pulse
-from heartbeat.baton import ID_PATTERN
+from heartbeat.hotpath import pulse
+from heartbeat.model import defaults
+from heartbeat.model.baton import ID_PATTERN
 from heartbeat.store.files import FileStore
 
 Hb = Callable[..., Result]
@@ -302,7 +303,7 @@ class TestDaemonSeesPulses:
 
 def test_store_reads_only_the_owned(state_dir: Path) -> None:
     """A task with no owner is never given a pulse's time, whatever lies in its logs dir."""
-    from heartbeat import tasks
+    from heartbeat.tasks import verbs as tasks
 
     store = FileStore(str(state_dir))
     try:
@@ -322,8 +323,8 @@ class TestLayout:
 
     def test_pulse_name_matches_the_layout(self, tmp_path: Path) -> None:
         """``pulse_name`` inside ``logs/<id>/`` is ``StateLayout.pulse``."""
-        from heartbeat.layout import StateLayout
-        from heartbeat.pulse import pulse_name
+        from heartbeat.hotpath.pulse import pulse_name
+        from heartbeat.system.layout import StateLayout
 
         layout = StateLayout(str(tmp_path))
         assert layout.pulse("t1", 7) == os.path.join(layout.task_logs("t1"), pulse_name(7))

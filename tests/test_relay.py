@@ -1,4 +1,4 @@
-"""The relay (heartbeat.relay): an agent's set/add written by the running daemon, never twice, never hung.
+"""The relay (heartbeat.hotpath.relay): an agent's set/add written by the running daemon, never twice, never hung.
 
 Real daemons (``heartbeat run`` in a subprocess), real Unix sockets and real CLI processes.
 State dirs live under a short /tmp path: a Unix socket's path may be at most 107 bytes.
@@ -19,11 +19,13 @@ from pathlib import Path
 import pytest
 from daemon_harness import DaemonHarness
 
-from heartbeat import cli, relay, tasks
-from heartbeat.baton import Owner
-from heartbeat.liveness import identify, this_host
+from heartbeat.cli import commands as cli
+from heartbeat.hotpath import relay
+from heartbeat.launchers.liveness import identify, this_host
+from heartbeat.model.baton import Owner
+from heartbeat.model.timeparse import utcnow
 from heartbeat.store.files import FileStore
-from heartbeat.timeparse import utcnow
+from heartbeat.tasks import verbs as tasks
 
 pytestmark = pytest.mark.slow
 
@@ -264,7 +266,7 @@ class TestNeverTwiceNeverHung:
 
     def test_a_saturated_relay_sends_the_write_to_the_agent(self, short_root: Path) -> None:
         """Every slot held by a silent client: the next agent is closed on at once and writes by itself."""
-        from heartbeat import defaults
+        from heartbeat.model import defaults
 
         h = started(short_root)
         held: list[socket.socket] = []
@@ -407,7 +409,7 @@ class TestClient:
 
     def test_the_longest_request_holds_the_largest_baton(self) -> None:
         """MAX_REQUEST is above a baton's limit: no request that could make a valid baton is kept from the daemon."""
-        from heartbeat import defaults
+        from heartbeat.model import defaults
 
         assert defaults.MAX_BATON_BYTES < relay.MAX_REQUEST <= 2 * defaults.MAX_BATON_BYTES
 
@@ -431,8 +433,8 @@ class TestClient:
             modules -= {line.rsplit("|", 1)[1].strip() for line in base.stderr.splitlines()
                         if line.startswith("import time:")}
             assert h.baton("h1").step == "x" and relayed(h) == 1
-            assert {m for m in modules if m.startswith("heartbeat")} == {"heartbeat", "heartbeat.pulse",
-                                                                         "heartbeat.relay", "heartbeat.defaults"}
+            assert {m for m in modules if m.startswith("heartbeat")} == {"heartbeat", "heartbeat.hotpath.pulse",
+                                                                         "heartbeat.hotpath.relay", "heartbeat.model.defaults"}
             heavy = {"tomllib", "sqlite3", "typing", "re", "dataclasses", "json", "argparse", "socket", "enum"}
             assert not {m.split(".")[0] for m in modules} & heavy, sorted(modules)
         finally:

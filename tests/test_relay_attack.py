@@ -21,7 +21,7 @@ from daemon_harness import DaemonHarness
 from test_relay import agent, agent_env, started
 from test_relay import claimed as claim_new
 
-from heartbeat import relay
+from heartbeat.hotpath import relay
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +52,7 @@ class TestStopWithClients:
 
     def test_greeted_clients_that_send_nothing_do_not_hold_the_stop(self, short_root: Path) -> None:
         """Clients greeted and silent (every slot taken) are closed on: a prompt, clean stop, socket removed."""
-        from heartbeat import defaults
+        from heartbeat.model import defaults
 
         h = started(short_root)
         held: list[socket.socket] = []

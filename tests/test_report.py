@@ -21,13 +21,13 @@ import pytest
 import tomli_w
 from conftest import Result
 
-from heartbeat import tasks
-from heartbeat.baton import Owner
-from heartbeat.ledger import Event
-from heartbeat.report import METRIC_KEYS, build_report, task_metrics
+from heartbeat.model.baton import Owner
+from heartbeat.model.ledger import Event
+from heartbeat.model.timeparse import utcnow
+from heartbeat.reports.report import METRIC_KEYS, build_report, task_metrics
 from heartbeat.store.files import FileStore
 from heartbeat.store.memory import MemoryStore
-from heartbeat.timeparse import utcnow
+from heartbeat.tasks import verbs as tasks
 
 ZERO: dict[str, Any] = {**dict.fromkeys(METRIC_KEYS[:11], 0), "mean_time_to_resume_s": None, "duration_s": None}
 
@@ -350,7 +350,7 @@ def done_items(t: float, epoch: int, *items: str) -> Event:
 def baton(status: str = "active", plan: tuple[str, ...] = ()) -> Any:
     store = MemoryStore()
     b = tasks.new_task(store, "t1", task="T", step="a", plan=list(plan))
-    from heartbeat.baton import Status
+    from heartbeat.model.baton import Status
 
     b.meta.status = Status(status)
     return b

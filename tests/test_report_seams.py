@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from conftest import Result
 
-from heartbeat import tasks
-from heartbeat.ledger import Event
-from heartbeat.report import build_report
-from heartbeat.seams import SEAM_KEYS, seam_metrics
+from heartbeat.model.ledger import Event
+from heartbeat.model.timeparse import utcnow
+from heartbeat.reports.report import build_report
+from heartbeat.reports.seams import SEAM_KEYS, seam_metrics
 from heartbeat.store.files import FileStore
-from heartbeat.timeparse import utcnow
+from heartbeat.tasks import verbs as tasks
 
 T0 = utcnow() - timedelta(hours=2)
 
@@ -175,7 +175,7 @@ class TestFromThePresets:
     @pytest.mark.parametrize("preset, log", [("claude-code", "claude_success.log"), ("codex", "codex_success.log")])
     def test_a_recorded_run_is_costed(self, preset: str, log: str) -> None:
         """A recorded stream parsed by its preset, recorded as ``exited``, shows up in runs, tokens and cost."""
-        from heartbeat.presets import parse_result
+        from heartbeat.presets.common import parse_result
 
         info = parse_result(preset, (Path(__file__).parent / "data" / log).read_bytes())
         data = info.event_data()

@@ -24,8 +24,8 @@ import psutil
 import pytest
 from daemon_harness import DaemonHarness, toml_list
 
-from heartbeat.baton import Gate
 from heartbeat.launchers.base import cap_log
+from heartbeat.model.baton import Gate
 from heartbeat.store.files import FileStore
 
 pytestmark = pytest.mark.slow
@@ -346,9 +346,9 @@ class TestDiskFull:
 
     def test_api_write_fails_cleanly(self, tmp_path: Path) -> None:
         """Through the Python API: a StoreError naming ENOSPC, the old baton intact; after freeing space, writes work."""
-        from heartbeat import tasks
         from heartbeat.api import open_task
-        from heartbeat.errors import StoreError
+        from heartbeat.model.errors import StoreError
+        from heartbeat.tasks import verbs as tasks
 
         state = tmp_path / "state"
         with small_tmpfs(state):
@@ -372,8 +372,8 @@ class TestDiskFull:
 
     def test_daemon_logs_the_error_and_keeps_ticking(self, tmp_path: Path) -> None:
         """A daemon that must write to a full state dir logs 'No space left on device' and ticks on; then recovers."""
-        from heartbeat import tasks
-        from heartbeat.baton import Status
+        from heartbeat.model.baton import Status
+        from heartbeat.tasks import verbs as tasks
 
         tmp_path.chmod(0o700)
         state = tmp_path / "state"

@@ -23,12 +23,12 @@ import pytest
 from conftest import Result
 from daemon_harness import DaemonHarness
 
-from heartbeat import defaults
-from heartbeat.baton import Status
-from heartbeat.config import RetentionConfig, parse_config
-from heartbeat.errors import ConfigError, GcBusy, StoreError
-from heartbeat.report import build_report
-from heartbeat.retention import RETENTION_KINDS, run_gc
+from heartbeat.config.load import RetentionConfig, parse_config
+from heartbeat.model import defaults
+from heartbeat.model.baton import Status
+from heartbeat.model.errors import ConfigError, GcBusy, StoreError
+from heartbeat.ops.retention import RETENTION_KINDS, run_gc
+from heartbeat.reports.report import build_report
 from heartbeat.store.files import FileStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,7 +174,7 @@ class TestEpochFiles:
         assert not any(n.startswith(("1.", "2.")) for n in names)
 
     def test_old_epochs_pulses_go_with_their_logs(self, store: FileStore) -> None:
-        """An agent's pulse (logs/<id>/<epoch>.pulse, heartbeat.pulse) is an epoch file: kept for the
+        """An agent's pulse (logs/<id>/<epoch>.pulse, heartbeat.hotpath.pulse) is an epoch file: kept for the
         latest epochs, removed with the older ones."""
         make_task(store, "a", T0, epochs=4, finish="active", log_bytes=10)
         for epoch in range(1, 5):
@@ -435,7 +435,7 @@ def _counters(collector: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
     """Every ``*_total`` sample of one scrape, as Prometheus' own parser reads the exposition."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from heartbeat.metrics import exposition, make_registry
+    from heartbeat.web.metrics import exposition, make_registry
 
     body, _ = exposition(make_registry(collector))
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -452,12 +452,12 @@ class TestCountersAcrossGc:
         """Forty tasks' history, then a real `heartbeat gc` archiving the finished ones: the same exporter's
         next scrape, a fresh exporter's (a restart), and `heartbeat metrics` all show every counter
         exactly as before, labels included."""
-        from heartbeat.metrics import HeartbeatCollector
+        from heartbeat.web.metrics import HeartbeatCollector
 
         store = FileStore(str(state_dir))
         rich(store)
         store = FileStore(str(state_dir))
-        from heartbeat.ledger import Event
+        from heartbeat.model.ledger import Event
 
         store.record([Event(task="t01", kind="dispatched", ts=T0, data={"launcher": "toy"}),  # labelled ones too
                       Event(task="t01", kind="exited", ts=T0, data={"kind": "failed"}),
@@ -486,8 +486,8 @@ class TestCountersAcrossGc:
     def test_an_archive_written_before_labels_were_kept_still_counts_its_kinds(self, store: FileStore) -> None:
         """An `archived` event from an older heartbeat has only `kinds`: its counted kinds are still counted,
         unlabelled; a malformed one counts nothing and breaks nothing."""
-        from heartbeat.ledger import Event
-        from heartbeat.metrics import HeartbeatCollector
+        from heartbeat.model.ledger import Event
+        from heartbeat.web.metrics import HeartbeatCollector
 
         store.record([Event(task="old", kind="archived", ts=T0, data={"kinds": {"escalated": 2, "exited": 3,
                                                                                 "touched": 9}}),
@@ -500,8 +500,8 @@ class TestCountersAcrossGc:
     def test_no_counter_goes_down_within_one_process(self, store: FileStore) -> None:
         """Events that vanish from the ledger by any path (a write whose rename never happened) leave the
         counters of a running exporter where they were; a new process counts what the ledger holds."""
-        from heartbeat.ledger import Event
-        from heartbeat.metrics import HeartbeatCollector
+        from heartbeat.model.ledger import Event
+        from heartbeat.web.metrics import HeartbeatCollector
 
         make_task(store, "t", T0)
         collector = HeartbeatCollector(store, state_dir=store.state_dir)

@@ -22,10 +22,10 @@ import psycopg
 import pytest
 from daemon_harness import TOY
 
-from heartbeat import defaults, tasks
-from heartbeat.errors import StoreError
+from heartbeat.model import defaults
+from heartbeat.model.errors import StoreError
 from heartbeat.store.files import FileStore, format_text
-from heartbeat.store.postgres import (
+from heartbeat.store.postgres.store import (
     MIGRATIONS,
     SCHEMA_VERSION,
     PostgresStore,
@@ -34,6 +34,7 @@ from heartbeat.store.postgres import (
     schema_state,
     upgrade,
 )
+from heartbeat.tasks import verbs as tasks
 from tests.newer_heartbeat import NEXT, NEXT_MIGRATION
 from tests.test_leased_daemons import Host, hosts_of, new_tasks
 

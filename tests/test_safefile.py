@@ -1,4 +1,4 @@
-"""The one way heartbeat writes a file whole (``heartbeat.safefile.write_*``), and the state dir's layout."""
+"""The one way heartbeat writes a file whole (``heartbeat.system.safefile.write_*``), and the state dir's layout."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from heartbeat.launchers import shim
-from heartbeat.layout import StateLayout
-from heartbeat.safefile import open_atomic, open_parent, write_atomic, write_file_atomic, write_temp
+from heartbeat.system.layout import StateLayout
+from heartbeat.system.safefile import open_atomic, open_parent, write_atomic, write_file_atomic, write_temp
 
 
 class TestAtomicWrites:

@@ -1,4 +1,4 @@
-"""heartbeat.systemd against real AF_UNIX datagram sockets, the way systemd listens."""
+"""heartbeat.system.systemd against real AF_UNIX datagram sockets, the way systemd listens."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from heartbeat.systemd import PLUMBING_ENV, notify, status_line, watchdog_interval, without_plumbing
+from heartbeat.system.systemd import PLUMBING_ENV, notify, status_line, watchdog_interval, without_plumbing
 
 
 class Listener:
@@ -109,7 +109,7 @@ class TestNotify:
         """A child process with NOTIFY_SOCKET in its real environment reaches the socket."""
         env = {k: v for k, v in os.environ.items() if k not in PLUMBING_ENV}
         env["NOTIFY_SOCKET"] = fs_listener.address
-        code = "import sys; from heartbeat.systemd import notify; sys.exit(0 if notify('READY=1') else 1)"
+        code = "import sys; from heartbeat.system.systemd import notify; sys.exit(0 if notify('READY=1') else 1)"
         proc = subprocess.run([sys.executable, "-c", code], env=env, timeout=60)
         assert proc.returncode == 0
         assert fs_listener.receive() == ["READY=1"]

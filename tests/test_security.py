@@ -29,14 +29,14 @@ import pytest
 from conftest import Result, clean_env
 from daemon_harness import DaemonHarness, toml_list
 
-from heartbeat import tasks
 from heartbeat.api import open_task
-from heartbeat.baton import dump_baton
-from heartbeat.brief import render_brief
-from heartbeat.errors import BadInput, UnsafePath
-from heartbeat.ledger import Event
+from heartbeat.model.baton import dump_baton
+from heartbeat.model.errors import BadInput, UnsafePath
+from heartbeat.model.ledger import Event
+from heartbeat.model.timeparse import utcnow
+from heartbeat.reports.brief import render_brief
 from heartbeat.store.files import FileStore
-from heartbeat.timeparse import utcnow
+from heartbeat.tasks import verbs as tasks
 
 
 def payloads(canary: Path) -> list[str]:

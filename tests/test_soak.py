@@ -305,8 +305,8 @@ class TestLedgerKept:
 
     @pytest.fixture
     def checker(self, tmp_path: Path) -> Checker:
-        from heartbeat import tasks
         from heartbeat.store.files import FileStore
+        from heartbeat.tasks import verbs as tasks
 
         state = tmp_path / "state"
         state.mkdir(mode=0o700)
@@ -364,7 +364,7 @@ class TestLedgerKept:
 
 
 def _human() -> object:
-    from heartbeat.baton import Gate
+    from heartbeat.model.baton import Gate
 
     return Gate.parse("human")
 
@@ -455,7 +455,7 @@ class TestTickGaps:
 
     def test_the_daemons_own_notifications_are_heard(self, tmp_path: Path) -> None:
         """heartbeat's sd_notify reaches the soak's socket: READY and WATCHDOG are recorded."""
-        from heartbeat import systemd
+        from heartbeat.system import systemd
 
         watch = TickWatch(str(tmp_path / "notify.sock"))
         try:
@@ -472,8 +472,8 @@ class TestBatonChecks:
 
     @pytest.fixture
     def checker(self, tmp_path: Path) -> Checker:
-        from heartbeat import tasks
         from heartbeat.store.files import FileStore
+        from heartbeat.tasks import verbs as tasks
 
         state = tmp_path / "state"
         state.mkdir(mode=0o700)
@@ -509,8 +509,8 @@ class TestBatonChecks:
 
     def test_agent_started_while_the_sampled_baton_sat_blocked_is_caught(self, tmp_path: Path) -> None:
         """A group whose start falls inside a stretch of samples showing one blocked revision is a violation."""
-        from heartbeat import tasks
         from heartbeat.store.files import FileStore
+        from heartbeat.tasks import verbs as tasks
 
         state = tmp_path / "state"
         state.mkdir(mode=0o700)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from heartbeat.baton import Baton, Meta, Status
-from heartbeat.errors import AlreadyExists, BadInput, Conflict, NotFound
-from heartbeat.ledger import Event
+from heartbeat.model.baton import Baton, Meta, Status
+from heartbeat.model.errors import AlreadyExists, BadInput, Conflict, NotFound
+from heartbeat.model.ledger import Event
 from heartbeat.store.base import Store
 from heartbeat.store.files import FileStore
 from heartbeat.store.memory import MemoryStore
@@ -23,7 +23,7 @@ def store(request: pytest.FixtureRequest, state_dir: Path) -> Iterator[Store]:
     """Each test in this file runs once per store implementation."""
     s: Store
     if request.param == "postgres":
-        from heartbeat.store.postgres import PostgresStore
+        from heartbeat.store.postgres.store import PostgresStore
 
         s = PostgresStore(request.getfixturevalue("pg_url"))
     else:
@@ -280,7 +280,7 @@ class TestChangeFeed:
 
         from conftest import wait_for
 
-        from heartbeat import tasks
+        from heartbeat.tasks import verbs as tasks
 
         heard: list[str | None] = []
         lock = threading.Lock()
@@ -304,7 +304,7 @@ class TestChangeFeed:
 
     def test_scan_unchanged_never_claims_a_changed_scan(self, store: Store) -> None:
         """A scan after a write is never "unchanged"; a store may say so of a quiet one, or never."""
-        from heartbeat import tasks
+        from heartbeat.tasks import verbs as tasks
 
         store.create(_baton("q"))
         store.scan()
@@ -317,7 +317,7 @@ class TestChangeFeed:
 
     def test_a_quiet_scan_reads_no_baton(self, store: Store) -> None:
         """``reads`` counts the batons scans parsed: a scan of a store nobody wrote since reads none."""
-        from heartbeat import tasks
+        from heartbeat.tasks import verbs as tasks
 
         store.create(_baton("r1"))
         store.create(_baton("r2"))

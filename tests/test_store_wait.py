@@ -18,7 +18,7 @@ import pytest
 from daemon_harness import DaemonHarness
 from pg import Cluster
 
-from heartbeat.store.postgres import PostgresStore, upgrade
+from heartbeat.store.postgres.store import PostgresStore, upgrade
 
 
 class EarlyDaemon(DaemonHarness):
@@ -104,7 +104,7 @@ class TestDatabaseDownAtStart:
             d.wait(lambda: "READY=1" in d.notifications(), "READY=1")
             store = PostgresStore(url)
             try:
-                from heartbeat import tasks
+                from heartbeat.tasks import verbs as tasks
 
                 tasks.new_task(store, "after-boot", task="t", step="s")
                 d.wait(lambda: store.ledger.events("after-boot", kinds=["dispatched"]), "a dispatch", timeout=60)

@@ -13,12 +13,12 @@ from typing import TypeAlias
 import pytest
 from conftest import Result
 
-from heartbeat import tasks
 from heartbeat.api import open_task
 from heartbeat.store.files import FileStore
 from heartbeat.store.memory import MemoryStore
-from heartbeat.verify import verify
-from heartbeat.world import GIT_HEAD_KEY
+from heartbeat.system.world import GIT_HEAD_KEY
+from heartbeat.tasks import verbs as tasks
+from heartbeat.tasks.verify import verify
 
 
 @pytest.fixture

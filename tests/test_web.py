@@ -16,16 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from heartbeat.config import parse_listen
-from heartbeat.errors import BadInput
-from heartbeat.web import (
-    LOG_TAIL_BYTES,
-    HostCheck,
-    Listen,
-    check_exposure,
-    is_loopback,
-    read_log_tail,
-)
+from heartbeat.config.load import parse_listen
+from heartbeat.model.errors import BadInput
+from heartbeat.web.app import LOG_TAIL_BYTES, HostCheck, Listen, check_exposure, is_loopback, read_log_tail
 from tests.conftest import clean_env
 from tests.web_scenario import HOSTILE_BLOCK, HOSTILE_STEP, Scenario, WebServer, chromium, start_scenario, start_web
 
@@ -290,16 +283,16 @@ class TestListen:
 
     def test_bad_config_listen(self, tmp_path: Path) -> None:
         """`[http] listen` that is not HOST:PORT or unix:PATH is a config error with file, line and key."""
-        from heartbeat.config import parse_config
-        from heartbeat.errors import ConfigError
+        from heartbeat.config.load import parse_config
+        from heartbeat.model.errors import ConfigError
 
         with pytest.raises(ConfigError, match=r":2: http.listen: 'nope': expected HOST:PORT or unix:PATH"):
             parse_config('[http]\nlisten = "nope"\n', path=str(tmp_path / "h.toml"))
 
     def test_allowed_hosts_in_config(self, tmp_path: Path) -> None:
         """`[http] allowed_hosts` is a list of names; anything else is a config error naming the key."""
-        from heartbeat.config import parse_config
-        from heartbeat.errors import ConfigError
+        from heartbeat.config.load import parse_config
+        from heartbeat.model.errors import ConfigError
 
         config = parse_config('[http]\nallowed_hosts = ["status.example.org"]\n', path=str(tmp_path / "h.toml"))
         assert config.http.allowed_hosts == ("status.example.org",)

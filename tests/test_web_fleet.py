@@ -11,10 +11,10 @@ from datetime import timedelta
 
 import pytest
 
-from heartbeat import defaults
-from heartbeat.baton import Baton, Gate, GateKind, Meta, Status, dump_baton
-from heartbeat.ledger import Event, EventKind
-from heartbeat.timeparse import utcnow
+from heartbeat.model import defaults
+from heartbeat.model.baton import Baton, Gate, GateKind, Meta, Status, dump_baton
+from heartbeat.model.ledger import Event, EventKind
+from heartbeat.model.timeparse import utcnow
 from tests.daemon_harness import DaemonHarness
 from tests.test_web import get, rows
 from tests.web_scenario import WebServer, chromium, start_web

@@ -14,20 +14,21 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from heartbeat import defaults, tasks
-from heartbeat import policy as pol
-from heartbeat.baton import Baton, Gate, GateKind, Owner, OwnerKind, Status
-from heartbeat.config import LauncherConfig, expand_argv
+from heartbeat.config.load import LauncherConfig, expand_argv
 from heartbeat.daemon.leased import LeasePart
 from heartbeat.daemon.shared import Shared
-from heartbeat.errors import Busy, Conflict, HeartbeatError, NotActive, NotFound
-from heartbeat.handoff import refused_done
-from heartbeat.ledger import Event, EventKind
-from heartbeat.liveness import is_alive
-from heartbeat.timeparse import utcnow
+from heartbeat.launchers.liveness import is_alive
+from heartbeat.model import defaults
+from heartbeat.model import policy as pol
+from heartbeat.model.baton import Baton, Gate, GateKind, Owner, OwnerKind, Status
+from heartbeat.model.errors import Busy, Conflict, HeartbeatError, NotActive, NotFound
+from heartbeat.model.ledger import Event, EventKind
+from heartbeat.model.timeparse import utcnow
+from heartbeat.tasks import verbs as tasks
+from heartbeat.tasks.handoff import refused_done
 
 if TYPE_CHECKING:
-    from heartbeat.presets import ResultInfo, SessionPlan
+    from heartbeat.presets.common import ResultInfo, SessionPlan
 
 __all__ = ["Actor", "StopMemory", "judge_result"]
 
@@ -161,7 +162,7 @@ class Actor:
         info = self.result_of(baton)
         kind, reason, blocked_on = judge_result(info, kind, reason, owner.launcher if owner else "")
         if duration is not None and duration >= 1:
-            from heartbeat.timeparse import format_duration
+            from heartbeat.model.timeparse import format_duration
 
             reason = f"{reason} after {format_duration(duration)}"
         # An agent whose `done` was refused by a failed guarantee: the reason names the guarantee.
@@ -226,7 +227,7 @@ class Actor:
         """A run refused by a rate or usage limit (inside the settle's edit): give back the attempt its
         dispatch counted and hold the task until the reset the CLI named (else its retry-after, else
         the backoff for this many limited runs in a row); :func:`policy.decide` waits or escalates."""
-        from heartbeat.presets import parse_reset
+        from heartbeat.presets.common import parse_reset
 
         m = ed.baton.meta
         d = self.shared.config.daemon
@@ -285,7 +286,7 @@ class Actor:
 
     def notify(self, baton: Baton, reason: str, names: list[str] | None = None) -> None:
         """Run the ``[notify.*]`` commands in the worker pool; each records a ``notified`` event."""
-        from heartbeat.commands import run_command
+        from heartbeat.system.commands import run_command
 
         sh = self.shared
         values = {"id": baton.id, "reason": reason, "status": baton.meta.status.value,
@@ -356,7 +357,7 @@ class Actor:
                 if launcher is not None:
                     gone = bool(launcher.stop(owner, grace=grace))
                 else:
-                    from heartbeat.liveness import stop_process_group
+                    from heartbeat.launchers.liveness import stop_process_group
 
                     gone = bool(stop_process_group(owner.pid or 0, owner.create_time, grace))
             except Exception as exc:  # a stop must never kill the worker thread
@@ -464,12 +465,12 @@ class Actor:
     def _brief_text(self, baton: Baton, pending: Baton, plan: SessionPlan, now: datetime) -> str:
         """The brief ``pending``'s agent starts from: its upstreams' packages included, and for a
         resumed session a note of how the run before it (``baton``) ended. Warnings are logged."""
-        from heartbeat.brief import render_brief
+        from heartbeat.reports.brief import render_brief
 
         sh = self.shared
         upstream: tuple[dict[str, Any], ...] = ()
         if pending.after:
-            from heartbeat.handoff import load_packages
+            from heartbeat.tasks.handoff import load_packages
 
             upstream = tuple(load_packages(sh.store, pending))
         brief = render_brief(pending, max_attempts=sh.config.daemon.max_attempts, now=now, upstream=upstream)
@@ -477,7 +478,7 @@ class Actor:
             sh.log.warning("brief_warning", task=pending.id, epoch=pending.meta.epoch, warning=warning)
         if not plan.resume:
             return brief.text
-        from heartbeat.presets import resume_note
+        from heartbeat.presets.common import resume_note
 
         return resume_note(baton.meta.last_failure or f"exit {baton.meta.last_exit}") + brief.text
 
@@ -577,13 +578,13 @@ class Actor:
         lc = sh.config.launchers.get(owner.launcher) if owner is not None else None
         if lc is None or not lc.preset or owner is None or owner.how != OwnerKind.DISPATCH or sh.dry_run:
             return None
-        from heartbeat.presets import parse_result, read_log_tail
+        from heartbeat.presets.common import parse_result, read_log_tail
 
         return parse_result(lc.preset, read_log_tail(sh.layout.log(baton.id, baton.meta.epoch)))
 
     def session_plan(self, baton: Baton, lc: LauncherConfig | None) -> SessionPlan:
-        """The session of the next dispatch (:func:`heartbeat.presets.plan_session`)."""
-        from heartbeat.presets import PRESETS, PresetName, plan_session
+        """The session of the next dispatch (:func:`heartbeat.presets.common.plan_session`)."""
+        from heartbeat.presets.common import PRESETS, PresetName, plan_session
 
         if lc is None:
             return plan_session("fresh", previous="", previous_resumes=0, retry=False)

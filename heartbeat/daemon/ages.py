@@ -13,7 +13,7 @@ when it first appears, and trusted only as far as the daemon's own observations 
 value that is new since the daemon's previous look is at most as old as that look, and never
 older than nothing. At the daemon's first sight of a task (a start, a restart) the wall clock
 is all the baton offers; a live agent's own age, read from the kernel on the boot clock
-(:func:`heartbeat.liveness.process_age`), bounds every stamp of its run then (each is at or
+(:func:`heartbeat.launchers.liveness.process_age`), bounds every stamp of its run then (each is at or
 after its dispatch), so a daemon restarted after a step neither stops it for ``max_runtime``
 nor calls it silent. A dead agent's run seen only once is *unobserved*: its length is not
 stated in the record (:meth:`Ages.observed`).

@@ -2,10 +2,10 @@
 
 At boot PostgreSQL may come up after heartbeat (or be restarting): exiting at once made
 systemd's start limit give up on the unit within a minute. :func:`wait_for_store` tries to
-open the store, and while the database is unreachable (:class:`~heartbeat.errors.StoreUnreachable`;
+open the store, and while the database is unreachable (:class:`~heartbeat.model.errors.StoreUnreachable`;
 any other error, a bad schema or URL, still ends the start with its one-line message) it
 logs one ``store_waiting`` line per try with the reason and the next wait (doubling from
-:data:`~heartbeat.defaults.STORE_WAIT_INITIAL` to :data:`~heartbeat.defaults.STORE_WAIT_MAX`),
+:data:`~heartbeat.model.defaults.STORE_WAIT_INITIAL` to :data:`~heartbeat.model.defaults.STORE_WAIT_MAX`),
 tells systemd ``STATUS=waiting for the store: ...`` and extends its start timeout, and
 stops at once on SIGTERM/SIGINT. Each try runs in a thread of its own, so a try blocked
 in a connect does not hold the stop back.
@@ -18,9 +18,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from heartbeat import defaults, systemd
-from heartbeat.errors import StoreUnreachable
+from heartbeat.model import defaults
+from heartbeat.model.errors import StoreUnreachable
 from heartbeat.store.base import Store
+from heartbeat.system import systemd
 
 __all__ = ["wait_for_store"]
 

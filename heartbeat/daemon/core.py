@@ -4,8 +4,8 @@ A small loop class in the manner of huey's consumer: :meth:`Loop.tick` (one pass
 every baton; ``now`` is a parameter so tests never patch time) and :meth:`Loop.evaluate`
 (one poked task); the service (:mod:`.service`) initializes, drives and shuts it down,
 and builds it from its parts. Per task, a look is: observe (:mod:`.observe`) →
-:func:`heartbeat.policy.decide` → act (:mod:`.act`). Dispatches of one pass are admitted
-together (:func:`heartbeat.policy.admit`) so capacity and the per-minute budget are
+:func:`heartbeat.model.policy.decide` → act (:mod:`.act`). Dispatches of one pass are admitted
+together (:func:`heartbeat.model.policy.admit`) so capacity and the per-minute budget are
 respected, oldest-waiting first.
 
 A pass skips the tasks whose last decision was "nothing" while their baton is unchanged
@@ -22,22 +22,23 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from heartbeat import defaults, systemd
-from heartbeat import policy as pol
-from heartbeat.baton import Baton, GateKind, Status
-from heartbeat.changes import ChangeFeed
-from heartbeat.clock import StepWatch
-from heartbeat.config import Config
+from heartbeat.config.load import Config
 from heartbeat.daemon.act import Actor
+from heartbeat.daemon.changes import ChangeFeed
 from heartbeat.daemon.leased import LeasePart
 from heartbeat.daemon.observe import EntryStatuses, Observer, StatusLookup
 from heartbeat.daemon.shared import Shared
 from heartbeat.daemon.vitals import VITALS_FILE, Vitals
 from heartbeat.daemon.watch import Watcher
-from heartbeat.errors import Busy, Conflict, HeartbeatError, InvalidBaton, NotActive, NotFound, UnsafePath
-from heartbeat.ledger import Event, EventKind
-from heartbeat.liveness import note_boot_time
+from heartbeat.launchers.liveness import note_boot_time
+from heartbeat.model import defaults
+from heartbeat.model import policy as pol
+from heartbeat.model.baton import Baton, GateKind, Status
+from heartbeat.model.errors import Busy, Conflict, HeartbeatError, InvalidBaton, NotActive, NotFound, UnsafePath
+from heartbeat.model.ledger import Event, EventKind
 from heartbeat.store.base import Entry
+from heartbeat.system import systemd
+from heartbeat.system.clock import StepWatch
 
 __all__ = ["LookMemory", "Loop", "Want"]
 
@@ -193,7 +194,7 @@ class Loop:
                 return {}
             if self.lease is not None:  # a dead host's tasks: taken over here, then looked at in this pass
                 self.lease.before_pass()
-            # Between sweeps only the batons the watcher reported are stat'ed (see heartbeat.changes).
+            # Between sweeps only the batons the watcher reported are stat'ed (see heartbeat.daemon.changes).
             only = self.changes.take(now.timestamp())
             entries = self.store.scan(only=only)
             if self.lease is not None:

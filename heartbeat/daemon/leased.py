@@ -1,9 +1,9 @@
 """The daemon's lease part: what the loop calls on a store shared by daemons on many hosts.
 
 The primitives (claim with ``FOR UPDATE SKIP LOCKED``, one-statement renewal, takeover,
-fencing) are :mod:`heartbeat.lease`'s; this part wires them to the loop:
+fencing) are :mod:`heartbeat.ops.lease`'s; this part wires them to the loop:
 
-- :meth:`LeasePart.start`: become this host id's daemon (:meth:`heartbeat.lease.Lease.take_host`:
+- :meth:`LeasePart.start`: become this host id's daemon (:meth:`heartbeat.ops.lease.Lease.take_host`:
   refused while another daemon with the same host id renews the host's row);
 - :meth:`LeasePart.acting`: whether this daemon still is its host's (checked before every look):
   one that another daemon with its host id displaced stands down, acts no more and exits;
@@ -35,13 +35,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from heartbeat import defaults
-from heartbeat.baton import Baton, Gate, Owner
 from heartbeat.daemon.shared import Shared
 from heartbeat.daemon.vitals import Vitals
 from heartbeat.launchers.base import LaunchError, open_log_dir
-from heartbeat.lease import Lease, for_store, resolve_host
-from heartbeat.safefile import write_atomic
+from heartbeat.model import defaults
+from heartbeat.model.baton import Baton, Gate, Owner
+from heartbeat.ops.lease import Lease, for_store, resolve_host
+from heartbeat.system.safefile import write_atomic
 
 __all__ = ["LeasePart", "lease_part", "renew_interval"]
 
@@ -153,7 +153,7 @@ class LeasePart:
 
     def start(self) -> None:
         """Become this host id's daemon and register (the first renewal: claims wait for one);
-        :class:`~heartbeat.errors.StoreError` when another daemon with this host id is live."""
+        :class:`~heartbeat.model.errors.StoreError` when another daemon with this host id is live."""
         self.lease.take_host()
 
     def start_watch(self) -> None:

@@ -1,7 +1,7 @@
 """Looking at one task: liveness, exit status, gates, adoption and bypass detection.
 
 :meth:`Observer.observe` turns a baton and the world around it into the plain
-:class:`~heartbeat.policy.Observation` the pure decision reads. It writes only to adopt
+:class:`~heartbeat.model.policy.Observation` the pure decision reads. It writes only to adopt
 an agent whose pid never reached its baton (the daemon died mid-launch).
 """
 
@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from heartbeat import policy as pol
-from heartbeat.baton import Baton, GateKind, Owner, OwnerKind, Status
 from heartbeat.daemon.ages import Ages
 from heartbeat.daemon.leased import LeasePart
 from heartbeat.daemon.shared import Shared
-from heartbeat.errors import HeartbeatError, NotFound, UnsafePath
-from heartbeat.ledger import Event, EventKind
-from heartbeat.liveness import output_at, process_age
+from heartbeat.launchers.liveness import output_at, process_age
+from heartbeat.model import policy as pol
+from heartbeat.model.baton import Baton, GateKind, Owner, OwnerKind, Status
+from heartbeat.model.errors import HeartbeatError, NotFound, UnsafePath
+from heartbeat.model.ledger import Event, EventKind
 
 __all__ = ["BLOCK_KINDS", "BlockMemory", "Observer"]
 
@@ -127,7 +127,7 @@ class Observer:
                         if status is not None:
                             exit_code, exit_signal = status.code, status.signal
                 else:
-                    from heartbeat.liveness import is_alive
+                    from heartbeat.launchers.liveness import is_alive
 
                     alive = is_alive(owner, host=sh.host)
             if alive and owner.how == OwnerKind.DISPATCH:
@@ -185,7 +185,7 @@ class Observer:
         }, now, mono, bound=process_age(owner, host=sh.host) if alive else None)
         pending: tuple[str, ...] = ()
         if baton.after and meta.status is Status.ACTIVE and owner is None:
-            from heartbeat.handoff import pending_upstreams
+            from heartbeat.tasks.handoff import pending_upstreams
 
             pending = tuple(pending_upstreams(baton, statuses.get))
         self._report_missing(baton, pending, statuses, now, mem)
@@ -218,7 +218,7 @@ class Observer:
     def adopt_pending(self, baton: Baton) -> Owner | None:
         """A dispatch whose pid never reached the baton (the daemon died mid-launch): find its agent
         through the pid file the launcher's shim writes, and record it."""
-        from heartbeat.safefile import read_regular
+        from heartbeat.system.safefile import read_regular
 
         sh = self.shared
         path = sh.layout.pid(baton.id, baton.meta.epoch)
@@ -233,7 +233,7 @@ class Observer:
         owner = Owner(pid=pid, create_time=create_time, host=sh.host,
                       launcher=baton.meta.owner.launcher if baton.meta.owner else "", how=OwnerKind.DISPATCH,
                       started_at=baton.meta.dispatched_at)
-        from heartbeat.liveness import is_alive
+        from heartbeat.launchers.liveness import is_alive
 
         if not is_alive(owner, host=sh.host):
             return None

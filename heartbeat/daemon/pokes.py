@@ -2,7 +2,7 @@
 
 Anyone may poke a task (the store's change feed, a gate file appearing, an agent's exit,
 the actor after a stop or a raced dispatch): it is queued, debounced
-(:data:`heartbeat.defaults.WATCH_DEBOUNCE`) and looked at by one worker thread
+(:data:`heartbeat.model.defaults.WATCH_DEBOUNCE`) and looked at by one worker thread
 (:meth:`Pokes.run`, started by the service with the loop's ``evaluate``). An exit pokes
 with no debounce (:meth:`Pokes.poke_now`): the successor starts at once, whatever the tick.
 
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from heartbeat import defaults
+from heartbeat.model import defaults
 
 __all__ = ["Pokes"]
 

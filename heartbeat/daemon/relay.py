@@ -1,15 +1,15 @@
-"""The daemon's end of :mod:`heartbeat.relay`: agents' ``set``/``add`` written in this process.
+"""The daemon's end of :mod:`heartbeat.hotpath.relay`: agents' ``set``/``add`` written in this process.
 
 :class:`RelayServer` listens on ``<state_dir>/daemon.sock`` (mode 0600, in the 0700 state
 dir) in a thread of its own. Each connection gets a thread (at most
-:data:`heartbeat.defaults.RELAY_MAX_CLIENTS`; one more is closed unanswered, and its
+:data:`heartbeat.model.defaults.RELAY_MAX_CLIENTS`; one more is closed unanswered, and its
 client writes by itself), a peer-uid check, the greeting, a bounded read of the request,
-and :func:`heartbeat.write.relayed` on a store opened for that request alone (as the
+and :func:`heartbeat.tasks.write.relayed` on a store opened for that request alone (as the
 agent's own process would have opened one: no state shared with the loop's store). A
 request that did not arrive whole is dropped unwritten. On a database store (``shared``) every
 request runs on that one store, whose pool (``defaults.PG_RELAY_POOL`` connections) is all the
 agents of this host hold on the database, and the greeting is version 2 (naming the database:
-:func:`heartbeat.relay.greeting`), which also carries ``touch``, ``done`` and ``show``. A planted file at the socket's path
+:func:`heartbeat.hotpath.relay.greeting`), which also carries ``touch``, ``done`` and ``show``. A planted file at the socket's path
 (anything but a socket) is left alone and the relay stays off, in one logged line: agents
 then write by themselves, as without a daemon.
 """
@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from heartbeat import defaults
-from heartbeat.errors import HeartbeatError
-from heartbeat.relay import DECLINED_REPLY, MAX_PATH, MAX_REQUEST, decode_request, greeting, socket_path
+from heartbeat.hotpath.relay import DECLINED_REPLY, MAX_PATH, MAX_REQUEST, decode_request, greeting, socket_path
+from heartbeat.model import defaults
+from heartbeat.model.errors import HeartbeatError
 from heartbeat.store.base import Store
-from heartbeat.write import DECLINED, answer, parse_hot
+from heartbeat.tasks.write import DECLINED, answer, parse_hot
 
 __all__ = ["RelayServer"]
 
@@ -265,7 +265,7 @@ def _read_request(conn: socket.socket) -> bytes | None:
 
 def _reply(conn: socket.socket, code: int, message: str, output: str | None = None) -> None:
     """``<code>\n<message>``; version 2 (``output`` given): ``<code> <n>\n``, n bytes of stdout, the message,
-    or ``declined\n`` (:data:`heartbeat.write.DECLINED`: nothing written, the client runs the command itself)."""
+    or ``declined\n`` (:data:`heartbeat.tasks.write.DECLINED`: nothing written, the client runs the command itself)."""
     line = message.replace("\n", " ").encode("utf-8", errors="replace")
     if code == DECLINED and output is not None:
         data = DECLINED_REPLY

@@ -24,12 +24,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from heartbeat import defaults, systemd
-from heartbeat.changes import ChangeFeed
-from heartbeat.clock import SYSTEM, Clock, Metronome, OffsetFileClock, clock_from_env
-from heartbeat.config import Config, load_config
+from heartbeat.config.load import Config, load_config
 from heartbeat.daemon.act import Actor
 from heartbeat.daemon.boot import wait_for_store
+from heartbeat.daemon.changes import ChangeFeed
 from heartbeat.daemon.core import Loop
 from heartbeat.daemon.leased import lease_part, renew_interval
 from heartbeat.daemon.observe import Observer
@@ -37,10 +35,13 @@ from heartbeat.daemon.pokes import Pokes
 from heartbeat.daemon.shared import Shared, logger, open_store
 from heartbeat.daemon.vitals import Vitals
 from heartbeat.daemon.watch import Watcher
-from heartbeat.errors import GcBusy, HeartbeatError, StoreError
-from heartbeat.layout import StateLayout
-from heartbeat.liveness import this_host
+from heartbeat.launchers.liveness import this_host
+from heartbeat.model import defaults
+from heartbeat.model.errors import GcBusy, HeartbeatError, StoreError
 from heartbeat.store.base import Archiving, FileBacked, Store
+from heartbeat.system import systemd
+from heartbeat.system.clock import SYSTEM, Clock, Metronome, OffsetFileClock, clock_from_env
+from heartbeat.system.layout import StateLayout
 
 __all__ = ["Daemon", "PageStarter", "hold_daemon_lock", "logger", "open_store", "run_from_cli"]
 
@@ -48,7 +49,7 @@ __all__ = ["Daemon", "PageStarter", "hold_daemon_lock", "logger", "open_store", 
 class PageStarter(Protocol):
     """Starts the status page and /metrics for ``config``'s ``[http]`` in a thread of its own: a
     function that stops it, or None when it did not start (the starter logs why). ``vitals``: the
-    loop's, for /metrics. The command line gives :func:`heartbeat.web.start_for_daemon`; the
+    loop's, for /metrics. The command line gives :func:`heartbeat.web.app.start_for_daemon`; the
     daemon, below the faces, never imports the page itself."""
 
     def __call__(self, config: Config, vitals: Any, log: Any) -> Callable[[], None] | None: ...
@@ -254,7 +255,7 @@ class Daemon:
         return 0
 
     def start_scheduler(self) -> None:
-        """Start ticking on the monotonic clock (:class:`~heartbeat.clock.Metronome`), and gc and
+        """Start ticking on the monotonic clock (:class:`~heartbeat.system.clock.Metronome`), and gc and
         lease renewals in APScheduler's threads.
 
         The tick (and ``WATCHDOG=1`` with it) must go on across wall-clock steps: APScheduler 3
@@ -300,7 +301,7 @@ class Daemon:
             self.log.debug("rearm_skipped", error=repr(exc))
 
     def _start_relay(self) -> Any:
-        """Agents' set/add written here (:mod:`heartbeat.relay`), when ``daemon.relay`` is on; on a
+        """Agents' set/add written here (:mod:`heartbeat.hotpath.relay`), when ``daemon.relay`` is on; on a
         database store also their touch/done/show, through a pool of ``defaults.PG_RELAY_POOL``
         connections of the relay's own (closed with it: :meth:`_stop_relay`)."""
         config = self.shared.config
@@ -312,7 +313,7 @@ class Daemon:
         url = "" if self._keeps_files() else store_url(config.store.url)
         shared: Store | None = None
         if url:
-            from heartbeat.store.postgres import PostgresStore
+            from heartbeat.store.postgres.store import PostgresStore
 
             try:  # never waits on a refusing database: agents then write by themselves, waiting there
                 shared = PostgresStore(url, pool_size=defaults.PG_RELAY_POOL, wait=defaults.PG_RELAY_WAIT,
@@ -380,7 +381,7 @@ class Daemon:
 
     def _safe_gc(self) -> None:
         """The ``[retention]`` job: in the scheduler's pool beside the tick, never inside it."""
-        from heartbeat.retention import run_gc
+        from heartbeat.ops.retention import run_gc
 
         try:
             config = self.shared.config
@@ -408,7 +409,7 @@ def exit_if_stuck(clean: bool, deadline: float, log: Any) -> None:
     stuck = [t.name for t in threading.enumerate() if t is not threading.current_thread() and t.is_alive()]
     if clean and not stuck:
         return
-    from heartbeat.commands import kill_running
+    from heartbeat.system.commands import kill_running
 
     killed = kill_running()  # a check or notifier the abandoned threads ran must not outlive us
     log.error("exit_abandoning_threads", threads=stuck, commands_killed=killed, pid=os.getpid())
@@ -424,9 +425,9 @@ def exit_if_stuck(clean: bool, deadline: float, log: Any) -> None:
 
 def run_from_cli(args: Any, *, page: PageStarter | None = None) -> int:
     """``heartbeat run [--dry-run] [--once]``; ``page`` serves ``[http]`` (the command line gives it)."""
-    from heartbeat.config import find_config
-    from heartbeat.errors import ConfigError
-    from heartbeat.logging import configure
+    from heartbeat.config.load import find_config
+    from heartbeat.model.errors import ConfigError
+    from heartbeat.system.logging import configure
 
     path = find_config(args.config)
     if path is None:
@@ -471,7 +472,7 @@ def hold_daemon_lock(state_dir: str) -> int:
     import fcntl
     import stat
 
-    from heartbeat.errors import DaemonRunning, StoreError, UnsafePath
+    from heartbeat.model.errors import DaemonRunning, StoreError, UnsafePath
     from heartbeat.store.files import ensure_private_dir
 
     ensure_private_dir(state_dir)

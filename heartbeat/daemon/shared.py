@@ -19,16 +19,16 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
-from heartbeat import defaults
-from heartbeat.clock import SYSTEM, Clock
-from heartbeat.config import Config, LauncherConfig
+from heartbeat.config.load import Config, LauncherConfig
+from heartbeat.daemon.exits import ExitWatch
+from heartbeat.daemon.gates import GateEvaluator
 from heartbeat.daemon.pokes import Pokes
-from heartbeat.exits import ExitWatch
-from heartbeat.gates import GateEvaluator
-from heartbeat.layout import StateLayout
-from heartbeat.ledger import Event
-from heartbeat.liveness import this_host
+from heartbeat.launchers.liveness import this_host
+from heartbeat.model import defaults
+from heartbeat.model.ledger import Event
 from heartbeat.store.base import SharedStore, Store
+from heartbeat.system.clock import SYSTEM, Clock
+from heartbeat.system.layout import StateLayout
 
 __all__ = ["Shared", "logger", "open_store"]
 
@@ -86,7 +86,7 @@ class Shared:
 
     def record(self, event: Event) -> None:
         """Append an event with no baton write; a failure is logged, never raised (any thread)."""
-        from heartbeat.errors import HeartbeatError
+        from heartbeat.model.errors import HeartbeatError
 
         try:
             self.store.record([event])
@@ -97,8 +97,8 @@ class Shared:
 def open_store(config: Config, *, claim: bool = True, decisions: bool = False) -> Store:
     """The configured store; a database store also claims the database for this daemon (``claim``).
     ``decisions``: the loop's own store, whose scans keep only what decisions read of each baton
-    (:func:`heartbeat.baton.decision_view`: a 10,000-baton state dir in far less memory)."""
-    from heartbeat.baton import decision_view
+    (:func:`heartbeat.model.baton.decision_view`: a 10,000-baton state dir in far less memory)."""
+    from heartbeat.model.baton import decision_view
     from heartbeat.store import URL_ENV, store_url
     from heartbeat.store import open_store as open_any
 
@@ -120,6 +120,6 @@ def open_store(config: Config, *, claim: bool = True, decisions: bool = False) -
 
 
 def logger() -> Any:
-    from heartbeat.logging import get_logger
+    from heartbeat.system.logging import get_logger
 
     return get_logger("heartbeat.daemon")

@@ -5,7 +5,7 @@ histograms, the agents' writes it relayed and, on a store shared by many hosts, 
 took over (by the host they came from) and the health of its leases (the last successful
 renewal, whether the database answered). The daemon counts them as things happen (counters
 are monotonic within its process) and writes them to ``<state_dir>/daemon.json`` after every
-tick; :mod:`heartbeat.metrics` (a face, above the daemon) reads this object, or that file in a
+tick; :mod:`heartbeat.web.metrics` (a face, above the daemon) reads this object, or that file in a
 standalone exporter. Nothing here imports ``prometheus_client``.
 """
 
@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from heartbeat.errors import UnsafePath
-from heartbeat.layout import VITALS_NAME, StateLayout
-from heartbeat.safefile import read_regular
+from heartbeat.model.errors import UnsafePath
+from heartbeat.system.layout import VITALS_NAME, StateLayout
+from heartbeat.system.safefile import read_regular
 
 __all__ = ["LATENCY_BUCKETS", "TICK_BUCKETS", "VITALS_FILE", "Histogram", "Vitals"]
 
@@ -106,7 +106,7 @@ class Vitals:
     tick_seconds: Histogram = field(default_factory=lambda: Histogram(TICK_BUCKETS))
     latency_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     relayed: int = 0
-    """Agents' set/add the daemon wrote for them (:mod:`heartbeat.relay`), refusals included."""
+    """Agents' set/add the daemon wrote for them (:mod:`heartbeat.hotpath.relay`), refusals included."""
     relayed_refused: int = 0
     """Of those, the ones refused (a non-zero exit code: superseded, bad input, ...)."""
     host: str = ""
@@ -163,7 +163,7 @@ class Vitals:
 
     def save(self, state_dir: str) -> None:
         """Write ``<state_dir>/daemon.json`` atomically (0600, temp file + rename)."""
-        from heartbeat.safefile import write_file_atomic
+        from heartbeat.system.safefile import write_file_atomic
 
         data = json.dumps(self.to_json(), sort_keys=True).encode()
         # Not fsynced: a report rewritten every tick, whose loss in a crash costs nothing.

@@ -5,10 +5,10 @@ for the file store, LISTEN/NOTIFY for PostgreSQL); a gate file appearing in a wa
 directory names the blocked tasks waiting on it. Either way the task is *poked*
 (:mod:`.pokes`: queued, debounced, looked at by the loop's ``evaluate`` in the watch worker),
 so a write is answered within a fraction of a second instead of at the next tick. An
-agent's process ending (:mod:`heartbeat.exits`, a pidfd per live agent) pokes its task
+agent's process ending (:mod:`heartbeat.daemon.exits`, a pidfd per live agent) pokes its task
 with no debounce: its successor starts at once, whatever the tick.
 
-The store's reports also feed :class:`heartbeat.changes.ChangeFeed`: between full sweeps a
+The store's reports also feed :class:`heartbeat.daemon.changes.ChangeFeed`: between full sweeps a
 tick stats only the batons reported; a feed that says it missed writes (an inotify queue
 overflow, a lost LISTEN connection) makes the next tick a full sweep.
 """
@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from heartbeat.changes import ChangeFeed
+from heartbeat.daemon.changes import ChangeFeed
 from heartbeat.daemon.shared import Shared
 
 __all__ = ["Watcher"]

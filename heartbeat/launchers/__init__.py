@@ -14,10 +14,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from heartbeat.errors import ConfigError
+from heartbeat.model.errors import ConfigError
 
 if TYPE_CHECKING:
-    from heartbeat.config import LauncherConfig
+    from heartbeat.config.load import LauncherConfig
     from heartbeat.launchers.base import ExitStatus, Launcher, LaunchError, LaunchRequest, build_argv, build_env
 
 __all__ = [

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from heartbeat.baton import Baton, Owner
-from heartbeat.config import LauncherConfig, expand_argv
-from heartbeat.errors import HeartbeatError, UnsafePath
-from heartbeat.layout import LOGS_DIR, log_name
-from heartbeat.safefile import open_dir, open_regular, read_regular, write_atomic, write_file_atomic
-from heartbeat.systemd import PLUMBING_ENV
+from heartbeat.config.load import LauncherConfig, expand_argv
+from heartbeat.model.baton import Baton, Owner
+from heartbeat.model.errors import HeartbeatError, UnsafePath
+from heartbeat.system.layout import LOGS_DIR, log_name
+from heartbeat.system.safefile import open_dir, open_regular, read_regular, write_atomic, write_file_atomic
+from heartbeat.system.systemd import PLUMBING_ENV
 
 __all__ = [
     "LaunchRequest",
@@ -164,7 +164,7 @@ def build_argv(config: LauncherConfig, req: LaunchRequest) -> list[str]:
         raise LaunchError(f"launchers.{config.name}.command is empty: nothing to run", task=req.task_id)
     command = config.command
     if req.resume and config.preset:
-        from heartbeat.presets import PRESETS, PresetName, preset_argv
+        from heartbeat.presets.common import PRESETS, PresetName, preset_argv
 
         command = preset_argv(PRESETS[PresetName(config.preset)], config.command[0], config.args, resume=True)
     argv = expand_argv(command, placeholder_values(req))
@@ -254,7 +254,7 @@ def resolve_cwd(config: LauncherConfig, req: LaunchRequest) -> str:
 
 def open_log_dir(state_dir: str, directory: str, task: str) -> int:
     """A descriptor of ``directory`` (``logs/<id>``), created 0700 if missing, walked from ``state_dir``
-    one component at a time without following links (:func:`heartbeat.safefile.open_dir`).
+    one component at a time without following links (:func:`heartbeat.system.safefile.open_dir`).
 
     A ``logs`` or ``logs/<id>`` that is a symlink (or a file, or another user's) is refused
     with a :class:`LaunchError` naming it, before anything is written. A directory outside
@@ -329,7 +329,7 @@ def write_private_file(path: str, text: str, *, state_dir: str = "", task: str =
 
 
 def _refused(path: str, exc: UnsafePath) -> None:
-    from heartbeat.logging import get_logger
+    from heartbeat.system.logging import get_logger
 
     get_logger("heartbeat.launchers").warning("file_refused", path=path, error=exc.message)
 
@@ -430,7 +430,7 @@ def cap_running_logs(
 ) -> list[tuple[str, int, int]]:
     """Apply :func:`cap_log` to the current log of every running agent (``running``: task id ->
     launcher name); returns ``(task id, epoch, size it had)`` for each log that was cut."""
-    from heartbeat import defaults
+    from heartbeat.model import defaults
 
     cut = []
     for baton in batons:

@@ -19,8 +19,7 @@ import threading
 from collections.abc import Mapping
 from typing import IO, Any
 
-from heartbeat.baton import Owner
-from heartbeat.config import LauncherConfig
+from heartbeat.config.load import LauncherConfig
 from heartbeat.launchers import shim
 from heartbeat.launchers.base import (
     ExitStatus,
@@ -32,8 +31,9 @@ from heartbeat.launchers.base import (
     read_exit_file,
     resolve_cwd,
 )
-from heartbeat.liveness import group_leftovers, identify, is_alive, stop_process_group, this_host
-from heartbeat.timeparse import utcnow
+from heartbeat.launchers.liveness import group_leftovers, identify, is_alive, stop_process_group, this_host
+from heartbeat.model.baton import Owner
+from heartbeat.model.timeparse import utcnow
 
 __all__ = ["ExecLauncher", "shim_command"]
 

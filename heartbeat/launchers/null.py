@@ -19,12 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from heartbeat.baton import Owner
-from heartbeat.config import LauncherConfig
-from heartbeat.errors import BadInput, ConfigError
+from heartbeat.config.load import LauncherConfig
 from heartbeat.launchers.base import ExitStatus, LaunchRequest, build_argv, build_env
-from heartbeat.liveness import is_alive, this_host
-from heartbeat.timeparse import parse_duration, utcnow
+from heartbeat.launchers.liveness import is_alive, this_host
+from heartbeat.model.baton import Owner
+from heartbeat.model.errors import BadInput, ConfigError
+from heartbeat.model.timeparse import parse_duration, utcnow
 
 __all__ = ["NullLauncher", "FakeAgent", "FAKE_PID_BASE"]
 

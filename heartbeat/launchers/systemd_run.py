@@ -33,10 +33,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from heartbeat import defaults
-from heartbeat.baton import Owner
-from heartbeat.config import LauncherConfig
-from heartbeat.errors import ConfigError
+from heartbeat.config.load import LauncherConfig
 from heartbeat.launchers.base import (
     ExitStatus,
     LaunchError,
@@ -49,9 +46,12 @@ from heartbeat.launchers.base import (
     write_private_file,
 )
 from heartbeat.launchers.exec import shim_command
-from heartbeat.liveness import identify, is_alive, this_host
-from heartbeat.systemd import without_plumbing
-from heartbeat.timeparse import utcnow
+from heartbeat.launchers.liveness import identify, is_alive, this_host
+from heartbeat.model import defaults
+from heartbeat.model.baton import Owner
+from heartbeat.model.errors import ConfigError
+from heartbeat.model.timeparse import utcnow
+from heartbeat.system.systemd import without_plumbing
 
 __all__ = ["SystemdRunLauncher", "unit_name", "ALIVE_STATES"]
 
@@ -242,7 +242,7 @@ class SystemdRunLauncher:
         """``systemctl stop``: systemd sends SIGTERM to the cgroup and SIGKILL after the unit's
         ``TimeoutStopSec`` (set from ``stop_grace`` at launch; ``grace`` bounds how long we wait)."""
         if not owner.unit:
-            from heartbeat.liveness import stop_process_group
+            from heartbeat.launchers.liveness import stop_process_group
 
             return owner.pid is None or stop_process_group(owner.pid, owner.create_time, grace)
         if owner.host and owner.host != this_host():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from heartbeat.baton import Baton
+from heartbeat.model.baton import Baton
 from heartbeat.store.base import Edit, Entry, Store
 
 __all__ = ["Edit", "Entry", "Store", "open_configured", "open_store", "store_url"]
@@ -27,7 +27,7 @@ def open_store(state_dir: str, url: str = "", *, scan_view: Callable[[Baton], Ba
     the extra ``heartbeat[postgres]``; psycopg is imported only then. ``scan_view``: what the
     file store's scans keep of each baton (a database store keeps whole batons). ``refused_wait``:
     seconds a database store waits while the server refuses connections (see
-    :class:`heartbeat.store.postgres.PostgresStore`; 0 for the daemon and the hooks, which answer at once).
+    :class:`heartbeat.store.postgres.store.PostgresStore`; 0 for the daemon and the hooks, which answer at once).
     """
     url = store_url(url)
     if url:
@@ -39,23 +39,23 @@ def open_store(state_dir: str, url: str = "", *, scan_view: Callable[[Baton], Ba
 
 def open_configured(state_dir: str | None = None, config_path: str | None = None) -> tuple[Store, str]:
     """The store every command opens, and its state dir: ``--state-dir``/``--config`` as
-    :func:`heartbeat.config.resolve_store` finds them, so ``$HEARTBEAT_STORE_URL`` and the
+    :func:`heartbeat.config.load.resolve_store` finds them, so ``$HEARTBEAT_STORE_URL`` and the
     config's ``[store] url`` mean the same for every command (``status``, ``web``, ``metrics``,
     ``gc``, ``mcp``, the hooks): one way to open the store."""
-    from heartbeat.config import resolve_store
+    from heartbeat.config.load import resolve_store
 
     found_dir, url = resolve_store(state_dir, config_path)
     return open_store(found_dir, url), found_dir
 
 
 def _open_url(url: str, refused_wait: float | None = None) -> Store:
-    from heartbeat.errors import BadInput, ConfigError
+    from heartbeat.model.errors import BadInput, ConfigError
 
     if not url.startswith(("postgresql://", "postgres://")):
         raise ConfigError(f"store url must start with postgresql:// (got {url.split(':', 1)[0]!r}:...)",
                           field="store.url")
     try:
-        from heartbeat.store.postgres import PostgresStore
+        from heartbeat.store.postgres.store import PostgresStore
     except ImportError as exc:
         raise BadInput(
             f"a PostgreSQL store needs the extra heartbeat[postgres] ({exc.name or 'psycopg'} is missing): "

@@ -1,4 +1,4 @@
-"""The archive: where ``heartbeat gc`` (:mod:`heartbeat.retention`) moves finished tasks, read back.
+"""The archive: where ``heartbeat gc`` (:mod:`heartbeat.ops.retention`) moves finished tasks, read back.
 
 One format for every store: an archive is gzip'd JSON lines, one record per archived task
 (:func:`make_record`: its baton's text, the text's sha256 and every ledger event), under a
@@ -8,7 +8,7 @@ task naming the archive. Where the archive lives is the store's (:class:`~heartb
 - the file store: ``<state_dir>/archive/<name>``, written to a temp name, fsynced, renamed,
   its directory fsynced (the functions below, used by :mod:`heartbeat.store.files`);
 - the PostgreSQL store: one row of ``heartbeat_archive`` (name, the same gzip bytes):
-  :mod:`heartbeat.store.pg_archive`.
+  :mod:`heartbeat.store.postgres.archive`.
 
 ``heartbeat report`` replays archived tasks through :func:`read_archived`; gc verifies what it
 wrote with the same reader (:func:`records_of`) before it retires anything.
@@ -34,12 +34,12 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import IO, Any
 
-from heartbeat.baton import Baton, parse_baton
-from heartbeat.errors import GcBusy, HeartbeatError, StoreError
-from heartbeat.ledger import Event, EventKind
-from heartbeat.safefile import write_file_atomic
+from heartbeat.model.baton import Baton, parse_baton
+from heartbeat.model.errors import GcBusy, HeartbeatError, StoreError
+from heartbeat.model.ledger import Event, EventKind
 from heartbeat.store.base import Archiving
-from heartbeat.world import sha256
+from heartbeat.system.safefile import write_file_atomic
+from heartbeat.system.world import sha256
 
 __all__ = ["RETENTION_KINDS", "ARCHIVE_NAME", "EPOCH_FILE", "archive_name", "make_record", "pack", "same_history",
            "event_from_json", "records_of", "read_archive", "read_archived", "resolve_marks"]
@@ -85,7 +85,7 @@ def same_history(found: list[Event], expected: list[Event]) -> bool:
 
 
 def event_from_json(doc: dict[str, Any]) -> Event:
-    """An event as an archive record holds it (:meth:`heartbeat.ledger.Event.to_json`)."""
+    """An event as an archive record holds it (:meth:`heartbeat.model.ledger.Event.to_json`)."""
     return Event(task=str(doc["task"]), kind=str(doc["kind"]), ts=datetime.fromisoformat(doc["ts"]),
                  epoch=int(doc.get("epoch", 0)), revision=int(doc.get("revision", 0)),
                  actor=str(doc.get("actor", "")), data=dict(doc.get("data") or {}), id=int(doc.get("id", 0)))

@@ -8,7 +8,7 @@ keep, and that ``tests/test_store_contract.py`` checks against each one:
 - a write is atomic: a reader sees the old baton or the new one, never a mix;
 - writes to one baton are serialized, and each bumps ``meta.revision`` by one;
 - a write that names an expected revision, or an epoch, that has moved on is refused
-  with :class:`~heartbeat.errors.Conflict` and changes nothing;
+  with :class:`~heartbeat.model.errors.Conflict` and changes nothing;
 - an invalid baton is reported, never deleted or overwritten;
 - every write appends its events to the ledger;
 - :meth:`Store.watch` reports every committed write by task id (or says writes may have
@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from heartbeat.baton import HANDOFF_FIELDS, LIST_FIELDS, SCALAR_FIELDS, Baton
-from heartbeat.errors import Conflict, HeartbeatError, UnsafePath
-from heartbeat.ledger import Event, EventKind, Ledger
-from heartbeat.timeparse import utcnow
+from heartbeat.model.baton import HANDOFF_FIELDS, LIST_FIELDS, SCALAR_FIELDS, Baton
+from heartbeat.model.errors import Conflict, HeartbeatError, UnsafePath
+from heartbeat.model.ledger import Event, EventKind, Ledger
+from heartbeat.model.timeparse import utcnow
 
 __all__ = ["Entry", "Edit", "Store", "Unwatch", "FileBacked", "PulseSink", "TextImport", "SharedStore", "Archiving",
            "HostRow", "LeaseRow", "Renewal", "TakenOver",
@@ -145,7 +145,7 @@ class FileBacked(Protocol):
 
 @runtime_checkable
 class PulseSink(Protocol):
-    """A store whose agents' touches may be pulses (:mod:`heartbeat.pulse`): the file store."""
+    """A store whose agents' touches may be pulses (:mod:`heartbeat.hotpath.pulse`): the file store."""
 
     def arm_pulse(self, task_id: str, epoch: int) -> bool:
         """After an agent's own write at ``epoch``: let its next touches be pulses. False: not armed."""
@@ -232,7 +232,7 @@ class SharedStore(Protocol):
     """Task id -> the host whose daemon holds its lease, as of the last scan."""
 
     def claim_daemon(self, host: str = "") -> None:
-        """Claim the store for this host's one daemon; :class:`~heartbeat.errors.DaemonRunning` if taken."""
+        """Claim the store for this host's one daemon; :class:`~heartbeat.model.errors.DaemonRunning` if taken."""
 
     label: str
     """The database as a person may read it (no password)."""
@@ -247,7 +247,7 @@ class SharedStore(Protocol):
         """Re-check (and re-take) the lock of :meth:`claim_daemon`: ``held``, ``retaken``, ``lost`` or ``""``."""
 
     # Leases (the SQL in store/pg_leases.py; the policy, when to renew, take over or stand down,
-    # in heartbeat/lease.py). Each runs in a transaction of its own; StoreError when unreachable.
+    # in heartbeat/ops/lease.py). Each runs in a transaction of its own; StoreError when unreachable.
 
     def lease_hosts(self) -> list[HostRow]:
         """Every daemon that ever renewed on this store, most recently renewed first."""
@@ -279,13 +279,13 @@ class SharedStore(Protocol):
 @runtime_checkable
 class Archiving(Protocol):
     """A store that moves finished tasks out of its live records into an archive it reads back
-    (``heartbeat gc``): both the file store and the PostgreSQL store. :mod:`heartbeat.retention`
+    (``heartbeat gc``): both the file store and the PostgreSQL store. :mod:`heartbeat.ops.retention`
     decides what goes (old enough, no live task depends on it) and builds the records
     (:func:`heartbeat.store.archive.make_record`); the store does the moving, atomically per task."""
 
     def gc_lock(self, *, dry_run: bool = False) -> AbstractContextManager[None]:
         """Held for a whole gc: one gc at a time over this store, on every host sharing it.
-        :class:`~heartbeat.errors.GcBusy` when another holds it; a dry run takes none."""
+        :class:`~heartbeat.model.errors.GcBusy` when another holds it; a dry run takes none."""
 
     def archive_text(self, task_id: str) -> bytes | None:
         """The baton's bytes as the archive keeps them; None when there is no readable one."""
@@ -299,7 +299,7 @@ class Archiving(Protocol):
 
     def write_archive(self, name: str, records: list[dict[str, Any]]) -> tuple[str, int]:
         """Store a new archive ``name`` holding ``records`` durably, read it back and check it
-        record by record; ``(where, bytes)``. :class:`~heartbeat.errors.StoreError`, nothing
+        record by record; ``(where, bytes)``. :class:`~heartbeat.model.errors.StoreError`, nothing
         archived, when it cannot."""
 
     def retire(self, task_id: str, raw: bytes, events: list[Event], summary: Event) -> tuple[str, int]:
@@ -313,10 +313,10 @@ class Archiving(Protocol):
 
     def archive_names(self) -> list[str]:
         """The names of the archives this store holds, oldest first (``heartbeat export`` and
-        ``migrate`` carry them: :mod:`heartbeat.transfer`)."""
+        ``migrate`` carry them: :mod:`heartbeat.ops.transfer`)."""
 
     def archive_records(self, name: str) -> list[dict[str, Any]]:
-        """The records of the archive ``name``, in order; :class:`~heartbeat.errors.StoreError`
+        """The records of the archive ``name``, in order; :class:`~heartbeat.model.errors.StoreError`
         when it is not held, or damaged."""
 
 
@@ -441,7 +441,7 @@ def continue_above(ed: Edit, events: list[Event], highest: int) -> None:
 def fingerprint(baton: Baton) -> dict[str, str]:
     """The baton's world, as every store that writes batons takes it; a key file escaping
     the workdir is refused naming the task. (The in-memory store takes none: no files.)"""
-    from heartbeat.world import fingerprint_world  # not on a touch's path: hashlib loads OpenSSL
+    from heartbeat.system.world import fingerprint_world  # not on a touch's path: hashlib loads OpenSSL
 
     try:
         return fingerprint_world(baton.workdir, baton.key_files)

@@ -4,7 +4,7 @@ Layout under the state dir (created 0700; refused when others can write to it)::
 
     batons/<id>.toml     one baton per task (0600)
     locks/<id>.lock      flock(2) target per baton, so writers of one task serialize
-    logs/<id>/           agents' output, written by launchers; ``<epoch>.pulse``: agents' touches (heartbeat.pulse)
+    logs/<id>/           agents' output, written by launchers; ``<epoch>.pulse``: agents' touches (heartbeat.hotpath.pulse)
     ledger.sqlite3       the ledger (WAL)
     format.toml          the state dir's format: ``version`` and ``min_reader`` (see :func:`check_format`)
 
@@ -29,9 +29,11 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
 from typing import Any
 
-from heartbeat import defaults
-from heartbeat.baton import Baton, Status, check_id, dump_baton, parse_baton
-from heartbeat.errors import (
+from heartbeat.hotpath.pulse import apply_pulse
+from heartbeat.hotpath.pulse import arm as _arm_pulse
+from heartbeat.model import defaults
+from heartbeat.model.baton import Baton, Status, check_id, dump_baton, parse_baton
+from heartbeat.model.errors import (
     AlreadyExists,
     BadInput,
     Busy,
@@ -42,20 +44,7 @@ from heartbeat.errors import (
     UnreadableBaton,
     UnsafePath,
 )
-from heartbeat.layout import StateLayout
-from heartbeat.ledger import Event, EventKind, Ledger, PendingWrite, SqliteLedger
-from heartbeat.pulse import apply_pulse
-from heartbeat.pulse import arm as _arm_pulse
-from heartbeat.safefile import (
-    check_not_special,
-    fsync_dir,
-    open_parent,
-    open_regular,
-    read_regular,
-    replace_temp,
-    write_file_atomic,
-    write_temp,
-)
+from heartbeat.model.ledger import Event, EventKind, Ledger, PendingWrite, SqliteLedger
 from heartbeat.store import archive as _archive
 from heartbeat.store.base import (
     Edit,
@@ -68,6 +57,17 @@ from heartbeat.store.base import (
     now_or,
     start_create,
     write_identity,
+)
+from heartbeat.system.layout import StateLayout
+from heartbeat.system.safefile import (
+    check_not_special,
+    fsync_dir,
+    open_parent,
+    open_regular,
+    read_regular,
+    replace_temp,
+    write_file_atomic,
+    write_temp,
 )
 
 __all__ = ["FileStore", "check_format", "ensure_private_dir", "format_text"]
@@ -235,7 +235,7 @@ class FileStore:
     def __init__(self, state_dir: str, *, scan_view: Callable[[Baton], Baton] | None = None) -> None:
         self.state_dir = os.path.abspath(state_dir)
         self.scan_view = scan_view
-        """What :meth:`scan` keeps and lists of each baton (the daemon's: :func:`heartbeat.baton.decision_view`);
+        """What :meth:`scan` keeps and lists of each baton (the daemon's: :func:`heartbeat.model.baton.decision_view`);
         None: the whole baton. :meth:`load` and :meth:`edit` always read the whole baton."""
         ensure_private_dir(self.state_dir)
         self.layout = StateLayout(self.state_dir)
@@ -249,7 +249,7 @@ class FileStore:
         _refuse_special_ledger(self.layout.ledger_file)
         self.ledger: Ledger = SqliteLedger(self.layout.ledger_file)
         self.lock_wait = defaults.LOCK_TIMEOUT
-        """Seconds a write waits for a baton's lock before :class:`~heartbeat.errors.Busy` (the daemon shortens it)."""
+        """Seconds a write waits for a baton's lock before :class:`~heartbeat.model.errors.Busy` (the daemon shortens it)."""
         self._cache: dict[str, tuple[tuple[int, ...], Entry]] = {}
         self._sorted: list[Entry] = []
         self._owned: set[str] = set()
@@ -277,7 +277,7 @@ class FileStore:
     def load(self, task_id: str) -> Baton:
         check_id(task_id)
         baton = self._read(task_id)[0]
-        apply_pulse(baton, self.logs_dir)  # an agent's fast touches count as touches (heartbeat.pulse)
+        apply_pulse(baton, self.logs_dir)  # an agent's fast touches count as touches (heartbeat.hotpath.pulse)
         return baton
 
     def _read(self, task_id: str) -> tuple[Baton, os.stat_result]:
@@ -405,7 +405,7 @@ class FileStore:
             else:
                 ordered.insert(at, entry)
         for task_id in self._owned:
-            # An owned task's agent may have pulsed (heartbeat.pulse) without its baton changing:
+            # An owned task's agent may have pulsed (heartbeat.hotpath.pulse) without its baton changing:
             # the feed reports no pulse, so every owned entry looks at its pulse here.
             cached = self._cache.get(task_id)
             if cached is not None and cached[1].baton is not None:
@@ -595,7 +595,7 @@ class FileStore:
 
     def arm_pulse(self, task_id: str, epoch: int) -> bool:
         """Just after this process wrote ``task_id`` for the agent of ``epoch``: let that agent's
-        next touches be pulses (:mod:`heartbeat.pulse`) while the baton stays exactly as written.
+        next touches be pulses (:mod:`heartbeat.hotpath.pulse`) while the baton stays exactly as written.
         Only for an active task with an owner, at the baton's epoch; True when armed."""
         last = self._last_write
         if last is None or last[0] != task_id:

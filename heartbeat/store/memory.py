@@ -7,9 +7,9 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
-from heartbeat.baton import Baton, check_id
-from heartbeat.errors import AlreadyExists, NotFound
-from heartbeat.ledger import Event, EventKind, Ledger, MemoryLedger
+from heartbeat.model.baton import Baton, check_id
+from heartbeat.model.errors import AlreadyExists, NotFound
+from heartbeat.model.ledger import Event, EventKind, Ledger, MemoryLedger
 from heartbeat.store.base import (
     Edit,
     Entry,
@@ -88,7 +88,7 @@ class MemoryStore:
 
     def put_text(self, task_id: str, text: str) -> bool:
         """Store a baton parsed from ``text`` unless the id is taken (import); True when stored."""
-        from heartbeat.baton import parse_baton
+        from heartbeat.model.baton import parse_baton
 
         baton = parse_baton(text, path=task_id, expected_id=check_id(task_id))
         with self._lock:

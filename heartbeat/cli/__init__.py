@@ -1,0 +1,1 @@
+"""The ``heartbeat`` command line: a module per group of commands."""

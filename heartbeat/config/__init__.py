@@ -1,0 +1,1 @@
+"""The TOML config: its shape, its loading and its checks."""

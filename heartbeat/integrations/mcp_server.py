@@ -1,0 +1,213 @@
+"""``heartbeat mcp``: the batons over the Model Context Protocol, on stdio.
+
+An agent that speaks MCP (Claude Code, Codex, any MCP client) reads and keeps its baton
+through tools instead of shelling out: ``show``, ``status``, ``brief``, ``verify``, ``set``,
+``add``, ``touch``, ``block``, ``done``, ``snooze``, with the CLI's semantics (the same verbs
+in :mod:`heartbeat.tasks.verbs`) and its epoch fencing: the server's ``HEARTBEAT_EPOCH`` applies to
+the server's ``HEARTBEAT_TASK``, so a superseded agent's writes are refused here too, and a
+call naming another ``epoch`` is refused rather than obeyed (the argument is for a server no
+environment binds). A refused call is an MCP tool error (``isError``) whose text is the CLI's one-line message and
+its exit code, ``... (exit 5)``. ``verify`` answers its code as data (0 fresh, 3 stale,
+4 not active, 5 superseded), as the CLI answers it as an exit status. The resource
+``baton://{id}`` is the baton's TOML.
+
+Built on the official Python SDK, ``mcp`` 2.x (``MCPServer``; 1.x called it ``FastMCP``),
+installed by the ``heartbeat[mcp]`` extra. 2.x is pinned because its ``ToolError`` carries
+the message to the client, while a plain exception reaches it only as "Error executing tool".
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from heartbeat.model.errors import BadInput, HeartbeatError
+
+if TYPE_CHECKING:
+    from heartbeat.store.base import Store
+
+__all__ = ["EPOCH_NOTE", "TOOL_NAMES", "build_server", "serve"]
+
+EPOCH_NOTE = (" `epoch` fences the call for a server not bound to one; a server started with HEARTBEAT_EPOCH "
+              "(an agent the daemon launched) acts only for that epoch and refuses any other.")
+"""Said in the description of every tool that takes ``epoch``."""
+
+TOOL_NAMES = ("show", "status", "brief", "verify", "set", "add", "touch", "block", "done", "snooze")
+"""The tools the server offers, each named as the CLI command it mirrors."""
+
+
+def _actor() -> str:
+    return os.environ.get("HEARTBEAT_ACTOR") or ("agent" if os.environ.get("HEARTBEAT_EPOCH") else "mcp")
+
+
+def build_server(store_factory: Callable[[], Store]) -> Any:
+    """The MCP server over the store ``store_factory`` opens (once, on first use)."""
+    try:
+        from mcp.server.mcpserver import MCPServer
+        from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+    except ImportError:
+        raise BadInput("heartbeat mcp needs the MCP SDK 2.x: pip install 'heartbeat[mcp]'") from None
+    from heartbeat.api import epoch_from_env
+    from heartbeat.tasks import verbs as tasks
+
+    opened: list[Store] = []
+
+    def store() -> Store:
+        if not opened:
+            opened.append(store_factory())
+        return opened[0]
+
+    def fence(task_id: str, epoch: int | None) -> int | None:
+        # The environment's epoch is the agent's identity, not a default: a refusal names the
+        # current epoch, and a confused model must not be one retry away from writing for it.
+        bound = epoch_from_env(task_id)
+        if epoch is None or epoch == bound:
+            return bound
+        if bound is not None:
+            raise BadInput(f"this server is bound to epoch {bound} of task {task_id} by HEARTBEAT_EPOCH and "
+                           f"acts for no other epoch (asked for {epoch})")
+        if epoch < 0:
+            raise BadInput("epoch must not be negative")
+        return epoch
+
+    @contextmanager
+    def tool_errors() -> Iterator[None]:
+        try:
+            yield
+        except HeartbeatError as exc:
+            raise ToolError(f"{exc} (exit {exc.exit_code})") from None
+
+    server = MCPServer(
+        "heartbeat",
+        instructions=("heartbeat keeps this task's state in a baton that survives context compaction, crashes and "
+                      "handoffs. Call `brief` first; `verify` before anything irreversible; after each step `set` "
+                      "step/next_step and `add` to done; `touch` while working; `block` when waiting on a person; "
+                      "`done` when finished."),
+        log_level="WARNING",
+    )
+
+    @server.tool(name="show", description="The baton of a task, as data.")
+    def show(id: str) -> dict[str, Any]:
+        with tool_errors():
+            from heartbeat.model.baton import json_safe
+
+            return dict(json_safe(store().load(id).to_dict()))
+
+    @server.tool(name="status", description="One row per task: id, status, step, attempt, epoch, revision, age.")
+    def status() -> dict[str, Any]:
+        from heartbeat.model.timeparse import utcnow
+
+        with tool_errors():
+            now = utcnow()
+            rows: list[dict[str, Any]] = []
+            for entry in store().scan():
+                if entry.baton is None:
+                    rows.append({"id": entry.id, "status": "invalid", "error": str(entry.error)})
+                    continue
+                meta = entry.baton.meta
+                last = meta.touched_at or meta.updated_at
+                rows.append({"id": entry.id, "status": meta.status.value, "step": entry.baton.step,
+                             "attempt": meta.attempt, "epoch": meta.epoch, "revision": meta.revision,
+                             "age_s": round((now - last).total_seconds(), 3) if last else None,
+                             "blocked_on": entry.baton.blocked_on})
+            return {"tasks": rows}
+
+    @server.tool(name="brief", description="What the next agent reads first: intent, constraints, state, pointers.")
+    def brief(id: str, budget: int | None = None) -> str:
+        from heartbeat.reports.brief import render_brief
+
+        with tool_errors():
+            if budget is not None and budget < 1:
+                raise BadInput("budget must be a positive number of tokens")
+            kwargs: dict[str, Any] = {"epoch": fence(id, None)}
+            if budget is not None:
+                kwargs["budget"] = budget
+            return render_brief(store().load(id), **kwargs).text
+
+    @server.tool(name="verify", description="Does the baton still hold? code 0 fresh, 3 stale, 4 not active, "
+                                            "5 superseded (your epoch is no longer the task's)." + EPOCH_NOTE)
+    def verify(id: str, epoch: int | None = None) -> dict[str, Any]:
+        from heartbeat.tasks.verify import verify as verify_task
+
+        with tool_errors():
+            result = verify_task(store(), id, epoch=fence(id, epoch), actor=_actor())
+            return dict(result.to_json())
+
+    @server.tool(name="set", description="Set scalar fields (step, next_step, intent, ...), like "
+                                         "`heartbeat set ID FIELD=VALUE`." + EPOCH_NOTE)
+    def set_(id: str, fields: dict[str, str], expect_revision: int | None = None,
+             epoch: int | None = None) -> dict[str, Any]:
+        with tool_errors():
+            baton = tasks.set_fields(store(), id, fields, expect_revision=expect_revision, epoch=fence(id, epoch),
+                                     actor=_actor())
+            return {"id": id, "revision": baton.meta.revision}
+
+    @server.tool(name="add", description="Append items to a list field (done, decisions, constraints, ...)."
+                                         + EPOCH_NOTE)
+    def add(id: str, field: str, values: list[str], expect_revision: int | None = None,
+            epoch: int | None = None) -> dict[str, Any]:
+        with tool_errors():
+            baton = tasks.add_items(store(), id, field, values, expect_revision=expect_revision,
+                                    epoch=fence(id, epoch), actor=_actor())
+            return {"id": id, "revision": baton.meta.revision}
+
+    @server.tool(name="touch", description="Alive, still on this step (not progress)." + EPOCH_NOTE)
+    def touch(id: str, epoch: int | None = None) -> dict[str, Any]:
+        with tool_errors():
+            baton = tasks.touch(store(), id, epoch=fence(id, epoch), actor=_actor())
+            return {"id": id, "revision": baton.meta.revision}
+
+    @server.tool(name="block", description="Block the task on something (a person by default) until a gate "
+                                           "opens." + EPOCH_NOTE)
+    def block(id: str, on: str, gate: str = "human", epoch: int | None = None) -> dict[str, Any]:
+        from heartbeat.model.baton import Gate
+
+        with tool_errors():
+            baton = tasks.block(store(), id, on, Gate.parse(gate), epoch=fence(id, epoch), actor=_actor())
+            return {"id": id, "revision": baton.meta.revision, "status": baton.meta.status.value}
+
+    @server.tool(name="done", description="Mark the task done." + EPOCH_NOTE)
+    def done(id: str, note: str = "", epoch: int | None = None) -> dict[str, Any]:
+        with tool_errors():
+            baton = tasks.finish(store(), id, note=note, epoch=fence(id, epoch), actor=_actor())
+            return {"id": id, "revision": baton.meta.revision, "status": baton.meta.status.value}
+
+    @server.tool(name="snooze", description="End the shift; the daemon wakes the task later. Give `until` "
+                                            "(ISO 8601) or `duration` (30m, 2h)." + EPOCH_NOTE)
+    def snooze(id: str, until: str | None = None, duration: str | None = None,
+               epoch: int | None = None) -> dict[str, Any]:
+        from datetime import timedelta
+
+        from heartbeat.model.timeparse import parse_duration, parse_instant, utcnow
+
+        with tool_errors():
+            if bool(until) == bool(duration):
+                raise BadInput("give one of until (ISO 8601) or duration (30m, 2h)")
+            when = (parse_instant(until, field="until") if until
+                    else utcnow() + timedelta(seconds=parse_duration(duration or "", field="duration")))
+            baton = tasks.snooze(store(), id, when, epoch=fence(id, epoch), actor=_actor())
+            return {"id": id, "revision": baton.meta.revision, "until": when.isoformat()}
+
+    @server.resource("baton://{id}", name="baton", description="A task's baton (TOML).", mime_type="application/toml")
+    def baton_resource(id: str) -> str:
+        from heartbeat.model.baton import dump_baton
+
+        try:
+            return dump_baton(store().load(id))
+        except HeartbeatError as exc:
+            raise ResourceError(f"{exc} (exit {exc.exit_code})") from None
+
+    return server
+
+
+def serve(*, state_dir: str | None = None, config: str | None = None) -> int:
+    """Run the server on stdio until the client closes it."""
+    from heartbeat.config.load import resolve_store
+    from heartbeat.store import open_store
+
+    path, url = resolve_store(state_dir, config)  # a missing config is an error now, not at the first call
+    server = build_server(lambda: open_store(path, url))
+    server.run("stdio")
+    return 0

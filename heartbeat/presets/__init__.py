@@ -1,0 +1,1 @@
+"""Presets for the agent CLIs: one module per CLI and what they share."""

@@ -1,0 +1,1 @@
+"""What is read back: the brief, the report, the seams, the edge profile."""

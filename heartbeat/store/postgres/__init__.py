@@ -1,0 +1,1 @@
+"""The PostgreSQL store, split by job: connection, schema, ledger, store, archive, leases."""

@@ -1,0 +1,1 @@
+"""The edges to the operating system: safe file reads and writes, the state dir's layout, clocks, logging, systemd, running commands, the world's fingerprints."""

@@ -1,0 +1,147 @@
+"""The agent's write: ``set ID F=V...`` and ``add ID FIELD V...``, whoever received it.
+
+The CLI parses it from its own arguments and runs it in the agent's process; the daemon's
+relay server (:mod:`heartbeat.daemon.relay`) receives it over the socket from an agent's
+``heartbeat`` command (:mod:`heartbeat.hotpath.relay`) and runs it in the daemon. Both hand a parsed
+:class:`Write` to :func:`apply`: the same fence, checks, ledger rows, exit codes and one-line
+errors, wherever it ran. On a database store the relay also carries an agent's ``touch``,
+``done`` and ``show`` (:func:`answer`), so that an agent holds no database connection.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from heartbeat.model.errors import BadInput, HeartbeatError
+
+if TYPE_CHECKING:
+    from heartbeat.store.base import Store
+
+__all__ = ["Write", "parse_hot", "assignments", "apply", "epoch_from_env", "actor_from_env", "relayed", "answer"]
+
+
+@dataclass(frozen=True)
+class Write:
+    """One ``set`` (``pairs``, each ``FIELD=VALUE``) or ``add`` (``field`` and ``values``) to one task;
+    from an agent on a database store also ``touch``, ``done`` (``note``) and the read ``show``."""
+
+    command: str
+    id: str
+    pairs: tuple[str, ...] = ()
+    field: str = ""
+    values: tuple[str, ...] = ()
+    check: str = ""
+    expect_revision: int | None = None
+    note: str = ""
+
+
+DECLINED = -1
+""":func:`answer`'s code for a call the daemon leaves to the agent's own process, having written
+nothing: a ``done`` whose guarantees have checks to run (they run where the agent runs, with the
+agent's environment and config, not in the daemon's relay within its reply timeout)."""
+
+AGENT_COMMANDS = ("touch", "show", "done")
+"""What an agent's relay carries besides ``set``/``add`` on a database store (relay greeting 2)."""
+
+
+def parse_hot(argv: Sequence[str], *, agent_commands: bool = False) -> Write | None:
+    """``set ID F=V...`` or ``add ID FIELD V...`` written without any option (an agent's hot
+    write, as the relay carries it), else None. ``agent_commands``: also ``touch ID``, ``show ID``,
+    ``done ID`` and ``done ID --note NOTE`` (see :func:`heartbeat.hotpath.relay.relayable`)."""
+    if agent_commands and len(argv) >= 2 and argv[0] in AGENT_COMMANDS and not argv[1].startswith("-"):
+        if len(argv) == 2:
+            return Write(argv[0], argv[1])
+        if len(argv) == 4 and argv[0] == "done" and argv[2] == "--note":
+            return Write("done", argv[1], note=argv[3])
+        return None
+    if len(argv) < 3 or any(arg.startswith("-") for arg in argv):
+        return None
+    command, task_id, rest = argv[0], argv[1], tuple(argv[2:])
+    if command == "set":
+        return Write("set", task_id, pairs=rest)
+    if command == "add" and len(rest) >= 2:
+        return Write("add", task_id, field=rest[0], values=rest[1:])
+    return None
+
+
+def assignments(pairs: Sequence[str]) -> dict[str, str]:
+    """``FIELD=VALUE`` pairs as a dict (a later field wins); :class:`BadInput` for one without ``=``."""
+    values: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise BadInput(f"expected FIELD=VALUE, got {pair[:80]!r}")
+        values[name.strip()] = value
+    return values
+
+
+def apply(store: Store, write: Write, *, epoch: int | None, actor: str) -> None:
+    """Run ``write`` on ``store``, fenced by ``epoch``."""
+    from heartbeat.tasks import verbs as tasks
+
+    if write.command == "touch":
+        tasks.touch(store, write.id, epoch=epoch, actor=actor)
+    elif write.command == "done":
+        tasks.finish(store, write.id, note=write.note, epoch=epoch, actor=actor, checks=None)
+    elif write.command == "set":
+        tasks.set_fields(store, write.id, assignments(write.pairs), expect_revision=write.expect_revision,
+                         epoch=epoch, actor=actor)
+    elif write.field == "guarantees":
+        for value in write.values:
+            tasks.add_guarantee(store, write.id, value, check=write.check, expect_revision=write.expect_revision,
+                                epoch=epoch, actor=actor)
+    else:
+        tasks.add_items(store, write.id, write.field, list(write.values), expect_revision=write.expect_revision,
+                        epoch=epoch, actor=actor)
+
+
+def epoch_from_env(task_id: str, env: Mapping[str, str] | None = None) -> int | None:
+    """The caller's epoch for ``task_id`` from ``HEARTBEAT_EPOCH``, when it belongs to this task."""
+    env = os.environ if env is None else env
+    raw = env.get("HEARTBEAT_EPOCH")
+    if not raw:
+        return None
+    owner_task = env.get("HEARTBEAT_TASK")
+    if owner_task and owner_task != task_id:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadInput(f"HEARTBEAT_EPOCH is not an integer: {raw[:20]!r}") from None
+    if value < 0:
+        raise BadInput("HEARTBEAT_EPOCH must not be negative")
+    return value
+
+
+def actor_from_env(env: Mapping[str, str]) -> str:
+    """Who writes: ``$HEARTBEAT_ACTOR``, else "agent" with an epoch in the environment, else "cli"."""
+    return env.get("HEARTBEAT_ACTOR") or ("agent" if env.get("HEARTBEAT_EPOCH") else "cli")
+
+
+def relayed(store: Store, write: Write | None, env: Mapping[str, str]) -> tuple[int, str]:
+    """An agent's write the daemon received (None: the request was not one), run on ``store``
+    with the caller's variables ``env``: the exit code and what the CLI would print on stderr
+    (one line, or nothing)."""
+    code, message, _ = answer(store, write, env)
+    return code, message
+
+
+def answer(store: Store, write: Write | None, env: Mapping[str, str]) -> tuple[int, str, str]:
+    """:func:`relayed`, and what the CLI would print on stdout (``show``'s baton, else nothing);
+    the code :data:`DECLINED` when the caller must run the command itself (nothing written)."""
+    try:
+        if write is None:
+            raise BadInput("the daemon writes only an agent's `set ID F=V...` and `add ID FIELD V...`")
+        if write.command == "show":  # the CLI's `show ID` (cmd_show), read by the daemon
+            from heartbeat.model.baton import dump_baton
+
+            return 0, "", dump_baton(store.load(write.id))
+        if write.command == "done" and any(g.check for g in store.load(write.id).guarantees):
+            return DECLINED, "", ""
+        apply(store, write, epoch=epoch_from_env(write.id, env), actor=actor_from_env(env))
+    except HeartbeatError as exc:
+        return exc.exit_code, f"heartbeat: {exc}", ""
+    return 0, "", ""

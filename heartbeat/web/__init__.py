@@ -1,0 +1,1 @@
+"""The status page and the Prometheus metrics."""
