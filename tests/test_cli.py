@@ -574,13 +574,15 @@ class TestHotPath:
         assert proc.stdout.split() in (["absent", "False"], ["module", "True"]), proc.stdout
 
     def test_an_agents_touch_loads_only_the_pulse(self, hb: Hb, state_dir: Path) -> None:
-        """An agent's touch with its pulse armed (heartbeat.hotpath.pulse) loads heartbeat and heartbeat.hotpath.pulse, and of
-        the rest of Python nothing that parses, types or stores: no TOML, typing, re, sqlite3 or dataclasses."""
+        """An agent's touch with its pulse armed (heartbeat.hotpath.pulse) loads heartbeat and
+        heartbeat.hotpath.pulse, and of the rest of Python nothing that parses, types or stores:
+        no TOML, typing, re, sqlite3 or dataclasses."""
         epoch = hb("new", "hot", "--task", "t", "--step", "s", "--claim").out.strip()
         env = {"HEARTBEAT_EPOCH": epoch, "HEARTBEAT_TASK": "hot"}
         assert hb("touch", "hot", env=env).code == 0  # arms the pulse
         modules = _imports_of(["touch", "hot"], state_dir, env)
-        assert {name for name in modules if name.startswith("heartbeat")} == {"heartbeat", "heartbeat.hotpath.pulse"}
+        assert {name for name in modules if name.startswith("heartbeat")} == {
+            "heartbeat", "heartbeat.hotpath", "heartbeat.hotpath.pulse"}
         modules -= _imports_of([], state_dir, env, code="pass")  # what this interpreter loads at start (an
         # editable install's finder loads re and pathlib for every program)
         heavy = {*self.HEAVY, "tomllib", "typing", "re", "sqlite3", "dataclasses", "json", "argparse", "datetime"}

@@ -226,8 +226,9 @@ class TestRelayedOnPostgres:
             assert timed.returncode == 0, timed.stderr
             modules = {line.rsplit("|", 1)[1].strip() for line in timed.stderr.splitlines()
                        if line.startswith("import time:")}
-            assert {m for m in modules if m.startswith("heartbeat")} == {"heartbeat", "heartbeat.hotpath.pulse",
-                                                                         "heartbeat.hotpath.relay", "heartbeat.model.defaults"}
+            assert {m for m in modules if m.startswith("heartbeat")} == {
+                "heartbeat", "heartbeat.hotpath", "heartbeat.hotpath.pulse", "heartbeat.hotpath.relay",
+                "heartbeat.model", "heartbeat.model.defaults"}
             assert not {m.split(".")[0] for m in modules} & {"psycopg", "psycopg_pool", "tomllib", "typing"}
             done = _hb(env, "done", "r1", "--note", "finished by the relay")
             assert (done.returncode, done.stderr) == (0, "")

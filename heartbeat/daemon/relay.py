@@ -9,7 +9,8 @@ agent's own process would have opened one: no state shared with the loop's store
 request that did not arrive whole is dropped unwritten. On a database store (``shared``) every
 request runs on that one store, whose pool (``defaults.PG_RELAY_POOL`` connections) is all the
 agents of this host hold on the database, and the greeting is version 2 (naming the database:
-:func:`heartbeat.hotpath.relay.greeting`), which also carries ``touch``, ``done`` and ``show``. A planted file at the socket's path
+:func:`heartbeat.hotpath.relay.greeting`), which also carries ``touch``, ``done`` and ``show``.
+A planted file at the socket's path
 (anything but a socket) is left alone and the relay stays off, in one logged line: agents
 then write by themselves, as without a daemon.
 """

@@ -1,1 +1,2 @@
-"""The edges to the operating system: safe file reads and writes, the state dir's layout, clocks, logging, systemd, running commands, the world's fingerprints."""
+"""The edges to the operating system: safe file reads and writes, the state dir's layout, clocks,
+logging, systemd, running the operator's commands, the world's fingerprints."""
