@@ -38,7 +38,7 @@ def main() -> int:
             return code
     if argv[:1] in _AGENT_WRITES:
         _defer_inspect()
-    from heartbeat.cli.commands import main as cli_main
+    from heartbeat.cli.main import main as cli_main
 
     return cli_main()
 

@@ -46,7 +46,8 @@ import psycopg  # noqa: E402
 
 from heartbeat.model.baton import Baton, Gate, GateKind, Meta, Status, dump_baton  # noqa: E402
 from heartbeat.model.timeparse import utcnow  # noqa: E402
-from heartbeat.store.postgres.store import PostgresStore, upgrade  # noqa: E402
+from heartbeat.store.postgres.schema import upgrade  # noqa: E402
+from heartbeat.store.postgres.store import PostgresStore  # noqa: E402
 
 
 def fill(url: str, count: int) -> None:

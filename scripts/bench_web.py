@@ -21,7 +21,9 @@ from heartbeat.model.ledger import Event
 from heartbeat.model.timeparse import utcnow
 from heartbeat.store import open_store
 from heartbeat.tasks import verbs as tasks
-from heartbeat.web.app import HostCheck, Listen, build_app, start_in_thread
+from heartbeat.web.app import Listen, build_app
+from heartbeat.web.guard import HostCheck
+from heartbeat.web.server import start_in_thread
 
 
 def main() -> int:

@@ -33,7 +33,8 @@ import atheris
 with atheris.instrument_imports(include=["heartbeat", "tomllib", "tomli_w"]):
     import tomllib  # noqa: F401  (instrumented: its branches guide the fuzzer)
 
-    from heartbeat.config.load import expand_argv, parse_config
+    from heartbeat.config.load import parse_config
+    from heartbeat.config.shape import expand_argv
     from heartbeat.model.baton import Gate, check_id, dump_baton, parse_baton
     from heartbeat.model.errors import HeartbeatError
     from heartbeat.model.timeparse import parse_duration, parse_instant

@@ -33,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from heartbeat.config.load import RetentionConfig
+from heartbeat.config.shape import RetentionConfig
 from heartbeat.model.baton import Baton, Owner, Status
 from heartbeat.model.ledger import Event
 from heartbeat.store.files import FileStore

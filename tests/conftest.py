@@ -115,7 +115,7 @@ def _throwaway_cluster() -> Iterator[Any]:
 def pg_cluster() -> Iterator[Any]:
     """A throwaway PostgreSQL cluster on a Unix socket, with an upgraded template database."""
     with _throwaway_cluster() as cluster:
-        from heartbeat.store.postgres.store import upgrade
+        from heartbeat.store.postgres.schema import upgrade
 
         upgrade(cluster.create_db("hb_template"))
         yield cluster

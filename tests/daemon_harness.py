@@ -26,7 +26,7 @@ from heartbeat.model.errors import HeartbeatError
 from heartbeat.store.files import FileStore
 
 if TYPE_CHECKING:
-    from heartbeat.config.load import Config
+    from heartbeat.config.shape import Config
 
 TOY = [sys.executable, "-m", "heartbeat.toyagent"]
 NULL_AGENT = """[launchers.agent]

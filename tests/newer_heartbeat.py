@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import sys
 
-from heartbeat.store.postgres import store as postgres
+from heartbeat.store.postgres import schema
 
-NEXT = postgres.SCHEMA_VERSION + 1
+NEXT = schema.SCHEMA_VERSION + 1
 NEXT_MIGRATION = (
     "ALTER TABLE heartbeat_batons ADD COLUMN next_release_note text",
     "CREATE TABLE heartbeat_next_release (task text PRIMARY KEY, seen_at timestamptz NOT NULL DEFAULT now())",
@@ -22,10 +22,10 @@ NEXT_MIGRATION = (
 
 def become_next(*, raise_min_reader: bool = False) -> None:
     """Make this process's heartbeat the next schema version."""
-    postgres.MIGRATIONS[NEXT] = NEXT_MIGRATION
+    schema.MIGRATIONS[NEXT] = NEXT_MIGRATION
     if raise_min_reader:
-        postgres.MIN_READER[NEXT] = NEXT
-    postgres.SCHEMA_VERSION = NEXT
+        schema.MIN_READER[NEXT] = NEXT
+    schema.SCHEMA_VERSION = NEXT
 
 
 if __name__ == "__main__":

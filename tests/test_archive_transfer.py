@@ -22,7 +22,7 @@ import pytest
 from conftest import Result, clean_env
 from test_retention import sim
 
-from heartbeat.config.load import RetentionConfig
+from heartbeat.config.shape import RetentionConfig
 from heartbeat.model.errors import BadInput, Conflict, StoreError
 from heartbeat.ops.retention import run_gc
 from heartbeat.ops.transfer import Counts, export_lines, import_lines, migrate

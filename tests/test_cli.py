@@ -20,7 +20,7 @@ from conftest import ROOT, Result, clean_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heartbeat.cli import commands as cli
+from heartbeat.cli import parser
 from heartbeat.model import defaults
 from heartbeat.model.errors import BadInput
 
@@ -594,26 +594,26 @@ class TestHotPath:
     ])
     def test_hot_arguments_match_the_parser(self, argv: list[str]) -> None:
         """The argparse-free fast path yields exactly the namespace the full parser would."""
-        fast = cli._hot_args(argv)
+        fast = parser._hot_args(argv)
         assert fast is not None
-        assert vars(fast) == vars(cli.build_parser().parse_args(argv))
+        assert vars(fast) == vars(parser.build_parser().parse_args(argv))
 
     @settings(max_examples=300, deadline=None)
-    @given(st.sampled_from([*cli.AGENT_WRITES, "show", "new"]),
+    @given(st.sampled_from([*parser.AGENT_WRITES, "show", "new"]),
            st.lists(st.sampled_from(["t", "", "step=a", "done", "a b", "=", "--epoch", "3", "-x", "--", "--check",
                                      "--state-dir", "--expect-revision", "--config=c", "ü"]), max_size=6))
     def test_the_hot_reader_and_argparse_never_disagree(self, command: str, words: list[str]) -> None:
         """For any arguments: when the argparse-free reader answers, argparse gives the same namespace;
         when an agent's write has no option and argparse accepts it, the reader answers too."""
         argv = [command, *words]
-        fast = cli._hot_args(argv)
+        fast = parser._hot_args(argv)
         try:
-            parsed: Any = cli.build_parser().parse_args(argv)
+            parsed: Any = parser.build_parser().parse_args(argv)
         except (BadInput, SystemExit):
             parsed = None
         if fast is not None:
             assert parsed is not None and vars(fast) == vars(parsed)
-        elif command in cli.AGENT_WRITES and not any(word.startswith("-") for word in words):
+        elif command in parser.AGENT_WRITES and not any(word.startswith("-") for word in words):
             assert parsed is None
 
     @pytest.mark.parametrize("argv", [
@@ -622,7 +622,7 @@ class TestHotPath:
     ])
     def test_anything_else_goes_through_the_parser(self, argv: list[str]) -> None:
         """Options, wrong arities and other commands are left to argparse."""
-        assert cli._hot_args(argv) is None
+        assert parser._hot_args(argv) is None
 
     @pytest.mark.parametrize("command", ["new", "show", "touch", "status", "log", "claim", "snooze"])
     def test_partial_parser_matches_the_full_one(self, command: str) -> None:
@@ -631,7 +631,7 @@ class TestHotPath:
                 "status": ["status", "--json"], "snooze": ["snooze", "x", "--for", "1m", "--epoch", "2"]}.get(
                     command, [command, "x"])
         argv = ["--state-dir", "/s", *argv]
-        assert vars(cli.build_parser(command).parse_args(argv)) == vars(cli.build_parser().parse_args(argv))
+        assert vars(parser.build_parser(command).parse_args(argv)) == vars(parser.build_parser().parse_args(argv))
 
 
 def _heartbeat(*args: str, env: dict[str, str]) -> Result:

@@ -15,17 +15,14 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, Result, clean_env
 
-from heartbeat.config.load import (
+from heartbeat.config.load import find_config, load_config, parse_config, resolve_state_dir
+from heartbeat.config.shape import (
     BUILTIN_LAUNCHER_KEYS,
     CommandConfig,
     DaemonConfig,
     HttpConfig,
     LauncherConfig,
     expand_argv,
-    find_config,
-    load_config,
-    parse_config,
-    resolve_state_dir,
 )
 from heartbeat.model import defaults
 from heartbeat.model.errors import ConfigError

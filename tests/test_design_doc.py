@@ -6,7 +6,7 @@ import ast
 import re
 from pathlib import Path
 
-from heartbeat.cli.commands import build_parser
+from heartbeat.cli.parser import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 DESIGN = ROOT / "docs" / "design.md"

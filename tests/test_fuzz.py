@@ -29,7 +29,8 @@ import tomli_w
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from heartbeat.config.load import Config, expand_argv, parse_config
+from heartbeat.config.load import parse_config
+from heartbeat.config.shape import Config, expand_argv
 from heartbeat.model import defaults
 from heartbeat.model.baton import Baton, Gate, check_id, dump_baton, load_toml, parse_baton
 from heartbeat.model.errors import BadInput, ConfigError, HeartbeatError, InvalidBaton
@@ -570,7 +571,7 @@ class TestCli:
     @given(st.sampled_from(COMMANDS), st.lists(WORDS, max_size=7))
     def test_any_arguments(self, cli_state: Path, command: str, words: list[str]) -> None:
         """main() returns 0-5 for any arguments; on failure stderr is one line starting 'heartbeat:'."""
-        from heartbeat.cli.commands import main
+        from heartbeat.cli.main import main
 
         out, err = io.StringIO(), io.StringIO()
         with environment(HEARTBEAT_STATE_DIR=str(cli_state)), contextlib.redirect_stdout(out), \

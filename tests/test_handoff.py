@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import Result
 
-from heartbeat.config.load import CommandConfig
+from heartbeat.config.shape import CommandConfig
 from heartbeat.daemon.gates import GateEvaluator
 from heartbeat.model.baton import Baton, Gate, GateKind, Guarantee, Meta, Status, dump_baton, parse_baton
 from heartbeat.model.errors import EXIT_NOT_ACTIVE, EXIT_STALE, BadInput, GuaranteeFailed, InvalidBaton

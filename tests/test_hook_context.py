@@ -19,7 +19,8 @@ from agent_clis import agent_cli
 from conftest import clean_env
 from scripted_model import ScriptedModel, Workload, scripted_model
 
-from heartbeat.integrations.hooks import command_prefix, context_length, install_claude, session_context
+from heartbeat.integrations.claude import install_claude
+from heartbeat.integrations.hooks import command_prefix, context_length, session_context
 from heartbeat.model import defaults
 from heartbeat.model.baton import Baton
 from heartbeat.reports.brief import render_brief

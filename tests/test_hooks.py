@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 from conftest import ROOT, Result, clean_env
 
-from heartbeat.config.load import HooksConfig
-from heartbeat.integrations.hooks import allow_rules, handle_event, install_claude, uninstall_claude
+from heartbeat.config.shape import HooksConfig
+from heartbeat.integrations.claude import allow_rules, install_claude, uninstall_claude
+from heartbeat.integrations.hooks import handle_event
 from heartbeat.model.timeparse import utcnow
 from heartbeat.store.files import FileStore
 from heartbeat.tasks import verbs as tasks

@@ -25,7 +25,8 @@ import psutil
 import pytest
 from conftest import wait_for
 
-from heartbeat.config.load import LauncherConfig, parse_config
+from heartbeat.config.load import parse_config
+from heartbeat.config.shape import LauncherConfig
 from heartbeat.launchers import BUILTIN, make_launcher, resolve
 from heartbeat.launchers.base import (
     ExitStatus,

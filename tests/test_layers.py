@@ -300,7 +300,7 @@ class TestDaemonComposition:
 
     def test_the_daemon_imports_no_face_for_its_page(self) -> None:
         """``[http]`` inside ``heartbeat run``: the command line gives the daemon its page starter
-        (:func:`heartbeat.web.app.start_for_daemon`); no daemon module imports ``heartbeat.web.app`` (on
+        (:func:`heartbeat.web.server.start_for_daemon`); no daemon module imports ``heartbeat.web.app`` (on
         c31a8a9 daemon/service.py did, listed in import-linter's ignore_imports)."""
         graph = import_graph()
         daemon_modules = [m for m in graph if m == "heartbeat.daemon" or m.startswith("heartbeat.daemon.")]

@@ -20,7 +20,8 @@ from heartbeat.daemon.gates import GateEvaluator
 from heartbeat.model.baton import Baton, Gate, GateKind, Meta, Owner
 from heartbeat.model.errors import BadInput, ConfigError, Conflict, StoreError
 from heartbeat.ops.lease import Lease, LeaseRow, host_labels, lease_rows, list_hosts, resolve_host
-from heartbeat.store.postgres.store import MIGRATIONS, PostgresStore, upgrade
+from heartbeat.store.postgres.schema import MIGRATIONS, upgrade
+from heartbeat.store.postgres.store import PostgresStore
 from tests.conftest import Result, clean_env
 
 

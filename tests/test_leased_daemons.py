@@ -248,7 +248,7 @@ class TestPartition:
         """The database stopped for longer than the lease: no daemon launches an agent while it cannot renew
         (their agents stop as the leases run out), each says so in one line and, the database back, one line
         again, neither crashes nor hangs, and every task runs again, still without twins."""
-        from heartbeat.store.postgres.store import upgrade
+        from heartbeat.store.postgres.schema import upgrade
 
         url = own_cluster.create_db("partition")
         upgrade(url)

@@ -65,7 +65,7 @@ def test_per_host_and_store_series_a_takeover_counted_once_and_the_database_gone
     /metrics still answers and says the database is unreachable, the renewal age growing, without
     store-wide series it cannot read, and `heartbeat metrics --textfile` exits 1 with one line after
     rewriting its file to say so (left as it was, the file went on saying 0)."""
-    from heartbeat.store.postgres.store import upgrade
+    from heartbeat.store.postgres.schema import upgrade
 
     url = own_cluster.create_db("fleet_metrics")
     upgrade(url)

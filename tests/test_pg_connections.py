@@ -29,7 +29,8 @@ from heartbeat.launchers.liveness import identify, this_host
 from heartbeat.model import defaults
 from heartbeat.model.baton import Owner
 from heartbeat.model.timeparse import utcnow
-from heartbeat.store.postgres.store import PostgresStore, upgrade
+from heartbeat.store.postgres.schema import upgrade
+from heartbeat.store.postgres.store import PostgresStore
 from heartbeat.tasks import verbs as tasks
 from tests.pg import Cluster, start_cluster
 

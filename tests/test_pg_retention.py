@@ -18,7 +18,7 @@ import pytest
 from conftest import Result, clean_env
 from test_retention import _counters, sim
 
-from heartbeat.config.load import RetentionConfig
+from heartbeat.config.shape import RetentionConfig
 from heartbeat.model.baton import Baton, Gate, Status
 from heartbeat.model.errors import GcBusy, StoreError
 from heartbeat.ops.retention import run_gc

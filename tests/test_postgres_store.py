@@ -24,7 +24,8 @@ from heartbeat.model.baton import Baton, Meta, Status
 from heartbeat.model.errors import ConfigError, StoreError
 from heartbeat.store import open_store
 from heartbeat.store.files import FileStore
-from heartbeat.store.postgres.store import SCHEMA_VERSION, PostgresStore, upgrade
+from heartbeat.store.postgres.schema import SCHEMA_VERSION, upgrade
+from heartbeat.store.postgres.store import PostgresStore
 from tests.conftest import ROOT, Result, clean_env, wait_for
 from tests.pg import Cluster
 
@@ -659,7 +660,7 @@ class TestSessionBounds:
         lock_timeout, statement_timeout and the server's TCP keepalives, and ask libpq for keepalives
         (a paused or cut-off session must not hold its row locks for ever)."""
         from heartbeat.model import defaults
-        from heartbeat.store.postgres.store import connect
+        from heartbeat.store.postgres.connection import connect
 
         store = PostgresStore(pg_url)
         direct = connect(pg_url, autocommit=True)

@@ -21,23 +21,16 @@ from daemon_harness import DaemonHarness, toml_list
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heartbeat.config.load import LauncherConfig, parse_config
+from heartbeat.config.load import parse_config
+from heartbeat.config.shape import LauncherConfig
 from heartbeat.launchers.base import LaunchRequest, build_argv
 from heartbeat.model import defaults
 from heartbeat.model.errors import ConfigError
-from heartbeat.presets.common import (
-    PRESETS,
-    PresetName,
-    ResultInfo,
-    parse_claude,
-    parse_codex,
-    parse_gemini,
-    parse_reset,
-    plan_session,
-    read_log_tail,
-    resume_note,
-    valid_session_id,
-)
+from heartbeat.presets.claude import parse_claude
+from heartbeat.presets.codex import parse_codex
+from heartbeat.presets.common import PresetName, ResultInfo, parse_reset, read_log_tail, valid_session_id
+from heartbeat.presets.gemini import parse_gemini
+from heartbeat.presets.registry import PRESETS, plan_session, resume_note
 
 DATA = Path(__file__).resolve().parent / "data"
 UUID1 = "0b6f7c8e-1f6d-4b43-9c55-1b7e9f2a3c4d"

@@ -179,7 +179,7 @@ path, delay = sys.argv[1], float(sys.argv[2])
 while not os.path.exists(path):
     time.sleep(0.001)
 time.sleep(delay)
-sys.exit(heartbeat.cli.commands.main(sys.argv[3:]))
+sys.exit(heartbeat.cli.main.main(sys.argv[3:]))
 """
 
 

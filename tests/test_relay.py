@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from daemon_harness import DaemonHarness
 
-from heartbeat.cli import commands as cli
+from heartbeat.cli import parser
 from heartbeat.hotpath import relay
 from heartbeat.launchers.liveness import identify, this_host
 from heartbeat.model.baton import Owner
@@ -394,7 +394,7 @@ class TestClient:
     ])
     def test_relayable_is_exactly_the_clis_hot_set_and_add(self, argv: list[str]) -> None:
         """What the client relays is what the CLI's argparse-free path reads as set or add."""
-        hot = cli._hot_args(argv)
+        hot = parser._hot_args(argv)
         assert relay.relayable(argv) == (hot is not None and hot.command in ("set", "add"))
 
     def test_a_request_round_trips(self) -> None:

@@ -175,7 +175,7 @@ class TestFromThePresets:
     @pytest.mark.parametrize("preset, log", [("claude-code", "claude_success.log"), ("codex", "codex_success.log")])
     def test_a_recorded_run_is_costed(self, preset: str, log: str) -> None:
         """A recorded stream parsed by its preset, recorded as ``exited``, shows up in runs, tokens and cost."""
-        from heartbeat.presets.common import parse_result
+        from heartbeat.presets.registry import parse_result
 
         info = parse_result(preset, (Path(__file__).parent / "data" / log).read_bytes())
         data = info.event_data()

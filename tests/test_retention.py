@@ -23,7 +23,8 @@ import pytest
 from conftest import Result
 from daemon_harness import DaemonHarness
 
-from heartbeat.config.load import RetentionConfig, parse_config
+from heartbeat.config.load import parse_config
+from heartbeat.config.shape import RetentionConfig
 from heartbeat.model import defaults
 from heartbeat.model.baton import Status
 from heartbeat.model.errors import ConfigError, GcBusy, StoreError

@@ -25,15 +25,15 @@ from daemon_harness import TOY
 from heartbeat.model import defaults
 from heartbeat.model.errors import StoreError
 from heartbeat.store.files import FileStore, format_text
-from heartbeat.store.postgres.store import (
+from heartbeat.store.postgres.schema import (
     MIGRATIONS,
     SCHEMA_VERSION,
-    PostgresStore,
     min_reader_of,
     schema_refusal,
     schema_state,
     upgrade,
 )
+from heartbeat.store.postgres.store import PostgresStore
 from heartbeat.tasks import verbs as tasks
 from tests.newer_heartbeat import NEXT, NEXT_MIGRATION
 from tests.test_leased_daemons import Host, hosts_of, new_tasks

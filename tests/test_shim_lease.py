@@ -14,7 +14,7 @@ from pathlib import Path
 
 from conftest import wait_for
 
-from heartbeat.config.load import LauncherConfig
+from heartbeat.config.shape import LauncherConfig
 from heartbeat.launchers.exec import shim_command
 from heartbeat.launchers.shim import lease_clock, read_lease
 

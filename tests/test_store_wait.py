@@ -18,7 +18,8 @@ import pytest
 from daemon_harness import DaemonHarness
 from pg import Cluster
 
-from heartbeat.store.postgres.store import PostgresStore, upgrade
+from heartbeat.store.postgres.schema import upgrade
+from heartbeat.store.postgres.store import PostgresStore
 
 
 class EarlyDaemon(DaemonHarness):

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from heartbeat.config.load import parse_listen
+from heartbeat.config.shape import parse_listen
 from heartbeat.model.errors import BadInput
-from heartbeat.web.app import LOG_TAIL_BYTES, HostCheck, Listen, check_exposure, is_loopback, read_log_tail
+from heartbeat.web.app import Listen
+from heartbeat.web.guard import HostCheck, check_exposure, is_loopback
+from heartbeat.web.views import LOG_TAIL_BYTES, read_log_tail
 from tests.conftest import clean_env
 from tests.web_scenario import HOSTILE_BLOCK, HOSTILE_STEP, Scenario, WebServer, chromium, start_scenario, start_web
 

@@ -297,7 +297,7 @@ class TestConnectionFlood:
         """The web server's event loop reports each kind of error at most once per WEB_ERROR_LOG_EVERY, then
         says how many it left out: asyncio retries a failing accept() thousands of times a second (on
         c684e38: 225,092 lines, 118 MB in 40 s)."""
-        from heartbeat.web.app import _RateLimited
+        from heartbeat.web.server import _RateLimited
 
         lines: list[tuple[str, int]] = []
         limited = _RateLimited(lambda message, left_out: lines.append((message, left_out)), every=3600)

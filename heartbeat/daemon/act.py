@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from heartbeat.config.load import LauncherConfig, expand_argv
+from heartbeat.config.shape import LauncherConfig, expand_argv
 from heartbeat.daemon.leased import LeasePart
 from heartbeat.daemon.shared import Shared
 from heartbeat.launchers.liveness import is_alive
@@ -478,7 +478,7 @@ class Actor:
             sh.log.warning("brief_warning", task=pending.id, epoch=pending.meta.epoch, warning=warning)
         if not plan.resume:
             return brief.text
-        from heartbeat.presets.common import resume_note
+        from heartbeat.presets.registry import resume_note
 
         return resume_note(baton.meta.last_failure or f"exit {baton.meta.last_exit}") + brief.text
 
@@ -578,13 +578,15 @@ class Actor:
         lc = sh.config.launchers.get(owner.launcher) if owner is not None else None
         if lc is None or not lc.preset or owner is None or owner.how != OwnerKind.DISPATCH or sh.dry_run:
             return None
-        from heartbeat.presets.common import parse_result, read_log_tail
+        from heartbeat.presets.common import read_log_tail
+        from heartbeat.presets.registry import parse_result
 
         return parse_result(lc.preset, read_log_tail(sh.layout.log(baton.id, baton.meta.epoch)))
 
     def session_plan(self, baton: Baton, lc: LauncherConfig | None) -> SessionPlan:
-        """The session of the next dispatch (:func:`heartbeat.presets.common.plan_session`)."""
-        from heartbeat.presets.common import PRESETS, PresetName, plan_session
+        """The session of the next dispatch (:func:`heartbeat.presets.registry.plan_session`)."""
+        from heartbeat.presets.common import PresetName
+        from heartbeat.presets.registry import PRESETS, plan_session
 
         if lc is None:
             return plan_session("fresh", previous="", previous_resumes=0, retry=False)

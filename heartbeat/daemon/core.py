@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from heartbeat.config.load import Config
+from heartbeat.config.shape import Config
 from heartbeat.daemon.act import Actor
 from heartbeat.daemon.changes import ChangeFeed
 from heartbeat.daemon.leased import LeasePart

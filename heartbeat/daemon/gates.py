@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 
-from heartbeat.config.load import CommandConfig, expand_argv
+from heartbeat.config.shape import CommandConfig, expand_argv
 from heartbeat.model import defaults
 from heartbeat.model.baton import Gate, GateKind, Status
 from heartbeat.model.errors import BadInput

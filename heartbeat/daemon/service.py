@@ -24,7 +24,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from heartbeat.config.load import Config, load_config
+from heartbeat.config.load import load_config
+from heartbeat.config.shape import Config
 from heartbeat.daemon.act import Actor
 from heartbeat.daemon.boot import wait_for_store
 from heartbeat.daemon.changes import ChangeFeed
@@ -49,7 +50,7 @@ __all__ = ["Daemon", "PageStarter", "hold_daemon_lock", "logger", "open_store", 
 class PageStarter(Protocol):
     """Starts the status page and /metrics for ``config``'s ``[http]`` in a thread of its own: a
     function that stops it, or None when it did not start (the starter logs why). ``vitals``: the
-    loop's, for /metrics. The command line gives :func:`heartbeat.web.app.start_for_daemon`; the
+    loop's, for /metrics. The command line gives :func:`heartbeat.web.server.start_for_daemon`; the
     daemon, below the faces, never imports the page itself."""
 
     def __call__(self, config: Config, vitals: Any, log: Any) -> Callable[[], None] | None: ...

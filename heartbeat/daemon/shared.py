@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
-from heartbeat.config.load import Config, LauncherConfig
+from heartbeat.config.shape import Config, LauncherConfig
 from heartbeat.daemon.exits import ExitWatch
 from heartbeat.daemon.gates import GateEvaluator
 from heartbeat.daemon.pokes import Pokes

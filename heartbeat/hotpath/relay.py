@@ -82,7 +82,7 @@ def socket_path(state_dir: str) -> str:
 
 
 def relayable(argv: list[str], *, agent_commands: bool = False) -> bool:
-    """Whether ``argv`` is an agent's hot write, as :func:`heartbeat.cli.commands._hot_args` reads it:
+    """Whether ``argv`` is an agent's hot write, as :func:`heartbeat.cli.parser._hot_args` reads it:
     ``set ID F=V...`` or ``add ID FIELD V...``, no argument starting with ``-``; with
     ``agent_commands`` (a database store) also ``touch ID``, ``show ID``, ``done ID`` and
     ``done ID --note NOTE`` (as :func:`heartbeat.tasks.write.parse_hot` reads them)."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from heartbeat.model.errors import ConfigError
 
 if TYPE_CHECKING:
-    from heartbeat.config.load import LauncherConfig
+    from heartbeat.config.shape import LauncherConfig
     from heartbeat.launchers.base import ExitStatus, Launcher, LaunchError, LaunchRequest, build_argv, build_env
 
 __all__ = [

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from heartbeat.config.load import LauncherConfig, expand_argv
+from heartbeat.config.shape import LauncherConfig, expand_argv
 from heartbeat.model.baton import Baton, Owner
 from heartbeat.model.errors import HeartbeatError, UnsafePath
 from heartbeat.system.layout import LOGS_DIR, log_name
@@ -164,7 +164,8 @@ def build_argv(config: LauncherConfig, req: LaunchRequest) -> list[str]:
         raise LaunchError(f"launchers.{config.name}.command is empty: nothing to run", task=req.task_id)
     command = config.command
     if req.resume and config.preset:
-        from heartbeat.presets.common import PRESETS, PresetName, preset_argv
+        from heartbeat.presets.common import PresetName
+        from heartbeat.presets.registry import PRESETS, preset_argv
 
         command = preset_argv(PRESETS[PresetName(config.preset)], config.command[0], config.args, resume=True)
     argv = expand_argv(command, placeholder_values(req))

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Mapping
 from typing import IO, Any
 
-from heartbeat.config.load import LauncherConfig
+from heartbeat.config.shape import LauncherConfig
 from heartbeat.launchers import shim
 from heartbeat.launchers.base import (
     ExitStatus,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from heartbeat.config.load import LauncherConfig
+from heartbeat.config.shape import LauncherConfig
 from heartbeat.launchers.base import ExitStatus, LaunchRequest, build_argv, build_env
 from heartbeat.launchers.liveness import is_alive, this_host
 from heartbeat.model.baton import Owner

@@ -33,7 +33,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from heartbeat.config.load import LauncherConfig
+from heartbeat.config.shape import LauncherConfig
 from heartbeat.launchers.base import (
     ExitStatus,
     LaunchError,

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from heartbeat.config.load import RetentionConfig
+from heartbeat.config.shape import RetentionConfig
 from heartbeat.model.baton import Baton, GateKind, Status
 from heartbeat.model.errors import HeartbeatError, StoreError
 from heartbeat.model.ledger import Event, EventKind, Ledger, tally
@@ -346,7 +346,8 @@ def _fold_touches(store: Store, baton: Baton, result: GcResult, *, now: datetime
 
 def gc_from_cli(args: Any) -> int:
     """``heartbeat gc [--dry-run] [--json]``."""
-    from heartbeat.config.load import Config, find_config, load_config
+    from heartbeat.config.load import find_config, load_config
+    from heartbeat.config.shape import Config
     from heartbeat.model.timeparse import parse_instant, utcnow
     from heartbeat.store import open_configured
 

@@ -16,8 +16,7 @@ every value type-checked and cut to one short line.
 Sessions: ``session = "fresh"`` (the default) gives every dispatch a new session id;
 ``"resume"`` resumes the previous session after a failed attempt, with a short note
 in front of the brief (:func:`plan_session`), until ``max_resumes_per_session`` resumes or
-a compaction-heavy session make a fresh one the better choice.
-"""
+a compaction-heavy session make a fresh one the better choice."""
 
 from __future__ import annotations
 
@@ -26,7 +25,6 @@ import math
 import os
 import re
 import stat
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone, tzinfo
@@ -37,28 +35,18 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from heartbeat.model import defaults
 
 if TYPE_CHECKING:
-    from heartbeat.config.load import LauncherConfig
+    pass
 
 __all__ = [
     "PresetName",
     "SessionMode",
     "Preset",
-    "PRESETS",
     "ResultInfo",
     "SessionPlan",
-    "parse_claude",
-    "parse_codex",
-    "parse_gemini",
-    "preset_argv",
-    "parse_result",
     "parse_reset",
     "read_log_tail",
-    "plan_session",
-    "resume_note",
     "valid_session_id",
-    "explain",
     "AGENT_COMMANDS",
-    "claude_allow_rules",
 ]
 
 
@@ -200,151 +188,6 @@ def _usage(doc: object, names: Mapping[str, str]) -> dict[str, int]:
     return out
 
 
-_CLAUDE_USAGE = {"input_tokens": "input_tokens", "output_tokens": "output_tokens",
-                 "cache_read_input_tokens": "cache_read_tokens",
-                 "cache_creation_input_tokens": "cache_creation_tokens"}
-
-
-def parse_claude(data: bytes) -> ResultInfo:
-    """Claude Code's ``--output-format stream-json``: the last ``{"type": "result"}`` line decides.
-
-    ``is_error`` decides success (a ``"subtype": "success"`` line can carry ``is_error: true``);
-    ``terminal_reason`` is recorded. Not logged in (the result text, or an assistant message
-    with ``error: authentication_failed``) is non-retryable; "No conversation found" for a
-    resumed session marks the resume as failed.
-    """
-    result: dict[str, Any] | None = None
-    session = ""
-    auth = False
-    for obj in _objects(data):
-        session = valid_session_id(obj.get("session_id")) or session
-        if obj.get("type") == "assistant" and obj.get("error") in ("authentication_failed", "authentication_error"):
-            auth = True
-        if obj.get("type") == "result":
-            result = obj
-    if result is None:
-        return ResultInfo(session_id=session, non_retryable=False)
-    is_error = result.get("is_error") is True or (
-        "is_error" not in result and str(result.get("subtype", "")).startswith("error"))
-    errors = result.get("errors")
-    errors = [_text(e) for e in errors if isinstance(e, str)] if isinstance(errors, list) else []
-    reason = _text(result.get("result")) or (errors[0] if errors else "") or _text(result.get("terminal_reason")) \
-        or _text(result.get("subtype"))
-    status = result.get("api_error_status")
-    non_retryable = is_error and (auth or bool(_AUTH.search(reason)) or status in (401, 403))
-    limited = is_error and not non_retryable and (
-        status in (429, 529) or result.get("api_error_type") in ("rate_limit_error", "overloaded_error")
-        or bool(_LIMIT.search(reason)))
-    return ResultInfo(
-        found=True,
-        is_error=is_error,
-        non_retryable=non_retryable,
-        rate_limited=limited,
-        resume_failed=is_error and any("No conversation found" in e for e in errors),
-        reason=reason,
-        session_id=valid_session_id(result.get("session_id")) or session,
-        terminal_reason=_text(result.get("terminal_reason")),
-        num_turns=_count(result.get("num_turns")),
-        cost_usd=_money(result.get("total_cost_usd")),
-        usage=_usage(result.get("usage"), _CLAUDE_USAGE),
-    )
-
-
-_CODEX_USAGE = {"input_tokens": "input_tokens", "output_tokens": "output_tokens",
-                "cached_input_tokens": "cache_read_tokens"}
-_CODEX_NO_THREAD = re.compile(rb"no rollout found for thread id|thread/resume failed")
-
-
-def parse_codex(data: bytes) -> ResultInfo:
-    """Codex's ``exec --json`` JSONL: ``thread.started`` names the thread (the session id);
-    ``turn.completed`` (with ``usage``) is success, ``turn.failed`` or a final ``error`` is failure.
-
-    ``codex exec resume`` of a thread it does not know prints a plain error (no JSON) and
-    exits 1: that marks the resume as failed.
-    """
-    thread = ""
-    turns = 0
-    last: dict[str, Any] | None = None
-    usage: dict[str, int] = {}
-    for obj in _objects(data):
-        kind = obj.get("type")
-        if kind == "thread.started":
-            thread = valid_session_id(obj.get("thread_id")) or thread
-        elif kind in ("turn.completed", "turn.failed"):
-            turns += 1
-            last = obj
-            if kind == "turn.completed":
-                for key, value in _usage(obj.get("usage"), _CODEX_USAGE).items():
-                    usage[key] = usage.get(key, 0) + value
-        elif kind == "error" and not _text(obj.get("message")).startswith("Reconnecting"):
-            last = obj  # "Reconnecting... 2/5" is a retry under way, not an end
-    resume_failed = bool(_CODEX_NO_THREAD.search(data))
-    if last is None:
-        return ResultInfo(session_id=thread, resume_failed=resume_failed, is_error=resume_failed,
-                          reason="the thread to resume was not found" if resume_failed else "")
-    is_error = last.get("type") != "turn.completed"
-    error = last.get("error")
-    reason = _text(error.get("message")) if isinstance(error, dict) else _text(last.get("message"))
-    non_retryable = is_error and bool(_AUTH.search(reason))
-    return ResultInfo(
-        found=True,
-        is_error=is_error,
-        non_retryable=non_retryable,
-        rate_limited=is_error and not non_retryable and bool(_LIMIT.search(reason)),
-        resume_failed=resume_failed,
-        reason=reason,
-        session_id=thread,
-        num_turns=turns or None,
-        usage=usage,
-    )
-
-
-_GEMINI_USAGE = {"input_tokens": "input_tokens", "output_tokens": "output_tokens", "cached": "cache_read_tokens"}
-_GEMINI_AUTH_LINE = re.compile(rb"Please set an Auth method[^\n]{0,300}")
-_GEMINI_NO_SESSION = re.compile(rb"Error resuming session[^\n]{0,300}|Invalid session identifier[^\n]{0,300}")
-
-
-def parse_gemini(data: bytes) -> ResultInfo:
-    """Gemini CLI's ``--output-format stream-json``: ``init`` names the session, the last
-    ``{"type": "result"}`` says ``status`` success or error (with ``stats`` token counts).
-
-    An unconfigured login ends before any JSON, with "Please set an Auth method ..." on
-    stderr and exit 41: non-retryable. ``--resume`` of a session it does not have ends with
-    "Error resuming session: ..." and exit 42: the resume failed (a fresh session follows).
-    """
-    session = ""
-    result: dict[str, Any] | None = None
-    for obj in _objects(data):
-        if obj.get("type") == "init":
-            session = valid_session_id(obj.get("session_id")) or session
-        elif obj.get("type") == "result":
-            result = obj
-    auth = _GEMINI_AUTH_LINE.search(data)
-    no_session = _GEMINI_NO_SESSION.search(data)
-    if result is None:
-        if auth:
-            reason = _text(auth.group(0).decode("utf-8", "replace"))
-            return ResultInfo(is_error=True, non_retryable=True, reason=reason, session_id=session)
-        if no_session:
-            reason = _text(no_session.group(0).decode("utf-8", "replace"))
-            return ResultInfo(is_error=True, resume_failed=True, reason=reason, session_id=session)
-        return ResultInfo(session_id=session)
-    is_error = result.get("status") != "success"
-    error = result.get("error")
-    reason = _text(error.get("message")) if isinstance(error, dict) else ""
-    stats = result.get("stats")
-    non_retryable = is_error and bool(_AUTH.search(reason))
-    return ResultInfo(
-        found=True,
-        is_error=is_error,
-        non_retryable=non_retryable,
-        rate_limited=is_error and not non_retryable and bool(_LIMIT.search(reason)),
-        reason=reason,
-        session_id=session,
-        usage=_usage(stats, _GEMINI_USAGE),
-    )
-
-
 _EPOCH_SUFFIX = re.compile(r"\|\s*(\d{10})(?!\d)")
 _ISO = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?")
 _RESETS = re.compile(r"(?:resets?|try again|retry)(?: at| on)?\s+(?P<when>[^.;·∙\n]{1,80})", re.IGNORECASE)
@@ -442,31 +285,11 @@ def parse_reset(text: str, now: datetime, local: tzinfo | None = None) -> tuple[
     return reset, retry_after
 
 
-CODEX_STATE_WRITABLE = "sandbox_workspace_write.writable_roots=['{state_dir}']"
-"""The codex preset's ``-c``: the state dir is writable from codex's ``workspace-write`` sandbox, so the
-agent's ``heartbeat set``/``add``/``done`` can write its note (the sandbox makes everything outside the
-workdir, ``/tmp`` and ``$TMPDIR`` read-only: "cannot open lock: Read-only file system")."""
-
-
 AGENT_COMMANDS = ("show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done")
 """The heartbeat commands the brief and the hooks tell an agent to run on its task."""
 
 MCP_SERVER_RULE = "mcp__heartbeat"
 """Claude Code's rule for every tool of the MCP server ``hooks install claude --mcp`` registers."""
-
-
-def claude_allow_rules(task: str = "", *, prefix: str = "heartbeat") -> tuple[str, ...]:
-    """Claude Code permission rules that allow exactly heartbeat's agent commands, nothing else.
-
-    One ``Bash(PREFIX SUB TASK:*)`` per :data:`AGENT_COMMANDS` (``:*`` is a prefix match at a
-    word boundary, so ``heartbeat show t1`` does not allow ``heartbeat show t10``, and the CLI
-    still refuses a command joined to another with ``&&``, ``;`` or ``|``, or holding
-    ``$(...)`` or ``$VAR``), plus :data:`MCP_SERVER_RULE`. With no ``task``, any task.
-    A headless ``claude -p`` refuses every Bash command no rule allows ("This command requires
-    approval"), whatever ``--permission-mode`` short of bypassing them all.
-    """
-    target = f" {task}" if task else ""
-    return (*(f"Bash({prefix} {sub}{target}:*)" for sub in AGENT_COMMANDS), MCP_SERVER_RULE)
 
 
 @dataclass(frozen=True)
@@ -485,68 +308,6 @@ class Preset:
     non_retryable_exit_codes: tuple[int, ...] = ()
     output: str = ""
     """What the exit handling reads, for ``--explain``."""
-
-
-PRESETS: dict[PresetName, Preset] = {
-    PresetName.CLAUDE_CODE: Preset(
-        name=PresetName.CLAUDE_CODE,
-        program="claude",
-        fixed=("-p", "--output-format", "stream-json", "--verbose",
-               "--allowedTools", ",".join(claude_allow_rules("{id}"))),
-        fresh=("--session-id", "{session}"),
-        resume=("--resume", "{session}"),
-        parse=parse_claude,
-        pins_session=True,
-        output="--allowedTools lets the agent run heartbeat's own commands on its task (show, brief, verify, "
-               "set, add, touch, block, snooze, done) and the heartbeat MCP server's tools, nothing else; "
-               "the final stream-json result line: is_error decides success (even with exit 0); "
-               "not logged in / authentication errors block the task on a human; session_id, num_turns, "
-               "total_cost_usd and token usage go into the exited event",
-    ),
-    PresetName.CODEX: Preset(
-        name=PresetName.CODEX,
-        program="codex",
-        fixed=("exec", "--json", "--skip-git-repo-check", "-c", CODEX_STATE_WRITABLE),
-        fresh=("-",),
-        resume=("resume", "{session}", "-"),
-        parse=parse_codex,
-        pins_session=False,
-        max_runtime=defaults.CODEX_MAX_RUNTIME,
-        output="the JSONL events (the state dir is added to the workspace-write sandbox's writable roots so the "
-               "agent can keep its note): thread.started's thread_id is the session; turn.completed is success, "
-               "turn.failed or a final error is a failed attempt (an authentication error blocks the task "
-               "on a human); token usage goes into the exited event",
-    ),
-    PresetName.GEMINI: Preset(
-        name=PresetName.GEMINI,
-        program="gemini",
-        fixed=("--output-format", "stream-json", "--skip-trust"),
-        fresh=("--session-id", "{session}"),
-        resume=("--resume", "{session}"),
-        parse=parse_gemini,
-        pins_session=True,
-        max_runtime=defaults.GEMINI_MAX_RUNTIME,
-        non_retryable_exit_codes=(41, 52),
-        output="the final stream-json result event: status success or error; exit 41 (no auth method) and "
-               "52 (bad config) block the task on a human; a resume of an unknown session starts a fresh one; "
-               "token usage goes into the exited event",
-    ),
-}
-"""Every preset, checked against the pinned releases in ``tests/agent_clis.py``."""
-
-
-def preset_argv(preset: Preset, program: str, args: tuple[str, ...], *, resume: bool) -> tuple[str, ...]:
-    """The argv template (placeholders unexpanded) of a fresh or a resumed session."""
-    return (program or preset.program, *preset.fixed, *args, *(preset.resume if resume else preset.fresh))
-
-
-def parse_result(preset_name: str, data: bytes) -> ResultInfo:
-    """The preset's parser applied to ``data``; an unknown preset reads nothing."""
-    try:
-        preset = PRESETS[PresetName(preset_name)]
-    except ValueError:
-        return ResultInfo()
-    return preset.parse(data)
 
 
 def read_log_tail(path: str, *, head: int = defaults.RESULT_HEAD_BYTES, tail: int = defaults.RESULT_TAIL_BYTES) -> bytes:
@@ -597,84 +358,3 @@ class SessionPlan:
     resumes: int
     """Resumes of this session so far, this one included (0 for a fresh one)."""
     why: str
-
-
-def plan_session(
-    mode: str,
-    *,
-    previous: str,
-    previous_resumes: int,
-    retry: bool,
-    compactions: int = 0,
-    max_resumes: int = defaults.MAX_RESUMES_PER_SESSION,
-    max_compactions: int = defaults.MAX_COMPACTIONS_PER_SESSION,
-    pins_session: bool = True,
-    new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
-) -> SessionPlan:
-    """Fresh or resumed: resume only in ``resume`` mode, for a retry after a failed attempt,
-    of a valid previous session that has not used up its resumes or compacted too often."""
-
-    def fresh(why: str) -> SessionPlan:
-        return SessionPlan(session=new_id() if pins_session else "", resume=False, resumes=0, why=why)
-
-    if mode != SessionMode.RESUME:
-        return fresh("fresh: session = \"fresh\"")
-    previous = valid_session_id(previous)
-    if not retry:
-        return fresh("fresh: the previous agent ended its shift")
-    if not previous:
-        return fresh("fresh: no previous session to resume")
-    if previous_resumes >= max_resumes:
-        return fresh(f"fresh: the session was resumed {previous_resumes} times (max_resumes_per_session)")
-    if compactions >= max_compactions:
-        return fresh(f"fresh: the session was compacted {compactions} times")
-    return SessionPlan(session=previous, resume=True, resumes=previous_resumes + 1,
-                       why=f"resume {previous_resumes + 1} of {max_resumes}")
-
-
-def resume_note(how_it_ended: str) -> str:
-    """The few lines in front of the brief when a session is resumed."""
-    how = _text(how_it_ended) or "an interruption"
-    return (
-        f"You are resuming this session after it ended: {how}. What you did since your last "
-        "note to the baton may or may not have happened: re-read the brief below (it is the "
-        "source of truth), check the world, and continue from there.\n\n"
-    )
-
-
-def explain(lc: LauncherConfig) -> list[str]:
-    """The lines ``check-config --explain`` prints for one launcher: everything it will do."""
-    lines = [f"[launchers.{lc.name}]"]
-    lines.append(f"  type: {lc.type}" + (f" (preset {lc.preset})" if lc.preset else ""))
-    if lc.command:
-        lines.append(f"  program: {lc.command[0]}")
-        lines.append(f"  argv: {json.dumps(list(lc.command))}")
-    preset = PRESETS.get(PresetName(lc.preset)) if lc.preset else None
-    if preset is not None:
-        resume_argv = preset_argv(preset, lc.command[0], lc.args, resume=True)
-        lines.append(f"  argv when resuming: {json.dumps(list(resume_argv))}")
-    brief = {"stdin": "on stdin (a resumed session gets a short note before it)",
-             "file": "as a file ({brief_file}, $HEARTBEAT_BRIEF)",
-             "arg": "as the last argument"}.get(lc.brief, lc.brief)
-    lines.append(f"  brief: {brief}")
-    lines.append(f"  cwd: {lc.cwd}")
-    if isinstance(lc.inherit_env, tuple):
-        inherit = "the daemon's " + (", ".join(lc.inherit_env) or "(none listed)")
-    else:
-        inherit = "all of the daemon's" if lc.inherit_env else "none of the daemon's"
-    env = ", ".join(f"{k}={v}" for k, v in lc.env.items())
-    lines.append(f"  env: {inherit}" + (f"; plus {env}" if env else "")
-                 + "; plus HEARTBEAT_TASK, HEARTBEAT_EPOCH, HEARTBEAT_BRIEF, HEARTBEAT_CONFIG, HEARTBEAT_STATE_DIR")
-    lines.append(f"  session: {lc.session}" + (
-        f" (a retry after a failed attempt resumes the previous session, at most {lc.max_resumes_per_session} times)"
-        if lc.session == SessionMode.RESUME else " (a new session id every dispatch)"))
-    from heartbeat.model.timeparse import format_duration
-
-    runtime = "no limit" if lc.max_runtime is None else format_duration(lc.max_runtime)
-    lines.append(f"  max_runtime: {runtime}; stop_grace: {format_duration(lc.stop_grace)}")
-    codes = ", ".join(str(c) for c in lc.non_retryable_exit_codes) or "none"
-    lines.append(f"  exit handling: exit 0 ends the shift, any other exit or a signal is a failed attempt; "
-                 f"non-retryable exit codes: {codes}")
-    if preset is not None:
-        lines.append(f"  output: {preset.output}")
-    return lines

@@ -1,7 +1,7 @@
 """Running the operator's commands (gate checks, escalation notifiers) safely.
 
 Each command is an argv from the config with placeholders substituted per argument
-(:func:`heartbeat.config.load.expand_argv`), run without a shell, in its own process group,
+(:func:`heartbeat.config.shape.expand_argv`), run without a shell, in its own process group,
 with a timeout that kills the whole group: a check that never returns cannot freeze
 the daemon's clock, and one that forks cannot leave children behind.
 """

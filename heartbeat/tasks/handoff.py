@@ -28,7 +28,7 @@ from heartbeat.model.errors import BadInput, GuaranteeFailed, HeartbeatError
 from heartbeat.model.ledger import EventKind
 
 if TYPE_CHECKING:
-    from heartbeat.config.load import CommandConfig
+    from heartbeat.config.shape import CommandConfig
     from heartbeat.store.base import Store
 
 __all__ = [
@@ -221,7 +221,7 @@ def run_guarantees(
     """Run each checked guarantee's command in ``workdir`` (no shell, its own process group,
     killed at the check's timeout). A check the config does not define fails: the promise
     cannot be shown to hold."""
-    from heartbeat.config.load import expand_argv
+    from heartbeat.config.shape import expand_argv
     from heartbeat.system.commands import run_command
 
     results = []

@@ -35,7 +35,7 @@ from heartbeat.model.timeparse import utcnow
 from heartbeat.store.base import Edit, PulseSink, Store
 
 if TYPE_CHECKING:
-    from heartbeat.config.load import CommandConfig
+    from heartbeat.config.shape import CommandConfig
 
 __all__ = [
     "SETTABLE_FIELDS",

@@ -31,7 +31,7 @@ from heartbeat.tasks import verbs as tasks
 from heartbeat.tasks.handoff import after_gate
 
 if TYPE_CHECKING:
-    from heartbeat.config.load import CommandConfig
+    from heartbeat.config.shape import CommandConfig
     from heartbeat.store.base import Store
 
 __all__ = ["VerifyResult", "verify", "apply_broken"]

@@ -27,20 +27,17 @@ version its ``min_reader``: the oldest schema version whose code may still read 
 Code of schema version V opens a database at version S when S == V, or when S > V and
 min_reader <= V (an older host beside a newer schema, the middle of a rolling upgrade); it
 refuses in one line a database it is too old for (min_reader > V) and one that needs
-``db upgrade`` (S < V). The check runs once per store opened, i.e. once per process.
-"""
+``db upgrade`` (S < V). The check runs once per store opened, i.e. once per process."""
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -48,7 +45,7 @@ import psycopg.errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from heartbeat.model import defaults
-from heartbeat.model.baton import Baton, check_id, dump_baton, host_labels, parse_baton
+from heartbeat.model.baton import Baton, check_id, dump_baton, parse_baton
 from heartbeat.model.errors import (
     AlreadyExists,
     BadInput,
@@ -58,7 +55,7 @@ from heartbeat.model.errors import (
     StoreError,
     StoreUnreachable,
 )
-from heartbeat.model.ledger import Event, EventKind, Ledger, PendingWrite, _minute
+from heartbeat.model.ledger import Event, EventKind, Ledger
 from heartbeat.store.base import (
     Edit,
     Entry,
@@ -76,309 +73,23 @@ from heartbeat.store.base import (
 )
 from heartbeat.store.postgres import archive as pg_archive
 from heartbeat.store.postgres import leases as pg_leases
+from heartbeat.store.postgres.connection import (
+    _configure,
+    _connect_kwargs,
+    _label,
+    _one_line,
+    _refusal,
+    _unreachable,
+    connect,
+)
+from heartbeat.store.postgres.ledger import PostgresLedger, append_events, highest_revision
+from heartbeat.store.postgres.schema import SCHEMA_VERSION, _columns, _needs_upgrade, schema_refusal, schema_state
 
-__all__ = [
-    "CHANNEL",
-    "MIN_READER",
-    "SCHEMA_VERSION",
-    "PostgresLedger",
-    "PostgresStore",
-    "schema_refusal",
-    "schema_state",
-    "schema_version",
-    "upgrade",
-]
+__all__ = ["CHANNEL", "PostgresStore"]
 
 CHANNEL = "heartbeat_batons"
 """The LISTEN/NOTIFY channel; the payload is the id of the task written."""
-
-_UPGRADE_LOCK = 0x68620001  # pg_advisory_xact_lock key: one `db upgrade` at a time
 _DAEMON_LOCK = 0x68620002  # pg_advisory_lock key (with the host id's hash): one daemon per host id
-
-MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: (
-        """CREATE TABLE heartbeat_batons (
-            id text PRIMARY KEY,
-            body text NOT NULL,
-            status text NOT NULL,
-            revision bigint NOT NULL,
-            epoch bigint NOT NULL,
-            owner_host text NOT NULL DEFAULT '',
-            lease_expires timestamptz,
-            next_wake timestamptz,
-            written_at timestamptz NOT NULL DEFAULT now()
-        )""",
-        "CREATE INDEX heartbeat_batons_status ON heartbeat_batons (status)",
-        "CREATE INDEX heartbeat_batons_lease ON heartbeat_batons (owner_host, lease_expires)",
-        "CREATE INDEX heartbeat_batons_next_wake ON heartbeat_batons (next_wake)",
-        """CREATE TABLE heartbeat_events (
-            id bigserial PRIMARY KEY,
-            ts timestamptz NOT NULL,
-            task text NOT NULL,
-            kind text NOT NULL,
-            epoch bigint NOT NULL DEFAULT 0,
-            revision bigint NOT NULL DEFAULT 0,
-            actor text NOT NULL DEFAULT '',
-            data text NOT NULL DEFAULT '{}'
-        )""",
-        "CREATE INDEX heartbeat_events_task ON heartbeat_events (task, id)",
-        "CREATE INDEX heartbeat_events_ts ON heartbeat_events (ts)",
-    ),
-    2: (  # leased daemons on many hosts (heartbeat.ops.lease)
-        "ALTER TABLE heartbeat_batons ADD COLUMN owned boolean NOT NULL DEFAULT false",
-        "ALTER TABLE heartbeat_batons ADD COLUMN host_labels text[] NOT NULL DEFAULT '{}'",
-        "ALTER TABLE heartbeat_batons ADD COLUMN lease_renewed timestamptz",
-        "UPDATE heartbeat_batons SET owned = owner_host <> ''",
-        "CREATE INDEX heartbeat_batons_lease_expires ON heartbeat_batons (lease_expires) WHERE owned",
-        """CREATE TABLE heartbeat_hosts (
-            host text PRIMARY KEY,
-            pid integer NOT NULL DEFAULT 0,
-            labels text[] NOT NULL DEFAULT '{}',
-            capacity integer NOT NULL DEFAULT 0,
-            running integer NOT NULL DEFAULT 0,
-            lease_ttl double precision NOT NULL DEFAULT 30,
-            started_at timestamptz NOT NULL DEFAULT now(),
-            renewed_at timestamptz NOT NULL DEFAULT now(),
-            stopped_at timestamptz
-        )""",
-    ),
-    3: pg_archive.MIGRATION,  # retention: heartbeat_archive (heartbeat.store.postgres.archive)
-}
-"""Schema version -> the statements that bring version-1 to it. Append, never edit."""
-
-SCHEMA_VERSION = max(MIGRATIONS)
-"""The schema this code reads and writes."""
-
-MIN_READER: dict[int, int] = {1: 1, 2: 2, 3: 3}
-"""Schema version -> its ``min_reader``, where a migration raises it; a version left out keeps the one before.
-
-Version 3 (gc's archive table) raises it to 3: code of version 2 would read a database whose finished
-tasks gc moved into ``heartbeat_archive`` and report lower totals without saying so. No heartbeat
-that knew ``min_reader`` ever ran at version 2, so the raise costs no rolling upgrade.
-
-A migration is additive by default: new tables, new columns that are nullable or have a default, new
-indexes; code one version older keeps working beside it (it names its columns, never ``SELECT *``).
-A migration that drops, renames or retypes anything older code reads or writes, or adds a constraint
-older writers would break, must raise ``min_reader`` here, to a version every host already runs
-before its ``db upgrade`` (expand, then contract: docs/operating.md, "Rolling upgrade")."""
-
-_log = logging.getLogger("psycopg.pool")
-_log.addHandler(logging.NullHandler())
-_log.propagate = False  # its reconnect warnings would break the CLI's one-line errors
-
-
-def _label(url: str) -> str:
-    """The URL without its password, for messages."""
-    try:
-        info = psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.Error:
-        return "the database"
-    db = info.get("dbname") or info.get("user") or ""
-    host = info.get("host") or "localhost"
-    return f"{db}@{host}" if db else str(host)
-
-
-def _connect_kwargs(url: str) -> dict[str, Any]:
-    try:
-        info = psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.Error as exc:
-        raise BadInput(f"not a PostgreSQL URL: {_one_line(exc)}", field="store.url") from None
-    kwargs: dict[str, Any] = {
-        # The client's side of a cut-off TCP connection (a Unix socket ignores them); the URL may say otherwise.
-        "keepalives": 1,
-        "keepalives_idle": int(defaults.PG_KEEPALIVE_IDLE),
-        "keepalives_interval": int(defaults.PG_KEEPALIVE_INTERVAL),
-        "keepalives_count": int(defaults.PG_KEEPALIVE_COUNT),
-    }
-    kwargs = {k: v for k, v in kwargs.items() if k not in info}
-    if "connect_timeout" not in info:
-        kwargs["connect_timeout"] = max(2, int(defaults.PG_CONNECT_TIMEOUT))
-    if "application_name" not in info:
-        kwargs["application_name"] = "heartbeat"
-    return kwargs
-
-
-def _session_settings() -> list[str]:
-    """What every heartbeat session sets: UTC; no statement, lock wait or idle transaction longer than
-    the timeouts (a process paused or cut off mid-write must not hold its row locks for ever); and the
-    server's side of TCP keepalives (a partitioned host's session ends in seconds, not hours)."""
-    return [
-        "SET TIME ZONE 'UTC'",
-        f"SET statement_timeout = {int(defaults.PG_STATEMENT_TIMEOUT * 1000)}",
-        f"SET lock_timeout = {int(defaults.LOCK_TIMEOUT * 1000)}",
-        f"SET idle_in_transaction_session_timeout = {int(defaults.PG_IDLE_IN_TRANSACTION_TIMEOUT * 1000)}",
-        f"SET tcp_keepalives_idle = {int(defaults.PG_KEEPALIVE_IDLE)}",
-        f"SET tcp_keepalives_interval = {int(defaults.PG_KEEPALIVE_INTERVAL)}",
-        f"SET tcp_keepalives_count = {int(defaults.PG_KEEPALIVE_COUNT)}",
-    ]
-
-
-def _configure(conn: psycopg.Connection[Any]) -> None:
-    """Every pooled connection: :func:`_session_settings`."""
-    for statement in _session_settings():
-        conn.execute(statement)  # our own constant SQL
-    conn.commit()
-
-
-_REFUSALS = ("too many clients", "remaining connection slots are reserved", "connection refused",
-             "the database system is starting up", "the database system is shutting down",
-             "the database system is in recovery mode", "no such file or directory")
-"""What libpq says when the server is full, restarting or not (yet) listening: worth a wait."""
-
-
-def _refusal(exc: BaseException | None) -> str | None:
-    """The reason (``"too many clients"``, ...) when ``exc`` says the server refused a connection
-    it may accept later; None for anything else (a bad password, a missing database, success)."""
-    if exc is None:
-        return None
-    if getattr(exc, "sqlstate", None) in ("53300", "57P03"):  # too_many_connections, cannot_connect_now
-        return "too many clients" if exc.sqlstate == "53300" else "not accepting connections now"  # type: ignore[attr-defined]
-    text = str(exc).lower()
-    return next((reason for reason in _REFUSALS if reason in text), None)
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def _unreachable(exc: BaseException, url: str) -> StoreError:
-    return StoreUnreachable(f"cannot reach the database {_label(url)}: {_one_line(exc)}")
-
-
-def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
-    """One connection outside the pool (upgrade, LISTEN, the daemon's lock), configured."""
-    try:
-        conn = psycopg.connect(url, autocommit=autocommit, **_connect_kwargs(url))
-        if autocommit:
-            for statement in _session_settings():
-                conn.execute(statement)  # our own constant SQL
-        else:
-            _configure(conn)
-    except psycopg.OperationalError as exc:
-        raise _unreachable(exc, url) from None
-    return conn
-
-
-def _schema_row(conn: psycopg.Connection[Any]) -> tuple[int, int, bool]:
-    """(version, min_reader, whether ``heartbeat_schema`` has the min_reader column); (0, 0, True) when
-    heartbeat has never upgraded the database. Two statements, as before min_reader existed: the
-    row is read whole (``to_jsonb``), so a table written by a heartbeat before min_reader reads too."""
-    row = conn.execute("SELECT to_regclass('heartbeat_schema') IS NOT NULL").fetchone()
-    if not row or not row[0]:
-        return 0, 0, True
-    found = conn.execute(
-        "SELECT to_jsonb(s) FROM heartbeat_schema s ORDER BY version DESC LIMIT 1"
-    ).fetchone()
-    if not found or not isinstance(found[0], dict):
-        return 0, 0, True
-    version = int(found[0]["version"])
-    floor = found[0].get("min_reader")
-    # A version recorded without a min_reader (by a heartbeat before min_reader) asked for an exact match.
-    return version, int(floor) if floor is not None else version, "min_reader" in found[0]
-
-
-def schema_state(conn: psycopg.Connection[Any]) -> tuple[int, int]:
-    """The database's schema (version, min_reader); (0, 0) when heartbeat has never upgraded it."""
-    version, floor, _ = _schema_row(conn)
-    return version, floor
-
-
-def schema_version(conn: psycopg.Connection[Any]) -> int:
-    """The schema version recorded in the database; 0 when heartbeat has never upgraded it."""
-    return schema_state(conn)[0]
-
-
-def _needs_upgrade(label: str, version: int, ours: int) -> StoreError:
-    return StoreError(
-        f"the database {label} needs `heartbeat db upgrade` (its schema is version {version}, this heartbeat uses {ours})"
-    )
-
-
-def schema_refusal(version: int, floor: int, label: str, ours: int | None = None) -> StoreError | None:
-    """Why code of schema ``ours`` (this code's) may not use a database at (``version``, min_reader
-    ``floor``), as the one-line error to raise; None when it may. A pure function of the numbers."""
-    ours = SCHEMA_VERSION if ours is None else ours
-    if version < ours:
-        return _needs_upgrade(label, version, ours)
-    if version > ours and floor > ours:
-        return StoreError(
-            f"the database {label}'s schema is version {version}, newer than this heartbeat knows ({ours}), "
-            f"and needs a heartbeat of schema {floor} or newer (its min_reader): upgrade heartbeat on this host"
-        )
-    return None
-
-
-def min_reader_of(version: int, min_readers: dict[int, int] | None = None) -> int:
-    """The min_reader that ``version`` records (:data:`MIN_READER`: a version left out keeps the one before)."""
-    table = MIN_READER if min_readers is None else min_readers
-    floor = 0
-    for v in range(1, version + 1):
-        floor = min(v, max(floor, table.get(v, floor)))
-    return floor
-
-
-def upgrade(
-    url: str,
-    *,
-    migrations: dict[int, tuple[str, ...]] | None = None,
-    min_readers: dict[int, int] | None = None,
-) -> tuple[int, int]:
-    """Bring the schema to the newest of ``migrations`` (:data:`MIGRATIONS`); return (version before, after).
-
-    One transaction under an advisory lock: two upgrades at once run one after the other,
-    and the second finds nothing to do. Each version applied is recorded with its min_reader
-    (:func:`min_reader_of`). A database newer than this code is left as it is: nothing to do when
-    this code may still use it, else refused in one line. ``migrations`` (instead of the module's)
-    and ``min_readers`` (over the module's) are for tests that play a newer heartbeat.
-    """
-    steps = MIGRATIONS if migrations is None else migrations
-    floors = {**MIN_READER, **(min_readers or {})}
-    latest = max(steps)
-    conn = connect(url)
-    try:
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_UPGRADE_LOCK,))
-            before, floor, has_floor = _schema_row(conn)
-            if before > latest:
-                refused = schema_refusal(before, floor, _label(url), latest)
-                if refused is not None:
-                    raise refused
-                return before, before
-            if before == 0:
-                conn.execute(
-                    "CREATE TABLE IF NOT EXISTS heartbeat_schema (version integer PRIMARY KEY, "
-                    "applied_at timestamptz NOT NULL DEFAULT now(), min_reader integer)"
-                )
-            elif not has_floor:  # a table of a heartbeat before min_reader: it meant an exact match
-                conn.execute("ALTER TABLE heartbeat_schema ADD COLUMN min_reader integer")
-                conn.execute("UPDATE heartbeat_schema SET min_reader = version")
-            for version in range(before + 1, latest + 1):
-                for statement in steps[version]:
-                    conn.execute(statement)  # our own constant SQL
-                conn.execute(
-                    "INSERT INTO heartbeat_schema (version, min_reader) VALUES (%s, %s)",
-                    (version, max(floor, min_reader_of(version, floors))),
-                )
-        return before, latest
-    except psycopg.OperationalError as exc:
-        raise _unreachable(exc, url) from None
-    except psycopg.Error as exc:
-        raise StoreError(f"cannot upgrade the database {_label(url)}: {_one_line(exc)}") from None
-    finally:
-        conn.close()
-
-
-def _columns(baton: Baton) -> dict[str, Any]:
-    meta = baton.meta
-    return {
-        "status": meta.status.value,
-        "revision": meta.revision,
-        "epoch": meta.epoch,
-        "owner_host": meta.owner.host if meta.owner is not None else "",
-        "owned": meta.owner is not None,
-        "host_labels": host_labels(baton),
-        "next_wake": meta.snooze_until,
-    }
 
 
 _INSERT = (
@@ -396,108 +107,6 @@ _UPDATE = (
     "owned = %(owned)s, host_labels = %(host_labels)s, next_wake = %(next_wake)s, written_at = now() "
     "WHERE id = %(id)s AND revision = %(old_revision)s"
 )
-
-
-class PostgresLedger:
-    """The ledger as the table ``heartbeat_events``; same coalescing of touches as the SQLite one."""
-
-    def __init__(self, store: PostgresStore) -> None:
-        self._store = store
-
-    def append(self, events: Sequence[Event], *, write: PendingWrite | None = None) -> None:
-        # ``write`` is for stores that append before they rename; here a write and its events
-        # commit in one transaction, so there is never a pending write to settle.
-        if not events:
-            return
-        with self._store._conn() as conn, conn.transaction():
-            append_events(conn, events)
-
-    def landed(self, write: PendingWrite) -> None:
-        pass  # nothing is ever pending: see append
-
-    def highest_revision(self, task: str, base: str = "") -> int:
-        with self._store._conn() as conn:
-            found = highest_revision(conn, task)
-            conn.commit()
-        return found
-
-    def fold(self, task: str, ids: Sequence[int], events: Sequence[Event]) -> int:
-        """In one transaction: remove ``task``'s rows ``ids`` and append ``events`` (retention's
-        summaries). Returns how many rows went; rows of other tasks are never touched."""
-        with self._store._conn() as conn, conn.transaction():
-            cur = conn.execute("DELETE FROM heartbeat_events WHERE task = %s AND id = ANY(%s)", (task, list(ids)))
-            removed = cur.rowcount
-            append_events(conn, events)
-        return int(removed)
-
-    def count(self) -> int:
-        """How many rows the ledger holds."""
-        with self._store._conn() as conn:
-            row = conn.execute("SELECT count(*) FROM heartbeat_events").fetchone()
-            conn.commit()
-        return int(row[0] if row else 0)
-
-    def events(
-        self, task: str | None = None, *, since: datetime | None = None, kinds: Iterable[str] | None = None
-    ) -> list[Event]:
-        clauses: list[str] = []
-        params: list[object] = []
-        if task is not None:
-            clauses.append("task = %s")
-            params.append(task)
-        if since is not None:
-            clauses.append("ts >= %s")
-            params.append(since)
-        kind_list = list(kinds or ())
-        if kind_list:
-            clauses.append("kind = ANY(%s)")
-            params.append(kind_list)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        with self._store._conn() as conn:
-            rows = conn.execute(
-                f"SELECT id, ts, task, kind, epoch, revision, actor, data FROM heartbeat_events {where} ORDER BY id",
-                params,
-            ).fetchall()
-            conn.commit()
-        return [
-            Event(id=r[0], ts=r[1].astimezone(UTC), task=r[2], kind=r[3], epoch=r[4], revision=r[5], actor=r[6],
-                  data=json.loads(r[7]))
-            for r in rows
-        ]
-
-    def close(self) -> None:
-        pass
-
-
-def highest_revision(conn: psycopg.Connection[Any], task: str) -> int:
-    """The highest revision the ledger recorded for ``task`` (0 if none), on ``conn``."""
-    row = conn.execute("SELECT max(revision) FROM heartbeat_events WHERE task = %s", (task,)).fetchone()
-    return int(row[0] or 0) if row else 0
-
-
-def append_events(conn: psycopg.Connection[Any], events: Sequence[Event]) -> None:
-    """Insert events on ``conn``, inside the caller's transaction."""
-    for event in events:
-        data = json.dumps(event.data, ensure_ascii=False, default=str, sort_keys=True)
-        if "\x00" in event.task + event.kind + event.actor:
-            raise BadInput("an event may not hold a NUL character", task=event.task)
-        if event.kind == EventKind.TOUCHED:
-            row = conn.execute(
-                "SELECT id, kind, ts FROM heartbeat_events WHERE task = %s ORDER BY id DESC LIMIT 1", (event.task,)
-            ).fetchone()
-            if row and row[1] == EventKind.TOUCHED and _minute(row[2].timestamp()) == _minute(event.ts.timestamp()):
-                conn.execute(
-                    "UPDATE heartbeat_events SET ts = %s, epoch = %s, revision = %s, actor = %s, data = %s WHERE id = %s",
-                    (event.ts, event.epoch, event.revision, event.actor, data, row[0]),
-                )
-                event.id = int(row[0])
-                continue
-        found = conn.execute(
-            "INSERT INTO heartbeat_events (ts, task, kind, epoch, revision, actor, data) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
-            (event.ts, event.task, event.kind, event.epoch, event.revision, event.actor, data),
-        ).fetchone()
-        event.id = int(found[0]) if found else 0
 
 
 class PostgresStore:

@@ -1,0 +1,342 @@
+"""The command line's grammar: global options anywhere, the agent's hot arguments read without argparse,
+and the parser of every command."""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from heartbeat.model.errors import BadInput
+
+if TYPE_CHECKING:
+    import argparse  # imported where used: argparse (with gettext) costs an agent's write more than it uses
+from heartbeat.cli.agents import cmd_hook, cmd_hooks
+from heartbeat.cli.serve import cmd_mcp, cmd_metrics, cmd_run, cmd_web
+from heartbeat.cli.state import cmd_check_config, cmd_db, cmd_demo, cmd_export, cmd_gc, cmd_import, cmd_init, cmd_migrate
+from heartbeat.cli.tasks import (
+    cmd_add,
+    cmd_block,
+    cmd_brief,
+    cmd_claim,
+    cmd_done,
+    cmd_fail,
+    cmd_log,
+    cmd_new,
+    cmd_pipeline,
+    cmd_release,
+    cmd_retry,
+    cmd_set,
+    cmd_show,
+    cmd_snooze,
+    cmd_touch,
+    cmd_unblock,
+    cmd_verify,
+)
+from heartbeat.cli.watch import cmd_hosts, cmd_report, cmd_status
+
+__all__ = ["build_parser"]
+
+
+# -- the parser --------------------------------------------------------------------------
+
+
+@functools.cache
+def _parser_class() -> type[argparse.ArgumentParser]:
+    # Made on first use, not at import: subclassing would load argparse on every call.
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> Any:  # one line, exit 2, as every other bad input
+            raise BadInput(f"{self.prog}: {message}")
+
+    return Parser
+
+
+class _Skipped:
+    """Stands in for the parser of a command that is not being run: every call is a no-op."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: self
+
+
+Argument = tuple[str, dict[str, Any]]
+"""One ``add_argument`` call as data: the name or flag, and its keyword arguments."""
+
+GLOBAL_OPTIONS: tuple[Argument, ...] = (
+    ("--config", {"help": "config file (else $HEARTBEAT_CONFIG, ./heartbeat.toml, /etc/heartbeat/)"}),
+    ("--state-dir", {"help": "state dir (else $HEARTBEAT_STATE_DIR, else the config's)"}),
+)
+"""The options before (or, hoisted, after) the command word."""
+
+_GLOBAL_FLAGS = tuple(name for name, _ in GLOBAL_OPTIONS)
+_GLOBAL_PREFIXES = tuple(f"{name}=" for name in _GLOBAL_FLAGS)
+
+
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The command word of ``argv`` (after the global options), or None when there is none."""
+    args = iter(argv)
+    for arg in args:
+        if arg in _GLOBAL_FLAGS:
+            next(args, None)
+        elif arg.startswith(_GLOBAL_PREFIXES):
+            continue
+        elif arg.startswith("-"):
+            return None
+        else:
+            return arg
+    return None
+
+
+def _hoist_global_options(argv: Sequence[str]) -> list[str]:
+    """``--config``/``--state-dir`` moved in front of the command wherever they were given, so
+    ``heartbeat status --state-dir D`` works like ``heartbeat --state-dir D status``. Nothing
+    after ``--`` moves."""
+    front: list[str] = []
+    rest: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--":
+            rest.append(arg)
+            rest.extend(args)
+            break
+        if arg in _GLOBAL_FLAGS:
+            front.append(arg)
+            value = next(args, None)
+            if value is not None:
+                front.append(value)
+        elif arg.startswith(_GLOBAL_PREFIXES):
+            front.append(arg)
+        else:
+            rest.append(arg)
+    return front + rest
+
+
+def _int64(text: str) -> int:
+    """An integer option: a number that fits the ledger's 64 bits, or one line and exit 2."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}") from None
+    if not -(2**63) <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{text[:40]} is out of range (at most {2**63 - 1})")
+    return value
+
+
+_ID: Argument = ("id", {"help": "task id"})
+_EPOCH: Argument = ("--epoch", {"type": _int64, "help": "your epoch (else $HEARTBEAT_EPOCH); a superseded one is "
+                                "refused"})
+_EXPECT_REVISION: Argument = ("--expect-revision", {"type": _int64, "help": "refuse (exit 5) if the baton moved "
+                                                    "past this revision"})
+
+AGENT_WRITES: dict[str, tuple[Callable[[argparse.Namespace], int], str, tuple[Argument, ...]]] = {
+    "set": (cmd_set, "set scalar fields", (_ID, ("pairs", {"nargs": "+", "metavar": "FIELD=VALUE"}), _EPOCH,
+                                           _EXPECT_REVISION)),
+    "add": (cmd_add, "append to a list field", (_ID, ("field", {}), ("values", {"nargs": "+", "metavar": "VALUE"}),
+                                                _EPOCH, _EXPECT_REVISION,
+                                                ("--check", {"help": "with `guarantees`: the [checks.NAME] proving "
+                                                             "it"}))),
+    "touch": (cmd_touch, "heartbeat: alive, still on this step", (_ID, _EPOCH)),
+}
+"""The commands an agent calls often, each as (function, help, arguments in order): build_parser
+declares them from here and :func:`_hot_args` reads them from here, so the two cannot disagree."""
+
+
+def _dest(argument: Argument) -> str:
+    """The attribute argparse stores ``argument`` under."""
+    name, options = argument
+    return str(options.get("dest") or name.lstrip("-").replace("-", "_"))
+
+
+def _hot_args(argv: Sequence[str]) -> Any:
+    """What the parser would return for an agent's :data:`AGENT_WRITES` call given without any
+    option (``touch ID``, ``set ID F=V...``, ``add ID FIELD V...``), or None for anything else.
+
+    Why a second reader beside argparse: importing argparse and building even one subparser costs
+    an agent more than its whole write (``scripts/bench_cli.py``). It reads only positionals, from
+    the declarations build_parser uses (a name, at most one ``nargs="+"`` last), and gives every
+    option its declared default; a call with any option, or anything it does not read, goes to
+    argparse. ``tests/test_cli.py`` checks that both give the same namespace, for any arguments.
+    """
+    if not argv or argv[0] not in AGENT_WRITES or any(arg.startswith("-") for arg in argv):
+        return None
+    func, _, arguments = AGENT_WRITES[argv[0]]
+    values: dict[str, Any] = {_dest(option): option[1].get("default") for option in GLOBAL_OPTIONS}
+    values.update(command=argv[0], func=func)
+    rest = list(argv[1:])
+    for argument in (a for a in arguments if not a[0].startswith("-")):
+        options = argument[1]
+        if options.get("nargs") == "+":
+            if not rest:
+                return None
+            values[_dest(argument)], rest = rest, []
+        elif options.get("nargs") is not None or not rest:
+            return None  # a form this reader does not know (or a missing argument): argparse decides
+        else:
+            values[_dest(argument)] = rest.pop(0)
+    if rest:
+        return None
+    values.update((_dest(a), a[1].get("default")) for a in arguments if a[0].startswith("-"))
+    return types.SimpleNamespace(**values)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser; ``only`` builds just that command's subparser (argparse spends
+    milliseconds per subparser, and an agent's ``touch`` should not pay for all of them)."""
+    import argparse
+
+    parser_class = _parser_class()
+    parser = parser_class(prog="heartbeat", description="Keep long-running agent work alive across seams.")
+    for name, options in GLOBAL_OPTIONS:
+        parser.add_argument(name, **options)
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=parser_class)
+
+    def command(name: str, func: Callable[[argparse.Namespace], int], help_: str, *, task: bool = True,
+                write: bool = False, json_: bool = False) -> argparse.ArgumentParser:
+        if only is not None and name != only:
+            return cast(argparse.ArgumentParser, _Skipped())
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(func=func)
+        if task:
+            p.add_argument(_ID[0], **_ID[1])
+        if write:
+            p.add_argument(_EPOCH[0], **_EPOCH[1])
+        if json_:
+            p.add_argument("--json", action="store_true", help="print one JSON document")
+        return p
+
+    p = command("init", cmd_init, "write a starter config and state dir", task=False)
+    p.add_argument("dir", nargs="?", default=".", help="where (default: here)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing heartbeat.toml")
+    p = command("check-config", cmd_check_config, "validate the config", task=False)
+    p.add_argument("--explain", action="store_true",
+                   help="print each launcher as it will run: program, argv, brief, env, session, exit handling")
+    p = command("run", cmd_run, "the daemon (what systemd starts)", task=False)
+    p.add_argument("--dry-run", action="store_true", help="decide and log, but launch nothing")
+    p.add_argument("--once", action="store_true", help="one tick, then exit")
+    p = command("demo", cmd_demo, "a self-contained run: an agent is killed mid-task and its successor resumes",
+                task=False)
+    p.add_argument("--keep", action="store_true", help="keep the demo's state dir")
+
+    p = command("new", cmd_new, "create a task", write=False)
+    p.add_argument("--task", required=True, help="what the task is")
+    p.add_argument("--step", required=True, help="the current step")
+    p.add_argument("--intent", help="why the task exists")
+    p.add_argument("--next", help="the next step")
+    p.add_argument("--workdir", help="the task's working directory (default: here)")
+    p.add_argument("--launcher", help="a [launchers.NAME] of the config")
+    p.add_argument("--handoff", help="path to a longer briefing")
+    p.add_argument("--key-file", action="append", help="a key file, relative to the workdir (repeatable)")
+    p.add_argument("--constraint", action="append", help="a constraint (repeatable)")
+    p.add_argument("--plan", action="append", help="a plan step, in order (repeatable)")
+    p.add_argument("--blocked-on", help="start blocked on this")
+    p.add_argument("--gate", help="how the block clears: human|file:[HOST:]PATH|time:ISO8601|task:ID|"
+                   "check:[HOST:]NAME")
+    p.add_argument("--claim", action="store_true", help="claim it for the calling process; prints the epoch")
+    p.add_argument("--pid", type=_int64, help="with --claim: the owner's pid (default: the caller's parent)")
+    p.add_argument("--after", action="append", help="an upstream task: held until it is done, then briefed with "
+                   "its package (repeatable)")
+    p.add_argument("--guarantee", action="append", help="what this task promises its consumers: TEXT or "
+                   "TEXT::CHECK, CHECK a [checks.NAME] that `done` and the consumers' `verify` run (repeatable)")
+    p.add_argument("--on-broken", help="when an upstream's guarantee breaks: reopen (default), escalate or "
+                   "fallback:LAUNCHER")
+    p.add_argument("--host-label", action="append", help="on a shared store, only a daemon whose daemon.labels "
+                   "include this label dispatches the task (repeatable)")
+
+    p = command("show", cmd_show, "print a baton", json_=True)
+    for name, (func, help_, arguments) in AGENT_WRITES.items():
+        p = command(name, func, help_, task=False)
+        for argument, options in arguments:
+            p.add_argument(argument, **options)
+    p = command("claim", cmd_claim, "take the task for an agent the daemon did not start; prints the epoch")
+    p.add_argument("--pid", type=_int64, help="the owner's pid (default: the caller's parent)")
+    p.add_argument("--force", action="store_true", help="take it even from a live agent")
+    command("release", cmd_release, "hand the task back to the daemon", write=True)
+    p = command("snooze", cmd_snooze, "end the shift; the daemon wakes the task later", write=True)
+    p.add_argument("--until", help="ISO 8601 time")
+    p.add_argument("--for", dest="for_", help="a duration: 30m, 2h")
+    p = command("block", cmd_block, "block the task", write=True)
+    p.add_argument("--on", required=True, help="what it is blocked on")
+    p.add_argument("--gate", default="human", help="human|file:PATH|time:ISO8601|task:ID|check:NAME")
+    p = command("unblock", cmd_unblock, "lift a block (a named human)")
+    p.add_argument("--by", required=True, help="who")
+    p.add_argument("--note")
+    p = command("done", cmd_done, "mark the task done", write=True)
+    p.add_argument("--note")
+    p = command("fail", cmd_fail, "mark the task failed", write=True)
+    p.add_argument("--reason", required=True)
+    p = command("retry", cmd_retry, "re-arm an escalated or failed task")
+    p.add_argument("--by", required=True, help="who")
+    p.add_argument("--note")
+    command("status", cmd_status, "one row per task", task=False, json_=True)
+    p = command("pipeline", cmd_pipeline, "create a chain or DAG of tasks from a TOML file", task=False)
+    p.add_argument("action", choices=["new"], help="new")
+    p.add_argument("name", help="the pipeline's name: its tasks are NAME.STAGE")
+    p.add_argument("--from", dest="from_", required=True, metavar="FILE.toml", help="one [stages.STAGE] per stage")
+    command("log", cmd_log, "the ledger's events for one task", json_=True)
+    p = command("brief", cmd_brief, "what the next agent reads first: intent, constraints, state, context, pointers",
+                json_=True)
+    p.add_argument("--budget", type=_int64, help="tokens (UTF-8 bytes / 4) the brief may use (default 4000)")
+    p.add_argument("--epoch", type=_int64, help="your epoch (else $HEARTBEAT_EPOCH): warned about when superseded")
+    p = command("verify", cmd_verify, "does the baton still hold? 0 fresh, 3 stale, 4 not active, 5 superseded",
+                json_=True)
+    p.add_argument("--epoch", type=_int64, help="your epoch (else $HEARTBEAT_EPOCH): exit 5 when superseded")
+    p = command("report", cmd_report, "handoff quality from the ledger, per task and in total", task=False,
+                json_=True)
+    p.add_argument("--since", help="count only what happened at or after this ISO 8601 time")
+    p.add_argument("--edges", action="store_true", help="profile the handoffs between tasks (upstream -> "
+                   "downstream, and by launcher pair) instead")
+    p = command("hook", cmd_hook, "run by Claude Code or Codex at a hook event (JSON on stdin); always exits 0",
+                task=False)
+    p.add_argument("agent", choices=["claude", "codex"])
+    p.add_argument("--task", help="the task (else $HEARTBEAT_TASK, else the one whose workdir is the event's cwd)")
+    p = command("hooks", cmd_hooks, "install or uninstall heartbeat's Claude Code / Codex hooks (and Codex's "
+                "AGENTS.md section)", task=False)
+    p.add_argument("action", choices=["install", "uninstall"])
+    p.add_argument("agent", choices=["claude", "codex"])
+    p.add_argument("--dir", help="the project directory (default: here)")
+    p.add_argument("--user", action="store_true", help="~/.claude/settings.json or $CODEX_HOME/hooks.json instead of "
+                   "the project's")
+    p.add_argument("--mcp", action="store_true", help="claude: also register `heartbeat mcp` in the project's .mcp.json")
+    p.add_argument("--task", help="pin the task id (else $HEARTBEAT_TASK or the workdir decides)")
+    command("mcp", cmd_mcp, "serve the batons over MCP on stdio (needs heartbeat[mcp])", task=False)
+    p = command("web", cmd_web, "the read-only status page (needs heartbeat[web])", task=False)
+    p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8787; a token is required) or unix:PATH "
+                   "(a 0600 socket; relative: in the state dir)")
+    p.add_argument("--token", help="require this token (else $HEARTBEAT_WEB_TOKEN): Authorization: Bearer, or ?token=")
+    p.add_argument("--allow-host", action="append", metavar="NAME",
+                   help="also answer requests for this host name (else [http] allowed_hosts); repeatable")
+    p = command("metrics", cmd_metrics, "Prometheus metrics, printed or written for node_exporter (needs heartbeat[web])",
+                task=False)
+    p.add_argument("--textfile", help="write them atomically to this file (name it *.prom, in the collector's dir)")
+    p = command("gc", cmd_gc, "bounded disk: prune old epochs' logs, archive long-done tasks, fold touches "
+                "([retention])", task=False, json_=True)
+    p.add_argument("--dry-run", action="store_true", help="print what would be removed, archived and folded; "
+                   "change nothing")
+    p.add_argument("--now", help=argparse.SUPPRESS)  # ISO 8601: ages are judged from this instant (simulations)
+
+
+    p = command("db", cmd_db, "the PostgreSQL store's schema: upgrade (idempotent) or status", task=False)
+    p.add_argument("action", choices=["upgrade", "status"])
+    command("hosts", cmd_hosts, "the daemons sharing a PostgreSQL store: state, agents, last lease renewal",
+            task=False, json_=True)
+    p = command("export", cmd_export, "write the store's batons (verbatim) and ledger as JSON Lines", task=False)
+    p.add_argument("--to", help="file to write (default: stdout)")
+    p = command("import", cmd_import, "read an export into the store; ids it has already are kept", task=False)
+    p.add_argument("file", help="an export (- for stdin)")
+    p = command("migrate", cmd_migrate, "copy batons and ledger between stores, idempotently", task=False)
+    p.add_argument("--from", dest="from_", required=True, metavar="STATE_DIR|URL", help="the source store")
+    p.add_argument("--to", required=True, metavar="URL|STATE_DIR", help="the target store")
+    if only is not None and only not in sub.choices:
+        return build_parser()  # not a command: the full parser says so, and lists the commands
+    return parser
+
+
+def _version() -> str:
+    from heartbeat import __version__
+
+    return f"heartbeat {__version__}"

@@ -1,0 +1,342 @@
+"""The commands on one task: new, set, add, touch, claim, release, snooze, block, unblock, done, fail, retry,
+show, log, brief, verify, and pipeline."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from heartbeat.model.errors import BadInput
+
+if TYPE_CHECKING:
+    import argparse  # imported where used: argparse (with gettext) costs an agent's write more than it uses
+from heartbeat.cli.common import _actor, _checks, _epoch, _max_attempts, _print_json, _store
+
+# -- commands: writing -------------------------------------------------------------------
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    from heartbeat.model.baton import Gate, check_id
+    from heartbeat.tasks import verbs as tasks
+
+    check_id(args.id)
+    gate = Gate.parse(args.gate) if args.gate else None
+    if gate and not args.blocked_on:
+        raise BadInput("--gate goes with --blocked-on")
+    owner = _claiming_owner(args) if args.claim else None
+    guarantees = _guarantees(args.guarantee or [])
+    _refuse_unknown_names(args, launchers=[args.launcher or ""], checks=[g.check for g in guarantees],
+                          on_broken=args.on_broken or "")
+    store = _store(args)
+    after = _upstreams(store, args.id, args.after or [])
+    try:
+        workdir = args.workdir or os.getcwd()
+    except FileNotFoundError:
+        raise BadInput("the current directory no longer exists: pass --workdir DIR") from None
+    baton = tasks.new_task(
+        store,
+        args.id,
+        task=args.task,
+        step=args.step,
+        intent=args.intent or "",
+        next_step=args.next or "",
+        workdir=workdir,
+        launcher=args.launcher or "",
+        handoff=args.handoff or "",
+        key_files=args.key_file or [],
+        constraints=args.constraint or [],
+        plan=args.plan or [],
+        blocked_on=args.blocked_on or "",
+        gate=gate,
+        owner=owner,
+        after=after,
+        guarantees=guarantees,
+        on_broken=args.on_broken or "",
+        host_labels=args.host_label or [],
+        actor=_actor(args),
+    )
+    if args.claim:
+        print(baton.meta.epoch)
+    return 0
+
+
+def _refuse_unknown_names(args: argparse.Namespace, **names: Any) -> None:
+    """A launcher or check the config does not define: exit 2 naming the configured ones."""
+    from heartbeat.config.load import readable_config, refuse_unknown_names
+
+    refuse_unknown_names(readable_config(getattr(args, "config", None)), **names)
+
+
+def _upstreams(store: Any, task_id: str, after: Sequence[str]) -> list[str]:
+    """``--after`` ids, each an existing task: a typo must not hold a task forever."""
+    from heartbeat.model.baton import check_id
+    from heartbeat.tasks.handoff import check_upstreams_exist
+
+    out: list[str] = []
+    for upstream in after:
+        check_id(upstream)
+        if upstream not in out:
+            out.append(upstream)
+    check_upstreams_exist(store, task_id, out, field="--after")
+    return out
+
+
+def _guarantees(specs: Sequence[str]) -> list[Any]:
+    """``--guarantee TEXT`` or ``--guarantee TEXT::CHECK`` (the check a ``[checks.NAME]``)."""
+    from heartbeat.model.baton import Guarantee
+
+    out = []
+    for spec in specs:
+        text, sep, check = spec.rpartition("::")
+        out.append(Guarantee(text, check.strip()) if sep else Guarantee(spec))
+    return out
+
+
+def _claiming_owner(args: argparse.Namespace) -> Any:
+    from heartbeat.launchers.liveness import identify, this_host
+    from heartbeat.model.baton import Owner
+    from heartbeat.model.timeparse import utcnow
+
+    pid = getattr(args, "pid", None)
+    if pid is not None and pid <= 0:
+        raise BadInput(f"must be a process id above 0, got {pid}", field="--pid")
+    pid = pid or os.getppid()
+    found = identify(pid)
+    if found is None:
+        raise BadInput(f"no running process with pid {pid}", field="--pid")
+    return Owner(pid=pid, create_time=found[1], host=this_host(), how="claim", started_at=utcnow())
+
+
+def cmd_set(args: argparse.Namespace) -> int:
+    _set(_store(args), args, _epoch(args), _actor(args))
+    return 0
+
+
+def _set(store: Any, args: argparse.Namespace, epoch: int | None, actor: str) -> None:
+    from heartbeat.tasks import write
+
+    values = write.assignments(tuple(args.pairs))
+    if values.get("launcher") or values.get("on_broken"):
+        _refuse_unknown_names(args, launchers=[values.get("launcher", "")], on_broken=values.get("on_broken", ""))
+    write.apply(store, write.Write("set", args.id, pairs=tuple(args.pairs), expect_revision=args.expect_revision),
+                epoch=epoch, actor=actor)
+
+
+def cmd_add(args: argparse.Namespace) -> int:
+    if args.field != "guarantees" and getattr(args, "check", None):
+        raise BadInput("--check goes with `add ID guarantees TEXT`")
+    _add(_store(args), args, _epoch(args), _actor(args))
+    return 0
+
+
+def _add(store: Any, args: argparse.Namespace, epoch: int | None, actor: str) -> None:
+    from heartbeat.tasks import write
+
+    if args.field == "guarantees" and getattr(args, "check", None):
+        _refuse_unknown_names(args, checks=[args.check])
+    write.apply(store, write.Write("add", args.id, field=args.field, values=tuple(args.values),
+                                   check=getattr(args, "check", None) or "", expect_revision=args.expect_revision),
+                epoch=epoch, actor=actor)
+
+
+def cmd_touch(args: argparse.Namespace) -> int:
+    from heartbeat.tasks import verbs as tasks
+
+    tasks.touch(_store(args), args.id, epoch=_epoch(args), actor=_actor(args))
+    return 0
+
+
+def cmd_claim(args: argparse.Namespace) -> int:
+    from heartbeat.model.baton import check_id
+    from heartbeat.tasks import verbs as tasks
+
+    check_id(args.id)
+    baton = tasks.claim(_store(args), args.id, _claiming_owner(args), force=args.force, actor=_actor(args))
+    print(baton.meta.epoch)
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    from heartbeat.tasks import verbs as tasks
+
+    tasks.release(_store(args), args.id, epoch=_epoch(args), actor=_actor(args))
+    return 0
+
+
+def cmd_snooze(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    from heartbeat.model.timeparse import parse_duration, parse_instant, utcnow
+    from heartbeat.tasks import verbs as tasks
+
+    if bool(args.until) == bool(args.for_):
+        raise BadInput("give one of --until ISO8601 or --for DURATION")
+    if args.until:
+        until = parse_instant(args.until, field="--until")
+    else:
+        until = utcnow() + timedelta(seconds=parse_duration(args.for_, field="--for"))
+    tasks.snooze(_store(args), args.id, until, epoch=_epoch(args), actor=_actor(args))
+    return 0
+
+
+def cmd_block(args: argparse.Namespace) -> int:
+    from heartbeat.model.baton import Gate
+    from heartbeat.tasks import verbs as tasks
+
+    gate = Gate.parse(args.gate)
+    tasks.block(_store(args), args.id, args.on, gate, epoch=_epoch(args), actor=_actor(args))
+    return 0
+
+
+def cmd_unblock(args: argparse.Namespace) -> int:
+    from heartbeat.tasks import verbs as tasks
+
+    tasks.unblock(_store(args), args.id, by=args.by, note=args.note or "")
+    return 0
+
+
+def cmd_done(args: argparse.Namespace) -> int:
+    from heartbeat.tasks import verbs as tasks
+
+    tasks.finish(_store(args), args.id, note=args.note or "", epoch=_epoch(args), actor=_actor(args),
+                 checks=_checks(args) if args.config else None)
+    return 0
+
+
+def cmd_fail(args: argparse.Namespace) -> int:
+    from heartbeat.tasks import verbs as tasks
+
+    tasks.fail(_store(args), args.id, reason=args.reason, epoch=_epoch(args), actor=_actor(args))
+    return 0
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    from heartbeat.tasks import verbs as tasks
+
+    tasks.retry(_store(args), args.id, by=args.by, note=args.note or "")
+    return 0
+
+
+# -- commands: reading -------------------------------------------------------------------
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from heartbeat.model.baton import dump_baton
+
+    baton = _store(args, read=True).load(args.id)
+    if args.json:
+        _print_json(baton.to_dict())
+    else:
+        sys.stdout.write(dump_baton(baton))
+    return 0
+
+
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    from heartbeat.tasks.pipeline import create_pipeline, parse_pipeline
+
+    if args.action != "new":
+        raise BadInput(f"unknown pipeline action {args.action!r}: use `heartbeat pipeline new NAME --from FILE.toml`")
+    if not args.from_:
+        raise BadInput("--from FILE.toml is required")
+    import stat
+
+    try:
+        fd = os.open(args.from_, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not hang us
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise BadInput(f"{args.from_}: not a regular file")
+            text = handle.read(1024 * 1024 + 1).decode("utf-8")
+    except OSError as exc:
+        raise BadInput(f"{args.from_}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise BadInput(f"{args.from_}: not UTF-8 text") from None
+    if len(text) > 1024 * 1024:
+        raise BadInput(f"{args.from_}: larger than 1 MiB")
+    try:
+        stages = parse_pipeline(args.name, text, base_dir=os.path.dirname(os.path.abspath(args.from_)))
+    except BadInput as exc:
+        raise BadInput(f"{args.from_}: {exc.message}") from None
+    for stage in stages:
+        _refuse_unknown_names(args, launchers=[stage.launcher], checks=[g.check for g in stage.guarantees],
+                              on_broken=stage.on_broken, where=f"{args.from_}: stages.{stage.name}: ")
+    try:
+        workdir = os.getcwd()
+    except FileNotFoundError:
+        raise BadInput("the current directory no longer exists") from None
+    created = create_pipeline(_store(args), args.name, stages, workdir=workdir, actor=_actor(args))
+    print(f"created pipeline {args.name}: {', '.join(created)}")
+    return 0
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    from heartbeat.model.baton import check_id
+
+    check_id(args.id)
+    store = _store(args, read=True)
+    events = store.ledger.events(args.id)
+    if args.json:
+        _print_json({"task": args.id, "events": [e.to_json() for e in events]})
+        return 0
+    for e in events:
+        shown = {k: (f"<{len(v)} fingerprints>" if k == "world" and isinstance(v, dict) else v)
+                 for k, v in e.data.items()}  # the hashes are in --json; one line stays readable
+        data = " ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in shown.items() if v not in ("", None, []))
+        print(f"{e.ts.isoformat(timespec='seconds')}  {e.kind:<11} epoch={e.epoch} rev={e.revision} "
+              f"by={e.actor or '-'}  {data}".rstrip())
+    return 0
+
+
+def _missing_upstreams(baton: Any, ids: set[str]) -> list[str]:
+    """The upstreams (``after``, or an ``after:``/``task:`` gate) an unfinished task waits on that do
+    not exist: nothing will ever open its way."""
+    from heartbeat.model.baton import FINISHED_STATUSES, GateKind
+
+    if baton.meta.status in FINISHED_STATUSES:
+        return []
+    held = list(baton.after)
+    gate = baton.meta.gate
+    if gate is not None and gate.kind in (GateKind.AFTER, GateKind.TASK):
+        held += [t for t in gate.target.split(",") if t and t not in held]
+    return [t for t in held if t not in ids]
+
+
+def cmd_brief(args: argparse.Namespace) -> int:
+    from heartbeat.reports.brief import render_brief
+
+    if args.budget is not None and args.budget < 1:
+        raise BadInput("--budget must be a positive number of tokens")
+    store = _store(args, read=True)
+    baton = store.load(args.id)
+    kwargs: dict[str, Any] = {"max_attempts": _max_attempts(args), "epoch": _epoch(args)}
+    if args.budget is not None:
+        kwargs["budget"] = args.budget
+    if baton.after:
+        from heartbeat.tasks.handoff import load_packages
+
+        kwargs["upstream"] = load_packages(store, baton)
+    brief = render_brief(baton, **kwargs)
+    for warning in brief.warnings:
+        print(f"heartbeat: warning: {args.id}: {warning}", file=sys.stderr)
+    if args.json:
+        _print_json(brief.to_json())
+    else:
+        sys.stdout.write(brief.text)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from heartbeat.tasks.verify import verify
+
+    store = _store(args, read=True)
+    checks = None
+    if args.config:
+        checks = _checks(args)
+    result = verify(store, args.id, epoch=_epoch(args), actor=_actor(args), checks=checks)
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        print(result.render_text())
+    return result.code

@@ -1,0 +1,266 @@
+"""What the page shows: the rows, the timeline and the log tail, read from the store and the ledger."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from heartbeat.model import defaults
+from heartbeat.model.baton import Baton, Status, check_id
+from heartbeat.model.errors import BadInput
+from heartbeat.model.ledger import Event, EventKind
+from heartbeat.model.policy import waiting_text
+from heartbeat.model.timeparse import format_duration
+from heartbeat.system.layout import LOGS_DIR, StateLayout, log_name
+
+__all__ = ["LOG_TAIL_BYTES", "TIMELINE_EVENTS", "LogTail", "read_log_tail"]
+
+LOG_TAIL_BYTES = 64 * 1024
+"""How much of the end of an agent's log the task page shows."""
+
+TIMELINE_EVENTS = 500
+"""The most recent ledger events the task page lists."""
+
+_ROUTINE_KINDS = frozenset({EventKind.TOUCHED, EventKind.UPDATED})
+"""Left out of a task's timeline unless ``?all=1``: the agent's own progress writes, which the baton shows."""
+
+_STATUS_ORDER = ("escalated", "invalid", "blocked", "active", "paused", "snoozed", "failed", "done")
+
+
+# -- the agent's log, read as hostile input ------------------------------------------------
+
+
+@dataclass
+class LogTail:
+    """The end of an agent's log, or why there is none to show."""
+
+    path: str
+    text: str = ""
+    size: int = 0
+    truncated: bool = False
+    problem: str = ""
+
+
+def read_log_tail(state_dir: str, task_id: str, epoch: int, limit: int = LOG_TAIL_BYTES) -> LogTail:
+    """The last ``limit`` bytes of ``<state_dir>/logs/<task>/<epoch>.log``.
+
+    The agent owns that file, and could have put anything in its place: no component
+    of the path is followed if it is a symlink (``O_NOFOLLOW`` at each step, relative
+    to the directory before it), the file is opened ``O_NONBLOCK`` (a FIFO can never
+    hang the page) and read only when ``fstat`` says it is a regular file, and the read
+    is bounded whatever the file's size.
+    """
+    check_id(task_id)
+    tail = LogTail(path=StateLayout(state_dir).log(task_id, epoch))
+    fds: list[int] = []
+    try:
+        try:
+            fds.append(os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            for part in (LOGS_DIR, task_id):
+                fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1]))
+            fd = os.open(log_name(epoch), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1])
+            fds.append(fd)
+        except FileNotFoundError:
+            tail.problem = "no log yet"
+            return tail
+        except OSError as exc:
+            tail.problem = f"not shown: {exc.strerror or exc} (a symlink or not a directory is never followed)"
+            return tail
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            tail.problem = "not shown: not a regular file"
+            return tail
+        tail.size = st.st_size
+        start = max(0, st.st_size - limit)
+        data = os.pread(fd, limit, start)
+        if start > 0:
+            tail.truncated = True
+            newline = data.find(b"\n")
+            if 0 <= newline < len(data) - 1:
+                data = data[newline + 1:]  # begin at a whole line
+        tail.text = data.decode("utf-8", errors="replace")
+        return tail
+    except OSError as exc:
+        tail.problem = f"not shown: {exc.strerror or exc}"
+        return tail
+    finally:
+        for opened in reversed(fds):
+            os.close(opened)
+
+
+# -- what the pages show --------------------------------------------------------------------
+
+
+def _age(now: datetime, then: datetime | None) -> str:
+    return "-" if then is None else format_duration(max(0.0, (now - then).total_seconds()))
+
+
+def _owner_text(baton: Baton) -> str:
+    owner = baton.meta.owner
+    if owner is None:
+        return ""
+    parts = [f"pid {owner.pid}" if owner.pid is not None else "pid pending"]
+    if owner.host:
+        parts.append(f"on {owner.host}")
+    if owner.launcher:
+        parts.append(f"via {owner.launcher}")
+    if owner.unit:
+        parts.append(f"unit {owner.unit}")
+    if owner.how:
+        parts.append(f"({owner.how})")
+    return " ".join(parts)
+
+
+def _gate_text(baton: Baton) -> str:
+    gate = baton.meta.gate
+    if gate is None:
+        return ""
+    return f"{gate.kind.value}:{gate.target}" if gate.target else gate.kind.value
+
+
+def _last_exit(baton: Baton) -> str:
+    meta = baton.meta
+    code = f"exit {meta.last_exit}" if meta.last_exit is not None else ""
+    if meta.last_failure:
+        return meta.last_failure if not code or code in meta.last_failure else f"{code}; {meta.last_failure}"
+    return code
+
+
+def _state_since(baton: Baton) -> datetime | None:
+    """When the task entered its current state, as far as the baton tells."""
+    meta = baton.meta
+    if meta.status is Status.BLOCKED and meta.blocked_at is not None:
+        return meta.blocked_at
+    if meta.status in (Status.DONE, Status.FAILED) and meta.ended_at is not None:
+        return meta.ended_at
+    if meta.status is Status.ACTIVE and meta.owner is not None and meta.dispatched_at is not None:
+        return meta.dispatched_at
+    return meta.updated_at or meta.created_at
+
+
+def _iso(value: datetime | None) -> str:
+    return value.isoformat(timespec="seconds") if value is not None else ""
+
+
+def _row(entry: Any, now: datetime, default_launcher: str) -> dict[str, Any]:
+    baton: Baton | None = entry.baton
+    if baton is None:
+        return {"id": entry.id, "status": "invalid", "error": str(entry.error), "age": "-", "step": "",
+                "attempt": "", "epoch": "", "owner": "", "blocked_on": "", "gate": "", "last_exit": "",
+                "launcher": "", "waiting": "", "title": "", "since": "", "since_at": "", "wake_at": "", "reason": ""}
+    meta = baton.meta
+    since = _state_since(baton)
+    return {
+        "id": entry.id,
+        "status": meta.status.value,
+        "error": "",
+        "title": baton.task,
+        "since": _age(now, since),
+        "since_at": _iso(since),
+        "wake_at": _iso(meta.snooze_until) if meta.status is Status.SNOOZED else "",
+        "reason": "",
+        "age": _age(now, meta.touched_at or meta.updated_at),
+        "step": baton.step,
+        "next_step": baton.next_step,
+        "attempt": meta.attempt,
+        "epoch": meta.epoch,
+        "owner": _owner_text(baton),
+        "blocked_on": baton.blocked_on,
+        "gate": _gate_text(baton),
+        "last_exit": _last_exit(baton),
+        "launcher": baton.launcher or default_launcher,
+        "waiting": waiting_text(baton, now),
+    }
+
+
+def _status_of(entry: Any) -> str:
+    return entry.baton.meta.status.value if entry.baton is not None else "invalid"
+
+
+def _matches(entry: Any, query: str) -> bool:
+    """``?q=``: a case-insensitive substring of the task's id, title, step or block."""
+    if not query:
+        return True
+    needle = query.casefold()
+    baton: Baton | None = entry.baton
+    fields = [entry.id] if baton is None else [entry.id, baton.task, baton.step, baton.blocked_on]
+    return any(needle in f.casefold() for f in fields)
+
+
+def _list_params(params: Any) -> tuple[str, int, int]:
+    """``?q=``, ``?page=`` and ``?per=`` of the task list, checked: (query, page, per page)."""
+    query = params.get("q", "").strip()
+    if len(query) > defaults.WEB_QUERY_MAX:
+        raise BadInput(f"q is {len(query)} characters: at most {defaults.WEB_QUERY_MAX}")
+    numbers = {}
+    for name, default, most in (("page", 1, 10**9), ("per", defaults.WEB_PAGE_SIZE, defaults.WEB_PAGE_MAX)):
+        raw = params.get(name, "")
+        try:
+            value = int(raw) if raw else default
+        except ValueError:
+            raise BadInput(f"{name} {raw[:40]!r}: expected a whole number") from None
+        if not 1 <= value <= most:
+            raise BadInput(f"{name} {value}: expected 1 to {most}")
+        numbers[name] = value
+    return query, numbers["page"], numbers["per"]
+
+
+_SUMMARY_KEYS: dict[str, tuple[str, ...]] = {
+    EventKind.DISPATCHED: ("launcher", "attempt", "reason", "resume"),
+    EventKind.EXITED: ("kind", "code", "signal", "duration_s", "progress", "pid"),
+    EventKind.STALLED: ("why",),
+    EventKind.RATE_LIMITED: ("until", "source", "hits", "reason"),
+    EventKind.BLOCKED: ("on", "gate"),
+    EventKind.UNBLOCKED: ("by", "note", "gate"),
+    EventKind.ESCALATED: ("reason",),
+    EventKind.BYPASS: ("was", "on"),
+}
+
+
+def _event_row(event: Event) -> dict[str, Any]:
+    """One timeline line: the event's kind, when, who, and its data as ``key=value`` (hashes elided)."""
+    data = dict(event.data)
+    first = [k for k in _SUMMARY_KEYS.get(event.kind, ()) if k in data]
+    rest = sorted(k for k in data if k not in first)
+    details = []
+    for key in (*first, *rest):
+        value = data[key]
+        if value in ("", None, [], {}):
+            continue
+        if key == "world" and isinstance(value, dict):
+            value = f"<{len(value)} fingerprints>"
+        elif key == "duration_s" and isinstance(value, int | float):
+            value = format_duration(float(value))
+        elif isinstance(value, list):
+            value = ", ".join(str(v) for v in value)
+        elif isinstance(value, dict):
+            value = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+        details.append((key, value if isinstance(value, str) else str(value)))
+    seam = event.kind in (EventKind.STALLED, EventKind.EXITED, EventKind.DISPATCHED, EventKind.CLAIMED,
+                          EventKind.RELEASED, EventKind.SESSION_STARTED, EventKind.COMPACTING, EventKind.SESSION_ENDED)
+    alarm = event.kind in (EventKind.ESCALATED, EventKind.BYPASS, EventKind.SPINNING, EventKind.INVALID)
+    return {"ts": event.ts.strftime("%Y-%m-%d %H:%M:%S"), "kind": event.kind, "epoch": event.epoch,
+            "revision": event.revision, "actor": event.actor, "details": details,
+            "tone": "alarm" if alarm else ("seam" if seam else "")}
+
+
+def _templates() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("heartbeat.web", "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["duration"] = lambda seconds: format_duration(float(seconds))
+    return env
+
+
+@dataclass
+class _Entry:
+    """A stand-in for a store entry, to render the task page's row like the list's."""
+
+    id: str
+    baton: Baton | None
+    error: str
