@@ -8,9 +8,10 @@ import sqlite3
 from pathlib import Path
 
 from heartbeat.model.baton import OwnerKind
-from heartbeat.model.ledger import Event, EventKind, SqliteLedger
+from heartbeat.model.ledger import Event, EventKind
 from heartbeat.model.policy import StallReason
 from heartbeat.model.timeparse import utcnow
+from heartbeat.store.ledger import SqliteLedger
 
 ON_DISK_EVENT_KINDS = {
     "created", "updated", "touched", "restored", "rederived", "claimed", "released", "snoozed", "woke",

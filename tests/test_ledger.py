@@ -13,8 +13,9 @@ from conftest import Result
 
 from heartbeat.model.baton import Gate, Owner, Status
 from heartbeat.model.errors import Conflict, NotActive
-from heartbeat.model.ledger import Event, Ledger, MemoryLedger, SqliteLedger
+from heartbeat.model.ledger import Event, Ledger
 from heartbeat.store.files import FileStore
+from heartbeat.store.ledger import MemoryLedger, SqliteLedger
 from heartbeat.tasks import verbs as tasks
 
 Hb = Callable[..., Result]

@@ -341,7 +341,8 @@ class TestCounting:
         data, missing or empty ones as 'unknown', uncounted kinds ignored)."""
         from datetime import UTC, datetime
 
-        from heartbeat.model.ledger import Event, MemoryLedger, SqliteLedger
+        from heartbeat.model.ledger import Event
+        from heartbeat.store.ledger import MemoryLedger, SqliteLedger
         from heartbeat.web.metrics import _count_events
 
         datas = [{"launcher": "a"}, {"launcher": ""}, {}, {"kind": "failed"}, {"kind": "idle"}, {"why": "exited"},

@@ -23,8 +23,9 @@ from conftest import Result, clean_env
 from daemon_harness import TOY, DaemonHarness, in_process_config
 
 from heartbeat.model.baton import Gate
-from heartbeat.model.ledger import Event, SqliteLedger
+from heartbeat.model.ledger import Event
 from heartbeat.store.files import FileStore
+from heartbeat.store.ledger import SqliteLedger
 
 
 def _first_write(path: str, barrier: Any, results: Any) -> None:

@@ -44,7 +44,7 @@ from heartbeat.model.errors import (
     UnreadableBaton,
     UnsafePath,
 )
-from heartbeat.model.ledger import Event, EventKind, Ledger, PendingWrite, SqliteLedger
+from heartbeat.model.ledger import Event, EventKind, Ledger, PendingWrite
 from heartbeat.store import archive as _archive
 from heartbeat.store.base import (
     Edit,
@@ -58,6 +58,7 @@ from heartbeat.store.base import (
     start_create,
     write_identity,
 )
+from heartbeat.store.ledger import SqliteLedger
 from heartbeat.system.layout import StateLayout
 from heartbeat.system.safefile import (
     check_not_special,

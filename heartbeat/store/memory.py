@@ -9,7 +9,7 @@ from datetime import datetime
 
 from heartbeat.model.baton import Baton, check_id
 from heartbeat.model.errors import AlreadyExists, NotFound
-from heartbeat.model.ledger import Event, EventKind, Ledger, MemoryLedger
+from heartbeat.model.ledger import Event, EventKind, Ledger
 from heartbeat.store.base import (
     Edit,
     Entry,
@@ -20,6 +20,7 @@ from heartbeat.store.base import (
     now_or,
     start_create,
 )
+from heartbeat.store.ledger import MemoryLedger
 
 __all__ = ["MemoryStore"]
 

@@ -13,7 +13,8 @@ import psycopg.errors
 from heartbeat.model.errors import (
     BadInput,
 )
-from heartbeat.model.ledger import Event, EventKind, PendingWrite, _minute
+from heartbeat.model.ledger import Event, EventKind, PendingWrite
+from heartbeat.store.ledger import _minute
 
 if TYPE_CHECKING:
     from heartbeat.store.postgres.store import PostgresStore
