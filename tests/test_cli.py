@@ -564,9 +564,9 @@ class TestHotPath:
         assert not modules & {"inspect", "ast", "dis", "tokenize", "_hashlib", "argparse", "importlib.util"}
 
     def test_importing_the_cli_leaves_the_module_table_alone(self) -> None:
-        """Importing heartbeat.cli.commands (as the MCP server, the hooks and tests do) puts no stand-in in
+        """Importing heartbeat.cli.main (as the MCP server, the hooks and tests do) puts no stand-in in
         sys.modules: inspect is either not loaded or the real module, with its spec."""
-        code = ("import sys, heartbeat.cli.commands, heartbeat.integrations.hooks; m = sys.modules.get('inspect'); "
+        code = ("import sys, heartbeat.cli.main, heartbeat.integrations.hooks; m = sys.modules.get('inspect'); "
                 "print('absent' if m is None else type(m).__name__, getattr(m, '__spec__', None) is not None)")
         proc = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True,
                               cwd=str(ROOT), timeout=60)
@@ -575,14 +575,14 @@ class TestHotPath:
 
     def test_an_agents_touch_loads_only_the_pulse(self, hb: Hb, state_dir: Path) -> None:
         """An agent's touch with its pulse armed (heartbeat.hotpath.pulse) loads heartbeat and
-        heartbeat.hotpath.pulse, and of the rest of Python nothing that parses, types or stores:
+        heartbeat.hotpath's pulse and argv reader, and of the rest of Python nothing that parses, types or stores:
         no TOML, typing, re, sqlite3 or dataclasses."""
         epoch = hb("new", "hot", "--task", "t", "--step", "s", "--claim").out.strip()
         env = {"HEARTBEAT_EPOCH": epoch, "HEARTBEAT_TASK": "hot"}
         assert hb("touch", "hot", env=env).code == 0  # arms the pulse
         modules = _imports_of(["touch", "hot"], state_dir, env)
         assert {name for name in modules if name.startswith("heartbeat")} == {
-            "heartbeat", "heartbeat.hotpath", "heartbeat.hotpath.pulse"}
+            "heartbeat", "heartbeat.hotpath", "heartbeat.hotpath.argv", "heartbeat.hotpath.pulse"}
         modules -= _imports_of([], state_dir, env, code="pass")  # what this interpreter loads at start (an
         # editable install's finder loads re and pathlib for every program)
         heavy = {*self.HEAVY, "tomllib", "typing", "re", "sqlite3", "dataclasses", "json", "argparse", "datetime"}

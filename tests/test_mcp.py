@@ -245,7 +245,7 @@ class TestWithoutTheSdk:
         """The SDK missing (its import made to fail) is exit 2 naming heartbeat[mcp]."""
         import subprocess
 
-        code = ("import sys; sys.modules['mcp'] = None; from heartbeat.cli.commands import main; "
+        code = ("import sys; sys.modules['mcp'] = None; from heartbeat.cli.main import main; "
                 "raise SystemExit(main(['mcp']))")
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                               env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir)), stdin=subprocess.DEVNULL)

@@ -228,7 +228,8 @@ class TestRelayedOnPostgres:
             modules = {line.rsplit("|", 1)[1].strip() for line in timed.stderr.splitlines()
                        if line.startswith("import time:")}
             assert {m for m in modules if m.startswith("heartbeat")} == {
-                "heartbeat", "heartbeat.hotpath", "heartbeat.hotpath.pulse", "heartbeat.hotpath.relay",
+                "heartbeat", "heartbeat.hotpath", "heartbeat.hotpath.argv", "heartbeat.hotpath.pulse",
+                "heartbeat.hotpath.relay",
                 "heartbeat.model", "heartbeat.model.defaults"}
             assert not {m.split(".")[0] for m in modules} & {"psycopg", "psycopg_pool", "tomllib", "typing"}
             done = _hb(env, "done", "r1", "--note", "finished by the relay")

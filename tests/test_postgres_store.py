@@ -322,7 +322,7 @@ class TestCli:
     def test_file_store_hot_path_never_imports_psycopg(self, state_dir: Path) -> None:
         """An agent's touch on the file store does not load psycopg."""
         FileStore(str(state_dir)).create(_baton())
-        code = ("import sys; from heartbeat.cli.commands import main; rc = main(['touch', 't']); "
+        code = ("import sys; from heartbeat.cli.main import main; rc = main(['touch', 't']); "
                 "print(rc, any(m.startswith('psycopg') for m in sys.modules))")
         proc = subprocess.run([sys.executable, "-c", code], env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir)),
                               capture_output=True, text=True, timeout=60)

@@ -175,7 +175,7 @@ class _WritesBetweenDecisionAndDispatch(FileStore):
 # A real ``heartbeat`` write that waits, CLI loaded, for a baton to appear, then a delay.
 _AFTER_THE_BATON = """\
 import os, sys, time
-import heartbeat.cli.commands, heartbeat.tasks.verbs, heartbeat.store.files, tomli_w
+import heartbeat.cli.main, heartbeat.tasks.verbs, heartbeat.store.files, tomli_w
 path, delay = sys.argv[1], float(sys.argv[2])
 while not os.path.exists(path):
     time.sleep(0.001)

@@ -434,7 +434,8 @@ class TestClient:
                         if line.startswith("import time:")}
             assert h.baton("h1").step == "x" and relayed(h) == 1
             assert {m for m in modules if m.startswith("heartbeat")} == {
-                "heartbeat", "heartbeat.hotpath", "heartbeat.hotpath.pulse", "heartbeat.hotpath.relay",
+                "heartbeat", "heartbeat.hotpath", "heartbeat.hotpath.argv", "heartbeat.hotpath.pulse",
+                "heartbeat.hotpath.relay",
                 "heartbeat.model", "heartbeat.model.defaults"}
             heavy = {"tomllib", "sqlite3", "typing", "re", "dataclasses", "json", "argparse", "socket", "enum"}
             assert not {m.split(".")[0] for m in modules} & heavy, sorted(modules)

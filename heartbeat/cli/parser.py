@@ -35,6 +35,7 @@ from heartbeat.cli.tasks import (
     cmd_verify,
 )
 from heartbeat.cli.watch import cmd_hosts, cmd_report, cmd_status
+from heartbeat.hotpath.argv import agent_call
 
 __all__ = ["build_parser"]
 
@@ -159,9 +160,11 @@ def _hot_args(argv: Sequence[str]) -> Any:
     an agent more than its whole write (``scripts/bench_cli.py``). It reads only positionals, from
     the declarations build_parser uses (a name, at most one ``nargs="+"`` last), and gives every
     option its declared default; a call with any option, or anything it does not read, goes to
-    argparse. ``tests/test_cli.py`` checks that both give the same namespace, for any arguments.
+    argparse. ``tests/test_cli.py`` checks that both give the same namespace, for any arguments. Which
+    calls it reads at all, :func:`heartbeat.hotpath.argv.agent_call` says, as for every hot path.
     """
-    if not argv or argv[0] not in AGENT_WRITES or any(arg.startswith("-") for arg in argv):
+    call = agent_call(list(argv))
+    if call is None or call[0] not in AGENT_WRITES:
         return None
     func, _, arguments = AGENT_WRITES[argv[0]]
     values: dict[str, Any] = {_dest(option): option[1].get("default") for option in GLOBAL_OPTIONS}

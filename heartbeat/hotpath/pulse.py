@@ -38,6 +38,8 @@ import os
 import stat
 import time
 
+from heartbeat.hotpath.argv import agent_call
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -192,7 +194,8 @@ def hot_touch(argv: list[str], environ: Mapping[str, str] | None = None) -> bool
     ``HEARTBEAT_STATE_DIR`` and ``HEARTBEAT_EPOCH`` set, no store URL): True when done,
     False when the CLI must run as usual."""
     env = os.environ if environ is None else environ
-    if len(argv) != 2 or argv[0] != "touch":
+    call = agent_call(argv)
+    if call is None or call[0] != "touch":
         return False
     state_dir = env.get("HEARTBEAT_STATE_DIR")
     raw_epoch = env.get("HEARTBEAT_EPOCH")

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import os
 
+from heartbeat.hotpath.argv import AGENT_COMMANDS, agent_call
 from heartbeat.model import defaults
 
 TYPE_CHECKING = False
@@ -86,11 +87,8 @@ def relayable(argv: list[str], *, agent_commands: bool = False) -> bool:
     ``set ID F=V...`` or ``add ID FIELD V...``, no argument starting with ``-``; with
     ``agent_commands`` (a database store) also ``touch ID``, ``show ID``, ``done ID`` and
     ``done ID --note NOTE`` (as :func:`heartbeat.tasks.write.parse_hot` reads them)."""
-    if agent_commands and len(argv) >= 2 and argv[0] in ("touch", "show", "done") and not argv[1].startswith("-"):
-        return len(argv) == 2 or (len(argv) == 4 and argv[0] == "done" and argv[2] == "--note")
-    if len(argv) < 3 or any(arg.startswith("-") for arg in argv):
-        return False
-    return argv[0] == "set" or (argv[0] == "add" and len(argv) >= 4)
+    call = agent_call(argv)
+    return call is not None and (call[0] in ("set", "add") or (agent_commands and call[0] in AGENT_COMMANDS))
 
 
 def store_id(url: str) -> bytes:

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from heartbeat.hotpath.argv import agent_call
 from heartbeat.model.errors import BadInput, HeartbeatError
 
 if TYPE_CHECKING:
@@ -43,28 +44,21 @@ DECLINED = -1
 nothing: a ``done`` whose guarantees have checks to run (they run where the agent runs, with the
 agent's environment and config, not in the daemon's relay within its reply timeout)."""
 
-AGENT_COMMANDS = ("touch", "show", "done")
-"""What an agent's relay carries besides ``set``/``add`` on a database store (relay greeting 2)."""
-
-
 def parse_hot(argv: Sequence[str], *, agent_commands: bool = False) -> Write | None:
     """``set ID F=V...`` or ``add ID FIELD V...`` written without any option (an agent's hot
     write, as the relay carries it), else None. ``agent_commands``: also ``touch ID``, ``show ID``,
     ``done ID`` and ``done ID --note NOTE`` (see :func:`heartbeat.hotpath.relay.relayable`)."""
-    if agent_commands and len(argv) >= 2 and argv[0] in AGENT_COMMANDS and not argv[1].startswith("-"):
-        if len(argv) == 2:
-            return Write(argv[0], argv[1])
-        if len(argv) == 4 and argv[0] == "done" and argv[2] == "--note":
-            return Write("done", argv[1], note=argv[3])
+    call = agent_call(tuple(argv))
+    if call is None:
         return None
-    if len(argv) < 3 or any(arg.startswith("-") for arg in argv):
-        return None
-    command, task_id, rest = argv[0], argv[1], tuple(argv[2:])
+    command, task_id, rest, note = call
     if command == "set":
         return Write("set", task_id, pairs=rest)
-    if command == "add" and len(rest) >= 2:
+    if command == "add":
         return Write("add", task_id, field=rest[0], values=rest[1:])
-    return None
+    if not agent_commands:
+        return None
+    return Write(command, task_id) if note is None else Write(command, task_id, note=note)
 
 
 def assignments(pairs: Sequence[str]) -> dict[str, str]:

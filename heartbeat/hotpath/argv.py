@@ -1,0 +1,47 @@
+"""The one reader of an agent's own call: which of its few shapes an argv is, read without argparse.
+
+An agent runs ``heartbeat touch ID``, ``set ID F=V...``, ``add ID FIELD V...``, ``show ID`` and
+``done ID [--note NOTE]`` many times a session. Each shape is answered on the fastest path there is
+(the pulse, the daemon's relay, the CLI without argparse), and every one of those paths asks this
+module, so they cannot drift apart: :func:`heartbeat.hotpath.pulse.hot_touch`,
+:func:`heartbeat.hotpath.relay.relayable`, :func:`heartbeat.tasks.write.parse_hot`,
+:func:`heartbeat.cli.parser._hot_args` and ``heartbeat/__main__.py``. It imports nothing: it is
+loaded by every agent call.
+
+A call with any option (an argument starting with ``-``), other than ``done``'s ``--note``, is not a
+hot call: argparse reads it and says what is wrong with it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["WRITES", "AGENT_COMMANDS", "agent_call"]
+
+WRITES = ("touch", "set", "add")
+"""The agent's writes the CLI can run without building its parser."""
+
+AGENT_COMMANDS = ("touch", "show", "done")
+"""What an agent's relay carries besides ``set``/``add`` on a database store (relay greeting 2)."""
+
+
+def agent_call(argv: list[str] | tuple[str, ...]) -> tuple[str, str, tuple[str, ...], str | None] | None:
+    """``(command, task, rest, note)`` for an agent's hot call, else None.
+
+    ``touch ID``, ``show ID``, ``done ID`` and ``done ID --note NOTE`` (``rest`` empty, ``note`` the
+    note or None); ``set ID F=V...`` (``rest`` the pairs) and ``add ID FIELD V...`` (``rest`` the field
+    and its values). No other argument may start with ``-``.
+    """
+    if len(argv) < 2 or argv[1].startswith("-"):
+        return None
+    command, task = argv[0], argv[1]
+    if command in AGENT_COMMANDS:
+        if len(argv) == 2:
+            return command, task, (), None
+        if command == "done" and len(argv) == 4 and argv[2] == "--note":
+            return command, task, (), argv[3]
+        return None
+    if any(arg.startswith("-") for arg in argv):
+        return None
+    rest = tuple(argv[2:])
+    if (command == "set" and rest) or (command == "add" and len(rest) >= 2):
+        return command, task, rest, None
+    return None
