@@ -90,3 +90,17 @@ def _max_attempts(args: argparse.Namespace) -> int:
         return load_config(path).daemon.max_attempts
     except HeartbeatError:
         return defaults.MAX_ATTEMPTS  # a broken config must not keep an agent from its brief
+
+
+def _missing_upstreams(baton: Any, ids: set[str]) -> list[str]:
+    """The upstreams (``after``, or an ``after:``/``task:`` gate) an unfinished task waits on that do
+    not exist: nothing will ever open its way."""
+    from heartbeat.model.baton import FINISHED_STATUSES, GateKind
+
+    if baton.meta.status in FINISHED_STATUSES:
+        return []
+    held = list(baton.after)
+    gate = baton.meta.gate
+    if gate is not None and gate.kind in (GateKind.AFTER, GateKind.TASK):
+        held += [t for t in gate.target.split(",") if t and t not in held]
+    return [t for t in held if t not in ids]

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from heartbeat.model.errors import EXIT_BAD_INPUT, EXIT_ERROR, BadInput, HeartbeatError
-
-if TYPE_CHECKING:
-    pass  # imported where used: argparse (with gettext) costs an agent's write more than it uses
 from heartbeat.cli.parser import _command_in, _hoist_global_options, _hot_args, build_parser
+from heartbeat.model.errors import EXIT_BAD_INPUT, EXIT_ERROR, BadInput, HeartbeatError
 
 __all__ = ["main"]
 

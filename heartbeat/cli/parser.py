@@ -8,34 +8,11 @@ import types
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from heartbeat.hotpath.argv import agent_call
 from heartbeat.model.errors import BadInput
 
 if TYPE_CHECKING:
     import argparse  # imported where used: argparse (with gettext) costs an agent's write more than it uses
-from heartbeat.cli.agents import cmd_hook, cmd_hooks
-from heartbeat.cli.serve import cmd_mcp, cmd_metrics, cmd_run, cmd_web
-from heartbeat.cli.state import cmd_check_config, cmd_db, cmd_demo, cmd_export, cmd_gc, cmd_import, cmd_init, cmd_migrate
-from heartbeat.cli.tasks import (
-    cmd_add,
-    cmd_block,
-    cmd_brief,
-    cmd_claim,
-    cmd_done,
-    cmd_fail,
-    cmd_log,
-    cmd_new,
-    cmd_pipeline,
-    cmd_release,
-    cmd_retry,
-    cmd_set,
-    cmd_show,
-    cmd_snooze,
-    cmd_touch,
-    cmd_unblock,
-    cmd_verify,
-)
-from heartbeat.cli.watch import cmd_hosts, cmd_report, cmd_status
-from heartbeat.hotpath.argv import agent_call
 
 __all__ = ["build_parser"]
 
@@ -127,6 +104,20 @@ def _int64(text: str) -> int:
     return value
 
 
+@functools.cache
+def _lazy(group: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """The command ``name`` of ``heartbeat.cli.GROUP``, imported when it runs: a call loads its own
+    group's module (and what that imports) alone, never every command's. One function per command,
+    so every parser's namespace holds the same one."""
+
+    def run(args: argparse.Namespace) -> int:
+        module = __import__(f"heartbeat.cli.{group}", fromlist=[name])
+        return int(getattr(module, name)(args))
+
+    run.__name__ = run.__qualname__ = name
+    return run
+
+
 _ID: Argument = ("id", {"help": "task id"})
 _EPOCH: Argument = ("--epoch", {"type": _int64, "help": "your epoch (else $HEARTBEAT_EPOCH); a superseded one is "
                                 "refused"})
@@ -134,13 +125,12 @@ _EXPECT_REVISION: Argument = ("--expect-revision", {"type": _int64, "help": "ref
                                                     "past this revision"})
 
 AGENT_WRITES: dict[str, tuple[Callable[[argparse.Namespace], int], str, tuple[Argument, ...]]] = {
-    "set": (cmd_set, "set scalar fields", (_ID, ("pairs", {"nargs": "+", "metavar": "FIELD=VALUE"}), _EPOCH,
-                                           _EXPECT_REVISION)),
-    "add": (cmd_add, "append to a list field", (_ID, ("field", {}), ("values", {"nargs": "+", "metavar": "VALUE"}),
-                                                _EPOCH, _EXPECT_REVISION,
-                                                ("--check", {"help": "with `guarantees`: the [checks.NAME] proving "
-                                                             "it"}))),
-    "touch": (cmd_touch, "heartbeat: alive, still on this step", (_ID, _EPOCH)),
+    "set": (_lazy("tasks", "cmd_set"), "set scalar fields",
+            (_ID, ("pairs", {"nargs": "+", "metavar": "FIELD=VALUE"}), _EPOCH, _EXPECT_REVISION)),
+    "add": (_lazy("tasks", "cmd_add"), "append to a list field",
+            (_ID, ("field", {}), ("values", {"nargs": "+", "metavar": "VALUE"}), _EPOCH, _EXPECT_REVISION,
+             ("--check", {"help": "with `guarantees`: the [checks.NAME] proving it"}))),
+    "touch": (_lazy("tasks", "cmd_touch"), "heartbeat: alive, still on this step", (_ID, _EPOCH)),
 }
 """The commands an agent calls often, each as (function, help, arguments in order): build_parser
 declares them from here and :func:`_hot_args` reads them from here, so the two cannot disagree."""
@@ -198,12 +188,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=parser_class)
 
-    def command(name: str, func: Callable[[argparse.Namespace], int], help_: str, *, task: bool = True,
+    def command(name: str, func: Callable[[argparse.Namespace], int] | str, help_: str, *, task: bool = True,
                 write: bool = False, json_: bool = False) -> argparse.ArgumentParser:
+        """``func``: the function, or ``"GROUP.NAME"`` of a module of heartbeat.cli, imported when it runs."""
         if only is not None and name != only:
             return cast(argparse.ArgumentParser, _Skipped())
         p = sub.add_parser(name, help=help_, description=help_)
-        p.set_defaults(func=func)
+        p.set_defaults(func=_lazy(*func.split(".", 1)) if isinstance(func, str) else func)
         if task:
             p.add_argument(_ID[0], **_ID[1])
         if write:
@@ -212,20 +203,20 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help="print one JSON document")
         return p
 
-    p = command("init", cmd_init, "write a starter config and state dir", task=False)
+    p = command("init", "state.cmd_init", "write a starter config and state dir", task=False)
     p.add_argument("dir", nargs="?", default=".", help="where (default: here)")
     p.add_argument("--force", action="store_true", help="overwrite an existing heartbeat.toml")
-    p = command("check-config", cmd_check_config, "validate the config", task=False)
+    p = command("check-config", "state.cmd_check_config", "validate the config", task=False)
     p.add_argument("--explain", action="store_true",
                    help="print each launcher as it will run: program, argv, brief, env, session, exit handling")
-    p = command("run", cmd_run, "the daemon (what systemd starts)", task=False)
+    p = command("run", "serve.cmd_run", "the daemon (what systemd starts)", task=False)
     p.add_argument("--dry-run", action="store_true", help="decide and log, but launch nothing")
     p.add_argument("--once", action="store_true", help="one tick, then exit")
-    p = command("demo", cmd_demo, "a self-contained run: an agent is killed mid-task and its successor resumes",
+    p = command("demo", "state.cmd_demo", "a self-contained run: an agent is killed mid-task and its successor resumes",
                 task=False)
     p.add_argument("--keep", action="store_true", help="keep the demo's state dir")
 
-    p = command("new", cmd_new, "create a task", write=False)
+    p = command("new", "tasks.cmd_new", "create a task", write=False)
     p.add_argument("--task", required=True, help="what the task is")
     p.add_argument("--step", required=True, help="the current step")
     p.add_argument("--intent", help="why the task exists")
@@ -250,54 +241,54 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--host-label", action="append", help="on a shared store, only a daemon whose daemon.labels "
                    "include this label dispatches the task (repeatable)")
 
-    p = command("show", cmd_show, "print a baton", json_=True)
+    p = command("show", "tasks.cmd_show", "print a baton", json_=True)
     for name, (func, help_, arguments) in AGENT_WRITES.items():
         p = command(name, func, help_, task=False)
         for argument, options in arguments:
             p.add_argument(argument, **options)
-    p = command("claim", cmd_claim, "take the task for an agent the daemon did not start; prints the epoch")
+    p = command("claim", "tasks.cmd_claim", "take the task for an agent the daemon did not start; prints the epoch")
     p.add_argument("--pid", type=_int64, help="the owner's pid (default: the caller's parent)")
     p.add_argument("--force", action="store_true", help="take it even from a live agent")
-    command("release", cmd_release, "hand the task back to the daemon", write=True)
-    p = command("snooze", cmd_snooze, "end the shift; the daemon wakes the task later", write=True)
+    command("release", "tasks.cmd_release", "hand the task back to the daemon", write=True)
+    p = command("snooze", "tasks.cmd_snooze", "end the shift; the daemon wakes the task later", write=True)
     p.add_argument("--until", help="ISO 8601 time")
     p.add_argument("--for", dest="for_", help="a duration: 30m, 2h")
-    p = command("block", cmd_block, "block the task", write=True)
+    p = command("block", "tasks.cmd_block", "block the task", write=True)
     p.add_argument("--on", required=True, help="what it is blocked on")
     p.add_argument("--gate", default="human", help="human|file:PATH|time:ISO8601|task:ID|check:NAME")
-    p = command("unblock", cmd_unblock, "lift a block (a named human)")
+    p = command("unblock", "tasks.cmd_unblock", "lift a block (a named human)")
     p.add_argument("--by", required=True, help="who")
     p.add_argument("--note")
-    p = command("done", cmd_done, "mark the task done", write=True)
+    p = command("done", "tasks.cmd_done", "mark the task done", write=True)
     p.add_argument("--note")
-    p = command("fail", cmd_fail, "mark the task failed", write=True)
+    p = command("fail", "tasks.cmd_fail", "mark the task failed", write=True)
     p.add_argument("--reason", required=True)
-    p = command("retry", cmd_retry, "re-arm an escalated or failed task")
+    p = command("retry", "tasks.cmd_retry", "re-arm an escalated or failed task")
     p.add_argument("--by", required=True, help="who")
     p.add_argument("--note")
-    command("status", cmd_status, "one row per task", task=False, json_=True)
-    p = command("pipeline", cmd_pipeline, "create a chain or DAG of tasks from a TOML file", task=False)
+    command("status", "watch.cmd_status", "one row per task", task=False, json_=True)
+    p = command("pipeline", "tasks.cmd_pipeline", "create a chain or DAG of tasks from a TOML file", task=False)
     p.add_argument("action", choices=["new"], help="new")
     p.add_argument("name", help="the pipeline's name: its tasks are NAME.STAGE")
     p.add_argument("--from", dest="from_", required=True, metavar="FILE.toml", help="one [stages.STAGE] per stage")
-    command("log", cmd_log, "the ledger's events for one task", json_=True)
-    p = command("brief", cmd_brief, "what the next agent reads first: intent, constraints, state, context, pointers",
+    command("log", "tasks.cmd_log", "the ledger's events for one task", json_=True)
+    p = command("brief", "tasks.cmd_brief", "what the next agent reads first: intent, constraints, state, context, pointers",
                 json_=True)
     p.add_argument("--budget", type=_int64, help="tokens (UTF-8 bytes / 4) the brief may use (default 4000)")
     p.add_argument("--epoch", type=_int64, help="your epoch (else $HEARTBEAT_EPOCH): warned about when superseded")
-    p = command("verify", cmd_verify, "does the baton still hold? 0 fresh, 3 stale, 4 not active, 5 superseded",
+    p = command("verify", "tasks.cmd_verify", "does the baton still hold? 0 fresh, 3 stale, 4 not active, 5 superseded",
                 json_=True)
     p.add_argument("--epoch", type=_int64, help="your epoch (else $HEARTBEAT_EPOCH): exit 5 when superseded")
-    p = command("report", cmd_report, "handoff quality from the ledger, per task and in total", task=False,
+    p = command("report", "watch.cmd_report", "handoff quality from the ledger, per task and in total", task=False,
                 json_=True)
     p.add_argument("--since", help="count only what happened at or after this ISO 8601 time")
     p.add_argument("--edges", action="store_true", help="profile the handoffs between tasks (upstream -> "
                    "downstream, and by launcher pair) instead")
-    p = command("hook", cmd_hook, "run by Claude Code or Codex at a hook event (JSON on stdin); always exits 0",
+    p = command("hook", "agents.cmd_hook", "run by Claude Code or Codex at a hook event (JSON on stdin); always exits 0",
                 task=False)
     p.add_argument("agent", choices=["claude", "codex"])
     p.add_argument("--task", help="the task (else $HEARTBEAT_TASK, else the one whose workdir is the event's cwd)")
-    p = command("hooks", cmd_hooks, "install or uninstall heartbeat's Claude Code / Codex hooks (and Codex's "
+    p = command("hooks", "agents.cmd_hooks", "install or uninstall heartbeat's Claude Code / Codex hooks (and Codex's "
                 "AGENTS.md section)", task=False)
     p.add_argument("action", choices=["install", "uninstall"])
     p.add_argument("agent", choices=["claude", "codex"])
@@ -306,32 +297,32 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                    "the project's")
     p.add_argument("--mcp", action="store_true", help="claude: also register `heartbeat mcp` in the project's .mcp.json")
     p.add_argument("--task", help="pin the task id (else $HEARTBEAT_TASK or the workdir decides)")
-    command("mcp", cmd_mcp, "serve the batons over MCP on stdio (needs heartbeat[mcp])", task=False)
-    p = command("web", cmd_web, "the read-only status page (needs heartbeat[web])", task=False)
+    command("mcp", "serve.cmd_mcp", "serve the batons over MCP on stdio (needs heartbeat[mcp])", task=False)
+    p = command("web", "serve.cmd_web", "the read-only status page (needs heartbeat[web])", task=False)
     p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8787; a token is required) or unix:PATH "
                    "(a 0600 socket; relative: in the state dir)")
     p.add_argument("--token", help="require this token (else $HEARTBEAT_WEB_TOKEN): Authorization: Bearer, or ?token=")
     p.add_argument("--allow-host", action="append", metavar="NAME",
                    help="also answer requests for this host name (else [http] allowed_hosts); repeatable")
-    p = command("metrics", cmd_metrics, "Prometheus metrics, printed or written for node_exporter (needs heartbeat[web])",
-                task=False)
+    p = command("metrics", "serve.cmd_metrics",
+                "Prometheus metrics, printed or written for node_exporter (needs heartbeat[web])", task=False)
     p.add_argument("--textfile", help="write them atomically to this file (name it *.prom, in the collector's dir)")
-    p = command("gc", cmd_gc, "bounded disk: prune old epochs' logs, archive long-done tasks, fold touches "
+    p = command("gc", "state.cmd_gc", "bounded disk: prune old epochs' logs, archive long-done tasks, fold touches "
                 "([retention])", task=False, json_=True)
     p.add_argument("--dry-run", action="store_true", help="print what would be removed, archived and folded; "
                    "change nothing")
     p.add_argument("--now", help=argparse.SUPPRESS)  # ISO 8601: ages are judged from this instant (simulations)
 
 
-    p = command("db", cmd_db, "the PostgreSQL store's schema: upgrade (idempotent) or status", task=False)
+    p = command("db", "state.cmd_db", "the PostgreSQL store's schema: upgrade (idempotent) or status", task=False)
     p.add_argument("action", choices=["upgrade", "status"])
-    command("hosts", cmd_hosts, "the daemons sharing a PostgreSQL store: state, agents, last lease renewal",
+    command("hosts", "watch.cmd_hosts", "the daemons sharing a PostgreSQL store: state, agents, last lease renewal",
             task=False, json_=True)
-    p = command("export", cmd_export, "write the store's batons (verbatim) and ledger as JSON Lines", task=False)
+    p = command("export", "state.cmd_export", "write the store's batons (verbatim) and ledger as JSON Lines", task=False)
     p.add_argument("--to", help="file to write (default: stdout)")
-    p = command("import", cmd_import, "read an export into the store; ids it has already are kept", task=False)
+    p = command("import", "state.cmd_import", "read an export into the store; ids it has already are kept", task=False)
     p.add_argument("file", help="an export (- for stdin)")
-    p = command("migrate", cmd_migrate, "copy batons and ledger between stores, idempotently", task=False)
+    p = command("migrate", "state.cmd_migrate", "copy batons and ledger between stores, idempotently", task=False)
     p.add_argument("--from", dest="from_", required=True, metavar="STATE_DIR|URL", help="the source store")
     p.add_argument("--to", required=True, metavar="URL|STATE_DIR", help="the target store")
     if only is not None and only not in sub.choices:

@@ -8,8 +8,7 @@ from heartbeat.model.errors import BadInput
 
 if TYPE_CHECKING:
     import argparse  # imported where used: argparse (with gettext) costs an agent's write more than it uses
-from heartbeat.cli.common import _age, _print_json, _store
-from heartbeat.cli.tasks import _missing_upstreams
+from heartbeat.cli.common import _age, _missing_upstreams, _print_json, _store
 
 
 def cmd_status(args: argparse.Namespace) -> int:
