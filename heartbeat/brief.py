@@ -28,10 +28,11 @@ from typing import Any
 
 from heartbeat import defaults
 from heartbeat.baton import Baton, Status
+from heartbeat.trail import Unnoted
 from heartbeat.timeparse import format_duration, utcnow
 from heartbeat.world import world_changes
 
-__all__ = ["RECENT_DONE", "Brief", "render_brief", "estimate_tokens"]
+__all__ = ["RECENT_DONE", "Brief", "render_brief", "estimate_tokens", "unnoted_for"]
 
 _OMITTED_PREFIX = "_Left out to fit"
 
@@ -92,6 +93,7 @@ def render_brief(
     upstream: Sequence[Mapping[str, Any]] = (),
     essentials_first: bool = False,
     brief_file: str = "",
+    unnoted: Sequence[str] = (),
 ) -> Brief:
     """Render the brief for ``baton`` within ``budget`` tokens.
 
@@ -110,6 +112,10 @@ def render_brief(
     (:func:`heartbeat.handoff.load_packages`). Their constraints join the task's own,
     each marked ``(inherited from ID)``, and are never cut; the packages follow the
     constraints, newest first, so the budget keeps them before the task's own context.
+
+    ``unnoted`` holds the lines of what the last run did since its last note
+    (:meth:`heartbeat.trail.Unnoted.lines`): they follow where things stand and are never cut,
+    so a successor does not repeat an effect no file shows.
     """
     now = now or utcnow()
     budget = max(1, int(budget))
@@ -174,6 +180,13 @@ def render_brief(
     for line in _state_lines(baton, max_attempts, now, epoch):
         essential = essentials_first and line.startswith(_ESSENTIAL_STATE)
         add(line + "\n", "state", "where things stand", required=essential)
+    if unnoted:
+        add("\n## Since the last note, the last run did\n", "unnoted", required=True)
+        add("Not in the note: each may have had its effect already (a file, an API call, a message, a payment). "
+            "Check before repeating any, above all one whose outcome is unknown; then note it.\n",
+            "unnoted", required=True)
+        for line in unnoted:
+            add(line + "\n", "unnoted", required=True)
     if essentials_first:
         add("\n## Keeping the baton\n", "howto", required=True)
         for line in _howto_lines(task_id):
@@ -228,6 +241,18 @@ def render_brief(
     if earlier:
         brief.omitted.insert(0, f"done ({earlier} earlier items, summarized)")
     return brief
+
+
+def unnoted_for(state_dir: str, store: Any, baton: Baton, *, epoch: int | None = None) -> Unnoted | None:
+    """What the task's newest run (of ``epoch``, default the baton's, else the one before it) did since
+    its note was last written, from its trail in the local ``state_dir`` (:mod:`heartbeat.trail`) and
+    the ledger's last note write. None when there is nothing unnoted, or no trail can be read."""
+    from heartbeat.trail import note_time, unnoted
+
+    if not state_dir:
+        return None
+    note_at = note_time(store.ledger.events(baton.id))
+    return unnoted(state_dir, baton.id, baton.meta.epoch if epoch is None else epoch, note_at)
 
 
 def _inherited(baton: Baton, upstream: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:

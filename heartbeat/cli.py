@@ -27,6 +27,17 @@ def _store(args: argparse.Namespace, *, read: bool = False) -> Any:
     """The store; a read command (``read=True``) never creates a missing state dir, it says so."""
     from heartbeat.store import open_store
 
+    state_dir, url = _where(args)
+    if read and not (url or os.environ.get("HEARTBEAT_STORE_URL")) and not os.path.isdir(state_dir):
+        from heartbeat.errors import StoreError
+
+        raise StoreError("no such state dir (a read never creates one: check --state-dir, "
+                         "$HEARTBEAT_STATE_DIR or the config's state_dir)", path=state_dir)
+    return open_store(state_dir, url)
+
+
+def _where(args: argparse.Namespace) -> tuple[str, str]:
+    """The state dir and the store URL the command uses."""
     if not args.state_dir and not args.config and os.environ.get("HEARTBEAT_STATE_DIR"):
         # resolve_state_dir's answer, without importing the config module: agents the
         # daemon launched have the variable set, and their writes are the hot path.
@@ -35,12 +46,7 @@ def _store(args: argparse.Namespace, *, read: bool = False) -> Any:
         from heartbeat.config import resolve_store
 
         state_dir, url = resolve_store(args.state_dir, args.config)
-    if read and not (url or os.environ.get("HEARTBEAT_STORE_URL")) and not os.path.isdir(state_dir):
-        from heartbeat.errors import StoreError
-
-        raise StoreError("no such state dir (a read never creates one: check --state-dir, "
-                         "$HEARTBEAT_STATE_DIR or the config's state_dir)", path=state_dir)
-    return open_store(state_dir, url)
+    return state_dir, url
 
 
 def _epoch(args: argparse.Namespace) -> int | None:
@@ -296,11 +302,18 @@ def cmd_retry(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from heartbeat.baton import dump_baton
 
-    baton = _store(args, read=True).load(args.id)
+    from heartbeat.brief import unnoted_for
+
+    store = _store(args, read=True)
+    baton = store.load(args.id)
+    unnoted = unnoted_for(_where(args)[0], store, baton)
     if args.json:
-        _print_json(baton.to_dict())
+        _print_json({**baton.to_dict(), **({"unnoted": unnoted.to_json()} if unnoted else {})})
     else:
         sys.stdout.write(dump_baton(baton))
+        if unnoted:
+            sys.stdout.write(f"\n# Since the last note, the run of epoch {unnoted.epoch} did (not in the note):\n"
+                             + "".join(f"# {line}\n" for line in unnoted.lines()))
     return 0
 
 
@@ -487,7 +500,7 @@ def _missing_upstreams(baton: Any, ids: set[str]) -> list[str]:
 
 
 def cmd_brief(args: argparse.Namespace) -> int:
-    from heartbeat.brief import render_brief
+    from heartbeat.brief import render_brief, unnoted_for
 
     if args.budget is not None and args.budget < 1:
         raise BadInput("--budget must be a positive number of tokens")
@@ -500,7 +513,8 @@ def cmd_brief(args: argparse.Namespace) -> int:
         from heartbeat.handoff import load_packages
 
         kwargs["upstream"] = load_packages(store, baton)
-    brief = render_brief(baton, **kwargs)
+    unnoted = unnoted_for(_where(args)[0], store, baton)
+    brief = render_brief(baton, unnoted=unnoted.lines() if unnoted else (), **kwargs)
     for warning in brief.warnings:
         print(f"heartbeat: warning: {args.id}: {warning}", file=sys.stderr)
     if args.json:

@@ -472,7 +472,11 @@ class Actor:
             from heartbeat.handoff import load_packages
 
             upstream = tuple(load_packages(sh.store, pending))
-        brief = render_brief(pending, max_attempts=sh.config.daemon.max_attempts, now=now, upstream=upstream)
+        from heartbeat.brief import unnoted_for
+
+        unnoted = unnoted_for(sh.config.state_dir, sh.store, baton)
+        brief = render_brief(pending, max_attempts=sh.config.daemon.max_attempts, now=now, upstream=upstream,
+                             unnoted=unnoted.lines() if unnoted else ())
         for warning in brief.warnings:
             sh.log.warning("brief_warning", task=pending.id, epoch=pending.meta.epoch, warning=warning)
         if not plan.resume:

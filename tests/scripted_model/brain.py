@@ -32,7 +32,13 @@ while an agent runs): ``delay`` seconds before answering; ``hang`` (answer nothi
 is cleared); ``hold_after_step`` (hang the request that reports step N's write, before the
 note: a deterministic "killed mid-step" point); ``rate_limit`` (``{"status": 429|529,
 "retry_after": S, "times": N, "message": "..."}``: the next N requests get that error);
-``work_turns``/``work_sleep`` (silent turns of ``sleep S`` before each step's write).
+``work_turns``/``work_sleep`` (silent turns of ``sleep S`` before each step's write);
+``hold_after_effect`` (hang the request that reports step N's effect, before its write and note:
+killed between an external effect and its note).
+
+An effect (:attr:`Workload.effects`) is recorded as ``effect`` when its result comes back (a
+command twice = a repeated effect) and ``effect_skipped`` when the model did not run it because
+the conversation said the last run had.
 """
 
 from __future__ import annotations
@@ -133,6 +139,10 @@ class Workload:
     steps: tuple[str, ...]
     touches: dict[str, str] = field(default_factory=dict)
     """Step name -> a path (relative to the workdir) that step also writes, unless forbidden."""
+    effects: dict[str, str] = field(default_factory=dict)
+    """Step name -> a shell command with an effect no file in the workdir shows (an API call, a
+    payment), run before the step's write, once: unless the conversation says it already ran (a
+    brief's "Since the last note" section, or ``show --json``'s ``unnoted``)."""
 
 
 def step_file(index: int) -> str:
@@ -159,6 +169,7 @@ class Controls:
     work_sleep: float = 0.0
     stop_after_step: int | None = None
     """End the turn once step N (1-based) is done and noted, as a session a person ends."""
+    hold_after_effect: int | None = None
     probes: tuple[str, ...] | list[str] = ()
     """Shell commands tried once per conversation after orienting (e.g. ones the CLI must refuse)."""
 
@@ -310,6 +321,9 @@ class Brain:
                 else:
                     self.record.write("touched", call=call.id, path=call.path, error=result.is_error,
                                       session=conv.session, task=task)
+            elif call.command in self.workload.effects.values():
+                self.record.write("effect", call=call.id, command=call.command, error=result.is_error,
+                                  session=conv.session, task=task)
             elif call.command.startswith("heartbeat "):
                 self.record.write("note", call=call.id, command=call.command, error=result.is_error,
                                   output=result.text[:300], session=conv.session)
@@ -419,6 +433,18 @@ class Brain:
             sleeps = [c for c in conv.calls if c.command == _sleep(controls.work_sleep, index)]
             if len(sleeps) < controls.work_turns:
                 return _shell("Work on the step", _sleep(controls.work_sleep, index), text=f"Working on {step}.")
+            effect = self.workload.effects.get(step)
+            if effect:
+                ran = [c for c in conv.calls if c.command == effect and c.id in conv.results]
+                if ran and controls.hold_after_effect == index + 1 and not (set(written) & {index}):
+                    self.record.write("held", call=f"held-{ran[0].id}", step=step)
+                    return Reply(fault=Fault(hang=True, until=lambda: self.controls().hold_after_effect == index + 1))
+                if not ran and effect not in issued:
+                    if _already_ran(conv, baton, effect):
+                        self.record.write("effect_skipped", call=f"skip-effect-{index}-{conv.session}", step=step,
+                                          command=effect)
+                    else:
+                        return _shell("Make the step's external call", effect, text=f"Calling out for {step}.")
             extra = self.workload.touches.get(step)
             if extra and os.path.join(cwd, extra) not in issued:
                 if extra in forbidden:
@@ -460,6 +486,21 @@ def _sleep(seconds: float, index: int) -> str:
 def _step_index(path: str) -> int | None:
     m = _STEP_PATH.search(path)
     return int(m.group(1)) - 1 if m else None
+
+
+_UNNOTED = "Since the last note, the last run did"
+
+
+def _already_ran(conv: Conversation, baton: dict[str, Any], command: str) -> bool:
+    """Whether the conversation says the last run already made this call: the brief's section of
+    what it did since its note, or ``show --json``'s ``unnoted`` (a careful reader of its brief)."""
+    text = conv.text
+    at = text.find(_UNNOTED)
+    if at >= 0 and f"`{command}`" in text[at:]:
+        return True
+    unnoted = baton.get("unnoted")
+    calls = unnoted.get("calls") if isinstance(unnoted, dict) else None
+    return isinstance(calls, list) and any(isinstance(c, dict) and c.get("what") == command for c in calls)
 
 
 def _refused_or_none(result: Result | None) -> bool:
