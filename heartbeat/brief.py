@@ -28,13 +28,16 @@ from typing import Any
 
 from heartbeat import defaults
 from heartbeat.baton import Baton, Status
-from heartbeat.trail import Unnoted
+from heartbeat.ledger import Event, EventKind
 from heartbeat.timeparse import format_duration, utcnow
+from heartbeat.trail import Unnoted
 from heartbeat.world import world_changes
 
-__all__ = ["RECENT_DONE", "Brief", "render_brief", "estimate_tokens", "unnoted_for"]
+__all__ = ["RECENT_DONE", "Brief", "render_brief", "estimate_tokens", "note_time", "unnoted_for"]
 
 _OMITTED_PREFIX = "_Left out to fit"
+_NOTE_KINDS = (EventKind.UPDATED, EventKind.DONE, EventKind.FAILED, EventKind.BLOCKED, EventKind.SNOOZED,
+               EventKind.CREATED)
 
 RECENT_DONE = 10
 """Done items the brief lists, the most recent; earlier ones are one line (the plan marks them too).
@@ -243,11 +246,20 @@ def render_brief(
     return brief
 
 
+def note_time(events: Sequence[Event]) -> datetime | None:
+    """When the note was last written by anyone but the daemon (``events``: the task's ledger, oldest
+    first): a content write or a status verb. The trail's calls after it are the unnoted ones."""
+    for e in reversed(events):
+        if e.kind in _NOTE_KINDS and e.actor != "daemon" and (e.kind != EventKind.UPDATED or e.data.get("changed")):
+            return e.ts
+    return None
+
+
 def unnoted_for(state_dir: str, store: Any, baton: Baton, *, epoch: int | None = None) -> Unnoted | None:
     """What the task's newest run (of ``epoch``, default the baton's, else the one before it) did since
     its note was last written, from its trail in the local ``state_dir`` (:mod:`heartbeat.trail`) and
     the ledger's last note write. None when there is nothing unnoted, or no trail can be read."""
-    from heartbeat.trail import note_time, unnoted
+    from heartbeat.trail import unnoted
 
     if not state_dir:
         return None

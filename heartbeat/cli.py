@@ -301,7 +301,6 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from heartbeat.baton import dump_baton
-
     from heartbeat.brief import unnoted_for
 
     store = _store(args, read=True)

@@ -353,7 +353,7 @@ def _judge_running(baton: Baton, obs: Observation, now: datetime, policy: Policy
                         stalled_why=StallReason.MODEL_HUNG)
     if silent > policy.stall_after:
         never = meta.dispatched_at is not None and all(
-            t is None or t <= meta.dispatched_at for t in (meta.touched_at, obs.output_at))
+            t is None or t <= meta.dispatched_at for t in (meta.touched_at, obs.output_at, obs.trail_at))
         why = StallReason.NEVER_WROTE if never else StallReason.SILENT
         text = "never wrote nor printed anything since its dispatch" if never \
             else "alive but silent (no note, no output)"

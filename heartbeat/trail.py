@@ -33,9 +33,9 @@ from typing import Any
 
 from heartbeat import defaults
 
-__all__ = ["TRAIL_SUFFIX", "Call", "trail_path", "describe", "append", "record_start", "record_end",
-           "record_session", "session_hook", "read_calls", "note_time", "Unnoted", "unnoted", "since", "activity", "summary_lines", "hot_hook",
-           "HOT_EVENTS"]
+__all__ = ["TRAIL_SUFFIX", "HOT_EVENTS", "Call", "Unnoted", "trail_path", "describe", "append", "record_start",
+           "record_end", "record_session", "session_hook", "hot_hook", "read_calls", "unnoted",
+           "since", "activity", "summary_lines"]
 
 TRAIL_SUFFIX = ".trail"
 """The file name of an epoch's trail inside ``logs/<id>/`` is ``<epoch>.trail``."""
@@ -163,15 +163,28 @@ def append(path: str, entry: Mapping[str, Any], *, max_bytes: int = defaults.TRA
 
 
 def _cut(path: str, max_bytes: int) -> None:
-    """Keep the newer half of the trail (whole lines), with a ``cut`` line counting what went."""
+    """Keep the newer half of the trail (whole lines), with a ``cut`` line counting the calls that
+    went (at least: of a planted file larger than four times the bound only the tail is read)."""
     import json
 
-    from heartbeat.safefile import open_parent, read_regular, write_atomic
+    from heartbeat.safefile import open_parent, open_regular, write_atomic
 
-    data = read_regular(path, 4 * max_bytes)
-    keep_from = data.find(b"\n", len(data) - max_bytes // 2) + 1
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        start = max(0, size - 4 * max_bytes)
+        os.lseek(fd, start, os.SEEK_SET)
+        data = b""
+        while len(data) < size - start:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    keep_from = data.find(b"\n", max(0, len(data) - max_bytes // 2)) + 1
     dropped, kept = data[:keep_from], data[keep_from:]
-    cut = 0
+    cut = 1 if start else 0
     for raw in dropped.splitlines():
         try:
             doc = json.loads(raw)
@@ -211,11 +224,12 @@ def _lines(path: str, tail: int) -> tuple[list[dict[str, Any]], bool]:
     """The parsed lines of the trail's last ``tail`` bytes, and whether anything was left before them."""
     import json
 
+    from heartbeat.errors import UnsafePath
     from heartbeat.safefile import open_regular
 
     try:
         fd = open_regular(path)
-    except (OSError, ValueError):  # (UnsafePath is a ValueError: a planted link or FIFO reads as no trail)
+    except (OSError, UnsafePath):  # a planted link or FIFO reads as no trail
         return [], False
     try:
         size = os.fstat(fd).st_size
@@ -312,19 +326,6 @@ def summary_lines(calls: Sequence[Call], *, cut: int = 0, limit: int = defaults.
     return out
 
 
-_NOTE_KINDS = ("updated", "done", "failed", "blocked", "snoozed", "created")
-
-
-def note_time(events: Sequence[Any]) -> datetime | None:
-    """When the note was last written by anyone but the daemon (``events``: the task's ledger, oldest
-    first): a content write or a status verb. The trail's calls after it are the unnoted ones."""
-    for e in reversed(events):
-        kind = str(getattr(e.kind, "value", e.kind))
-        if kind in _NOTE_KINDS and e.actor != "daemon" and (kind != "updated" or e.data.get("changed")):
-            return e.ts  # type: ignore[no-any-return]
-    return None
-
-
 @dataclass(frozen=True)
 class Unnoted:
     """The unnoted calls of a task's newest run that made any: which epoch, the calls, how many were cut."""
@@ -348,7 +349,7 @@ def unnoted(state_dir: str, task_id: str, epoch: int, note_at: datetime | None) 
     """What the run of ``epoch`` (else, when it made no unnoted call yet, the run before it) did since
     the note was last written at ``note_at``; None when neither did anything unnoted."""
     for e in (epoch, epoch - 1):
-        if e < 1:
+        if e < 0:
             continue
         calls, cut = read_calls(trail_path(state_dir, task_id, e))
         left = since(calls, note_at)

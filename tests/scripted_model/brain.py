@@ -438,7 +438,7 @@ class Brain:
                 ran = [c for c in conv.calls if c.command == effect and c.id in conv.results]
                 if ran and controls.hold_after_effect == index + 1 and not (set(written) & {index}):
                     self.record.write("held", call=f"held-{ran[0].id}", step=step)
-                    return Reply(fault=Fault(hang=True, until=lambda: self.controls().hold_after_effect == index + 1))
+                    return Reply(fault=Fault(hang=True, until=self._holding_effect(index + 1)))
                 if not ran and effect not in issued:
                     if _already_ran(conv, baton, effect):
                         self.record.write("effect_skipped", call=f"skip-effect-{index}-{conv.session}", step=step,
@@ -457,6 +457,9 @@ class Brain:
             if finish not in issued:
                 return _shell("Mark the task done", finish)
         return Reply(text=f"All {len(steps)} steps are done.")
+
+    def _holding_effect(self, step: int) -> Callable[[], bool]:
+        return lambda: self.controls().hold_after_effect == step
 
     def _holding(self, step: int) -> Callable[[], bool]:
         return lambda: self.controls().hold_after_step == step
