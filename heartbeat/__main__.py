@@ -1,7 +1,7 @@
 """The ``heartbeat`` command (``bin/heartbeat`` and ``python -m heartbeat``): the entry.
 
-An agent's touch is answered from its pulse (:mod:`heartbeat.pulse`), its set/add through the
-daemon (:mod:`heartbeat.relay`), anything else by :mod:`heartbeat.cli`. Each is imported only
+An agent's touch is answered from its pulse (:mod:`heartbeat.pulse`), its set/add and its
+show/brief through the daemon (:mod:`heartbeat.relay`), anything else by :mod:`heartbeat.cli`. Each is imported only
 when reached: this module is what every ``heartbeat`` call loads first, and an agent's touch
 must cost about one interpreter start.
 
@@ -28,9 +28,10 @@ def main() -> int:
     argv = sys.argv[1:]
     if hot_touch(argv):
         return 0
-    if argv[:1] in (["set"], ["add"]) or (argv[:1] in (["touch"], ["show"], ["done"])
-                                          and os.environ.get("HEARTBEAT_STORE_URL")):  # written by the daemon
-        # when one runs (heartbeat.relay); on a database store its touch, done and show too
+    if argv[:1] in (["set"], ["add"], ["show"], ["brief"]) or (argv[:1] in (["touch"], ["done"])
+                                                            and os.environ.get("HEARTBEAT_STORE_URL")):
+        # written (or read) by the daemon when one runs (heartbeat.relay); on a database store its
+        # touch and done too
         from heartbeat.relay import forward
 
         code = forward(argv)

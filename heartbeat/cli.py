@@ -300,19 +300,9 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from heartbeat.baton import dump_baton
-    from heartbeat.brief import unnoted_for
+    from heartbeat.reads import show_text
 
-    store = _store(args, read=True)
-    baton = store.load(args.id)
-    unnoted = unnoted_for(_where(args)[0], store, baton)
-    if args.json:
-        _print_json({**baton.to_dict(), **({"unnoted": unnoted.to_json()} if unnoted else {})})
-    else:
-        sys.stdout.write(dump_baton(baton))
-        if unnoted:
-            sys.stdout.write(f"\n# Since the last note, the run of epoch {unnoted.epoch} did (not in the note):\n"
-                             + "".join(f"# {line}\n" for line in unnoted.lines()))
+    sys.stdout.write(show_text(_store(args, read=True), _where(args)[0], args.id, as_json=args.json))
     return 0
 
 
@@ -499,27 +489,15 @@ def _missing_upstreams(baton: Any, ids: set[str]) -> list[str]:
 
 
 def cmd_brief(args: argparse.Namespace) -> int:
-    from heartbeat.brief import render_brief, unnoted_for
+    from heartbeat.reads import brief_text
 
     if args.budget is not None and args.budget < 1:
         raise BadInput("--budget must be a positive number of tokens")
     store = _store(args, read=True)
-    baton = store.load(args.id)
-    kwargs: dict[str, Any] = {"max_attempts": _max_attempts(args), "epoch": _epoch(args)}
-    if args.budget is not None:
-        kwargs["budget"] = args.budget
-    if baton.after:
-        from heartbeat.handoff import load_packages
-
-        kwargs["upstream"] = load_packages(store, baton)
-    unnoted = unnoted_for(_where(args)[0], store, baton)
-    brief = render_brief(baton, unnoted=unnoted.lines() if unnoted else (), **kwargs)
-    for warning in brief.warnings:
-        print(f"heartbeat: warning: {args.id}: {warning}", file=sys.stderr)
-    if args.json:
-        _print_json(brief.to_json())
-    else:
-        sys.stdout.write(brief.text)
+    out, warnings = brief_text(store, _where(args)[0], args.id, as_json=args.json, max_attempts=_max_attempts(args),
+                               epoch=_epoch(args), budget=args.budget)
+    sys.stderr.write(warnings)
+    sys.stdout.write(out)
     return 0
 
 

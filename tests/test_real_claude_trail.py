@@ -124,5 +124,9 @@ class TestTheUnnotedSliver:
             assert len(run.h.events("bill", "dispatched")) == 2
             brief = (run.h.state / "logs" / "bill" / "2.brief.md").read_text()
             assert "Since the last note, the last run did" in brief and f"`{PAY}` - ok" in brief
+            [killed] = [e for e in run.h.events("bill", "exited") if e.epoch == 1]
+            assert killed.data["unnoted"]["calls"] == 1 and killed.data["unnoted"]["last"][0]["what"] == PAY
+            r = run.h.cli("report", "--json")
+            assert json.loads(r.stdout)["tasks"][0]["metrics"]["unnoted_calls"] == 1, r.stdout
         finally:
             run.h.close()

@@ -36,6 +36,12 @@ note: a deterministic "killed mid-step" point); ``rate_limit`` (``{"status": 429
 ``hold_after_effect`` (hang the request that reports step N's effect, before its write and note:
 killed between an external effect and its note).
 
+A ralph-style loop's prompt (it names ``fix_plan.md``): the model first runs ``cat fix_plan.md
+NOTES.md``; the plan's checked boxes (``- [x] STEP``) are done steps, the notes' "Do not
+touch PATH" lines constraints, and a last ``BLOCKED``/``UNBLOCKED`` line that is ``BLOCKED``
+ends the run at once; after each step's write it checks the step's box (rewriting
+``fix_plan.md`` with ``Write``): the loop's note.
+
 An effect (:attr:`Workload.effects`) is recorded as ``effect`` when its result comes back (a
 command twice = a repeated effect) and ``effect_skipped`` when the model did not run it because
 the conversation said the last run had.
@@ -374,6 +380,11 @@ class Brain:
             return _shell("Read the task's baton", _show(task))
         if self.sees_files and self._listing(conv) is None:
             return _shell("List the step files", _LS)
+        notes = self._loop_notes(conv)
+        if notes is None:
+            return _shell("Read the plan and the notes", _LOOP_READ)
+        if notes and _blocked(notes):
+            return Reply(text="NOTES.md says BLOCKED: stopping here.")
         baton = self._baton(conv, task) or {}
         steps = self.workload.steps
         done = {s for s in baton.get("done", []) if isinstance(s, str)}
@@ -388,7 +399,8 @@ class Brain:
             if index is not None and result is not None and not result.is_error:
                 done.add(steps[index])
                 written[index] = call
-        forbidden = set(_FORBID.findall(conv.text))
+        done.update(re.findall(r"^- \[x\] (.+)$", notes, re.MULTILINE) if notes else ())
+        forbidden = set(_FORBID.findall(conv.text + (notes or "")))
         for c in baton.get("constraints", []):
             if isinstance(c, str):
                 forbidden.update(_FORBID.findall(c))
@@ -408,6 +420,17 @@ class Brain:
             return Reply(text=f"Stopping: {why}.")
 
         # The note for steps finished in this conversation, with the brief's exact commands.
+        if notes:
+            plan = "".join(f"- [{'x' if s in done else ' '}] {s}\n" for s in steps)
+            plan_path = os.path.join(cwd, "fix_plan.md")
+            if any(s in done for s in steps) and not any(c.path == plan_path and c.content == plan for c in conv.calls):
+                held = [i for i in sorted(written) if controls.hold_after_step == i + 1
+                        and not any(c.path == plan_path and f"[x] {steps[i]}" in c.content for c in conv.calls)]
+                if held:
+                    self.record.write("held", call=f"held-{written[held[0]].id}", step=steps[held[0]])
+                    return Reply(fault=Fault(hang=True, until=self._holding(held[0] + 1)))
+                if written:
+                    return _write(plan_path, plan, conv, text="Check the step off in the plan.")
         for index in sorted(written):
             if controls.hold_after_step == index + 1 and not self._noted(conv, task, steps[index]):
                 self.record.write("held", call=f"held-{written[index].id}", step=steps[index])
@@ -458,6 +481,16 @@ class Brain:
                 return _shell("Mark the task done", finish)
         return Reply(text=f"All {len(steps)} steps are done.")
 
+    def _loop_notes(self, conv: Conversation) -> str | None:
+        """For a loop's prompt (it names fix_plan.md): the output of ``cat fix_plan.md NOTES.md``, or
+        None when not read yet in this conversation; "" for any other prompt."""
+        if "fix_plan.md" not in conv.text:
+            return ""
+        for call in reversed(conv.calls):
+            if call.command == _LOOP_READ and call.id in conv.results:
+                return conv.results[call.id].text or " "
+        return None
+
     def _holding_effect(self, step: int) -> Callable[[], bool]:
         return lambda: self.controls().hold_after_effect == step
 
@@ -475,6 +508,12 @@ class Brain:
 
 
 _LS = "ls -1 steps"
+_LOOP_READ = "cat fix_plan.md NOTES.md"
+
+
+def _blocked(notes: str) -> bool:
+    marks = re.findall(r"^(BLOCKED|UNBLOCKED)\b", notes, re.MULTILINE)
+    return bool(marks) and marks[-1] == "BLOCKED"
 
 
 def _show(task: str) -> str:
