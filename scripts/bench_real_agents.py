@@ -22,10 +22,10 @@ The same schedule in both, driven by the model's own record (not by either arm's
 2. the agent is SIGKILLed after step 3's ``pay`` returned, before the step's note (the loop's
    note is its checked box);
 3. when step 2 is done, a person adds "Do not touch config/prod.yaml";
-4. right after step 4's file is written a person blocks the task (lifted ``--block-for``
-   seconds later); the step in flight is not killed;
-5. after the unblock the model hangs (answers nothing) until the agent it hangs is gone:
-   heartbeat's ``hang_after`` against the loop's ``timeout`` (both ``--limit`` seconds).
+4. the killed agent's successor finds a model that answers nothing until it is gone:
+   heartbeat's ``hang_after`` against the loop's ``timeout`` (both ``--limit`` seconds);
+5. right after step 4's file is written a person blocks the task (lifted ``--block-for``
+   seconds later); the step in flight is not killed.
 
 Reported per arm, median and range over ``--runs``: wall time, agent runs, redone steps and
 repeated effects (the model's record: a step written twice, ``pay`` run twice), violated
@@ -116,6 +116,7 @@ class Schedule:
         self.blocked_at: float | None = None
         self.unblocked_at: float | None = None
         self.hung: set[int] = set()
+        self.killed: set[int] = set()
         self.controls: dict[str, Any] = {"rate_limit": RATE_LIMIT, "hold_after_effect": EFFECT_STEP}
         self.write_controls()
 
@@ -136,8 +137,18 @@ class Schedule:
             self.constrain()
             self.constraint_at = time.time()
         if self.phase == "effect" and held:
+            self.killed = self.agents()
             self.kill()
-            self.set(hold_after_effect=None, hold_after_step=BLOCK_AT)
+            self.set(hold_after_effect=None)
+            self.phase = "hang"
+        elif self.phase == "hang":
+            agents = self.agents() - self.killed
+            if agents:  # the successor: its model answers nothing
+                self.hung = agents
+                self.set(hang=True)
+                self.phase = "hanging"
+        elif self.phase == "hanging" and not (self.hung & self.agents()):
+            self.set(hang=None, hold_after_step=BLOCK_AT)  # the hung agent is gone: its successor gets answers
             self.phase = "block"
         elif self.phase == "block" and len(held) >= 2:
             self.block()
@@ -147,15 +158,6 @@ class Schedule:
         elif self.phase == "blocked" and time.time() >= (self.blocked_at or 0) + self.block_for:
             self.unblock()
             self.unblocked_at = time.time()
-            self.phase = "hang"
-        elif self.phase == "hang":
-            agents = self.agents()
-            if agents:
-                self.hung = agents
-                self.set(hang=True)
-                self.phase = "hanging"
-        elif self.phase == "hanging" and not (self.hung & self.agents()):
-            self.set(hang=None)  # the hung agent is gone: its successor gets answers
             self.phase = "done"
 
     def score(self, arm: Arm) -> None:
