@@ -261,10 +261,39 @@ def unnoted_for(state_dir: str, store: Any, baton: Baton, *, epoch: int | None =
     the ledger's last note write. None when there is nothing unnoted, or no trail can be read."""
     from heartbeat.trail import unnoted
 
-    if not state_dir:
-        return None
-    note_at = note_time(store.ledger.events(baton.id))
-    return unnoted(state_dir, baton.id, baton.meta.epoch if epoch is None else epoch, note_at)
+    events = store.ledger.events(baton.id)
+    note_at = note_time(events)
+    epoch = baton.meta.epoch if epoch is None else epoch
+    found = unnoted(state_dir, baton.id, epoch, note_at) if state_dir else None
+    return found if found is not None else _unnoted_in_ledger(events, epoch, note_at)
+
+
+def _unnoted_in_ledger(events: Sequence[Event], epoch: int, note_at: datetime | None) -> Unnoted | None:
+    """What the ``exited`` event of the run of ``epoch`` (or the one before) kept of its trail: the
+    unnoted calls as the daemon that saw the run end copied them, for a reader on another host of
+    a shared store (the trail file stays on the host the agent ran on)."""
+    from heartbeat.trail import Call
+
+    for e in reversed(events):
+        kept = e.data.get("unnoted") if e.kind == EventKind.EXITED else None
+        if not isinstance(kept, dict) or e.epoch not in (epoch, epoch - 1) or (note_at is not None and e.ts < note_at):
+            continue
+        calls = []
+        for i, c in enumerate(kept.get("last") or []):
+            if not isinstance(c, dict):
+                continue
+            try:
+                started = datetime.fromisoformat(str(c.get("started", ""))).timestamp()
+            except ValueError:
+                started = e.ts.timestamp()
+            outcome = c.get("outcome")
+            calls.append(Call(key=str(i), tool=str(c.get("tool", "?"))[:80], what=str(c.get("what", ""))[:400],
+                              started=started, ended=None if outcome == "unknown" else started,
+                              ok=None if outcome == "unknown" else outcome == "ok"))
+        total = kept.get("calls")
+        cut = max(0, total - len(calls)) if isinstance(total, int) else 0
+        return Unnoted(e.epoch, tuple(calls), cut) if calls else None
+    return None
 
 
 def _inherited(baton: Baton, upstream: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:

@@ -212,6 +212,32 @@ class TestTheBrief:
         assert "`pay --invoice 2` - **started, outcome unknown**" in brief.stdout, brief.stderr
 
 
+class TestAnotherHost:
+    """On a shared store the trail file stays on the host the agent ran on; the ledger keeps its part."""
+
+    def test_a_reader_without_the_file_is_briefed_from_the_exited_event(self, tmp_path: Path) -> None:
+        """No trail file here (another host's state dir): the brief carries what the run's `exited` event
+        kept, the unknown outcome marked (the same section as from the file)."""
+        from heartbeat.brief import unnoted_for
+        from heartbeat.ledger import Event
+
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700)
+        store = FileStore(str(state))
+        baton = tasks.new_task(store, "t1", task="Bill", intent="Paid once", step="Pay")
+        kept = {"calls": 3, "unknown": 1, "last": [
+            {"tool": "Bash", "what": "pay --invoice 2", "started": "2030-01-01T00:00:00+00:00", "outcome": "unknown"},
+            {"tool": "Write", "what": "steps/02.txt", "started": "2030-01-01T00:00:01+00:00", "outcome": "ok"}]}
+        store.record([Event(task="t1", kind="exited", ts=at(10) + timedelta(days=3650), epoch=0, actor="daemon",
+                            data={"code": None, "signal": 9, "unnoted": kept})])
+        found = unnoted_for(str(tmp_path / "elsewhere"), store, store.load("t1"))
+        store.close()
+        assert found is not None and found.cut == 1
+        lines = found.lines()
+        assert "`pay --invoice 2` - **started, outcome unknown**" in lines[0] and "`steps/02.txt` - ok" in lines[1]
+        assert baton.id == "t1"
+
+
 class TestHungModel:
     """With a trail, a silence with no tool call in flight is a hung model (hang_after), not stall_after."""
 
