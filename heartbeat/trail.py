@@ -25,6 +25,7 @@ This module imports only the standard library's light modules, :mod:`heartbeat.d
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,14 @@ TRAIL_SUFFIX = ".trail"
 
 HOT_EVENTS = ("PreToolUse", "PostToolUse", "PostToolUseFailure")
 """The hook events the trail records (the tool-call seam)."""
+
+_LAST_TIME = 32503680000.0
+"""Year 3000 in epoch seconds: a trail time past it (or not above 0) is not read."""
+
+_SECRET = re.compile(r"(?i)((?:authorization:\s*)?(?:bearer|basic)\s+"
+                     r"|(?:token|password|passwd|secret|api[_-]?key)[\w-]*[=:]\s*)"
+                     r"(\"[^\"]*\"|'[^']*'|[^\s&'\"]+)")
+"""What looks like a credential in a command: kept out of the trail (and so of the ledger and the report)."""
 
 _WHAT_KEYS = ("file_path", "notebook_path", "path", "url", "pattern", "query", "prompt", "description")
 
@@ -81,7 +90,7 @@ def trail_path(state_dir: str, task_id: str, epoch: int) -> str:
 
 
 def _one_line(text: str, limit: int = defaults.TRAIL_WHAT_CHARS) -> str:
-    flat = " ".join(text.split())
+    flat = _SECRET.sub(r"\1***", " ".join(text.split()))
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
@@ -231,17 +240,20 @@ def _lines(path: str, tail: int) -> tuple[list[dict[str, Any]], bool]:
         fd = open_regular(path)
     except (OSError, UnsafePath):  # a planted link or FIFO reads as no trail
         return [], False
+    chunks: list[bytes] = []
     try:
         size = os.fstat(fd).st_size
         start = max(0, size - tail)
         os.lseek(fd, start, os.SEEK_SET)
-        chunks, left = [], size - start
+        left = size - start
         while left > 0:
             chunk = os.read(fd, min(left, 1 << 16))
             if not chunk:
                 break
             chunks.append(chunk)
             left -= len(chunk)
+    except OSError:
+        return [], False
     finally:
         os.close(fd)
     data = b"".join(chunks)
@@ -255,7 +267,9 @@ def _lines(path: str, tail: int) -> tuple[list[dict[str, Any]], bool]:
             doc = json.loads(raw)
         except (ValueError, RecursionError):
             continue  # a truncated last line, a foreign one
-        if isinstance(doc, dict) and isinstance(doc.get("t"), int | float) and isinstance(doc.get("ev"), str):
+        t = doc.get("t") if isinstance(doc, dict) else None
+        # (a planted NaN, a negative or a far-future time must not crash a reader's datetime)
+        if isinstance(t, int | float) and 0 < t < _LAST_TIME and isinstance(doc.get("ev"), str):
             out.append(doc)
     return out, start > 0
 

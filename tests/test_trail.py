@@ -93,6 +93,15 @@ class TestTheRecord:
         assert lines[4] == "- _(17 earlier call(s) not listed)_"
 
 
+    def test_credentials_in_a_command_are_not_kept(self, path: Path) -> None:
+        """A bearer token or a password in a command line is masked before it is written."""
+        trail.record_start(str(path), pre("a", 'curl -H "Authorization: Bearer sk-live-123" https://api/pay?token=abc&x=1'))
+        trail.record_start(str(path), pre("b", "mysql --password=hunter2 -e 'select 1'"))
+        text = path.read_text()
+        assert "sk-live-123" not in text and "abc" not in text and "hunter2" not in text
+        assert "Bearer ***" in text and "--password=***" in text
+
+
 class TestHostileFiles:
     """Nothing planted where the trail lives can hang, crash or mislead a hook or the daemon."""
 
@@ -135,6 +144,13 @@ class TestHostileFiles:
         assert path.stat().st_size <= 64 * 1024
         calls, cut = trail.read_calls(str(path))
         assert calls[-1].what == "pay" and cut > 0
+
+    def test_planted_times_do_not_crash_a_reader(self, path: Path) -> None:
+        """NaN, negative and far-future times in planted lines are skipped by the reader and the daemon's look."""
+        path.write_text('{"ev": "start", "t": NaN, "id": "a"}\n{"ev": "start", "t": -5, "id": "b"}\n'
+                        '{"ev": "start", "t": 1e300, "id": "c"}\n{"ev": "session", "t": 1e20}\n')
+        assert trail.read_calls(str(path)) == ([], 0)
+        assert trail.activity(str(path)) == (None, None)
 
     def test_truncated_and_foreign_lines_are_skipped(self, path: Path) -> None:
         """A line cut short by a kill, garbage, a JSON list, an overlong line: skipped, the good ones read."""
