@@ -38,7 +38,7 @@ def pay_script(bin_dir: Path, ledger: Path) -> None:
 class PayRun:
     """A daemon whose ``claude`` runs in a workdir with the hooks installed and ``pay`` allowed."""
 
-    def __init__(self, root: Path, model: ScriptedModel) -> None:
+    def __init__(self, root: Path, model: ScriptedModel, *, stall_after: str = "180s", daemon: str = "") -> None:
         root.chmod(0o700)
         self.model = model
         self.work = root / "work"
@@ -59,8 +59,9 @@ inherit_env = ["LANG"]
 env = {{ {pairs} }}
 stop_grace = "2s"
 """
-        self.h = DaemonHarness(root, extra=extra, stall_after="180s", max_attempts=4)
-        self.h.write_config(self.h.config_text().replace('default_launcher = "toy"', 'default_launcher = "claude"'))
+        self.h = DaemonHarness(root, extra=extra, stall_after=stall_after, max_attempts=4)
+        text = self.h.config_text().replace('default_launcher = "toy"', 'default_launcher = "claude"')
+        self.h.write_config(text.replace('log_level = "debug"\n', f'log_level = "debug"\n{daemon}\n'))
         r = self.h.cli("hooks", "install", "claude", "--dir", str(self.work))
         assert r.returncode == 0, r.stderr
         local = self.work / ".claude" / "settings.local.json"
@@ -128,5 +129,27 @@ class TestTheUnnotedSliver:
             assert killed.data["unnoted"]["calls"] == 1 and killed.data["unnoted"]["last"][0]["what"] == PAY
             r = run.h.cli("report", "--json")
             assert json.loads(r.stdout)["tasks"][0]["metrics"]["unnoted_calls"] == 1, r.stdout
+        finally:
+            run.h.close()
+
+
+class TestAHungModel:
+    """The trail tells a wait on the model from a tool call in flight."""
+
+    def test_a_model_that_answers_nothing_is_stopped_at_hang_after_not_stall_after(
+            self, tmp_path: Path, model: ScriptedModel) -> None:
+        """The model answers nothing from the first request (claude waits, no tool runs): with
+        hang_after 8s and stall_after 10m the agent is stopped as model_hung within seconds, and once
+        the model answers a successor finishes (fails on 4c852cf: no hang_after key, the agent waits
+        out stall_after)."""
+        run = PayRun(tmp_path, model, stall_after="10m", daemon='hang_after = "8s"')
+        run.control(hang=True)
+        try:
+            run.h.start()
+            run.new("stuck")
+            stopped = run.h.wait(lambda: run.h.events("stuck", "stopped"), "the hung agent stopped", timeout=120)
+            assert stopped[0].data["why"] == "model_hung", stopped[0].data
+            run.control()
+            run.h.wait(lambda: run.status("stuck") == "done", "a successor to finish", timeout=300)
         finally:
             run.h.close()
