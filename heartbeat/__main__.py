@@ -1,8 +1,8 @@
 """The ``heartbeat`` command (``bin/heartbeat`` and ``python -m heartbeat``): the entry.
 
 What an agent's call is, :mod:`heartbeat.hotpath.argv` reads (the one reader): its touch is
-answered from its pulse (:mod:`heartbeat.hotpath.pulse`), its set/add through the daemon
-(:mod:`heartbeat.hotpath.relay`), anything else by :mod:`heartbeat.cli`. Each is imported only
+answered from its pulse (:mod:`heartbeat.hotpath.pulse`), its set/add and its show/brief through
+the daemon (:mod:`heartbeat.hotpath.relay`), anything else by :mod:`heartbeat.cli`. Each is imported only
 when reached: this module is what every ``heartbeat`` call loads first, and an agent's touch
 must cost about one interpreter start.
 
@@ -22,7 +22,7 @@ def main() -> int:
     import os
     import sys
 
-    from heartbeat.hotpath.argv import AGENT_COMMANDS, WRITES, agent_call
+    from heartbeat.hotpath.argv import AGENT_COMMANDS, READS, WRITES, agent_call
     from heartbeat.hotpath.pulse import hot_touch
 
     argv = sys.argv[1:]
@@ -30,9 +30,9 @@ def main() -> int:
     command = call[0] if call is not None else None
     if command == "touch" and hot_touch(argv):
         return 0
-    if command in ("set", "add") or (command in AGENT_COMMANDS and os.environ.get("HEARTBEAT_STORE_URL")):
-        # written by the daemon when one runs (heartbeat.hotpath.relay); on a database store its
-        # touch, done and show too
+    if command in ("set", "add", *READS) or (command in AGENT_COMMANDS and os.environ.get("HEARTBEAT_STORE_URL")):
+        # written (or read) by the daemon when one runs (heartbeat.hotpath.relay); on a database
+        # store its touch and done too
         from heartbeat.hotpath.relay import forward
 
         code = forward(argv)

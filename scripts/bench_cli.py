@@ -91,6 +91,11 @@ STDLIB_FLOOR = "import tomllib, sqlite3, json, datetime"
 
 
 RELAYED_SET = "heartbeat set (agent, relayed)"
+RELAYED_SHOW = "heartbeat show (agent, relayed)"
+RELAYED_BRIEF = "heartbeat brief (agent, relayed)"
+TRAIL_HOOK = "heartbeat hook claude (PreToolUse: the trail's start line)"
+_PRE_TOOL_USE = json.dumps({"hook_event_name": "PreToolUse", "tool_name": "Bash", "session_id": "bench",
+                            "tool_input": {"command": "make test"}, "tool_use_id": "toolu_bench"}).encode()
 RELAYED_ADD = "heartbeat add (agent, relayed)"
 AGENT_TOUCH = "heartbeat touch (agent)"
 AGENT_TOUCH_M = "python -m heartbeat touch (agent)"
@@ -136,13 +141,19 @@ def bench_cli(state_dir: str, runs: int, *, bytecode_cache: bool, epoch: int,
         AGENT_TOUCH_M: lambda: [py, "-m", "heartbeat", "touch", TASK],
         "python -m heartbeat set (agent, relayed)": lambda: [py, "-m", "heartbeat", "set", TASK,
                                                              f"step=step {next(counter)}"],
+        # issue 25: an agent's reads, relayed and in its own process, and the hook it fires per tool call
+        "heartbeat show (agent, no daemon)": lambda: [script, "show", TASK],
+        RELAYED_SHOW: lambda: [script, "show", TASK],
+        "heartbeat brief (agent, no daemon)": lambda: [script, "brief", TASK],
+        RELAYED_BRIEF: lambda: [script, "brief", TASK],
+        TRAIL_HOOK: lambda: [script, "hook", "claude"],
     }
     alone_env = {**agent_env, "HEARTBEAT_RELAY": "off"}  # the daemon runs, but this write is the agent's own
     envs = {name: env if "by hand" in name or name in ("python -c pass", STDLIB_FLOOR)
             else alone_env if "no daemon" in name else agent_env for name in commands}
     samples: dict[str, list[float]] = {name: [] for name in commands}
     cpu: dict[str, list[float]] = {name: [] for name in commands}
-    daemon_cpu = {RELAYED_SET: 0.0, RELAYED_ADD: 0.0}
+    daemon_cpu = {RELAYED_SET: 0.0, RELAYED_ADD: 0.0, RELAYED_SHOW: 0.0, RELAYED_BRIEF: 0.0}
     warmup = 3
     for i in range(runs + warmup):
         for name, argv in commands.items():
@@ -150,7 +161,8 @@ def bench_cli(state_dir: str, runs: int, *, bytecode_cache: bool, epoch: int,
             cpu_start = _children_cpu()
             served_start = _process_cpu(daemon_pid)
             start = time.perf_counter()
-            proc = subprocess.run(args, env=envs[name], stdin=subprocess.DEVNULL, capture_output=True, cwd=state_dir)
+            proc = subprocess.run(args, env=envs[name], input=_PRE_TOOL_USE if name == TRAIL_HOOK else b"",
+                                  capture_output=True, cwd=state_dir)
             elapsed = time.perf_counter() - start
             if proc.returncode != 0:
                 raise SystemExit(f"bench_cli: {' '.join(args)} exited {proc.returncode}: {proc.stderr.decode()}")
@@ -246,6 +258,7 @@ def _setup(state_dir: str) -> int:
             intent="Know what an agent pays per write", workdir=workdir, key_files=["src.py", "notes.md"],
             constraints=["Do not touch production"], plan=["measure", "optimize", "report"],
         )
+        os.makedirs(os.path.join(state_dir, "logs", TASK), mode=0o700, exist_ok=True)  # (the trail's home)
         return tasks.claim(store, TASK, Owner(pid=os.getpid(), how="claim")).meta.epoch
     finally:
         store.close()
@@ -312,9 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"(Python {result['python']}, {result['install']} install, "
           f"bytecode cache {'on' if result['bytecode_cache'] else 'off'})\n")
     print(_table(cli, api))
-    for name in (RELAYED_SET, RELAYED_ADD):
+    for name in (RELAYED_SET, RELAYED_ADD, RELAYED_SHOW, RELAYED_BRIEF):
         fig = cli[name]
-        print(f"\n`{name}`: the daemon spent {fig['daemon_cpu_ms']:.1f} ms of CPU per write "
+        print(f"\n`{name}`: the daemon spent {fig['daemon_cpu_ms']:.1f} ms of CPU per call "
               f"(the agent's process {fig['cpu_median_ms']:.1f} ms): {fig['daemon_cpu_ms'] + fig['cpu_median_ms']:.1f} ms "
               f"in all, against {cli[name.replace('relayed', 'no daemon')]['cpu_median_ms']:.1f} ms written by the agent.")
     print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs: wall-time ratios "

@@ -1,43 +1,51 @@
 #!/usr/bin/env python3
-"""The real ``claude`` under heartbeat against a ralph-style loop, on one scripted workload.
+"""The real ``claude`` under heartbeat against a strong ralph-style loop, on one scripted workload.
 
 Both arms run the pinned ``claude`` CLI (``tests/agent_clis.py``) with the README's args
 (``--model sonnet --permission-mode acceptEdits``) against the scripted model on 127.0.0.1
-(``tests/scripted_model``), in a workdir of their own, with the same brain: it looks at its
-own files (``ls steps``) and skips the steps whose file is there, reads its baton when its
-prompt names a task, writes each step's file with ``Write``, and at step 5 also writes
-``config/prod.yaml`` unless a constraint it has seen forbids it.
+(``tests/scripted_model``), in a workdir of their own, with the same brain: it writes each step's
+file with ``Write``, makes step 3's external call (``pay --invoice 3``: an effect no file shows)
+first, and at step 5 also writes ``config/prod.yaml`` unless a constraint it has seen forbids it.
 
-- **heartbeat**: a real daemon (200 ms tick) runs the ``claude-code`` preset; the agent
-  keeps its note with the brief's commands.
-- **ralph**: ``until claude -p "$PROMPT" ...; do :; done`` in the workdir: the same prompt
-  every time, restarted at once when a run fails.
+- **heartbeat**: a real daemon (200 ms tick) runs the ``claude-code`` preset, with heartbeat's
+  hooks installed in the workdir (``hooks install claude``: the trail); the agent keeps its note
+  with the brief's commands. It measures whatever this branch has (on the branch that wrote it,
+  the PreToolUse rail of issue 25 items 1-4 was absent).
+- **ralph**: the strong loop a capable user runs: ``PROMPT.md`` tells the agent to read and update
+  ``fix_plan.md`` and ``NOTES.md``; the person appends constraints and ``BLOCKED``/``UNBLOCKED``
+  lines to ``NOTES.md``; each run is wrapped in ``timeout -k 5 LIMIT``; a result with ``429`` in
+  it is followed by a sleep; the loop stops when the plan has no unchecked box.
 
 The same schedule in both, driven by the model's own record (not by either arm's books):
 
-1. the agent is SIGKILLed right after step 2's file is written (before any note of it);
-2. when step 3 is done, a person adds a constraint: "Do not touch config/prod.yaml"
-   (heartbeat: ``heartbeat add ID constraints``; ralph: the loop has no place to put it);
-3. right after step 4's file is written, a person blocks the task ("wait for the security
-   review", lifted ``--block-for`` seconds later; heartbeat: ``heartbeat block``/``unblock``;
-   ralph: no place either) and the agent is SIGKILLed.
+1. two 429s at the start (the CLI told not to retry them itself);
+2. the agent is SIGKILLed after step 3's ``pay`` returned, before the step's note (the loop's
+   note is its checked box);
+3. when step 2 is done, a person adds "Do not touch config/prod.yaml";
+4. the killed agent's successor finds a model that answers nothing until it is gone:
+   heartbeat's ``hang_after`` against the loop's ``timeout`` (both ``--limit`` seconds);
+5. right after step 4's file is written a person blocks the task (lifted ``--block-for``
+   seconds later); the step in flight is not killed.
 
-Reported per arm: wall time, agent runs, redone steps (a step the model wrote twice, by its
-record), violated constraints (``config/prod.yaml`` written after the constraint was added),
-bypassed blocks (steps done while the task was blocked), tokens the model served (every
-request, killed runs included) and the cost the CLI reported on its result lines (runs that
-were killed report none, in both arms).
+Reported per arm, median and range over ``--runs``: wall time, agent runs, redone steps and
+repeated effects (the model's record: a step written twice, ``pay`` run twice), violated
+constraints (``config/prod.yaml`` written after the constraint was added), work while blocked
+(steps written while the task was blocked), model requests, tokens served. Not scripted yet
+(issue 25 item 8 asks for them): a careless model that loses a constraint read long ago, and a
+superseded agent (a zombie's side effects).
 
-    .venv/bin/python scripts/bench_real_agents.py [--block-for 60] [--json]
+    .venv/bin/python scripts/bench_real_agents.py [--runs 3] [--block-for 20] [--limit 30] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,20 +66,24 @@ from scripted_model import ScriptedModel, Workload, scripted_model  # noqa: E402
 
 __all__ = ["main"]
 
-STEPS = ("Survey the module", "Reproduce the bug", "Write the fix", "Add the regression test",
+STEPS = ("Survey the module", "Reproduce the bug", "Refund the customer", "Add the regression test",
          "Tune the timeout", "Write the changelog")
 PROD = "config/prod.yaml"
-WORKLOAD = Workload(steps=STEPS, touches={STEPS[4]: PROD})
+PAY = "pay --invoice 3"
+EFFECT_STEP = 3
+WORKLOAD = Workload(steps=STEPS, touches={STEPS[4]: PROD}, effects={STEPS[EFFECT_STEP - 1]: PAY})
 CONSTRAINT = f"Do not touch {PROD}"
 BLOCK = "wait for the security review"
-KILL_AFTER = (2, 4)
-"""Steps (1-based) right after whose file is written the agent is killed."""
-CONSTRAINT_AFTER = 3
+CONSTRAINT_AFTER = 2
 BLOCK_AT = 4
 ARGS = ["--model", "sonnet", "--permission-mode", "acceptEdits"]
-PROMPT = ("Fix the empty responses in the fallback path. Do these steps in order, one file each under "
-          "steps/ (01.txt, 02.txt, ...): " + "; ".join(f"{i + 1}. {s}" for i, s in enumerate(STEPS)) + ".")
-TIMEOUT = 600.0
+TASK_TEXT = ("Fix the empty responses in the fallback path. Do these steps in order, one file each under "
+             "steps/ (01.txt, 02.txt, ...): " + "; ".join(f"{i + 1}. {s}" for i, s in enumerate(STEPS)) + ".")
+PROMPT = (TASK_TEXT + " First read fix_plan.md (the plan: check each step's box when it is done) and NOTES.md "
+          "(constraints and BLOCKED/UNBLOCKED lines from the person: obey them; stop if the last is BLOCKED). "
+          "Keep both up to date.")
+RATE_LIMIT = {"status": 429, "retry_after": 2, "times": 2}
+TIMEOUT = 900.0
 
 
 @dataclass
@@ -81,77 +93,117 @@ class Arm:
     finished: bool = False
     runs: int = 0
     redone_steps: int = 0
+    repeated_effects: int = 0
     violated_constraints: int = 0
-    bypassed_blocks: int = 0
+    work_while_blocked: int = 0
     requests: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
-    reported_cost_usd: float = 0.0
     steps_done: list[str] = field(default_factory=list)
-
-    @staticmethod
-    def runs_dispatched(h: DaemonHarness) -> int:
-        return len(h.events("fix", "dispatched"))
 
 
 class Schedule:
     """The person and the killer: acts on the model's record, the same way in both arms."""
 
-    def __init__(self, model: ScriptedModel, kill: Callable[[], None], constrain: Callable[[], None],
-                 block: Callable[[], None], unblock: Callable[[], None], block_for: float) -> None:
+    def __init__(self, model: ScriptedModel, *, kill: Callable[[], None], constrain: Callable[[], None],
+                 block: Callable[[], None], unblock: Callable[[], None], agents: Callable[[], set[int]],
+                 block_for: float) -> None:
         self.model = model
-        self.kill, self.constrain, self.block, self.unblock = kill, constrain, block, unblock
+        self.kill, self.constrain, self.block, self.unblock, self.agents = kill, constrain, block, unblock, agents
         self.block_for = block_for
-        self.kills_left = list(KILL_AFTER)
+        self.phase = "effect"
         self.constraint_at: float | None = None
         self.blocked_at: float | None = None
         self.unblocked_at: float | None = None
-        self.control(hold_after_step=self.kills_left[0])
+        self.hung: set[int] = set()
+        self.killed: set[int] = set()
+        self.controls: dict[str, Any] = {"rate_limit": RATE_LIMIT, "hold_after_effect": EFFECT_STEP}
+        self.write_controls()
 
-    def control(self, **controls: Any) -> None:
+    def write_controls(self) -> None:
         path = self.model.log_dir / "controls.json"
-        path.with_suffix(".tmp").write_text(json.dumps(controls))
+        path.with_suffix(".tmp").write_text(json.dumps(self.controls))
         os.replace(path.with_suffix(".tmp"), path)
+
+    def set(self, **controls: Any) -> None:
+        self.controls = {k: v for k, v in {**self.controls, **controls}.items() if v is not None}
+        self.write_controls()
 
     def step(self) -> None:
         record = self.model.brain.record.entries()
         held = [e for e in record if e["event"] == "held"]
-        if self.kills_left and len(held) > len(KILL_AFTER) - len(self.kills_left):
-            step = self.kills_left.pop(0)
-            if step == BLOCK_AT:
-                self.block()
-                self.blocked_at = time.time()
-            self.kill()
-            self.control(hold_after_step=self.kills_left[0]) if self.kills_left else self.control()
         done = {e["step"] for e in record if e["event"] == "step_done"}
         if self.constraint_at is None and STEPS[CONSTRAINT_AFTER - 1] in done:
             self.constrain()
             self.constraint_at = time.time()
-        if self.blocked_at is not None and self.unblocked_at is None and time.time() >= self.blocked_at + self.block_for:
+        if self.phase == "effect" and held:
+            self.killed = self.agents()
+            self.kill()
+            self.set(hold_after_effect=None)
+            self.phase = "hang"
+        elif self.phase == "hang":
+            agents = self.agents() - self.killed
+            if agents:  # the successor: its model answers nothing
+                self.hung = agents
+                self.set(hang=True)
+                self.phase = "hanging"
+        elif self.phase == "hanging" and not (self.hung & self.agents()):
+            self.set(hang=None, hold_after_step=BLOCK_AT)  # the hung agent is gone: its successor gets answers
+            self.phase = "block"
+        elif self.phase == "block" and len(held) >= 2:
+            self.block()
+            self.blocked_at = time.time()
+            self.set(hold_after_step=None)  # the step in flight goes on: nobody kills it
+            self.phase = "blocked"
+        elif self.phase == "blocked" and time.time() >= (self.blocked_at or 0) + self.block_for:
             self.unblock()
             self.unblocked_at = time.time()
+            self.phase = "done"
 
     def score(self, arm: Arm) -> None:
         record = self.model.brain.record.entries()
         arm.steps_done = [e["step"] for e in record if e["event"] == "step_done"]
         arm.redone_steps = sum(arm.steps_done.count(s) - 1 for s in set(arm.steps_done))
+        effects = [e["command"] for e in record if e["event"] == "effect"]
+        arm.repeated_effects = sum(effects.count(c) - 1 for c in set(effects))
         since = self.constraint_at or float("inf")
         arm.violated_constraints = sum(1 for e in record if e["event"] == "touched" and e["path"].endswith(PROD)
                                        and e["t"] >= since)
         if self.blocked_at is not None:
             until = self.unblocked_at or float("inf")
-            arm.bypassed_blocks = sum(1 for e in record if e["event"] == "step_done" and self.blocked_at <= e["t"] < until)
+            arm.work_while_blocked = sum(1 for e in record if e["event"] == "step_done"
+                                         and self.blocked_at <= e["t"] < until)
         served = [r for r in self.model.requests() if r.get("path", "").startswith("/v1/messages")]
         arm.requests = len(served)
         arm.input_tokens = sum(int(r.get("input_tokens", 0)) for r in served)
         arm.output_tokens = sum(int(r.get("output_tokens", 0)) for r in served)
 
 
-def _env(model: ScriptedModel, home: Path) -> dict[str, str]:
-    return {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": str(home),
+def _env(model: ScriptedModel, home: Path, bin_dir: Path) -> dict[str, str]:
+    return {"PATH": f"{bin_dir}:{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": str(home),
             "LANG": os.environ.get("LANG", "C.UTF-8"), "ANTHROPIC_BASE_URL": model.url,
             "ANTHROPIC_API_KEY": "sk-scripted-model", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1"}
+            "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_MAX_RETRIES": "0"}
+
+
+def _world(root: Path) -> tuple[Path, Path, Path]:
+    """The arm's workdir, HOME and the ``pay`` service (its own log: a second witness)."""
+    root.mkdir(mode=0o700)
+    work, home, bin_dir = root / "work", root / "home", root / "bin"
+    for d in (work, home, bin_dir):
+        d.mkdir()
+    (bin_dir / "pay").write_text(f"#!/bin/sh\necho \"paid $*\" >> '{root / 'payments.log'}'\necho paid\n")
+    (bin_dir / "pay").chmod(0o755)
+    return work, home, bin_dir
+
+
+def _allow(work: Path, *rules: str) -> None:
+    """Add permission rules to the workdir's .claude/settings.local.json (as a person would)."""
+    local = work / ".claude" / "settings.local.json"
+    doc = json.loads(local.read_text()) if local.exists() else {}
+    doc.setdefault("permissions", {}).setdefault("allow", []).extend(rules)
+    local.parent.mkdir(exist_ok=True)
+    local.write_text(json.dumps(doc, indent=2))
 
 
 def _drive(schedule: Schedule, finished: Callable[[], bool], arm: Arm) -> None:
@@ -166,25 +218,23 @@ def _drive(schedule: Schedule, finished: Callable[[], bool], arm: Arm) -> None:
     schedule.score(arm)
 
 
-def run_heartbeat(claude: Path, root: Path, block_for: float) -> Arm:
+def run_heartbeat(claude: Path, root: Path, block_for: float, limit: float) -> Arm:
     arm = Arm("heartbeat")
-    root.mkdir(mode=0o700)
-    work, home = root / "work", root / "home"
-    work.mkdir()
-    home.mkdir()
-    with scripted_model(root / "model", WORKLOAD) as model:
-        env = ", ".join(f"{k} = {json.dumps(v)}" for k, v in _env(model, home).items())
+    work, home, bin_dir = _world(root)
+    with scripted_model(root / "model", WORKLOAD, sees_files=False) as model:
+        env = ", ".join(f"{k} = {json.dumps(v)}" for k, v in _env(model, home, bin_dir).items())
         launcher = (f'\n[launchers.claude]\npreset = "claude-code"\nprogram = "{claude}"\nargs = {toml_list(ARGS)}\n'
-                    f'inherit_env = false\nenv = {{ {env} }}\n')
-        h = DaemonHarness(root, extra=launcher, stall_after="180s", max_attempts=6)
+                    f'inherit_env = false\nenv = {{ {env} }}\nstop_grace = "2s"\n')
+        h = DaemonHarness(root, extra=launcher, stall_after="10m", max_attempts=8)
+        h.write_config(h.config_text().replace('log_level = "debug"\n', f'log_level = "debug"\nhang_after = "{limit}s"\n'))
         try:
+            _check(h.cli("hooks", "install", "claude", "--dir", str(work)))
+            _allow(work, "Bash(pay:*)")
             h.start()
             plan = [a for s in STEPS for a in ("--plan", s)]
-            r = h.cli("new", "fix", "--task", "Fix the empty responses in the fallback path", "--intent",
-                      "Users get blank answers when the primary model times out", "--step", STEPS[0],
-                      "--next", STEPS[1], *plan, "--workdir", str(work), "--launcher", "claude")
-            if r.returncode != 0:
-                raise SystemExit(r.stderr)
+            _check(h.cli("new", "fix", "--task", TASK_TEXT, "--intent",
+                         "Users get blank answers when the primary model times out", "--step", STEPS[0],
+                         "--next", STEPS[1], *plan, "--workdir", str(work), "--launcher", "claude"))
 
             def kill() -> None:
                 for pgid in h.live_agents("fix").get("fix", ()):
@@ -193,15 +243,12 @@ def run_heartbeat(claude: Path, root: Path, block_for: float) -> Arm:
             def person(*args: str) -> Callable[[], None]:
                 return lambda: _check(h.cli(*args))
 
-            schedule = Schedule(model, kill, person("add", "fix", "constraints", CONSTRAINT),
-                                person("block", "fix", "--on", BLOCK), person("unblock", "fix", "--by", "person"),
-                                block_for)
+            schedule = Schedule(model, kill=kill, constrain=person("add", "fix", "constraints", CONSTRAINT),
+                                block=person("block", "fix", "--on", BLOCK),
+                                unblock=person("unblock", "fix", "--by", "person"),
+                                agents=lambda: set(h.live_agents("fix").get("fix", ())), block_for=block_for)
             _drive(schedule, lambda: h.baton("fix").meta.status.value == "done", arm)
-            deadline = time.monotonic() + 60  # the last agent's exit (and its result line) follows its done
-            while len(h.events("fix", "exited")) < arm.runs_dispatched(h) and time.monotonic() < deadline:
-                time.sleep(0.1)
             arm.runs = len(h.events("fix", "dispatched"))
-            arm.reported_cost_usd = round(sum(e.data.get("cost_usd") or 0 for e in h.events("fix", "exited")), 4)
         finally:
             h.close()
     return arm
@@ -212,28 +259,42 @@ def _check(r: subprocess.CompletedProcess[str]) -> None:
         raise SystemExit(f"heartbeat {' '.join(map(str, r.args[5:]))}: {r.stderr.strip()}")
 
 
-def run_ralph(claude: Path, root: Path, block_for: float) -> Arm:
+def run_ralph(claude: Path, root: Path, block_for: float, limit: float) -> Arm:
     arm = Arm("ralph loop")
-    root.mkdir(mode=0o700)
-    work, home = root / "work", root / "home"
-    work.mkdir()
-    home.mkdir()
+    work, home, bin_dir = _world(root)
+    (work / "PROMPT.md").write_text(PROMPT + "\n")
+    (work / "fix_plan.md").write_text("".join(f"- [ ] {s}\n" for s in STEPS))
+    notes = work / "NOTES.md"
+    notes.write_text("# Notes\n")
+    _allow(work, "Bash(pay:*)", "Bash(cat fix_plan.md NOTES.md)")
     out = root / "runs.jsonl"
-    with scripted_model(root / "model", WORKLOAD) as model:
-        line = (f"until {shlex.quote(str(claude))} -p {shlex.quote(PROMPT)} --output-format stream-json --verbose "
-                f"{' '.join(ARGS)} >> {shlex.quote(str(out))}; do :; done")
-        loop = subprocess.Popen(["bash", "-c", line], cwd=work, env=_env(model, home), start_new_session=True,
+    with scripted_model(root / "model", WORKLOAD, sees_files=False) as model:
+        run = (f"timeout -k 5 {limit:g} {shlex.quote(str(claude))} -p \"$(cat PROMPT.md)\" --output-format stream-json "
+               f"--verbose {' '.join(ARGS)} > last.jsonl 2>&1 < /dev/null")
+        line = (f"while grep -q '^- \\[ \\]' fix_plan.md; do {run}; cat last.jsonl >> {shlex.quote(str(out))}; "
+                "if grep -q 429 last.jsonl; then sleep 5; fi; done")
+        loop = subprocess.Popen(["bash", "-c", line], cwd=work, env=_env(model, home, bin_dir), start_new_session=True,
                                 stdin=subprocess.DEVNULL)
+
+        def claudes() -> set[int]:
+            try:
+                return {p.pid for p in psutil.Process(loop.pid).children(recursive=True) if "claude" in p.name()
+                        or any("claude" in a for a in p.cmdline()[:2])}
+            except psutil.Error:
+                return set()
 
         def kill() -> None:
             for child in psutil.Process(loop.pid).children(recursive=True):
-                try:
-                    child.send_signal(signal.SIGKILL)
-                except psutil.Error:
-                    pass
+                if child.name() != "bash":
+                    with contextlib.suppress(psutil.Error):
+                        child.send_signal(signal.SIGKILL)
+
+        def append(text: str) -> Callable[[], None]:
+            return lambda: notes.write_text(notes.read_text() + text + "\n")
 
         try:
-            schedule = Schedule(model, kill, lambda: None, lambda: None, lambda: None, block_for)
+            schedule = Schedule(model, kill=kill, constrain=append(CONSTRAINT + "."), block=append(f"BLOCKED: {BLOCK}"),
+                                unblock=append("UNBLOCKED"), agents=claudes, block_for=block_for)
             _drive(schedule, lambda: loop.poll() is not None, arm)
         finally:
             if loop.poll() is None:
@@ -241,36 +302,49 @@ def run_ralph(claude: Path, root: Path, block_for: float) -> Arm:
                 loop.wait()
         lines = [json.loads(x) for x in out.read_text().splitlines() if x.startswith("{")] if out.exists() else []
         arm.runs = sum(1 for x in lines if x.get("type") == "system" and x.get("subtype") == "init")
-        arm.reported_cost_usd = round(sum(x.get("total_cost_usd") or 0 for x in lines if x.get("type") == "result"), 4)
     return arm
 
 
 ROWS = [("wall time (s)", "wall_s"), ("finished", "finished"), ("agent runs", "runs"),
-        ("redone steps (model's record)", "redone_steps"), ("violated constraints", "violated_constraints"),
-        ("bypassed blocks (steps done while blocked)", "bypassed_blocks"), ("model requests", "requests"),
-        ("input tokens served", "input_tokens"), ("output tokens served", "output_tokens"),
-        ("cost the CLI reported (USD)", "reported_cost_usd")]
+        ("redone steps (model's record)", "redone_steps"), ("repeated effects (`pay` twice)", "repeated_effects"),
+        ("violated constraints", "violated_constraints"), ("work while blocked (steps)", "work_while_blocked"),
+        ("model requests", "requests"), ("input tokens served", "input_tokens"),
+        ("output tokens served", "output_tokens")]
+
+
+def _cell(values: list[Any]) -> str:
+    if all(isinstance(v, bool) for v in values):
+        return f"{sum(values)}/{len(values)}"
+    med = statistics.median(values)
+    text = f"{med:g}" if isinstance(med, float) else str(med)
+    return text if min(values) == max(values) else f"{text} ({min(values):g}-{max(values):g})"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--block-for", type=float, default=60.0, help="seconds the person's block lasts")
+    parser.add_argument("--runs", type=int, default=3, help="runs per arm (default 3)")
+    parser.add_argument("--block-for", type=float, default=20.0, help="seconds the person's block lasts")
+    parser.add_argument("--limit", type=float, default=30.0,
+                        help="the loop's timeout per run and heartbeat's hang_after, seconds (default 30)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     claude = install("claude")
     if isinstance(claude, str):
         print(f"bench_real_agents: {claude}", file=sys.stderr)
         return 2
+    arms: dict[str, list[Arm]] = {"heartbeat": [], "ralph loop": []}
     with tempfile.TemporaryDirectory(prefix="bench-real-") as tmp:
-        arms = [run_heartbeat(claude, Path(tmp) / "heartbeat", args.block_for),
-                run_ralph(claude, Path(tmp) / "ralph", args.block_for)]
+        for i in range(args.runs):
+            arms["heartbeat"].append(run_heartbeat(claude, Path(tmp) / f"heartbeat-{i}", args.block_for, args.limit))
+            arms["ralph loop"].append(run_ralph(claude, Path(tmp) / f"ralph-{i}", args.block_for, args.limit))
     if args.json:
-        print(json.dumps([asdict(a) for a in arms], indent=2))
+        print(json.dumps({name: [asdict(a) for a in runs] for name, runs in arms.items()}, indent=2))
         return 0
-    print(f"| metric | {' | '.join(a.name for a in arms)} |")
+    print(f"{args.runs} runs per arm; median (range)\n")
+    print(f"| metric | {' | '.join(arms)} |")
     print("|---|" + "---|" * len(arms))
     for label, key in ROWS:
-        print(f"| {label} | {' | '.join(str(getattr(a, key)) for a in arms)} |")
+        print(f"| {label} | {' | '.join(_cell([getattr(a, key) for a in runs]) for runs in arms.values())} |")
     return 0
 
 

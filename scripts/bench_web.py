@@ -16,12 +16,13 @@ import time
 import urllib.request
 from datetime import timedelta
 
+from heartbeat.config.shape import Listen
 from heartbeat.model.baton import Baton, Gate, GateKind, Meta
 from heartbeat.model.ledger import Event
 from heartbeat.model.timeparse import utcnow
 from heartbeat.store import open_store
 from heartbeat.tasks import verbs as tasks
-from heartbeat.web.app import Listen, build_app
+from heartbeat.web.app import build_app
 from heartbeat.web.guard import HostCheck
 from heartbeat.web.server import start_in_thread
 

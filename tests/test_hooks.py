@@ -409,9 +409,9 @@ class TestInstall:
         doc = _settings(settings)
         assert doc["permissions"] == FOREIGN["permissions"] and doc["env"] == FOREIGN["env"]
         assert _settings(work / ".claude" / "settings.local.json") == {"permissions": {"allow": allow_rules()}}
-        assert doc["hooks"]["PreToolUse"] == FOREIGN["hooks"]["PreToolUse"]
         assert doc["hooks"]["SessionStart"][0] == FOREIGN["hooks"]["SessionStart"][0]
-        for name in ("SessionStart", "PreCompact", "Stop", "SessionEnd"):
+        assert doc["hooks"]["PreToolUse"][:1] == FOREIGN["hooks"]["PreToolUse"]
+        for name in ("SessionStart", "PreCompact", "Stop", "SessionEnd", "PreToolUse", "PostToolUse"):
             ours = [h for g in doc["hooks"][name] for h in g["hooks"] if "hook claude" in h["command"]]
             assert len(ours) == 1 and ours[0]["type"] == "command" and ours[0]["timeout"] == 30
         before = settings.read_bytes()
@@ -443,7 +443,7 @@ class TestInstall:
         local, path = install_claude(str(work), state_dir=str(work / "st"))
         assert json.loads(Path(local).read_text())["permissions"]["allow"] == allow_rules(state_dir=str(work / "st"))
         doc = json.loads(Path(path).read_text())
-        assert set(doc["hooks"]) == {"SessionStart", "PreCompact", "Stop", "SessionEnd"}
+        assert set(doc["hooks"]) == {"SessionStart", "PreCompact", "Stop", "SessionEnd", "PreToolUse", "PostToolUse"}
         assert "--state-dir" in doc["hooks"]["Stop"][0]["hooks"][0]["command"]
         assert uninstall_claude(str(work)) == [local, path]
         assert json.loads(Path(path).read_text()) == {} == json.loads(Path(local).read_text())

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from heartbeat.cli import parser
 from heartbeat.hotpath import relay
-from heartbeat.hotpath.argv import agent_call
+from heartbeat.hotpath.argv import AGENT_COMMANDS, READS, agent_call
 from heartbeat.tasks.write import parse_hot
 
 CASES = [
@@ -16,6 +16,11 @@ CASES = [
     (["show", "t"], ("show", "t", (), None)),
     (["done", "t"], ("done", "t", (), None)),
     (["done", "t", "--note", "n"], ("done", "t", (), "n")),
+    (["brief", "t"], ("brief", "t", (), None)),
+    (["show", "t", "--json"], ("show", "t", ("--json",), None)),
+    (["brief", "t", "--json"], ("brief", "t", ("--json",), None)),
+    (["show", "t", "--full"], None),
+    (["touch", "t", "--json"], None),
     (["set", "t", "step=x", "next_step=y"], ("set", "t", ("step=x", "next_step=y"), None)),
     (["add", "t", "done", "a", "b"], ("add", "t", ("done", "a", "b"), None)),
     (["touch"], None),
@@ -40,14 +45,17 @@ class TestTheShapes:
 
 
 class TestTheHotPathsAgree:
-    @given(st.lists(st.sampled_from(["touch", "show", "done", "set", "add", "t", "a=b", "done", "x", "--note",
-                                     "-x", "--expect-revision", "3", ""]), max_size=6))
+    @given(st.lists(st.sampled_from(["touch", "show", "brief", "done", "set", "add", "t", "a=b", "x", "--note",
+                                     "--json", "-x", "--expect-revision", "3", ""]), max_size=6))
     def test_every_hot_path_reads_what_the_one_reader_reads(self, argv: list[str]) -> None:
         """The relay, the agent's write and the CLI's parser-free reader take exactly the calls the one
         reader calls theirs, for any arguments."""
         call = agent_call(argv)
-        assert relay.relayable(argv) == (call is not None and call[0] in ("set", "add"))
-        assert relay.relayable(argv, agent_commands=True) == (call is not None)
-        assert (parse_hot(argv, agent_commands=True) is not None) == (call is not None)
+        write = call is not None and call[0] in ("set", "add")
+        agent_command = call is not None and call[0] in AGENT_COMMANDS and not call[2]
+        assert relay.relayable(argv) == write
+        assert relay.relayable(argv, agent_commands=True) == (write or agent_command)
+        assert (parse_hot(argv, agent_commands=True) is not None) == (write or agent_command)
+        assert relay.is_read(argv) == (call is not None and call[0] in READS)
         hot = parser._hot_args(argv)
         assert (hot is not None) == (call is not None and call[0] in ("touch", "set", "add"))

@@ -34,7 +34,7 @@ class TestStoredWords:
         """owner.how and a stall's why keep the strings batons and ledgers hold."""
         assert {k.value for k in OwnerKind} == {"dispatch", "claim"}
         assert {r.value for r in StallReason} == {"owner_dead", "exited", "silent", "never_wrote", "hung",
-                                                   "spinning", "max_runtime", "inactive"}
+                                                   "model_hung", "spinning", "max_runtime", "inactive"}
 
     def test_an_enum_kind_is_stored_as_its_plain_string(self, tmp_path: Path) -> None:
         """An event recorded with an EventKind and a StallReason lands in SQLite as the plain strings."""

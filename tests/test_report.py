@@ -24,12 +24,12 @@ from conftest import Result
 from heartbeat.model.baton import Owner
 from heartbeat.model.ledger import Event
 from heartbeat.model.timeparse import utcnow
-from heartbeat.reports.report import METRIC_KEYS, build_report, task_metrics
+from heartbeat.reports.report import METRIC_KEYS, build_report, task_incidents, task_metrics
 from heartbeat.store.files import FileStore
 from heartbeat.store.memory import MemoryStore
 from heartbeat.tasks import verbs as tasks
 
-ZERO: dict[str, Any] = {**dict.fromkeys(METRIC_KEYS[:11], 0), "mean_time_to_resume_s": None, "duration_s": None}
+ZERO: dict[str, Any] = {**dict.fromkeys(METRIC_KEYS[:13], 0), "mean_time_to_resume_s": None, "duration_s": None}
 
 
 class Seconds:
@@ -471,6 +471,31 @@ class TestReplay:
             dispatches=1, resumes=1, redone_steps=1)
         assert task_metrics(events, baton(plan=("a", "b"))) == expect(
             dispatches=2, resumes=1, redone_steps=1, spinning=1)
+
+
+class TestTheTrailAndTheBlock:
+    """Issue 25: what the ledger's notes do not show, counted from the seams and the block."""
+
+    def test_steps_noted_done_while_blocked_are_counted(self) -> None:
+        """A person blocks the task while a step is in flight; the agent notes two steps done before it
+        stops: two `done_while_blocked` (fails on 4c852cf: BYPASS 0 and nothing else counted either)."""
+        events = [ev("created", 0, step="a"), ev("dispatched", 1, 1, actor="daemon"),
+                  ev("blocked", 2, 1, actor="person", on="legal"),
+                  done_items(3, 1, "a"), step(4, 1, "b", "a"), done_items(5, 1, "a", "b"),
+                  ev("unblocked", 6, 1, actor="person"), done_items(7, 1, "a", "b", "c")]
+        m = task_metrics(events, baton())
+        assert m["done_while_blocked"] == 2 and m["bypassed_blocks"] == 0
+
+    def test_unnoted_calls_at_a_seam_are_charged_to_it(self) -> None:
+        """An `exited` event carrying its run's unnoted calls (the daemon read its trail): counted, the
+        unknown outcome named in the incident."""
+        unnoted = {"calls": 3, "unknown": 1, "last": [{"tool": "Bash", "what": "pay --invoice 2", "outcome": "unknown"}]}
+        events = [ev("created", 0, step="a"), ev("dispatched", 1, 1, actor="daemon"),
+                  ev("exited", 9, 1, actor="daemon", code=None, signal=9, unnoted=unnoted)]
+        m = task_metrics(events, baton())
+        assert m["unnoted_calls"] == 3
+        [incident] = [i for i in task_incidents(events, baton())[1] if i["metric"] == "unnoted_calls"]
+        assert "pay --invoice 2" in incident["detail"] and "epoch 1" in incident["detail"]
 
 
 class TestRendering:

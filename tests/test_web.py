@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from heartbeat.config.shape import parse_listen
+from heartbeat.config.shape import Listen, parse_listen
 from heartbeat.model.errors import BadInput
-from heartbeat.web.app import Listen
 from heartbeat.web.guard import HostCheck, check_exposure, is_loopback
 from heartbeat.web.views import LOG_TAIL_BYTES, read_log_tail
 from tests.conftest import clean_env

@@ -12,14 +12,11 @@ from heartbeat.model.errors import BadInput, HeartbeatError
 if TYPE_CHECKING:
     import argparse  # imported where used: argparse (with gettext) costs an agent's write more than it uses
 
-
 # -- helpers ---------------------------------------------------------------------------
 
 
-def _store(args: argparse.Namespace, *, read: bool = False) -> Any:
-    """The store; a read command (``read=True``) never creates a missing state dir, it says so."""
-    from heartbeat.store import open_store
-
+def _where(args: argparse.Namespace) -> tuple[str, str]:
+    """The state dir and the store URL the command uses."""
     if not args.state_dir and not args.config and os.environ.get("HEARTBEAT_STATE_DIR"):
         # resolve_state_dir's answer, without importing the config module: agents the
         # daemon launched have the variable set, and their writes are the hot path.
@@ -28,6 +25,14 @@ def _store(args: argparse.Namespace, *, read: bool = False) -> Any:
         from heartbeat.config.load import resolve_store
 
         state_dir, url = resolve_store(args.state_dir, args.config)
+    return state_dir, url
+
+
+def _store(args: argparse.Namespace, *, read: bool = False) -> Any:
+    """The store; a read command (``read=True``) never creates a missing state dir, it says so."""
+    from heartbeat.store import open_store
+
+    state_dir, url = _where(args)
     if read and not (url or os.environ.get("HEARTBEAT_STORE_URL")) and not os.path.isdir(state_dir):
         from heartbeat.model.errors import StoreError
 

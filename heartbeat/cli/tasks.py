@@ -13,7 +13,7 @@ from heartbeat.model.errors import BadInput
 
 if TYPE_CHECKING:
     import argparse  # imported where used: argparse (with gettext) costs an agent's write more than it uses
-from heartbeat.cli.common import _actor, _checks, _epoch, _max_attempts, _print_json, _store
+from heartbeat.cli.common import _actor, _checks, _epoch, _max_attempts, _print_json, _store, _where
 
 # -- commands: writing -------------------------------------------------------------------
 
@@ -224,13 +224,9 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from heartbeat.model.baton import dump_baton
+    from heartbeat.reports.reads import show_text
 
-    baton = _store(args, read=True).load(args.id)
-    if args.json:
-        _print_json(baton.to_dict())
-    else:
-        sys.stdout.write(dump_baton(baton))
+    sys.stdout.write(show_text(_store(args, read=True), _where(args)[0], args.id, as_json=args.json))
     return 0
 
 
@@ -290,26 +286,15 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 
 def cmd_brief(args: argparse.Namespace) -> int:
-    from heartbeat.reports.brief import render_brief
+    from heartbeat.reports.reads import brief_text
 
     if args.budget is not None and args.budget < 1:
         raise BadInput("--budget must be a positive number of tokens")
     store = _store(args, read=True)
-    baton = store.load(args.id)
-    kwargs: dict[str, Any] = {"max_attempts": _max_attempts(args), "epoch": _epoch(args)}
-    if args.budget is not None:
-        kwargs["budget"] = args.budget
-    if baton.after:
-        from heartbeat.tasks.handoff import load_packages
-
-        kwargs["upstream"] = load_packages(store, baton)
-    brief = render_brief(baton, **kwargs)
-    for warning in brief.warnings:
-        print(f"heartbeat: warning: {args.id}: {warning}", file=sys.stderr)
-    if args.json:
-        _print_json(brief.to_json())
-    else:
-        sys.stdout.write(brief.text)
+    out, warnings = brief_text(store, _where(args)[0], args.id, as_json=args.json, max_attempts=_max_attempts(args),
+                               epoch=_epoch(args), budget=args.budget)
+    sys.stderr.write(warnings)
+    sys.stdout.write(out)
     return 0
 
 

@@ -367,6 +367,7 @@ class _Parser:
             state_dir=state_dir,
             tick=self.duration(doc, "tick", p, defaults.TICK),
             stall_after=self.duration(doc, "stall_after", p, defaults.STALL_AFTER),
+            hang_after=self.duration(doc, "hang_after", p, defaults.HANG_AFTER, positive=False),
             progress_after=self.duration(doc, "progress_after", p, defaults.PROGRESS_AFTER),
             max_attempts=self.integer(doc, "max_attempts", p, defaults.MAX_ATTEMPTS),
             max_idle_resumes=self.integer(doc, "max_idle_resumes", p, defaults.MAX_IDLE_RESUMES),

@@ -86,6 +86,8 @@ class DaemonConfig:
     state_dir: str = defaults.STATE_DIR
     tick: float = defaults.TICK
     stall_after: float = defaults.STALL_AFTER
+    hang_after: float = defaults.HANG_AFTER
+    """Silence without a tool call in flight (the trail shows it) after which the model counts as hung (0: off)."""
     progress_after: float = defaults.PROGRESS_AFTER
     max_attempts: int = defaults.MAX_ATTEMPTS
     max_idle_resumes: int = defaults.MAX_IDLE_RESUMES

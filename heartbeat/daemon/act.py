@@ -168,6 +168,7 @@ class Actor:
         # An agent whose `done` was refused by a failed guarantee: the reason names the guarantee.
         refused = refused_done(sh.store, baton.id, meta.epoch) if any(g.check for g in baton.guarantees) and \
             kind in (pol.ExitKind.IDLE, pol.ExitKind.FAILED) else ""
+        unnoted = self._unnoted_at_exit(baton)
         escalate = stop.escalate_after
         stop_why = stop.why
         stop_reason = stop.reason
@@ -186,7 +187,7 @@ class Actor:
                 m.session, m.session_resumes = "", 0
             ed.event(EventKind.EXITED, code=obs_code, signal=obs_signal, pid=owner.pid if owner else None,
                      duration_s=round(duration, 3) if duration is not None else None, progress=progressed,
-                     kind=kind.value, **(info.event_data() if info is not None else {}))
+                     kind=kind.value, **(info.event_data() if info is not None else {}), **unnoted)
             if info is not None and info.cost_usd:  # capped: an agent's output must not make its baton unreadable
                 m.cost_usd = min(round(m.cost_usd + info.cost_usd, 6), float(2**53))
             if kind is pol.ExitKind.RATE_LIMITED:
@@ -462,6 +463,18 @@ class Actor:
             return None
         return ed.baton
 
+    def _unnoted_at_exit(self, baton: Baton) -> dict[str, Any]:
+        """What the ended run did since its note, from its trail (:mod:`heartbeat.hotpath.trail`), for its
+        ``exited`` event: the ledger (any host, the report) keeps the seam's unnoted work."""
+        from heartbeat.reports.brief import unnoted_for
+
+        found = unnoted_for(self.shared.config.state_dir, self.shared.store, baton)
+        if found is None or found.epoch != baton.meta.epoch:
+            return {}
+        calls = list(found.calls)
+        return {"unnoted": {"calls": len(calls) + found.cut, "unknown": found.unknown,
+                            "last": [c.to_json() for c in calls[-defaults.TRAIL_BRIEF_CALLS:]]}}
+
     def _brief_text(self, baton: Baton, pending: Baton, plan: SessionPlan, now: datetime) -> str:
         """The brief ``pending``'s agent starts from: its upstreams' packages included, and for a
         resumed session a note of how the run before it (``baton``) ended. Warnings are logged."""
@@ -473,7 +486,11 @@ class Actor:
             from heartbeat.tasks.handoff import load_packages
 
             upstream = tuple(load_packages(sh.store, pending))
-        brief = render_brief(pending, max_attempts=sh.config.daemon.max_attempts, now=now, upstream=upstream)
+        from heartbeat.reports.brief import unnoted_for
+
+        unnoted = unnoted_for(sh.config.state_dir, sh.store, baton)
+        brief = render_brief(pending, max_attempts=sh.config.daemon.max_attempts, now=now, upstream=upstream,
+                             unnoted=unnoted.lines() if unnoted else ())
         for warning in brief.warnings:
             sh.log.warning("brief_warning", task=pending.id, epoch=pending.meta.epoch, warning=warning)
         if not plan.resume:

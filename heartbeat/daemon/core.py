@@ -446,6 +446,7 @@ class Loop:
         lc = self.shared.config.launchers.get(launcher)
         return pol.Policy(
             stall_after=d.stall_after,
+            hang_after=d.hang_after,
             progress_after=d.progress_after,
             max_attempts=d.max_attempts,
             max_idle_resumes=d.max_idle_resumes,

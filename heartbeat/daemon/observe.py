@@ -15,6 +15,7 @@ from typing import Any
 from heartbeat.daemon.ages import Ages
 from heartbeat.daemon.leased import LeasePart
 from heartbeat.daemon.shared import Shared
+from heartbeat.hotpath.trail import activity
 from heartbeat.launchers.liveness import output_at, process_age
 from heartbeat.model import policy as pol
 from heartbeat.model.baton import Baton, GateKind, Owner, OwnerKind, Status
@@ -109,6 +110,8 @@ class Observer:
         exit_code: int | None = None
         exit_signal: int | None = None
         output: datetime | None = None
+        trail_at: datetime | None = None
+        tool_running: bool | None = None
         owner = meta.owner
         if owner is not None:
             if stopping:
@@ -135,6 +138,7 @@ class Observer:
                 sh.exits.watch(baton.id, owner)
                 if meta.status is Status.ACTIVE and not stopping:  # the agent's own output is proof of life
                     output = output_at(sh.layout.log(baton.id, meta.epoch), now.timestamp())
+                    trail_at, tool_running = activity(sh.layout.trail(baton.id, meta.epoch))
             else:
                 sh.running.pop(baton.id, None)
         else:
@@ -179,7 +183,8 @@ class Observer:
         ages = self.ages.measure(baton.id, {
             "started": started,
             # proof of life: a write, a touch, or the agent's own output (its log's mtime)
-            "signal": max((t for t in (meta.touched_at, meta.dispatched_at, output) if t is not None), default=None),
+            "signal": max((t for t in (meta.touched_at, meta.dispatched_at, output, trail_at) if t is not None),
+                          default=None),
             "progress": max((t for t in (meta.progress_at, started) if t is not None), default=None),
             "dispatched": meta.dispatched_at,
         }, now, mono, bound=process_age(owner, host=sh.host) if alive else None)
@@ -194,7 +199,7 @@ class Observer:
                                inactive_since=inactive_since, upstream_pending=pending,
                                output_at=output, running_for=ages["started"], silent_for=ages["signal"],
                                unchanged_for=ages["progress"], dispatched_for=ages["dispatched"],
-                               inactive_for=inactive_for)
+                               inactive_for=inactive_for, tool_running=tool_running, trail_at=trail_at)
 
     def _report_missing(self, baton: Baton, pending: tuple[str, ...], statuses: Any, now: datetime,
                         mem: BlockMemory) -> None:

@@ -46,8 +46,10 @@ class RelayServer:
 
     def __init__(self, state_dir: str, open_store: Callable[[], Store], log: Any,
                  on_write: Callable[[int], None] = lambda code: None, *, shared: Store | None = None,
-                 store_url: str = "") -> None:
+                 store_url: str = "", max_attempts: int | None = None) -> None:
         self.path = socket_path(state_dir)
+        self.max_attempts = max_attempts
+        """The config's bound, shown in a relayed brief as "attempt N of M" (as the CLI reads it)."""
         self._shared = shared
         """The database store every request runs on (None: a store opened per request, the file store's)."""
         self._greeting = greeting(store_url if shared is not None else "")
@@ -179,6 +181,34 @@ class RelayServer:
         finally:
             self._slots.release()
 
+    def _read(self, conn: socket.socket, argv: list[str], env: dict[str, str]) -> bool:
+        """Answer a relayed ``show``/``brief`` (:mod:`heartbeat.reports.reads`) in the reply of version 2,
+        whatever the store: True when ``argv`` was one. Nothing is written, so a client that gets no
+        whole answer runs the read itself."""
+        from heartbeat.reports.reads import answer_read, read_request
+
+        if read_request(argv) is None:
+            return False
+        state_dir = os.path.dirname(self.path)
+        if self._shared is not None:
+            answered = answer_read(self._shared, state_dir, argv, env, max_attempts=self.max_attempts)
+        else:
+            try:
+                store = self._open_store()
+            except HeartbeatError as exc:
+                _reply(conn, exc.exit_code, f"heartbeat: {exc}", "")
+                return True
+            try:
+                answered = answer_read(store, state_dir, argv, env, max_attempts=self.max_attempts)
+            finally:
+                with contextlib.suppress(Exception):
+                    store.close()
+        assert answered is not None
+        code, message, output = answered
+        self.log.debug("relayed", command=argv[0], task=argv[1], code=code)
+        _reply(conn, code, message, output, lines=True)
+        return True
+
     def _answer(self, conn: socket.socket) -> None:
         conn.settimeout(_REQUEST_TIMEOUT)
         _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
@@ -203,6 +233,8 @@ class RelayServer:
             argv, env = decode_request(body)
         except ValueError:
             _reply(conn, 2, "heartbeat: the relayed request is malformed")
+            return
+        if self._read(conn, argv, env):
             return
         version2 = self._shared is not None
         request = parse_hot(argv, agent_commands=version2)
@@ -264,10 +296,11 @@ def _read_request(conn: socket.socket) -> bytes | None:
     return b"".join(chunks)
 
 
-def _reply(conn: socket.socket, code: int, message: str, output: str | None = None) -> None:
+def _reply(conn: socket.socket, code: int, message: str, output: str | None = None, *, lines: bool = False) -> None:
     """``<code>\n<message>``; version 2 (``output`` given): ``<code> <n>\n``, n bytes of stdout, the message,
-    or ``declined\n`` (:data:`heartbeat.tasks.write.DECLINED`: nothing written, the client runs the command itself)."""
-    line = message.replace("\n", " ").encode("utf-8", errors="replace")
+    or ``declined\n`` (:data:`heartbeat.tasks.write.DECLINED`: nothing written, the client runs the command itself).
+    ``lines``: the message may hold several lines (a read's warnings)."""
+    line = (message if lines else message.replace("\n", " ")).encode("utf-8", errors="replace")
     if code == DECLINED and output is not None:
         data = DECLINED_REPLY
     elif output is None:

@@ -1,20 +1,21 @@
 """The one reader of an agent's own call: which of its few shapes an argv is, read without argparse.
 
-An agent runs ``heartbeat touch ID``, ``set ID F=V...``, ``add ID FIELD V...``, ``show ID`` and
-``done ID [--note NOTE]`` many times a session. Each shape is answered on the fastest path there is
+An agent runs ``heartbeat touch ID``, ``set ID F=V...``, ``add ID FIELD V...``, ``show ID``,
+``brief ID`` and ``done ID [--note NOTE]`` many times a session. Each shape is answered on the fastest path there is
 (the pulse, the daemon's relay, the CLI without argparse), and every one of those paths asks this
 module, so they cannot drift apart: :func:`heartbeat.hotpath.pulse.hot_touch`,
-:func:`heartbeat.hotpath.relay.relayable`, :func:`heartbeat.tasks.write.parse_hot`,
+:func:`heartbeat.hotpath.relay.relayable` and :func:`~heartbeat.hotpath.relay.is_read`,
+:func:`heartbeat.tasks.write.parse_hot`,
 :func:`heartbeat.cli.parser._hot_args` and ``heartbeat/__main__.py``. It imports nothing: it is
 loaded by every agent call.
 
-A call with any option (an argument starting with ``-``), other than ``done``'s ``--note``, is not a
-hot call: argparse reads it and says what is wrong with it.
+A call with any option (an argument starting with ``-``), other than ``done``'s ``--note`` and a
+read's ``--json``, is not a hot call: argparse reads it and says what is wrong with it.
 """
 
 from __future__ import annotations
 
-__all__ = ["WRITES", "AGENT_COMMANDS", "agent_call"]
+__all__ = ["WRITES", "READS", "AGENT_COMMANDS", "agent_call"]
 
 WRITES = ("touch", "set", "add")
 """The agent's writes the CLI can run without building its parser."""
@@ -22,18 +23,24 @@ WRITES = ("touch", "set", "add")
 AGENT_COMMANDS = ("touch", "show", "done")
 """What an agent's relay carries besides ``set``/``add`` on a database store (relay greeting 2)."""
 
+READS = ("show", "brief")
+"""The reads any daemon's relay answers (:mod:`heartbeat.reports.reads`), with or without ``--json``."""
+
 
 def agent_call(argv: list[str] | tuple[str, ...]) -> tuple[str, str, tuple[str, ...], str | None] | None:
     """``(command, task, rest, note)`` for an agent's hot call, else None.
 
     ``touch ID``, ``show ID``, ``done ID`` and ``done ID --note NOTE`` (``rest`` empty, ``note`` the
-    note or None); ``set ID F=V...`` (``rest`` the pairs) and ``add ID FIELD V...`` (``rest`` the field
+    note or None); ``show ID --json``, ``brief ID`` and ``brief ID --json`` (``rest`` holds the
+    ``--json``); ``set ID F=V...`` (``rest`` the pairs) and ``add ID FIELD V...`` (``rest`` the field
     and its values). No other argument may start with ``-``.
     """
     if len(argv) < 2 or argv[1].startswith("-"):
         return None
     command, task = argv[0], argv[1]
-    if command in AGENT_COMMANDS:
+    if command in READS and len(argv) == 3 and argv[2] == "--json":
+        return command, task, ("--json",), None
+    if command in AGENT_COMMANDS or command in READS:
         if len(argv) == 2:
             return command, task, (), None
         if command == "done" and len(argv) == 4 and argv[2] == "--note":

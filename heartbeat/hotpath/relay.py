@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import os
 
-from heartbeat.hotpath.argv import AGENT_COMMANDS, agent_call
+from heartbeat.hotpath.argv import AGENT_COMMANDS, READS, agent_call
 from heartbeat.model import defaults
 
 TYPE_CHECKING = False
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     import _socket
     from collections.abc import Mapping
 
-__all__ = ["DECLINED_REPLY", "GREETING", "MAX_REQUEST", "SOCKET_NAME", "encode_request",
+__all__ = ["DECLINED_REPLY", "GREETING", "MAX_REQUEST", "SOCKET_NAME", "encode_request", "is_read",
            "decode_request", "forward", "greeting", "relayable", "store_id"]
 
 SOCKET_NAME = "daemon.sock"
@@ -82,13 +82,21 @@ def socket_path(state_dir: str) -> str:
     return os.path.join(state_dir, SOCKET_NAME)
 
 
+def is_read(argv: list[str]) -> bool:
+    """``show ID`` or ``brief ID``, optionally ``--json`` after it: a read any daemon's relay answers
+    (:mod:`heartbeat.reports.reads`); nothing is written, so any failure lets the caller read itself."""
+    call = agent_call(argv)
+    return call is not None and call[0] in READS
+
+
 def relayable(argv: list[str], *, agent_commands: bool = False) -> bool:
     """Whether ``argv`` is an agent's hot write, as :func:`heartbeat.cli.parser._hot_args` reads it:
     ``set ID F=V...`` or ``add ID FIELD V...``, no argument starting with ``-``; with
     ``agent_commands`` (a database store) also ``touch ID``, ``show ID``, ``done ID`` and
     ``done ID --note NOTE`` (as :func:`heartbeat.tasks.write.parse_hot` reads them)."""
     call = agent_call(argv)
-    return call is not None and (call[0] in ("set", "add") or (agent_commands and call[0] in AGENT_COMMANDS))
+    return call is not None and (call[0] in ("set", "add") or (
+        agent_commands and call[0] in AGENT_COMMANDS and not call[2]))
 
 
 def store_id(url: str) -> bytes:
@@ -138,8 +146,9 @@ def forward(argv: list[str], environ: Mapping[str, str] | None = None) -> int | 
     env = os.environ if environ is None else environ
     state_dir = env.get("HEARTBEAT_STATE_DIR")
     url = env.get("HEARTBEAT_STORE_URL", "")
+    read = is_read(argv)
     if not state_dir or not env.get("HEARTBEAT_EPOCH") or env.get("HEARTBEAT_RELAY") == "off" \
-            or not relayable(argv, agent_commands=bool(url.strip())):
+            or not (read or relayable(argv, agent_commands=bool(url.strip()))):
         return None
     path = socket_path(os.path.abspath(state_dir))
     if len(os.fsencode(path)) > MAX_PATH:
@@ -157,16 +166,19 @@ def forward(argv: list[str], environ: Mapping[str, str] | None = None) -> int | 
 
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        return _exchange(sock, path, argv, request, greeting(url))
+        return _exchange(sock, path, argv, request, greeting(url), read=read)
     except KeyboardInterrupt:
         return 130  # as the CLI answers Ctrl-C: quietly (once greeted, the daemon may still write)
     finally:
         sock.close()
 
 
-def _exchange(sock: _socket.socket, path: str, argv: list[str], request: bytes, expected: bytes) -> int | None:
+def _exchange(sock: _socket.socket, path: str, argv: list[str], request: bytes, expected: bytes, *,
+              read: bool = False) -> int | None:
     """Greeting, request and answer over ``sock``; see :func:`forward`. A greeting other than
-    ``expected`` (another version, another database) gets nothing sent: the caller writes itself."""
+    ``expected`` (another version, another database) gets nothing sent: the caller writes itself.
+    A ``read`` (:func:`is_read`) that gets no whole answer, or an error (an older daemon that
+    writes only), is left to the caller too: nothing was written."""
     sock.settimeout(defaults.RELAY_GREETING_TIMEOUT)
     try:
         sock.connect(path)
@@ -188,7 +200,11 @@ def _exchange(sock: _socket.socket, path: str, argv: list[str], request: bytes, 
         if len(message) < out_size:
             raise ValueError("the answer was cut short")  # never a partial baton printed as if whole
         output, message = message[:out_size], message[out_size:]
+        if read and (code != 0 or not out_text):
+            return None  # (an error is said by the caller's own CLI, as it always says it)
     except (OSError, ValueError) as exc:
+        if read:
+            return None
         reason = "no answer in time" if isinstance(exc, TimeoutError) else "the connection broke"
         os.write(2, (f"heartbeat: the daemon took this write but its answer was lost ({reason}): "
                      f"look with `heartbeat show {argv[1]}` before writing it again\n").encode(errors="replace"))

@@ -73,7 +73,7 @@ __all__ = [
     "HOOK_AGENTS",
 ]
 
-HOOK_EVENTS = ("SessionStart", "PreCompact", "Stop", "SessionEnd")
+HOOK_EVENTS = ("SessionStart", "PreCompact", "Stop", "SessionEnd", "PreToolUse", "PostToolUse")
 """The hook events heartbeat installs and acts on (Claude Code 2.1.332 and codex 0.171.0 both fire them)."""
 
 HOOK_AGENTS = ("claude", "codex")
@@ -86,6 +86,7 @@ SEAM_KINDS = (EventKind.SESSION_STARTED, EventKind.COMPACTING, EventKind.STOP_BL
 _MARK_KINDS = (EventKind.SESSION_STARTED, EventKind.STOP_BLOCKED, EventKind.STOP_ALLOWED, EventKind.SESSION_ENDED)
 _NOTE_KINDS = (EventKind.UPDATED, EventKind.DONE, EventKind.FAILED, EventKind.BLOCKED, EventKind.SNOOZED,
                EventKind.CREATED)
+_TOOL_EVENTS = ("PreToolUse", "PostToolUse")
 _ACTOR = "hook"
 
 
@@ -193,8 +194,10 @@ def handle_event(
     config_arg: str = "",
     max_attempts: int | None = None,
     now: datetime | None = None,
+    trail_dir: str = "",
 ) -> HookResult:
-    """Act on one hook event for the task it belongs to; record the seam."""
+    """Act on one hook event for the task it belongs to; record the seam. ``trail_dir``: the local
+    state dir whose trails the brief of a SessionStart reads (:mod:`heartbeat.hotpath.trail`)."""
     from heartbeat.config.shape import HooksConfig
     from heartbeat.model.baton import Status
     from heartbeat.model.ledger import Event
@@ -204,8 +207,8 @@ def handle_event(
     hooks = hooks or HooksConfig()
     now = now or utcnow()
     name = _str(event, "hook_event_name")
-    if name not in HOOK_EVENTS:
-        return HookResult()
+    if name not in HOOK_EVENTS or name in _TOOL_EVENTS:
+        return HookResult()  # a tool call's trail is kept before the store is opened (run_hook)
     baton = _find_task(store, task, _str(event, "cwd"), env)
     if baton is None:
         return HookResult()
@@ -219,8 +222,12 @@ def handle_event(
     if name == "SessionStart":
         source = _str(event, "source") or "startup"
         record(EventKind.SESSION_STARTED, source=source)
+        from heartbeat.reports.brief import unnoted_for
+
+        unnoted = unnoted_for(trail_dir, store, baton, epoch=epoch)
         context = session_context(baton, source, env, max_attempts=max_attempts, epoch=epoch, now=now,
-                                  prefix=command_prefix(state_dir_arg, config_arg))
+                                  prefix=command_prefix(state_dir_arg, config_arg),
+                                  unnoted=unnoted.lines() if unnoted else ())
         out = {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": context}}
         return HookResult(json.dumps(out, ensure_ascii=False) + "\n")
     events = store.ledger.events(baton.id)
@@ -268,7 +275,8 @@ def context_length(text: str) -> int:
 def session_context(baton: Baton, source: str, env: Mapping[str, str], *, max_attempts: int | None = None,
                     epoch: int | None = None, now: datetime | None = None,
                     budget: int = defaults.HOOK_BRIEF_BUDGET,
-                    limit: int = defaults.CLAUDE_HOOK_CONTEXT_LIMIT, prefix: str = "heartbeat") -> str:
+                    limit: int = defaults.CLAUDE_HOOK_CONTEXT_LIMIT, prefix: str = "heartbeat",
+                    unnoted: Sequence[str] = ()) -> str:
     """The SessionStart hook's ``additionalContext``: always within ``limit`` code units, so the CLI
     never swaps it for a preview. Essentials first (intent, every constraint, the current and next
     step, the block, the note-keeping commands with the task id spelled out), then as much of the
@@ -286,11 +294,11 @@ def session_context(baton: Baton, source: str, env: Mapping[str, str], *, max_at
             f"note current with `heartbeat set {baton.id}`/`heartbeat add {baton.id}` as you go "
             f"(the whole brief: {where}).\n\n")
     brief = render_brief(baton, budget=budget, max_attempts=max_attempts, epoch=epoch, now=now,
-                         essentials_first=True, brief_file=brief_file)
+                         essentials_first=True, brief_file=brief_file, unnoted=unnoted)
     for smaller in (budget, budget * 3 // 4, budget // 2, budget // 4):  # long prefixes take room too
         if smaller != budget:
             brief = render_brief(baton, budget=smaller, max_attempts=max_attempts, epoch=epoch, now=now,
-                                 essentials_first=True, brief_file=brief_file)
+                                 essentials_first=True, brief_file=brief_file, unnoted=unnoted)
         text = _with_prefix(head + brief.text, prefix)
         if context_length(text) <= limit:
             return text
@@ -337,11 +345,13 @@ def run_hook(
         if agent not in HOOK_AGENTS:
             raise BadInput(f"no hooks for {agent!r} (known: {', '.join(HOOK_AGENTS)})")
         event = _read_event(stdin or sys.stdin.buffer)
-        store, hooks, max_attempts = _open(state_dir, config, env)
+        if _trail_hook(event, env, state_dir, task):
+            return 0
+        store, hooks, max_attempts, where = _open(state_dir, config, env)
         if store is None:
             return 0
         result = handle_event(event, store, task=task, hooks=hooks, env=env, state_dir_arg=state_dir or "",
-                              config_arg=config or "", max_attempts=max_attempts)
+                              config_arg=config or "", max_attempts=max_attempts, trail_dir=where)
         if result.stdout:
             stdout.write(result.stdout)
             stdout.flush()
@@ -354,8 +364,24 @@ def run_hook(
     return 0
 
 
-def _open(state_dir: str | None, config: str | None, env: Mapping[str, str]) -> tuple[Any, Any, int | None]:
-    """The store, hooks config and max_attempts; no store when there is no state dir (never created here)."""
+def _trail_hook(event: Mapping[str, Any], env: Mapping[str, str], state_dir: str | None, task: str | None) -> bool:
+    """Keep the trail (:mod:`heartbeat.hotpath.trail`) of an agent the daemon launched: a tool call's start
+    and end, a session's start. True when the event is done with (a tool call of such an agent: the
+    store is not opened); a person's session, not bound to a task, keeps no trail."""
+    from heartbeat.hotpath import trail
+
+    name = _str(event, "hook_event_name")
+    if name in trail.HOT_EVENTS:
+        trail.hot_hook(event, env)
+        return True  # (nothing else acts on a tool call here)
+    if name == "SessionStart":
+        trail.session_hook(_str(event, "source") or "startup", env)
+    return False
+
+
+def _open(state_dir: str | None, config: str | None, env: Mapping[str, str]) -> tuple[Any, Any, int | None, str]:
+    """The store, hooks config, max_attempts and the local state dir ("" when none); no store when
+    there is no state dir (never created here)."""
     from heartbeat.config.load import find_config, load_config
     from heartbeat.config.shape import HooksConfig
 
@@ -379,10 +405,10 @@ def _open(state_dir: str | None, config: str | None, env: Mapping[str, str]) -> 
 
     if url:  # a database store needs no state dir
         # (refused_wait 0: a hook answers at once, never holding its agent's turn; it never fails the agent)
-        return open_store(path or "", url, refused_wait=0.0), hooks, max_attempts
+        return open_store(path or "", url, refused_wait=0.0), hooks, max_attempts, path or ""
     if path is None or not os.path.isdir(path):
-        return None, hooks, max_attempts
-    return open_store(path), hooks, max_attempts
+        return None, hooks, max_attempts, ""
+    return open_store(path), hooks, max_attempts, path
 
 
 def hook_main(argv: Sequence[str]) -> int:

@@ -207,6 +207,25 @@ lines; what does not fit is named and left to ``heartbeat brief ID``."""
 HOOK_TIMEOUT = 30
 """Seconds Claude Code and codex give ``heartbeat hook claude|codex`` (the ``timeout`` install writes)."""
 
+TRAIL_MAX_BYTES = 64 * 1024
+"""Bytes an epoch's trail (``logs/<id>/<epoch>.trail``) may grow to before its older half is cut."""
+
+TRAIL_MAX_LINE = 4096
+"""The longest trail line a reader parses; a longer one (planted, or cut short) is skipped."""
+
+TRAIL_WHAT_CHARS = 200
+"""Characters of a call's command or target the trail keeps (one line)."""
+
+TRAIL_ACTIVITY_TAIL = 16 * 1024
+"""Bytes of a running agent's trail the daemon reads at each look (whether a tool call is in flight)."""
+
+TRAIL_BRIEF_CALLS = 12
+"""Unnoted calls a brief lists (those whose outcome is unknown first); the rest are counted."""
+
+HANG_AFTER = 120.0
+"""Seconds an agent whose trail shows no tool call in flight may stay silent (no note, output or
+call) before it counts as a hung model and is stopped; a run inside a tool call gets ``stall_after``."""
+
 MAX_HOOK_INPUT_BYTES = 1024 * 1024
 """Bytes of hook event JSON read from stdin; a larger event is refused (the hook does nothing)."""
 

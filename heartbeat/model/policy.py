@@ -76,6 +76,7 @@ class StallReason(StrEnum):
     SILENT = "silent"  # alive but no write, touch or output for stall_after
     NEVER_WROTE = "never_wrote"  # alive but no write and no output since its dispatch, for stall_after
     HUNG = "hung"  # stopped for not writing (silent or never_wrote, as the stop records it)
+    MODEL_HUNG = "model_hung"  # alive, no tool call in flight (its trail), silent for hang_after: a wait on the model
     SPINNING = "spinning"  # alive and touching, but the step did not move for progress_after
     MAX_RUNTIME = "max_runtime"  # ran past its launcher's max_runtime
     INACTIVE = "inactive"  # its task is no longer active (blocked, done, snoozed, paused) past the grace
@@ -98,6 +99,8 @@ class Policy:
     """The knobs :func:`decide` reads; the daemon builds one per task from the config."""
 
     stall_after: float = defaults.STALL_AFTER
+    hang_after: float = defaults.HANG_AFTER
+    """0: off (a run is judged by ``stall_after`` alone)."""
     progress_after: float = defaults.PROGRESS_AFTER
     max_attempts: int = defaults.MAX_ATTEMPTS
     max_idle_resumes: int = defaults.MAX_IDLE_RESUMES
@@ -149,6 +152,11 @@ class Observation:
     """Seconds since ``dispatched_at``: a launch's timeout."""
     inactive_for: float | None = None
     """Seconds since ``inactive_since``: ``inactive_grace``."""
+    tool_running: bool | None = None
+    """The agent's trail (its hooks) shows a tool call in flight (True) or none (False, a wait on
+    the model); None when it keeps no trail (the hooks are not wired in)."""
+    trail_at: datetime | None = None
+    """When the agent's trail last moved (a call started or ended): proof of life as output is."""
 
 
 @dataclass(frozen=True)
@@ -334,11 +342,18 @@ def _judge_running(baton: Baton, obs: Observation, now: datetime, policy: Policy
         return Decision(Action.STOP_THEN_DISPATCH, f"ran past max_runtime ({format_duration(policy.max_runtime)})",
                         exit_kind=ExitKind.FAILED, stalled_why=StallReason.MAX_RUNTIME)
     # Proof of life is the note (a write or a touch) or the agent's own output, whichever is later.
-    last_signal = max((t for t in (meta.touched_at, meta.dispatched_at, obs.output_at) if t is not None), default=None)
+    last_signal = max((t for t in (meta.touched_at, meta.dispatched_at, obs.output_at, obs.trail_at) if t is not None),
+                      default=None)
     silent = _age(obs.silent_for, now, last_signal)
+    if obs.tool_running is False and 0 < policy.hang_after < policy.stall_after and silent > policy.hang_after:
+        # The trail shows no tool running: the agent waits on its model, and nothing came back.
+        return Decision(Action.STOP_THEN_DISPATCH, f"hung model: no tool call in flight and silent (no note, "
+                        f"no output, no call) for {format_duration(silent)} (hang_after "
+                        f"{format_duration(policy.hang_after)})", exit_kind=ExitKind.FAILED,
+                        stalled_why=StallReason.MODEL_HUNG)
     if silent > policy.stall_after:
         never = meta.dispatched_at is not None and all(
-            t is None or t <= meta.dispatched_at for t in (meta.touched_at, obs.output_at))
+            t is None or t <= meta.dispatched_at for t in (meta.touched_at, obs.output_at, obs.trail_at))
         why = StallReason.NEVER_WROTE if never else StallReason.SILENT
         text = "never wrote nor printed anything since its dispatch" if never \
             else "alive but silent (no note, no output)"

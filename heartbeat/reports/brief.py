@@ -26,14 +26,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from heartbeat.hotpath.trail import Unnoted
 from heartbeat.model import defaults
 from heartbeat.model.baton import Baton, Status
+from heartbeat.model.ledger import Event, EventKind
 from heartbeat.model.timeparse import format_duration, utcnow
 from heartbeat.system.world import world_changes
 
-__all__ = ["RECENT_DONE", "Brief", "render_brief", "estimate_tokens"]
+__all__ = ["RECENT_DONE", "Brief", "render_brief", "estimate_tokens", "note_time", "unnoted_for"]
 
 _OMITTED_PREFIX = "_Left out to fit"
+_NOTE_KINDS = (EventKind.UPDATED, EventKind.DONE, EventKind.FAILED, EventKind.BLOCKED, EventKind.SNOOZED,
+               EventKind.CREATED)
 
 RECENT_DONE = 10
 """Done items the brief lists, the most recent; earlier ones are one line (the plan marks them too).
@@ -92,6 +96,7 @@ def render_brief(
     upstream: Sequence[Mapping[str, Any]] = (),
     essentials_first: bool = False,
     brief_file: str = "",
+    unnoted: Sequence[str] = (),
 ) -> Brief:
     """Render the brief for ``baton`` within ``budget`` tokens.
 
@@ -110,6 +115,10 @@ def render_brief(
     (:func:`heartbeat.tasks.handoff.load_packages`). Their constraints join the task's own,
     each marked ``(inherited from ID)``, and are never cut; the packages follow the
     constraints, newest first, so the budget keeps them before the task's own context.
+
+    ``unnoted`` holds the lines of what the last run did since its last note
+    (:meth:`heartbeat.hotpath.trail.Unnoted.lines`): they follow where things stand and are never cut,
+    so a successor does not repeat an effect no file shows.
     """
     now = now or utcnow()
     budget = max(1, int(budget))
@@ -174,6 +183,13 @@ def render_brief(
     for line in _state_lines(baton, max_attempts, now, epoch):
         essential = essentials_first and line.startswith(_ESSENTIAL_STATE)
         add(line + "\n", "state", "where things stand", required=essential)
+    if unnoted:
+        add("\n## Since the last note, the last run did\n", "unnoted", required=True)
+        add("Not in the note: each may have had its effect already (a file, an API call, a message, a payment). "
+            "Check before repeating any, above all one whose outcome is unknown; then note it.\n",
+            "unnoted", required=True)
+        for line in unnoted:
+            add(line + "\n", "unnoted", required=True)
     if essentials_first:
         add("\n## Keeping the baton\n", "howto", required=True)
         for line in _howto_lines(task_id):
@@ -228,6 +244,56 @@ def render_brief(
     if earlier:
         brief.omitted.insert(0, f"done ({earlier} earlier items, summarized)")
     return brief
+
+
+def note_time(events: Sequence[Event]) -> datetime | None:
+    """When the note was last written by anyone but the daemon (``events``: the task's ledger, oldest
+    first): a content write or a status verb. The trail's calls after it are the unnoted ones."""
+    for e in reversed(events):
+        if e.kind in _NOTE_KINDS and e.actor != "daemon" and (e.kind != EventKind.UPDATED or e.data.get("changed")):
+            return e.ts
+    return None
+
+
+def unnoted_for(state_dir: str, store: Any, baton: Baton, *, epoch: int | None = None) -> Unnoted | None:
+    """What the task's newest run (of ``epoch``, default the baton's, else the one before it) did since
+    its note was last written, from its trail in the local ``state_dir`` (:mod:`heartbeat.hotpath.trail`) and
+    the ledger's last note write. None when there is nothing unnoted, or no trail can be read."""
+    from heartbeat.hotpath.trail import unnoted
+
+    events = store.ledger.events(baton.id)
+    note_at = note_time(events)
+    epoch = baton.meta.epoch if epoch is None else epoch
+    found = unnoted(state_dir, baton.id, epoch, note_at) if state_dir else None
+    return found if found is not None else _unnoted_in_ledger(events, epoch, note_at)
+
+
+def _unnoted_in_ledger(events: Sequence[Event], epoch: int, note_at: datetime | None) -> Unnoted | None:
+    """What the ``exited`` event of the run of ``epoch`` (or the one before) kept of its trail: the
+    unnoted calls as the daemon that saw the run end copied them, for a reader on another host of
+    a shared store (the trail file stays on the host the agent ran on)."""
+    from heartbeat.hotpath.trail import Call
+
+    for e in reversed(events):
+        kept = e.data.get("unnoted") if e.kind == EventKind.EXITED else None
+        if not isinstance(kept, dict) or e.epoch not in (epoch, epoch - 1) or (note_at is not None and e.ts < note_at):
+            continue
+        calls = []
+        for i, c in enumerate(kept.get("last") or []):
+            if not isinstance(c, dict):
+                continue
+            try:
+                started = datetime.fromisoformat(str(c.get("started", ""))).timestamp()
+            except ValueError:
+                started = e.ts.timestamp()
+            outcome = c.get("outcome")
+            calls.append(Call(key=str(i), tool=str(c.get("tool", "?"))[:80], what=str(c.get("what", ""))[:400],
+                              started=started, ended=None if outcome == "unknown" else started,
+                              ok=None if outcome == "unknown" else outcome == "ok"))
+        total = kept.get("calls")
+        cut = max(0, total - len(calls)) if isinstance(total, int) else 0
+        return Unnoted(e.epoch, tuple(calls), cut) if calls else None
+    return None
 
 
 def _inherited(baton: Baton, upstream: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:

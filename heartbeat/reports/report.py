@@ -37,6 +37,15 @@
 ``guarantee_failures``
     ``guarantee_failed`` events: a ``done`` refused (exit 4) because one of the task's own
     checked guarantees failed.
+``unnoted_calls``
+    at each seam where an agent's run ended (``exited``), the tool calls its trail shows after
+    its last note (``unnoted`` in the event: the hooks' record, :mod:`heartbeat.hotpath.trail`), those
+    whose outcome is unknown named in the incident: work the ledger cannot otherwise see, the
+    sliver a successor may repeat.
+``done_while_blocked``
+    writes that grew ``done`` (or marked the task done) while the task was blocked, by anyone
+    but the daemon: work that went on past a person's block (the step in flight finishing,
+    or an agent that ignored it), counted even when the block was kept.
 ``mean_time_to_resume_s``
     mean over resumes of: the gap's start (``stalled``, else the previous agent's
     ``exited``/``released``; moved to a later ``woke``/``unblocked``/``retried``, since
@@ -81,12 +90,14 @@ METRIC_KEYS = (
     "spinning",
     "escalations",
     "guarantee_failures",
+    "unnoted_calls",
+    "done_while_blocked",
     "mean_time_to_resume_s",
     "duration_s",
 )
 """The metric keys, per task and in ``totals``, in this order."""
 
-_COUNT_KEYS = METRIC_KEYS[:11]
+_COUNT_KEYS = METRIC_KEYS[:13]
 
 SCORE_WEIGHTS = {
     "bypassed_blocks": 5,
@@ -97,6 +108,8 @@ SCORE_WEIGHTS = {
     "idle_resumes": 2,
     "spinning": 2,
     "guarantee_failures": 2,
+    "done_while_blocked": 5,
+    "unnoted_calls": 1,
     "unclean_resumes": 1,
 }
 """How much each failure weighs in the sort order; ``unclean_resumes`` = resumes - clean_resumes."""
@@ -211,7 +224,13 @@ class _Replay:
             self.world = {str(k): str(v) for k, v in data["world"].items()}
         if kind == EventKind.VERIFIED:
             self._verified(e, data)
+        was_blocked = self.blocked
         progress = self._content(e, data)
+        if was_blocked and e.actor != "daemon" and (kind == EventKind.DONE or (
+                kind == EventKind.UPDATED and progress and self._done_grew(data))):
+            self.count("done_while_blocked", e.ts, e.epoch, f"{kind} while blocked: work went on past the block")
+        if kind == EventKind.EXITED and isinstance(data.get("unnoted"), dict):
+            self._unnoted(e, data["unnoted"])
         agent = self.agent
         mine = agent is not None and not agent.ended and e.epoch == agent.epoch and e.actor != "daemon"
         if agent is not None and mine and kind in _AGENT_WRITE_KINDS and not agent.first_write:
@@ -256,6 +275,24 @@ class _Replay:
             if (kind in (EventKind.EXITED, EventKind.RELEASED, EventKind.DONE, EventKind.FAILED)
                     and (e.epoch == agent.epoch or not e.epoch)):
                 self._end(agent, e)
+
+    @staticmethod
+    def _done_grew(data: dict[str, Any]) -> bool:
+        changed = data.get("changed")
+        return isinstance(changed, dict | list) and "done" in changed
+
+    def _unnoted(self, e: Event, unnoted: dict[str, Any]) -> None:
+        calls = unnoted.get("calls")
+        if not isinstance(calls, int) or calls <= 0 or not self.within(e.ts):
+            return
+        self.counts["unnoted_calls"] += calls
+        last = [c for c in unnoted.get("last") or [] if isinstance(c, dict)]
+        unknown = [str(c.get("what", ""))[:80] for c in last if c.get("outcome") == "unknown"]
+        detail = f"the run of epoch {e.epoch} ended with {calls} call(s) after its last note"
+        if unknown:
+            detail += f", outcome unknown: {'; '.join(unknown)}"
+        self.incidents.append({"metric": "unnoted_calls", "ts": e.ts.isoformat(), "epoch": e.epoch,
+                               "detail": detail})
 
     def _is_start(self, e: Event) -> bool:
         if e.kind == EventKind.DISPATCHED:
@@ -454,7 +491,7 @@ class Report:
         cols = (("STARTS", "dispatches"), ("RESUMES", "resumes"), ("CLEAN", "clean_resumes"),
                 ("REDONE", "redone_steps"), ("SKIPPED", "skipped_steps"), ("BYPASS", "bypassed_blocks"),
                 ("STALE", "stale_resumes"), ("IDLE", "idle_resumes"), ("SPIN", "spinning"), ("ESC", "escalations"),
-                ("GUAR", "guarantee_failures"))
+                ("GUAR", "guarantee_failures"), ("UNNOTED", "unnoted_calls"), ("BLKWORK", "done_while_blocked"))
         header = ("TASK", "STATUS", "SCORE", *(c for c, _ in cols), "TTR", "DURATION")
         rows: list[tuple[str, ...]] = [header]
 
@@ -486,8 +523,9 @@ class Report:
                 more = f" (+{len(t.incidents) - 1} more: heartbeat report --json)" if len(t.incidents) > 1 else ""
                 lines.append(f"{t.id}: {inc['metric']}: {inc['detail']}{more}")
         lines.append("")
-        lines.append("SCORE = 5 x (bypass + esc) + 3 x (stale + redone + skipped) + 2 x (idle + spin) "
-                     "+ 1 x unclean resumes; TTR = mean time to resume")
+        lines.append("SCORE = 5 x (bypass + esc + blkwork) + 3 x (stale + redone + skipped) + 2 x (idle + spin + guar) "
+                     "+ 1 x (unclean resumes + unnoted); UNNOTED = calls after the last note at a seam; "
+                     "BLKWORK = done while blocked; TTR = mean time to resume")
         lines += render_seams([(t.id, t.seams) for t in self.tasks if t.seams], self.seams)
         return "\n".join(lines) + skipped
 

@@ -9,6 +9,7 @@
     logs/<id>/<epoch>.pid              the agent's pid and create time (the launcher's shim)
     logs/<id>/<epoch>.exit             the agent's exit status (the shim)
     logs/<id>/<epoch>.pulse            the agent's fast touches (its mtime; :mod:`heartbeat.hotpath.pulse`)
+    logs/<id>/<epoch>.trail            the agent's tool calls since its note (its hooks; :mod:`heartbeat.hotpath.trail`)
     logs/<id>/<epoch>.lease            when the agent's shim stops it unless renewed (a shared store)
     ledger.sqlite3                     the ledger (the file store)
     format.toml                        the state dir's format: version and min_reader (the file store)
@@ -119,6 +120,11 @@ class StateLayout:
     def lease(self, task_id: str, epoch: int) -> str:
         """``logs/<id>/<epoch>.lease``: the agent's lease deadlines, written by a daemon on a shared store."""
         return os.path.join(self.task_logs(task_id), f"{epoch}.lease")
+
+    def trail(self, task_id: str, epoch: int) -> str:
+        """``logs/<id>/<epoch>.trail``. The hooks, on the agent's hot path, spell it themselves
+        (:func:`heartbeat.hotpath.trail.trail_path`; a test pins the two equal)."""
+        return os.path.join(self.task_logs(task_id), f"{epoch}.trail")
 
     def pulse(self, task_id: str, epoch: int) -> str:
         """``logs/<id>/<epoch>.pulse``. :mod:`heartbeat.hotpath.pulse`, on the agent's hottest path, opens it

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from heartbeat.hotpath.argv import agent_call
+from heartbeat.hotpath.argv import AGENT_COMMANDS, agent_call
 from heartbeat.model.errors import BadInput, HeartbeatError
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def parse_hot(argv: Sequence[str], *, agent_commands: bool = False) -> Write | N
         return Write("set", task_id, pairs=rest)
     if command == "add":
         return Write("add", task_id, field=rest[0], values=rest[1:])
-    if not agent_commands:
+    if not agent_commands or command not in AGENT_COMMANDS or rest:
         return None
     return Write(command, task_id) if note is None else Write(command, task_id, note=note)
 

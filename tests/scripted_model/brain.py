@@ -32,7 +32,19 @@ while an agent runs): ``delay`` seconds before answering; ``hang`` (answer nothi
 is cleared); ``hold_after_step`` (hang the request that reports step N's write, before the
 note: a deterministic "killed mid-step" point); ``rate_limit`` (``{"status": 429|529,
 "retry_after": S, "times": N, "message": "..."}``: the next N requests get that error);
-``work_turns``/``work_sleep`` (silent turns of ``sleep S`` before each step's write).
+``work_turns``/``work_sleep`` (silent turns of ``sleep S`` before each step's write);
+``hold_after_effect`` (hang the request that reports step N's effect, before its write and note:
+killed between an external effect and its note).
+
+A ralph-style loop's prompt (it names ``fix_plan.md``): the model first runs ``cat fix_plan.md
+NOTES.md``; the plan's checked boxes (``- [x] STEP``) are done steps, the notes' "Do not
+touch PATH" lines constraints, and a last ``BLOCKED``/``UNBLOCKED`` line that is ``BLOCKED``
+ends the run at once; after each step's write it checks the step's box (rewriting
+``fix_plan.md`` with ``Write``): the loop's note.
+
+An effect (:attr:`Workload.effects`) is recorded as ``effect`` when its result comes back (a
+command twice = a repeated effect) and ``effect_skipped`` when the model did not run it because
+the conversation said the last run had.
 """
 
 from __future__ import annotations
@@ -133,6 +145,10 @@ class Workload:
     steps: tuple[str, ...]
     touches: dict[str, str] = field(default_factory=dict)
     """Step name -> a path (relative to the workdir) that step also writes, unless forbidden."""
+    effects: dict[str, str] = field(default_factory=dict)
+    """Step name -> a shell command with an effect no file in the workdir shows (an API call, a
+    payment), run before the step's write, once: unless the conversation says it already ran (a
+    brief's "Since the last note" section, or ``show --json``'s ``unnoted``)."""
 
 
 def step_file(index: int) -> str:
@@ -159,6 +175,7 @@ class Controls:
     work_sleep: float = 0.0
     stop_after_step: int | None = None
     """End the turn once step N (1-based) is done and noted, as a session a person ends."""
+    hold_after_effect: int | None = None
     probes: tuple[str, ...] | list[str] = ()
     """Shell commands tried once per conversation after orienting (e.g. ones the CLI must refuse)."""
 
@@ -310,6 +327,9 @@ class Brain:
                 else:
                     self.record.write("touched", call=call.id, path=call.path, error=result.is_error,
                                       session=conv.session, task=task)
+            elif call.command in self.workload.effects.values():
+                self.record.write("effect", call=call.id, command=call.command, error=result.is_error,
+                                  session=conv.session, task=task)
             elif call.command.startswith("heartbeat "):
                 self.record.write("note", call=call.id, command=call.command, error=result.is_error,
                                   output=result.text[:300], session=conv.session)
@@ -360,6 +380,11 @@ class Brain:
             return _shell("Read the task's baton", _show(task))
         if self.sees_files and self._listing(conv) is None:
             return _shell("List the step files", _LS)
+        notes = self._loop_notes(conv)
+        if notes is None:
+            return _shell("Read the plan and the notes", _LOOP_READ)
+        if notes and _blocked(notes):
+            return Reply(text="NOTES.md says BLOCKED: stopping here.")
         baton = self._baton(conv, task) or {}
         steps = self.workload.steps
         done = {s for s in baton.get("done", []) if isinstance(s, str)}
@@ -374,7 +399,8 @@ class Brain:
             if index is not None and result is not None and not result.is_error:
                 done.add(steps[index])
                 written[index] = call
-        forbidden = set(_FORBID.findall(conv.text))
+        done.update(re.findall(r"^- \[x\] (.+)$", notes, re.MULTILINE) if notes else ())
+        forbidden = set(_FORBID.findall(conv.text + (notes or "")))
         for c in baton.get("constraints", []):
             if isinstance(c, str):
                 forbidden.update(_FORBID.findall(c))
@@ -394,6 +420,17 @@ class Brain:
             return Reply(text=f"Stopping: {why}.")
 
         # The note for steps finished in this conversation, with the brief's exact commands.
+        if notes:
+            plan = "".join(f"- [{'x' if s in done else ' '}] {s}\n" for s in steps)
+            plan_path = os.path.join(cwd, "fix_plan.md")
+            if any(s in done for s in steps) and not any(c.path == plan_path and c.content == plan for c in conv.calls):
+                held = [i for i in sorted(written) if controls.hold_after_step == i + 1
+                        and not any(c.path == plan_path and f"[x] {steps[i]}" in c.content for c in conv.calls)]
+                if held:
+                    self.record.write("held", call=f"held-{written[held[0]].id}", step=steps[held[0]])
+                    return Reply(fault=Fault(hang=True, until=self._holding(held[0] + 1)))
+                if written:
+                    return _write(plan_path, plan, conv, text="Check the step off in the plan.")
         for index in sorted(written):
             if controls.hold_after_step == index + 1 and not self._noted(conv, task, steps[index]):
                 self.record.write("held", call=f"held-{written[index].id}", step=steps[index])
@@ -419,6 +456,18 @@ class Brain:
             sleeps = [c for c in conv.calls if c.command == _sleep(controls.work_sleep, index)]
             if len(sleeps) < controls.work_turns:
                 return _shell("Work on the step", _sleep(controls.work_sleep, index), text=f"Working on {step}.")
+            effect = self.workload.effects.get(step)
+            if effect:
+                ran = [c for c in conv.calls if c.command == effect and c.id in conv.results]
+                if ran and controls.hold_after_effect == index + 1 and not (set(written) & {index}):
+                    self.record.write("held", call=f"held-{ran[0].id}", step=step)
+                    return Reply(fault=Fault(hang=True, until=self._holding_effect(index + 1)))
+                if not ran and effect not in issued:
+                    if _already_ran(conv, baton, effect):
+                        self.record.write("effect_skipped", call=f"skip-effect-{index}-{conv.session}", step=step,
+                                          command=effect)
+                    else:
+                        return _shell("Make the step's external call", effect, text=f"Calling out for {step}.")
             extra = self.workload.touches.get(step)
             if extra and os.path.join(cwd, extra) not in issued:
                 if extra in forbidden:
@@ -431,6 +480,19 @@ class Brain:
             if finish not in issued:
                 return _shell("Mark the task done", finish)
         return Reply(text=f"All {len(steps)} steps are done.")
+
+    def _loop_notes(self, conv: Conversation) -> str | None:
+        """For a loop's prompt (it names fix_plan.md): the output of ``cat fix_plan.md NOTES.md``, or
+        None when not read yet in this conversation; "" for any other prompt."""
+        if "fix_plan.md" not in conv.text:
+            return ""
+        for call in reversed(conv.calls):
+            if call.command == _LOOP_READ and call.id in conv.results:
+                return conv.results[call.id].text or " "
+        return None
+
+    def _holding_effect(self, step: int) -> Callable[[], bool]:
+        return lambda: self.controls().hold_after_effect == step
 
     def _holding(self, step: int) -> Callable[[], bool]:
         return lambda: self.controls().hold_after_step == step
@@ -446,6 +508,12 @@ class Brain:
 
 
 _LS = "ls -1 steps"
+_LOOP_READ = "cat fix_plan.md NOTES.md"
+
+
+def _blocked(notes: str) -> bool:
+    marks = re.findall(r"^(BLOCKED|UNBLOCKED)\b", notes, re.MULTILINE)
+    return bool(marks) and marks[-1] == "BLOCKED"
 
 
 def _show(task: str) -> str:
@@ -460,6 +528,21 @@ def _sleep(seconds: float, index: int) -> str:
 def _step_index(path: str) -> int | None:
     m = _STEP_PATH.search(path)
     return int(m.group(1)) - 1 if m else None
+
+
+_UNNOTED = "Since the last note, the last run did"
+
+
+def _already_ran(conv: Conversation, baton: dict[str, Any], command: str) -> bool:
+    """Whether the conversation says the last run already made this call: the brief's section of
+    what it did since its note, or ``show --json``'s ``unnoted`` (a careful reader of its brief)."""
+    text = conv.text
+    at = text.find(_UNNOTED)
+    if at >= 0 and f"`{command}`" in text[at:]:
+        return True
+    unnoted = baton.get("unnoted")
+    calls = unnoted.get("calls") if isinstance(unnoted, dict) else None
+    return isinstance(calls, list) and any(isinstance(c, dict) and c.get("what") == command for c in calls)
 
 
 def _refused_or_none(result: Result | None) -> bool:
