@@ -91,6 +91,7 @@ def cmd_new(args: argparse.Namespace) -> int:
         raise BadInput("--gate goes with --blocked-on")
     owner = _claiming_owner(args) if args.claim else None
     guarantees = _guarantees(args.guarantee or [])
+    guards = _new_guards(args)
     _refuse_unknown_names(args, launchers=[args.launcher or ""], checks=[g.check for g in guarantees],
                           on_broken=args.on_broken or "")
     store = _store(args)
@@ -110,7 +111,9 @@ def cmd_new(args: argparse.Namespace) -> int:
         launcher=args.launcher or "",
         handoff=args.handoff or "",
         key_files=args.key_file or [],
-        constraints=args.constraint or [],
+        constraints=[c for c in args.constraint or [] if c not in {g.constraint for g in guards}],
+        guards=guards,
+        irreversible=args.irreversible or [],
         plan=args.plan or [],
         blocked_on=args.blocked_on or "",
         gate=gate,
@@ -124,6 +127,22 @@ def cmd_new(args: argparse.Namespace) -> int:
     if args.claim:
         print(baton.meta.epoch)
     return 0
+
+
+def _new_guards(args: argparse.Namespace) -> list[Any]:
+    """``new``'s ``--protect``/``--forbid``, each guarding the ``--constraint`` given before it."""
+    from heartbeat.tasks import make_guard
+
+    globs: dict[str, tuple[list[str], list[str]]] = {}
+    last = ""
+    for kind, value in getattr(args, "guard_order", []):
+        if kind == "constraint":
+            last = value
+        elif not last:
+            raise BadInput(f"--{kind} guards the --constraint given before it: give one first")
+        else:
+            globs.setdefault(last, ([], []))[0 if kind == "protect" else 1].append(value)
+    return [make_guard(args.id, text, protect, forbid) for text, (protect, forbid) in globs.items()]
 
 
 def _refuse_unknown_names(args: argparse.Namespace, **names: Any) -> None:
@@ -191,6 +210,9 @@ def _set(store: Any, args: argparse.Namespace, epoch: int | None, actor: str) ->
 def cmd_add(args: argparse.Namespace) -> int:
     if args.field != "guarantees" and getattr(args, "check", None):
         raise BadInput("--check goes with `add ID guarantees TEXT`")
+    if (getattr(args, "protect", None) or getattr(args, "forbid", None)) and (
+            args.field != "constraints" or len(args.values) != 1):
+        raise BadInput("--protect and --forbid go with `add ID constraints \"TEXT\"` (one constraint)")
     _add(_store(args), args, _epoch(args), _actor(args))
     return 0
 
@@ -201,7 +223,9 @@ def _add(store: Any, args: argparse.Namespace, epoch: int | None, actor: str) ->
     if args.field == "guarantees" and getattr(args, "check", None):
         _refuse_unknown_names(args, checks=[args.check])
     write.apply(store, write.Write("add", args.id, field=args.field, values=tuple(args.values),
-                                   check=getattr(args, "check", None) or "", expect_revision=args.expect_revision),
+                                   check=getattr(args, "check", None) or "", expect_revision=args.expect_revision,
+                                   protect=tuple(getattr(args, "protect", None) or ()),
+                                   forbid=tuple(getattr(args, "forbid", None) or ())),
                 epoch=epoch, actor=actor)
 
 
@@ -911,7 +935,14 @@ AGENT_WRITES: dict[str, tuple[Callable[[argparse.Namespace], int], str, tuple[Ar
     "add": (cmd_add, "append to a list field", (_ID, ("field", {}), ("values", {"nargs": "+", "metavar": "VALUE"}),
                                                 _EPOCH, _EXPECT_REVISION,
                                                 ("--check", {"help": "with `guarantees`: the [checks.NAME] proving "
-                                                             "it"}))),
+                                                             "it"}),
+                                                ("--protect", {"action": "append", "metavar": "GLOB",
+                                                               "help": "with `constraints`: a path glob (relative to "
+                                                               "the workdir) the rail refuses to let the agent write "
+                                                               "or name in a command (repeatable)"}),
+                                                ("--forbid", {"action": "append", "metavar": "COMMAND_GLOB",
+                                                              "help": "with `constraints`: a shell command glob the "
+                                                              "rail refuses (repeatable)"}))),
     "touch": (cmd_touch, "heartbeat: alive, still on this step", (_ID, _EPOCH)),
 }
 """The commands an agent calls often, each as (function, help, arguments in order): build_parser
@@ -956,6 +987,20 @@ def _hot_args(argv: Sequence[str]) -> Any:
     return types.SimpleNamespace(**values)
 
 
+def _ordered_action() -> Any:
+    import argparse
+
+    class Ordered(argparse._AppendAction):
+        """``append``, also keeping every ``--constraint``/``--protect``/``--forbid`` in the order given."""
+
+        def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+            super().__call__(parser, namespace, values, option_string)
+            order = list(getattr(namespace, "guard_order", None) or [])
+            namespace.guard_order = [*order, (self.dest, values)]
+
+    return Ordered
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser; ``only`` builds just that command's subparser (argparse spends
     milliseconds per subparser, and an agent's ``touch`` should not pay for all of them)."""
@@ -996,6 +1041,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the demo's state dir")
 
     p = command("new", cmd_new, "create a task", write=False)
+    _Ordered = _ordered_action()
     p.add_argument("--task", required=True, help="what the task is")
     p.add_argument("--step", required=True, help="the current step")
     p.add_argument("--intent", help="why the task exists")
@@ -1004,7 +1050,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--launcher", help="a [launchers.NAME] of the config")
     p.add_argument("--handoff", help="path to a longer briefing")
     p.add_argument("--key-file", action="append", help="a key file, relative to the workdir (repeatable)")
-    p.add_argument("--constraint", action="append", help="a constraint (repeatable)")
+    p.add_argument("--constraint", action=_Ordered, help="a constraint (repeatable)")
+    p.add_argument("--protect", action=_Ordered, metavar="GLOB", help="the --constraint before it protects this "
+                   "path glob, relative to the workdir: the rail refuses writes to it and commands naming it "
+                   "(repeatable)")
+    p.add_argument("--forbid", action=_Ordered, metavar="COMMAND_GLOB", help="the --constraint before it forbids "
+                   "shell commands matching this glob (repeatable)")
+    p.add_argument("--irreversible", action="append", metavar="COMMAND_GLOB", help="a command glob that needs a "
+                   "fresh verify (replaces the launcher's and the config's; repeatable)")
     p.add_argument("--plan", action="append", help="a plan step, in order (repeatable)")
     p.add_argument("--blocked-on", help="start blocked on this")
     p.add_argument("--gate", help="how the block clears: human|file:[HOST:]PATH|time:ISO8601|task:ID|"

@@ -28,6 +28,7 @@ __all__ = [
     "LauncherConfig",
     "CommandConfig",
     "HooksConfig",
+    "GuardsConfig",
     "RetentionConfig",
     "find_config",
     "load_config",
@@ -49,7 +50,7 @@ BUILTIN_LAUNCHER_KEYS = {
     "systemd-run": frozenset({"properties", "slice", "user"}),
     "null": frozenset({"exit_code", "runtime"}),
 }
-PRESET_KEYS = frozenset({"preset", "program", "args", "session", "max_resumes_per_session"})
+PRESET_KEYS = frozenset({"preset", "program", "args", "session", "max_resumes_per_session", "irreversible"})
 """Keys every launcher type takes for presets and sessions (:mod:`heartbeat.presets`)."""
 _MIN_LOG_BYTES = 4096
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
@@ -161,6 +162,8 @@ class LauncherConfig:
     session: str = defaults.SESSION
     """``fresh`` or ``resume``: what a retry does with the previous agent's session."""
     max_resumes_per_session: int = defaults.MAX_RESUMES_PER_SESSION
+    irreversible: tuple[str, ...] | None = None
+    """The rail's irreversible command globs for this launcher's agents (None: ``[guards]``'s)."""
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -179,6 +182,14 @@ class HooksConfig:
 
     fresh_within: float = defaults.HOOK_FRESH_WITHIN
     max_stop_blocks: int = defaults.HOOK_MAX_STOP_BLOCKS
+
+
+@dataclass(frozen=True)
+class GuardsConfig:
+    """``[guards]``: what the rail (``heartbeat hook``'s ``PreToolUse``) holds for every task."""
+
+    irreversible: tuple[str, ...] = defaults.IRREVERSIBLE
+    """Shell command globs that need a fresh ``verify`` (a launcher's or a baton's own list replaces it)."""
 
 
 @dataclass(frozen=True)
@@ -216,6 +227,7 @@ class Config:
     notify: Mapping[str, CommandConfig] = field(default_factory=dict)
     checks: Mapping[str, CommandConfig] = field(default_factory=dict)
     hooks: HooksConfig = field(default_factory=HooksConfig)
+    guards: GuardsConfig = field(default_factory=GuardsConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -223,6 +235,11 @@ class Config:
     @property
     def state_dir(self) -> str:
         return self.daemon.state_dir
+
+    def irreversible(self, launcher: str) -> tuple[str, ...]:
+        """The irreversible globs of ``launcher``'s agents: its own, else ``[guards]``'s."""
+        lc = self.launchers.get(launcher) or self.launchers.get(self.daemon.default_launcher)
+        return lc.irreversible if lc is not None and lc.irreversible is not None else self.guards.irreversible
 
 
 def find_config(explicit: str | None = None, *, env: Mapping[str, str] | None = None) -> str | None:
@@ -487,7 +504,8 @@ class _Parser:
         return tuple(value)
 
     def parse(self, doc: dict[str, Any]) -> Config:
-        self.unknown(doc, {"daemon", "launchers", "notify", "checks", "hooks", "http", "retention", "store"}, "")
+        self.unknown(doc, {"daemon", "launchers", "notify", "checks", "hooks", "guards", "http", "retention",
+                         "store"}, "")
         daemon = self.parse_daemon(self.table(doc.get("daemon", {}), "daemon"))
         launchers = {
             name: self.parse_launcher(name, self.table(body, f"launchers.{name}"))
@@ -512,6 +530,7 @@ class _Parser:
         http = self.parse_http(self.table(doc.get("http", {}), "http"))
         return Config(path=os.path.abspath(self.path), daemon=daemon, launchers=launchers, notify=notify,
                       checks=checks, hooks=self.parse_hooks(self.table(doc.get("hooks", {}), "hooks")),
+                      guards=self.parse_guards(self.table(doc.get("guards", {}), "guards")),
                       http=http,
                       retention=self.parse_retention(self.table(doc.get("retention", {}), "retention")),
                       store=self.parse_store(self.table(doc.get("store", {}), "store")))
@@ -523,6 +542,29 @@ class _Parser:
             fresh_within=self.duration(doc, "fresh_within", p, defaults.HOOK_FRESH_WITHIN),
             max_stop_blocks=self.integer(doc, "max_stop_blocks", p, defaults.HOOK_MAX_STOP_BLOCKS, minimum=0),
         )
+
+    def parse_guards(self, doc: dict[str, Any]) -> GuardsConfig:
+        self.unknown(doc, set(GuardsConfig.__dataclass_fields__), "guards.")
+        found = self.globs(doc, "guards.")
+        return GuardsConfig(irreversible=defaults.IRREVERSIBLE if found is None else found)
+
+    def globs(self, doc: dict[str, Any], p: str) -> tuple[str, ...] | None:
+        """``irreversible``: a list of command globs (None when the key is absent)."""
+        from heartbeat.baton import GlobKind, check_guard_glob
+
+        if "irreversible" not in doc:
+            return None
+        value = doc["irreversible"]
+        if not isinstance(value, list):
+            raise self.error(f"{p}irreversible", "expected a list of command globs, e.g. [\"git push*\"]")
+        if len(value) > defaults.MAX_GUARD_GLOBS:
+            raise self.error(f"{p}irreversible", f"{len(value)} globs, over {defaults.MAX_GUARD_GLOBS}")
+        for glob in value:
+            try:
+                check_guard_glob(glob, GlobKind.IRREVERSIBLE)
+            except BadInput as exc:
+                raise self.error(f"{p}irreversible", exc.message) from None
+        return tuple(value)
 
     def parse_http(self, doc: dict[str, Any]) -> HttpConfig:
         p = "http."
@@ -672,6 +714,7 @@ class _Parser:
             args=preset["args"] if preset is not None else (),
             session=self.string(doc, "session", p, defaults.SESSION, ("fresh", "resume")),
             max_resumes_per_session=self.integer(doc, "max_resumes_per_session", p, defaults.MAX_RESUMES_PER_SESSION),
+            irreversible=self.globs(doc, p),
             options=options,
         )
 
@@ -698,6 +741,12 @@ class _Parser:
         args = doc.get("args", [])
         if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
             raise self.error(f"{p}args", "expected a list of strings (flags for the agent CLI; no shell is involved)")
+        from heartbeat.presets import BARE_ARGS
+
+        off = [a for a in args if a in BARE_ARGS.get(name, ())]
+        if off:
+            raise self.error(f"{p}args", f"{off[0]} switches {preset.program}'s hooks off, and with them the rail "
+                                         "(heartbeat's PreToolUse check): remove it")
         for arg in args:
             unknown = placeholders_in(arg) - LAUNCHER_PLACEHOLDERS
             if unknown:

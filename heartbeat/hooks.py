@@ -49,7 +49,7 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import IO, TYPE_CHECKING, Any
@@ -82,7 +82,7 @@ __all__ = [
     "HOOK_AGENTS",
 ]
 
-HOOK_EVENTS = ("SessionStart", "PreCompact", "Stop", "SessionEnd")
+HOOK_EVENTS = ("SessionStart", "PreCompact", "Stop", "SessionEnd", "PreToolUse")
 """The hook events heartbeat installs and acts on (Claude Code 2.1.332 and codex 0.171.0 both fire them)."""
 
 HOOK_AGENTS = ("claude", "codex")
@@ -208,8 +208,10 @@ def handle_event(
     config_arg: str = "",
     max_attempts: int | None = None,
     now: datetime | None = None,
+    irreversible: Callable[[str], Sequence[str]] | None = None,
 ) -> HookResult:
-    """Act on one hook event for the task it belongs to; record the seam."""
+    """Act on one hook event for the task it belongs to; record the seam. ``PreToolUse`` is the
+    rail (:mod:`heartbeat.rail`), ``irreversible`` giving a launcher's globs (None: the defaults)."""
     from heartbeat.baton import Status
     from heartbeat.config import HooksConfig
     from heartbeat.ledger import Event
@@ -221,11 +223,16 @@ def handle_event(
     name = _str(event, "hook_event_name")
     if name not in HOOK_EVENTS:
         return HookResult()
+    if name == "PreToolUse" and not env.get("HEARTBEAT_TASK"):
+        return HookResult()  # the rail holds only a session bound to a task
     baton = _find_task(store, task, _str(event, "cwd"), env)
     if baton is None:
         return HookResult()
     session_id = _str(event, "session_id")
     epoch = _epoch(baton, env)
+    if name == "PreToolUse":
+        return _rail(event, baton, store, env=env, epoch=epoch, session_id=session_id, now=now,
+                     irreversible=irreversible, prefix=command_prefix(state_dir_arg, config_arg))
 
     def record(kind: EventKind, **data: Any) -> None:
         store.record([Event(task=baton.id, kind=kind, ts=now, epoch=epoch, revision=baton.meta.revision,
@@ -273,6 +280,23 @@ def handle_event(
               "finished), then stop.")
     record(EventKind.STOP_BLOCKED, note_age_s=round((now - last_write).total_seconds(), 3) if last_write else None)
     return HookResult(json.dumps({"decision": "block", "reason": reason}, ensure_ascii=False) + "\n")
+
+
+def _rail(event: Mapping[str, Any], baton: Baton, store: Store, *, env: Mapping[str, str], epoch: int,
+          session_id: str, now: datetime, irreversible: Callable[[str], Sequence[str]] | None,
+          prefix: str) -> HookResult:
+    """``PreToolUse`` in a bound session: the rail's answer (nothing printed: the call goes on)."""
+    from heartbeat.rail import check, deny_output
+
+    if not _bound(baton, env):
+        return HookResult()
+    launcher = (baton.meta.owner.launcher if baton.meta.owner else "") or baton.launcher
+    globs = defaults.IRREVERSIBLE if irreversible is None else irreversible(launcher)
+    decision = check(event, baton, store, caller_epoch=epoch, irreversible=globs, session_id=session_id,
+                     prefix=prefix, now=now)
+    if decision.allow:
+        return HookResult()
+    return HookResult(json.dumps(deny_output(decision.reason), ensure_ascii=False) + "\n")
 
 
 def context_length(text: str) -> int:
@@ -352,11 +376,12 @@ def run_hook(
         if agent not in HOOK_AGENTS:
             raise BadInput(f"no hooks for {agent!r} (known: {', '.join(HOOK_AGENTS)})")
         event = _read_event(stdin or sys.stdin.buffer)
-        store, hooks, max_attempts = _open(state_dir, config, env)
+        store, hooks, max_attempts, loaded = _open(state_dir, config, env)
         if store is None:
             return 0
         result = handle_event(event, store, task=task, hooks=hooks, env=env, state_dir_arg=state_dir or "",
-                              config_arg=config or "", max_attempts=max_attempts)
+                              config_arg=config or "", max_attempts=max_attempts,
+                              irreversible=None if loaded is None else loaded.irreversible)
         if result.stdout:
             stdout.write(result.stdout)
             stdout.flush()
@@ -369,11 +394,12 @@ def run_hook(
     return 0
 
 
-def _open(state_dir: str | None, config: str | None, env: Mapping[str, str]) -> tuple[Any, Any, int | None]:
-    """The store, hooks config and max_attempts; no store when there is no state dir (never created here)."""
+def _open(state_dir: str | None, config: str | None, env: Mapping[str, str]) -> tuple[Any, Any, int | None, Any]:
+    """The store, hooks config, max_attempts and the config (None without one); no store when there
+    is no state dir (never created here)."""
     from heartbeat.config import HooksConfig, find_config, load_config
 
-    hooks, max_attempts, path = HooksConfig(), None, None
+    hooks, max_attempts, path, loaded = HooksConfig(), None, None, None
     url = env.get("HEARTBEAT_STORE_URL", "").strip()  # (as heartbeat.config.resolve_store orders them)
     if state_dir:
         path = os.path.abspath(state_dir)
@@ -393,10 +419,10 @@ def _open(state_dir: str | None, config: str | None, env: Mapping[str, str]) -> 
 
     if url:  # a database store needs no state dir
         # (refused_wait 0: a hook answers at once, never holding its agent's turn; it never fails the agent)
-        return open_store(path or "", url, refused_wait=0.0), hooks, max_attempts
+        return open_store(path or "", url, refused_wait=0.0), hooks, max_attempts, loaded
     if path is None or not os.path.isdir(path):
-        return None, hooks, max_attempts
-    return open_store(path), hooks, max_attempts
+        return None, hooks, max_attempts, loaded
+    return open_store(path), hooks, max_attempts, loaded
 
 
 def hook_main(argv: Sequence[str]) -> int:
@@ -428,17 +454,10 @@ def hook_main(argv: Sequence[str]) -> int:
 
 
 def heartbeat_argv() -> list[str]:
-    """How this heartbeat is run from a hook: its ``heartbeat`` script when that is on PATH and is
-    this install's, else this interpreter with ``-m heartbeat``."""
-    import shutil
+    """How this heartbeat is run from a hook (:func:`heartbeat.presets.heartbeat_argv`)."""
+    from heartbeat.presets import heartbeat_argv as argv
 
-    script = shutil.which("heartbeat")
-    mine = os.path.join(os.path.dirname(sys.executable), "heartbeat")
-    if script and os.path.realpath(script) == os.path.realpath(mine):
-        return [os.path.abspath(script)]
-    if os.path.isfile(mine) and os.access(mine, os.X_OK):
-        return [mine]
-    return [sys.executable, "-m", "heartbeat"]
+    return argv()
 
 
 def hook_command(*, agent: str = "claude", state_dir: str | None = None, config: str | None = None,

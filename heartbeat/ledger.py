@@ -74,6 +74,7 @@ class EventKind(StrEnum):
     ARCHIVED = "archived"
     COMPACTED = "compacted"
     TAKEN_OVER = "taken_over"
+    RAIL_REFUSED = "rail_refused"
 
 
 @dataclass
