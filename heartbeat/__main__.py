@@ -36,11 +36,30 @@ def main() -> int:
         code = forward(argv)
         if code is not None:
             return code
+    if argv[:1] == ["hook"] and len(argv) == 2 and os.environ.get("HEARTBEAT_TASK"):
+        return _hook(argv)
     if argv[:1] in _AGENT_WRITES:
         _defer_inspect()
     from heartbeat.cli import main as cli_main
 
     return cli_main()
+
+
+def _hook(argv: list[str]) -> int:
+    """A bound agent's ``heartbeat hook AGENT``: a ``PreToolUse`` is decided by the daemon's rail when one
+    runs (:func:`heartbeat.relay.forward_rail`), anything else (or no daemon) by the hook here."""
+    import io
+    import sys
+
+    from heartbeat import defaults
+    from heartbeat.relay import forward_rail
+
+    data = sys.stdin.buffer.read(defaults.MAX_HOOK_INPUT_BYTES + 1)
+    if forward_rail(data) is not None:
+        return 0
+    from heartbeat.hooks import hook_main
+
+    return hook_main(argv[1:], stdin=io.BytesIO(data))
 
 
 def _defer_inspect() -> None:

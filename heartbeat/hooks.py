@@ -425,7 +425,7 @@ def _open(state_dir: str | None, config: str | None, env: Mapping[str, str]) -> 
     return open_store(path), hooks, max_attempts, loaded
 
 
-def hook_main(argv: Sequence[str]) -> int:
+def hook_main(argv: Sequence[str], *, stdin: IO[bytes] | None = None) -> int:
     """``heartbeat hook claude|codex [--task ID] [--state-dir DIR] [--config FILE]``, parsed without
     argparse (the CLI runs the hook at every turn's end)."""
     opts: dict[str, str] = {}
@@ -447,7 +447,7 @@ def hook_main(argv: Sequence[str]) -> int:
             print(f"heartbeat hook: unexpected argument {arg[:80]!r}", file=sys.stderr)
             return 0
     return run_hook(agent or "claude", task=opts.get("--task"), state_dir=opts.get("--state-dir"),
-                    config=opts.get("--config"))
+                    config=opts.get("--config"), stdin=stdin)
 
 
 # -- install / uninstall -----------------------------------------------------------------

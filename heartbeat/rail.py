@@ -31,7 +31,7 @@ import fnmatch
 import os
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from heartbeat.verify import VerifyResult
 
 __all__ = ["Rule", "ToolCall", "RailView", "Decision", "Verified", "tool_call", "view_of", "decide", "check",
-           "own_command", "deny_output"]
+           "own_command", "deny_output", "relayed"]
 
 
 class Rule(StrEnum):
@@ -310,6 +310,34 @@ def check(event: Mapping[str, Any], baton: Baton, store: Store, *, caller_epoch:
                                   "session_id": session_id, **({"matched": decision.matched[:200]}
                                                                if decision.matched else {}), **decision.data})])
     return decision
+
+
+def relayed(store: Store, args: Sequence[str], env: Mapping[str, str],
+            irreversible: Callable[[str], Sequence[str]] | None) -> str:
+    """The daemon's relay answering an agent's ``PreToolUse`` (``args``: the task and the event's JSON,
+    ``env``: the agent's ``HEARTBEAT_TASK``/``HEARTBEAT_EPOCH``): the hook's stdout, the deny line or
+    nothing. Anything amiss (an unknown task, a malformed event) answers nothing, as the hook would."""
+    import json
+
+    from heartbeat.errors import HeartbeatError
+    from heartbeat.write import epoch_from_env
+
+    if len(args) != 2 or env.get("HEARTBEAT_TASK") != args[0]:
+        return ""
+    try:
+        event = json.loads(args[1])
+        if not isinstance(event, dict) or event.get("hook_event_name") != "PreToolUse":
+            return ""
+        baton = store.load(args[0])
+        mine = epoch_from_env(baton.id, env)
+        launcher = (baton.meta.owner.launcher if baton.meta.owner else "") or baton.launcher
+        globs = defaults.IRREVERSIBLE if irreversible is None else irreversible(launcher)
+        session = event.get("session_id")
+        decision = check(event, baton, store, caller_epoch=baton.meta.epoch if mine is None else mine,
+                         irreversible=globs, session_id=session if isinstance(session, str) else "")
+    except (HeartbeatError, ValueError, RecursionError):
+        return ""
+    return "" if decision.allow else json.dumps(deny_output(decision.reason), ensure_ascii=False)
 
 
 def deny_output(reason: str) -> dict[str, Any]:

@@ -23,12 +23,20 @@ import stat
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from heartbeat import defaults
 from heartbeat.errors import HeartbeatError
-from heartbeat.relay import DECLINED_REPLY, MAX_PATH, MAX_REQUEST, decode_request, greeting, socket_path
+from heartbeat.relay import (
+    DECLINED_REPLY,
+    MAX_PATH,
+    MAX_REQUEST,
+    RAIL_REQUEST,
+    decode_request,
+    greeting,
+    socket_path,
+)
 from heartbeat.store.base import Store
 from heartbeat.write import DECLINED, answer, parse_hot
 
@@ -45,8 +53,10 @@ class RelayServer:
 
     def __init__(self, state_dir: str, open_store: Callable[[], Store], log: Any,
                  on_write: Callable[[int], None] = lambda code: None, *, shared: Store | None = None,
-                 store_url: str = "") -> None:
+                 store_url: str = "", irreversible: Callable[[str], Sequence[str]] | None = None) -> None:
         self.path = socket_path(state_dir)
+        self._irreversible = irreversible
+        """A launcher's irreversible globs, for the rail (None: the defaults)."""
         self._shared = shared
         """The database store every request runs on (None: a store opened per request, the file store's)."""
         self._greeting = greeting(store_url if shared is not None else "")
@@ -204,6 +214,9 @@ class RelayServer:
             _reply(conn, 2, "heartbeat: the relayed request is malformed")
             return
         version2 = self._shared is not None
+        if argv[0] == RAIL_REQUEST:
+            self._rail(conn, argv, env, version2)
+            return
         request = parse_hot(argv, agent_commands=version2)
         if self._shared is not None:
             code, message, output = answer(self._shared, request, env)
@@ -226,6 +239,28 @@ class RelayServer:
             self.log.debug("relayed", command=argv[0], task=argv[1], code=code)
             self._on_write(code)
         _reply(conn, code, message, output if version2 else None)
+
+
+    def _rail(self, conn: socket.socket, argv: list[str], env: dict[str, str], version2: bool) -> None:
+        """A bound agent's PreToolUse, decided here (:func:`heartbeat.rail.relayed`): the hook's answer
+        as the message (version 1) or the output (version 2); not counted as a write."""
+        from heartbeat.rail import relayed
+
+        if self._shared is not None:
+            out = relayed(self._shared, argv[1:], env, self._irreversible)
+        else:
+            try:
+                store = self._open_store()
+            except HeartbeatError:
+                _reply(conn, 0, "", "" if version2 else None)  # (the agent's own hook decides nothing either)
+                return
+            try:
+                out = relayed(store, argv[1:], env, self._irreversible)
+            finally:
+                with contextlib.suppress(Exception):
+                    store.close()
+        self.log.debug("rail_relayed", task=argv[1], refused=bool(out))
+        _reply(conn, 0, "" if version2 else out, out if version2 else None)
 
 
 def _read_request(conn: socket.socket) -> bytes | None:

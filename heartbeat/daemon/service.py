@@ -329,7 +329,7 @@ class Daemon:
                 vitals.relayed_refused += code != 0
 
         relay = RelayServer(config.state_dir, lambda: open_store(config, claim=False), self.log,
-                            on_write=count, shared=shared, store_url=url)
+                            on_write=count, shared=shared, store_url=url, irreversible=config.irreversible)
         if relay.start():
             self._relay_store = shared
             return relay
