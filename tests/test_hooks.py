@@ -408,9 +408,10 @@ class TestInstall:
         doc = _settings(settings)
         assert doc["permissions"] == FOREIGN["permissions"] and doc["env"] == FOREIGN["env"]
         assert _settings(work / ".claude" / "settings.local.json") == {"permissions": {"allow": allow_rules()}}
-        assert doc["hooks"]["PreToolUse"] == FOREIGN["hooks"]["PreToolUse"]
+        foreign_pre = FOREIGN["hooks"]["PreToolUse"]
+        assert doc["hooks"]["PreToolUse"][:len(foreign_pre)] == foreign_pre  # the rail goes after a person's own
         assert doc["hooks"]["SessionStart"][0] == FOREIGN["hooks"]["SessionStart"][0]
-        for name in ("SessionStart", "PreCompact", "Stop", "SessionEnd"):
+        for name in ("SessionStart", "PreCompact", "Stop", "SessionEnd", "PreToolUse"):
             ours = [h for g in doc["hooks"][name] for h in g["hooks"] if "hook claude" in h["command"]]
             assert len(ours) == 1 and ours[0]["type"] == "command" and ours[0]["timeout"] == 30
         before = settings.read_bytes()

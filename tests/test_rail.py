@@ -328,3 +328,28 @@ class TestRelayed:
             assert kinds == ["protected", "protected"]
         finally:
             h.stop()
+
+
+class TestReachesEveryAgent:
+    """The claude-code preset passes the rail with each run; a launcher that would switch it off is refused."""
+
+    def test_check_config_refuses_bare(self, hb: Callable[..., Result], tmp_path: Path) -> None:
+        """claude's --bare skips every hook, the rail with them: check-config exits 2 naming the key."""
+        config = tmp_path / "heartbeat.toml"
+        config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "s"}"\ndefault_launcher = "claude"\n'
+                          '[launchers.claude]\npreset = "claude-code"\nargs = ["--model", "sonnet", "--bare"]\n')
+        r = hb("--config", str(config), "check-config")
+        assert r.code == 2 and "launchers.claude.args" in r.err and "--bare" in r.err, r.err
+        assert len(r.err.strip().splitlines()) == 1
+
+    def test_the_rail_globs_of_a_launcher_and_of_the_config(self, tmp_path: Path) -> None:
+        """A launcher's irreversible list replaces [guards]'s, which replaces the defaults; bad globs are refused."""
+        from heartbeat import defaults
+        from heartbeat.config import parse_config
+
+        config = parse_config('[guards]\nirreversible = ["deploy *"]\n[launchers.agent]\ncommand = ["a"]\n'
+                              '[launchers.careful]\ncommand = ["b"]\nirreversible = ["git push*"]\n', path="c.toml")
+        assert config.irreversible("agent") == ("deploy *",) and config.irreversible("careful") == ("git push*",)
+        assert parse_config("", path="c.toml").irreversible("") == defaults.IRREVERSIBLE
+        with pytest.raises(BadInput, match=r"guards\.irreversible"):
+            parse_config('[guards]\nirreversible = ["*"]\n', path="c.toml")
