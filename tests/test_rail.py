@@ -353,3 +353,46 @@ class TestReachesEveryAgent:
         assert parse_config("", path="c.toml").irreversible("") == defaults.IRREVERSIBLE
         with pytest.raises(BadInput, match=r"guards\.irreversible"):
             parse_config('[guards]\nirreversible = ["*"]\n', path="c.toml")
+
+
+class TestGuardsEverywhere:
+    """Guards from a pipeline file and from the MCP server's add land in the baton as the CLI's do."""
+
+    def test_a_pipeline_stage_with_guards(self, hb: Callable[..., Result], tmp_path: Path) -> None:
+        pipeline = tmp_path / "p.toml"
+        pipeline.write_text('[stages.build]\ntask = "build"\nirreversible = ["make release*"]\n'
+                            'guards = [{ constraint = "Leave prod.cfg", protect = ["prod.cfg"] },'
+                            ' { constraint = "No deploys", forbid = ["deploy *"] }]\n')
+        r = hb("pipeline", "new", "feat", "--from", str(pipeline))
+        assert r.code == 0, r.err
+        doc = json.loads(hb("show", "feat.build", "--json").out)
+        assert doc["constraints"] == ["Leave prod.cfg", "No deploys"] and doc["irreversible"] == ["make release*"]
+        assert doc["guards"] == [{"constraint": "Leave prod.cfg", "protect": ["prod.cfg"]},
+                                 {"constraint": "No deploys", "forbid": ["deploy *"]}]
+
+    @pytest.mark.parametrize("guards", ['[{ constraint = "c", protect = ["/etc/x"] }]', '[{ constraint = "c", x = 1 }]',
+                                        '"prod.cfg"', '[{ constraint = "c", forbid = ["*"] }]'])
+    def test_a_hostile_stage_guard_is_one_line_and_creates_nothing(self, hb: Callable[..., Result], tmp_path: Path,
+                                                                   state_dir: Path, guards: str) -> None:
+        pipeline = tmp_path / "p.toml"
+        pipeline.write_text(f'[stages.build]\ntask = "build"\nguards = {guards}\n')
+        r = hb("pipeline", "new", "feat", "--from", str(pipeline))
+        assert r.code == 2 and "stages.build.guards" in r.err and len(r.err.strip().splitlines()) == 1, r.err
+        assert not list((state_dir / "batons").glob("*.toml")) if (state_dir / "batons").exists() else True
+
+    def test_the_mcp_add_with_protect(self, hb: Callable[..., Result], state_dir: Path, tmp_path: Path) -> None:
+        pytest.importorskip("mcp")
+        from test_mcp import run_client, text_of
+
+        assert hb("new", "t1", "--task", "x", "--step", "s", "--workdir", str(tmp_path)).code == 0
+
+        async def body(c: Any) -> Any:
+            ok = await c.call_tool("add", {"id": "t1", "field": "constraints", "values": ["Leave prod.cfg"],
+                                          "protect": ["prod.cfg"]})
+            bad = await c.call_tool("add", {"id": "t1", "field": "done", "values": ["x"], "forbid": ["rm *"]})
+            return ok, bad
+
+        ok, bad = run_client(state_dir, body)
+        assert not ok.is_error and bad.is_error and "protect and forbid" in text_of(bad)
+        doc = json.loads(hb("show", "t1", "--json").out)
+        assert doc["guards"] == [{"constraint": "Leave prod.cfg", "protect": ["prod.cfg"]}]
