@@ -213,11 +213,21 @@ def _relative(path: str, cwd: str, workdir: str) -> str | None:
     return None if rel == ".." or rel.startswith("../") else rel
 
 
+def _resolved(path: str, cwd: str, workdir: str) -> str | None:
+    """A Write/Edit target through its symlinks, relative to the workdir's real path (None: outside, or unchanged)."""
+    if not workdir:
+        return None
+    real = os.path.realpath(os.path.join(cwd or workdir, os.path.expanduser(path)))
+    rel = os.path.relpath(real, os.path.realpath(workdir))
+    return None if rel == ".." or rel.startswith("../") else rel
+
+
 def _protected(call: ToolCall, view: RailView, guard: Guard) -> str:
-    """The path of ``call`` that ``guard`` protects, or ""."""
-    targets = list(call.paths) + (_words(call.command) if call.command else [])
-    for target in targets:
-        rel = _relative(target, call.cwd, view.workdir)
+    """The path of ``call`` that ``guard`` protects, or "" (a file target is also read through its symlinks)."""
+    words = _words(call.command) if call.command else []
+    named = [_relative(t, call.cwd, view.workdir) for t in (*call.paths, *words)]
+    named += [_resolved(t, call.cwd, view.workdir) for t in call.paths]
+    for rel in named:
         if rel is None:
             continue
         for glob in guard.protect:

@@ -396,3 +396,15 @@ class TestGuardsEverywhere:
         assert not ok.is_error and bad.is_error and "protect and forbid" in text_of(bad)
         doc = json.loads(hb("show", "t1", "--json").out)
         assert doc["guards"] == [{"constraint": "Leave prod.cfg", "protect": ["prod.cfg"]}]
+
+
+class TestSymlinks:
+    """A write through a symlink in the workdir to a protected file is refused (the target is read through it)."""
+
+    def test_a_link_to_the_protected_file(self, tmp_path: Path) -> None:
+        (tmp_path / "prod.cfg").write_text("x")
+        (tmp_path / "innocent.txt").symlink_to(tmp_path / "prod.cfg")
+        guards = (Guard("Leave prod.cfg", protect=["prod.cfg"]),)
+        task = RailView(task="t1", status=Status.ACTIVE, epoch=1, caller_epoch=1, workdir=str(tmp_path), guards=guards)
+        decision = decide(ToolCall("Write", paths=(str(tmp_path / "innocent.txt"),), cwd=str(tmp_path)), task)
+        assert decision.rule is Rule.PROTECTED
