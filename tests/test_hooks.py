@@ -443,7 +443,7 @@ class TestInstall:
         local, path = install_claude(str(work), state_dir=str(work / "st"))
         assert json.loads(Path(local).read_text())["permissions"]["allow"] == allow_rules(state_dir=str(work / "st"))
         doc = json.loads(Path(path).read_text())
-        assert set(doc["hooks"]) == {"SessionStart", "PreCompact", "Stop", "SessionEnd"}
+        assert set(doc["hooks"]) == {"SessionStart", "PreCompact", "Stop", "SessionEnd", "PreToolUse"}
         assert "--state-dir" in doc["hooks"]["Stop"][0]["hooks"][0]["command"]
         assert uninstall_claude(str(work)) == [local, path]
         assert json.loads(Path(path).read_text()) == {} == json.loads(Path(local).read_text())
