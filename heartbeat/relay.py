@@ -196,7 +196,8 @@ def forward_rail(event: bytes, environ: Mapping[str, str] | None = None) -> int 
 
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        code = _exchange(sock, path, argv, request, greeting(env.get("HEARTBEAT_STORE_URL", "")), message_fd=1)
+        code = _exchange(sock, path, argv, request, greeting(env.get("HEARTBEAT_STORE_URL", "")), message_fd=1,
+                         lost="heartbeat hook: the daemon's rail did not answer ({reason}); the call goes on")
     except KeyboardInterrupt:
         return 0
     finally:
@@ -205,7 +206,7 @@ def forward_rail(event: bytes, environ: Mapping[str, str] | None = None) -> int 
 
 
 def _exchange(sock: _socket.socket, path: str, argv: list[str], request: bytes, expected: bytes, *,
-              message_fd: int = 2) -> int | None:
+              message_fd: int = 2, lost: str = "") -> int | None:
     """Greeting, request and answer over ``sock``; see :func:`forward`. A greeting other than
     ``expected`` (another version, another database) gets nothing sent: the caller writes itself."""
     sock.settimeout(defaults.RELAY_GREETING_TIMEOUT)
@@ -231,8 +232,9 @@ def _exchange(sock: _socket.socket, path: str, argv: list[str], request: bytes, 
         output, message = message[:out_size], message[out_size:]
     except (OSError, ValueError) as exc:
         reason = "no answer in time" if isinstance(exc, TimeoutError) else "the connection broke"
-        os.write(2, (f"heartbeat: the daemon took this write but its answer was lost ({reason}): "
-                     f"look with `heartbeat show {argv[1]}` before writing it again\n").encode(errors="replace"))
+        said = lost.format(reason=reason) or (f"heartbeat: the daemon took this write but its answer was lost "
+                                              f"({reason}): look with `heartbeat show {argv[1]}` before writing it again")
+        os.write(2, said.encode(errors="replace") + b"\n")
         return 1
     try:
         view = memoryview(output)
