@@ -38,6 +38,8 @@ def main() -> int:
         code = forward(argv)
         if code is not None:
             return code
+    if command == "hook" and os.environ.get("HEARTBEAT_TASK"):
+        return _hook(argv)
     if argv[:1] and argv[0] in WRITES:
         from heartbeat.hotpath.defer import defer_inspect
 
@@ -45,6 +47,26 @@ def main() -> int:
     from heartbeat.cli.main import main as cli_main
 
     return cli_main()
+
+
+def _hook(argv: list[str]) -> int:
+    """A bound agent's ``heartbeat hook AGENT``: a ``PreToolUse`` is decided by the daemon's rail when one
+    runs (:func:`heartbeat.hotpath.relay.forward_rail`), anything else (or no daemon) by the hook here."""
+    import io
+    import sys
+
+    from heartbeat.hotpath.relay import forward_rail
+    from heartbeat.model import defaults
+
+    try:
+        data = sys.stdin.buffer.read(defaults.MAX_HOOK_INPUT_BYTES + 1)
+    except (AttributeError, OSError, ValueError):  # no stdin, or a closed one: the hook reads nothing either
+        data = b""
+    if forward_rail(data) is not None:
+        return 0
+    from heartbeat.integrations.hooks import hook_main
+
+    return hook_main(argv[1:], stdin=io.BytesIO(data))
 
 
 if __name__ == "__main__":

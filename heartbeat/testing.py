@@ -58,7 +58,7 @@ __all__ = [
     "KNOWN_META_KEYS",
 ]
 
-KNOWN_TOP_KEYS = frozenset({*SCALAR_FIELDS, *LIST_FIELDS, *HANDOFF_FIELDS, "meta"})
+KNOWN_TOP_KEYS = frozenset({*SCALAR_FIELDS, *LIST_FIELDS, *HANDOFF_FIELDS, "guards", "irreversible", "meta"})
 """Top-level keys heartbeat reads itself; an unknown key must not be one of them."""
 
 KNOWN_META_KEYS = frozenset(f for f in Meta.__dataclass_fields__ if f != "extra")
@@ -291,7 +291,7 @@ def batons(draw: st.DrawFn, task_id: str | None = None, *, workdir: str | None =
     """
     required = texts(min_size=1).filter(_not_blank)
     meta = draw(metas(task_id))
-    lists = {name: draw(st.lists(texts(), max_size=4)) for name in LIST_FIELDS if name != "key_files"}
+    lists: dict[str, Any] = {name: draw(st.lists(texts(), max_size=4)) for name in LIST_FIELDS if name != "key_files"}
     return Baton(
         task=draw(required),
         step=draw(required),

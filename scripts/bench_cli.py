@@ -97,6 +97,10 @@ TRAIL_HOOK = "heartbeat hook claude (PreToolUse: the trail's start line)"
 _PRE_TOOL_USE = json.dumps({"hook_event_name": "PreToolUse", "tool_name": "Bash", "session_id": "bench",
                             "tool_input": {"command": "make test"}, "tool_use_id": "toolu_bench"}).encode()
 RELAYED_ADD = "heartbeat add (agent, relayed)"
+RAIL_RELAYED = "heartbeat hook claude: an allowed PreToolUse (agent, relayed)"
+RAIL_ALONE = "heartbeat hook claude: an allowed PreToolUse (agent, no daemon)"
+RAIL_TARGET_MS = 30.0
+"""Issue 25: what the rail may add to an allowed tool call, relayed (wall time of the hook's process)."""
 AGENT_TOUCH = "heartbeat touch (agent)"
 AGENT_TOUCH_M = "python -m heartbeat touch (agent)"
 
@@ -147,13 +151,19 @@ def bench_cli(state_dir: str, runs: int, *, bytecode_cache: bool, epoch: int,
         "heartbeat brief (agent, no daemon)": lambda: [script, "brief", TASK],
         RELAYED_BRIEF: lambda: [script, "brief", TASK],
         TRAIL_HOOK: lambda: [script, "hook", "claude"],
+        RAIL_RELAYED: lambda: [script, "hook", "claude"],
+        RAIL_ALONE: lambda: [script, "hook", "claude"],
     }
+    event = json.dumps({"session_id": "bench", "cwd": os.path.join(state_dir, "work"), "hook_event_name": "PreToolUse",
+                        "tool_name": "Write", "tool_input": {"file_path": os.path.join(state_dir, "work", "out.txt"),
+                                                             "content": "x"}}).encode()
+    stdin = {RAIL_RELAYED: event, RAIL_ALONE: event}
     alone_env = {**agent_env, "HEARTBEAT_RELAY": "off"}  # the daemon runs, but this write is the agent's own
     envs = {name: env if "by hand" in name or name in ("python -c pass", STDLIB_FLOOR)
             else alone_env if "no daemon" in name else agent_env for name in commands}
     samples: dict[str, list[float]] = {name: [] for name in commands}
     cpu: dict[str, list[float]] = {name: [] for name in commands}
-    daemon_cpu = {RELAYED_SET: 0.0, RELAYED_ADD: 0.0, RELAYED_SHOW: 0.0, RELAYED_BRIEF: 0.0}
+    daemon_cpu = {RELAYED_SET: 0.0, RELAYED_ADD: 0.0, RELAYED_SHOW: 0.0, RELAYED_BRIEF: 0.0, RAIL_RELAYED: 0.0}
     warmup = 3
     for i in range(runs + warmup):
         for name, argv in commands.items():
@@ -161,9 +171,11 @@ def bench_cli(state_dir: str, runs: int, *, bytecode_cache: bool, epoch: int,
             cpu_start = _children_cpu()
             served_start = _process_cpu(daemon_pid)
             start = time.perf_counter()
-            proc = subprocess.run(args, env=envs[name], input=_PRE_TOOL_USE if name == TRAIL_HOOK else b"",
+            proc = subprocess.run(args, env=envs[name], input=stdin.get(name, _PRE_TOOL_USE if name == TRAIL_HOOK else b""),
                                   capture_output=True, cwd=state_dir)
             elapsed = time.perf_counter() - start
+            if name in stdin and (proc.stdout or proc.stderr):
+                raise SystemExit(f"bench_cli: the rail did not allow the call: {proc.stdout!r} {proc.stderr!r}")
             if proc.returncode != 0:
                 raise SystemExit(f"bench_cli: {' '.join(args)} exited {proc.returncode}: {proc.stderr.decode()}")
             if i >= warmup:
@@ -330,6 +342,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n`{name}`: the daemon spent {fig['daemon_cpu_ms']:.1f} ms of CPU per call "
               f"(the agent's process {fig['cpu_median_ms']:.1f} ms): {fig['daemon_cpu_ms'] + fig['cpu_median_ms']:.1f} ms "
               f"in all, against {cli[name.replace('relayed', 'no daemon')]['cpu_median_ms']:.1f} ms written by the agent.")
+    fig = cli[RAIL_RELAYED]
+    print(f"\n`{RAIL_RELAYED}`: {fig['median_ms']:.1f} ms median "
+          f"({'ok' if fig['median_ms'] <= RAIL_TARGET_MS else 'MISSED'} <= {RAIL_TARGET_MS:.0f} ms), "
+          f"{fig['median_ms'] - cli['python -c pass']['median_ms']:.1f} ms over the interpreter's start; the daemon "
+          f"spent {fig['daemon_cpu_ms']:.1f} ms of CPU per call; without a daemon {cli[RAIL_ALONE]['median_ms']:.1f} ms.")
     print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs: wall-time ratios "
           "are only meaningful on an idle machine; the CPU ratios hold up better under load.")
     return 0

@@ -409,8 +409,9 @@ class TestInstall:
         doc = _settings(settings)
         assert doc["permissions"] == FOREIGN["permissions"] and doc["env"] == FOREIGN["env"]
         assert _settings(work / ".claude" / "settings.local.json") == {"permissions": {"allow": allow_rules()}}
+        foreign_pre = FOREIGN["hooks"]["PreToolUse"]
+        assert doc["hooks"]["PreToolUse"][:len(foreign_pre)] == foreign_pre  # the rail goes after a person's own
         assert doc["hooks"]["SessionStart"][0] == FOREIGN["hooks"]["SessionStart"][0]
-        assert doc["hooks"]["PreToolUse"][:1] == FOREIGN["hooks"]["PreToolUse"]
         for name in ("SessionStart", "PreCompact", "Stop", "SessionEnd", "PreToolUse", "PostToolUse"):
             ours = [h for g in doc["hooks"][name] for h in g["hooks"] if "hook claude" in h["command"]]
             assert len(ours) == 1 and ours[0]["type"] == "command" and ours[0]["timeout"] == 30

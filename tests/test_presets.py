@@ -69,8 +69,11 @@ class TestPresetConfig:
         rules = ",".join(f"Bash(heartbeat {sub} {{id}}:*)" for sub in (
             "show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done")) + ",mcp__heartbeat"
         assert lc.command == ("claude", "-p", "--output-format", "stream-json", "--verbose", "--allowedTools", rules,
-                              *CLAUDE_ARGS, "--session-id", "{session}")
+                              "--settings", "{rail_settings}", *CLAUDE_ARGS, "--session-id", "{session}")
         assert build_argv(lc, request(tmp_path))[6] == rules.replace("{id}", "t1")
+        settings = json.loads(build_argv(lc, request(tmp_path))[8])  # the rail, on every tool call
+        [group] = settings["hooks"]["PreToolUse"]
+        assert group["matcher"] == "*" and group["hooks"][0]["command"].endswith("hook claude # heartbeat-hook")
         assert lc.brief == "stdin" and lc.preset == "claude-code" and lc.session == "fresh"
         assert build_argv(lc, request(tmp_path))[-2:] == ["--session-id", UUID1]
         assert build_argv(lc, request(tmp_path, resume=True))[-2:] == ["--resume", UUID1]

@@ -129,7 +129,12 @@ AGENT_WRITES: dict[str, tuple[Callable[[argparse.Namespace], int], str, tuple[Ar
             (_ID, ("pairs", {"nargs": "+", "metavar": "FIELD=VALUE"}), _EPOCH, _EXPECT_REVISION)),
     "add": (_lazy("tasks", "cmd_add"), "append to a list field",
             (_ID, ("field", {}), ("values", {"nargs": "+", "metavar": "VALUE"}), _EPOCH, _EXPECT_REVISION,
-             ("--check", {"help": "with `guarantees`: the [checks.NAME] proving it"}))),
+             ("--check", {"help": "with `guarantees`: the [checks.NAME] proving it"}),
+             ("--protect", {"action": "append", "metavar": "GLOB",
+                            "help": "with `constraints`: a path glob (relative to the workdir) the rail refuses to "
+                            "let the agent write or name in a command (repeatable)"}),
+             ("--forbid", {"action": "append", "metavar": "COMMAND_GLOB",
+                           "help": "with `constraints`: a shell command glob the rail refuses (repeatable)"}))),
     "touch": (_lazy("tasks", "cmd_touch"), "heartbeat: alive, still on this step", (_ID, _EPOCH)),
 }
 """The commands an agent calls often, each as (function, help, arguments in order): build_parser
@@ -176,6 +181,20 @@ def _hot_args(argv: Sequence[str]) -> Any:
     return types.SimpleNamespace(**values)
 
 
+def _ordered_action() -> Any:
+    import argparse
+
+    class Ordered(argparse._AppendAction):
+        """``append``, also keeping every ``--constraint``/``--protect``/``--forbid`` in the order given."""
+
+        def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+            super().__call__(parser, namespace, values, option_string)
+            order = list(getattr(namespace, "guard_order", None) or [])
+            namespace.guard_order = [*order, (self.dest, values)]
+
+    return Ordered
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser; ``only`` builds just that command's subparser (argparse spends
     milliseconds per subparser, and an agent's ``touch`` should not pay for all of them)."""
@@ -217,6 +236,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the demo's state dir")
 
     p = command("new", "tasks.cmd_new", "create a task", write=False)
+    _Ordered = _ordered_action()
     p.add_argument("--task", required=True, help="what the task is")
     p.add_argument("--step", required=True, help="the current step")
     p.add_argument("--intent", help="why the task exists")
@@ -225,7 +245,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--launcher", help="a [launchers.NAME] of the config")
     p.add_argument("--handoff", help="path to a longer briefing")
     p.add_argument("--key-file", action="append", help="a key file, relative to the workdir (repeatable)")
-    p.add_argument("--constraint", action="append", help="a constraint (repeatable)")
+    p.add_argument("--constraint", action=_Ordered, help="a constraint (repeatable)")
+    p.add_argument("--protect", action=_Ordered, metavar="GLOB", help="the --constraint before it protects this "
+                   "path glob, relative to the workdir: the rail refuses writes to it and commands naming it "
+                   "(repeatable)")
+    p.add_argument("--forbid", action=_Ordered, metavar="COMMAND_GLOB", help="the --constraint before it forbids "
+                   "shell commands matching this glob (repeatable)")
+    p.add_argument("--irreversible", action="append", metavar="COMMAND_GLOB", help="a command glob that needs a "
+                   "fresh verify (replaces the launcher's and the config's; repeatable)")
     p.add_argument("--plan", action="append", help="a plan step, in order (repeatable)")
     p.add_argument("--blocked-on", help="start blocked on this")
     p.add_argument("--gate", help="how the block clears: human|file:[HOST:]PATH|time:ISO8601|task:ID|"

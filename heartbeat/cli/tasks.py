@@ -28,6 +28,7 @@ def cmd_new(args: argparse.Namespace) -> int:
         raise BadInput("--gate goes with --blocked-on")
     owner = _claiming_owner(args) if args.claim else None
     guarantees = _guarantees(args.guarantee or [])
+    guards = _new_guards(args)
     _refuse_unknown_names(args, launchers=[args.launcher or ""], checks=[g.check for g in guarantees],
                           on_broken=args.on_broken or "")
     store = _store(args)
@@ -47,7 +48,9 @@ def cmd_new(args: argparse.Namespace) -> int:
         launcher=args.launcher or "",
         handoff=args.handoff or "",
         key_files=args.key_file or [],
-        constraints=args.constraint or [],
+        constraints=[c for c in args.constraint or [] if c not in {g.constraint for g in guards}],
+        guards=guards,
+        irreversible=args.irreversible or [],
         plan=args.plan or [],
         blocked_on=args.blocked_on or "",
         gate=gate,
@@ -61,6 +64,22 @@ def cmd_new(args: argparse.Namespace) -> int:
     if args.claim:
         print(baton.meta.epoch)
     return 0
+
+
+def _new_guards(args: argparse.Namespace) -> list[Any]:
+    """``new``'s ``--protect``/``--forbid``, each guarding the ``--constraint`` given before it."""
+    from heartbeat.tasks.verbs import make_guard
+
+    globs: dict[str, tuple[list[str], list[str]]] = {}
+    last = ""
+    for kind, value in getattr(args, "guard_order", []):
+        if kind == "constraint":
+            last = value
+        elif not last:
+            raise BadInput(f"--{kind} guards the --constraint given before it: give one first")
+        else:
+            globs.setdefault(last, ([], []))[0 if kind == "protect" else 1].append(value)
+    return [make_guard(args.id, text, protect, forbid) for text, (protect, forbid) in globs.items()]
 
 
 def _refuse_unknown_names(args: argparse.Namespace, **names: Any) -> None:
@@ -128,6 +147,9 @@ def _set(store: Any, args: argparse.Namespace, epoch: int | None, actor: str) ->
 def cmd_add(args: argparse.Namespace) -> int:
     if args.field != "guarantees" and getattr(args, "check", None):
         raise BadInput("--check goes with `add ID guarantees TEXT`")
+    if (getattr(args, "protect", None) or getattr(args, "forbid", None)) and (
+            args.field != "constraints" or len(args.values) != 1):
+        raise BadInput("--protect and --forbid go with `add ID constraints \"TEXT\"` (one constraint)")
     _add(_store(args), args, _epoch(args), _actor(args))
     return 0
 
@@ -138,7 +160,9 @@ def _add(store: Any, args: argparse.Namespace, epoch: int | None, actor: str) ->
     if args.field == "guarantees" and getattr(args, "check", None):
         _refuse_unknown_names(args, checks=[args.check])
     write.apply(store, write.Write("add", args.id, field=args.field, values=tuple(args.values),
-                                   check=getattr(args, "check", None) or "", expect_revision=args.expect_revision),
+                                   check=getattr(args, "check", None) or "", expect_revision=args.expect_revision,
+                                   protect=tuple(getattr(args, "protect", None) or ()),
+                                   forbid=tuple(getattr(args, "forbid", None) or ())),
                 epoch=epoch, actor=actor)
 
 
@@ -311,3 +335,5 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         print(result.render_text())
     return result.code
+
+

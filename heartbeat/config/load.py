@@ -24,6 +24,7 @@ from heartbeat.config.shape import (
     CommandConfig,
     Config,
     DaemonConfig,
+    GuardsConfig,
     HooksConfig,
     HttpConfig,
     LauncherConfig,
@@ -37,8 +38,16 @@ from heartbeat.model.baton import HOST_PATTERN, ID_PATTERN, load_toml
 from heartbeat.model.errors import BadInput, ConfigError
 from heartbeat.model.timeparse import parse_duration
 
-__all__ = ["find_config", "load_config", "parse_config", "readable_config", "refuse_unknown_names"]
+__all__ = [
+    "find_config",
+    "load_config",
+    "parse_config",
+    "readable_config",
+    "refuse_unknown_names",
+]
 _MIN_LOG_BYTES = 4096
+
+
 
 
 def find_config(explicit: str | None = None, *, env: Mapping[str, str] | None = None) -> str | None:
@@ -278,7 +287,8 @@ class _Parser:
         return tuple(value)
 
     def parse(self, doc: dict[str, Any]) -> Config:
-        self.unknown(doc, {"daemon", "launchers", "notify", "checks", "hooks", "http", "retention", "store"}, "")
+        self.unknown(doc, {"daemon", "launchers", "notify", "checks", "hooks", "guards", "http", "retention",
+                         "store"}, "")
         daemon = self.parse_daemon(self.table(doc.get("daemon", {}), "daemon"))
         launchers = {
             name: self.parse_launcher(name, self.table(body, f"launchers.{name}"))
@@ -303,6 +313,7 @@ class _Parser:
         http = self.parse_http(self.table(doc.get("http", {}), "http"))
         return Config(path=os.path.abspath(self.path), daemon=daemon, launchers=launchers, notify=notify,
                       checks=checks, hooks=self.parse_hooks(self.table(doc.get("hooks", {}), "hooks")),
+                      guards=self.parse_guards(self.table(doc.get("guards", {}), "guards")),
                       http=http,
                       retention=self.parse_retention(self.table(doc.get("retention", {}), "retention")),
                       store=self.parse_store(self.table(doc.get("store", {}), "store")))
@@ -314,6 +325,29 @@ class _Parser:
             fresh_within=self.duration(doc, "fresh_within", p, defaults.HOOK_FRESH_WITHIN),
             max_stop_blocks=self.integer(doc, "max_stop_blocks", p, defaults.HOOK_MAX_STOP_BLOCKS, minimum=0),
         )
+
+    def parse_guards(self, doc: dict[str, Any]) -> GuardsConfig:
+        self.unknown(doc, set(GuardsConfig.__dataclass_fields__), "guards.")
+        found = self.globs(doc, "guards.")
+        return GuardsConfig(irreversible=defaults.IRREVERSIBLE if found is None else found)
+
+    def globs(self, doc: dict[str, Any], p: str) -> tuple[str, ...] | None:
+        """``irreversible``: a list of command globs (None when the key is absent)."""
+        from heartbeat.model.baton import GlobKind, check_guard_glob
+
+        if "irreversible" not in doc:
+            return None
+        value = doc["irreversible"]
+        if not isinstance(value, list):
+            raise self.error(f"{p}irreversible", "expected a list of command globs, e.g. [\"git push*\"]")
+        if len(value) > defaults.MAX_GUARD_GLOBS:
+            raise self.error(f"{p}irreversible", f"{len(value)} globs, over {defaults.MAX_GUARD_GLOBS}")
+        for glob in value:
+            try:
+                check_guard_glob(glob, GlobKind.IRREVERSIBLE)
+            except BadInput as exc:
+                raise self.error(f"{p}irreversible", exc.message) from None
+        return tuple(value)
 
     def parse_http(self, doc: dict[str, Any]) -> HttpConfig:
         p = "http."
@@ -464,6 +498,7 @@ class _Parser:
             args=preset["args"] if preset is not None else (),
             session=self.string(doc, "session", p, defaults.SESSION, ("fresh", "resume")),
             max_resumes_per_session=self.integer(doc, "max_resumes_per_session", p, defaults.MAX_RESUMES_PER_SESSION),
+            irreversible=self.globs(doc, p),
             options=options,
         )
 
@@ -491,6 +526,12 @@ class _Parser:
         args = doc.get("args", [])
         if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
             raise self.error(f"{p}args", "expected a list of strings (flags for the agent CLI; no shell is involved)")
+        from heartbeat.presets.common import BARE_ARGS
+
+        off = [a for a in args if a in BARE_ARGS.get(name, ())]
+        if off:
+            raise self.error(f"{p}args", f"{off[0]} switches {preset.program}'s hooks off, and with them the rail "
+                                         "(heartbeat's PreToolUse check): remove it")
         for arg in args:
             unknown = placeholders_in(arg) - LAUNCHER_PLACEHOLDERS
             if unknown:

@@ -34,7 +34,7 @@ BUILTIN_LAUNCHER_KEYS = {
     "systemd-run": frozenset({"properties", "slice", "user"}),
     "null": frozenset({"exit_code", "runtime"}),
 }
-PRESET_KEYS = frozenset({"preset", "program", "args", "session", "max_resumes_per_session"})
+PRESET_KEYS = frozenset({"preset", "program", "args", "session", "max_resumes_per_session", "irreversible"})
 """Keys every launcher type takes for presets and sessions (:mod:`heartbeat.presets.common`)."""
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 
@@ -146,6 +146,8 @@ class LauncherConfig:
     session: str = defaults.SESSION
     """``fresh`` or ``resume``: what a retry does with the previous agent's session."""
     max_resumes_per_session: int = defaults.MAX_RESUMES_PER_SESSION
+    irreversible: tuple[str, ...] | None = None
+    """The rail's irreversible command globs for this launcher's agents (None: ``[guards]``'s)."""
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -192,6 +194,14 @@ class RetentionConfig:
 
 
 @dataclass(frozen=True)
+class GuardsConfig:
+    """``[guards]``: what the rail (``heartbeat hook``'s ``PreToolUse``) holds for every task."""
+
+    irreversible: tuple[str, ...] = defaults.IRREVERSIBLE
+    """Shell command globs that need a fresh ``verify`` (a launcher's or a baton's own list replaces it)."""
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole config. ``path`` is the file it came from, or ``""`` for the built-in default."""
 
@@ -201,6 +211,7 @@ class Config:
     notify: Mapping[str, CommandConfig] = field(default_factory=dict)
     checks: Mapping[str, CommandConfig] = field(default_factory=dict)
     hooks: HooksConfig = field(default_factory=HooksConfig)
+    guards: GuardsConfig = field(default_factory=GuardsConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -208,6 +219,11 @@ class Config:
     @property
     def state_dir(self) -> str:
         return self.daemon.state_dir
+
+    def irreversible(self, launcher: str) -> tuple[str, ...]:
+        """The irreversible globs of ``launcher``'s agents: its own, else ``[guards]``'s."""
+        lc = self.launchers.get(launcher) or self.launchers.get(self.daemon.default_launcher)
+        return lc.irreversible if lc is not None and lc.irreversible is not None else self.guards.irreversible
 
 
 def expand_argv(argv: tuple[str, ...] | list[str], values: Mapping[str, object]) -> list[str]:

@@ -24,10 +24,18 @@ import stat
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from heartbeat.hotpath.relay import DECLINED_REPLY, MAX_PATH, MAX_REQUEST, decode_request, greeting, socket_path
+from heartbeat.hotpath.relay import (
+    DECLINED_REPLY,
+    MAX_PATH,
+    MAX_REQUEST,
+    RAIL_REQUEST,
+    decode_request,
+    greeting,
+    socket_path,
+)
 from heartbeat.model import defaults
 from heartbeat.model.errors import HeartbeatError
 from heartbeat.store.base import Store
@@ -46,10 +54,14 @@ class RelayServer:
 
     def __init__(self, state_dir: str, open_store: Callable[[], Store], log: Any,
                  on_write: Callable[[int], None] = lambda code: None, *, shared: Store | None = None,
-                 store_url: str = "", max_attempts: int | None = None) -> None:
+                 store_url: str = "", max_attempts: int | None = None,
+                 irreversible: Callable[[str], Sequence[str]] | None = None) -> None:
         self.path = socket_path(state_dir)
+        self._state_dir = state_dir
         self.max_attempts = max_attempts
         """The config's bound, shown in a relayed brief as "attempt N of M" (as the CLI reads it)."""
+        self._irreversible = irreversible
+        """A launcher's irreversible globs, for the rail (None: the defaults)."""
         self._shared = shared
         """The database store every request runs on (None: a store opened per request, the file store's)."""
         self._greeting = greeting(store_url if shared is not None else "")
@@ -237,6 +249,9 @@ class RelayServer:
         if self._read(conn, argv, env):
             return
         version2 = self._shared is not None
+        if argv[0] == RAIL_REQUEST:
+            self._rail(conn, argv, env, version2)
+            return
         request = parse_hot(argv, agent_commands=version2)
         if self._shared is not None:
             code, message, output = answer(self._shared, request, env)
@@ -259,6 +274,46 @@ class RelayServer:
             self.log.debug("relayed", command=argv[0], task=argv[1], code=code)
             self._on_write(code)
         _reply(conn, code, message, output if version2 else None)
+
+
+    def _rail(self, conn: socket.socket, argv: list[str], env: dict[str, str], version2: bool) -> None:
+        """A bound agent's PreToolUse, decided here (:func:`heartbeat.tasks.rail.relayed`): the hook's answer
+        as the message (version 1) or the output (version 2); not counted as a write."""
+        from heartbeat.tasks.rail import relayed
+
+        if self._shared is not None:
+            out = relayed(self._shared, argv[1:], env, self._irreversible)
+        else:
+            try:
+                store = self._open_store()
+            except HeartbeatError:
+                _reply(conn, 0, "", "" if version2 else None)  # (the agent's own hook decides nothing either)
+                return
+            try:
+                out = relayed(store, argv[1:], env, self._irreversible)
+            finally:
+                with contextlib.suppress(Exception):
+                    store.close()
+        self.log.debug("rail_relayed", task=argv[1], refused=bool(out))
+        if not out:  # allowed: the call starts, and its trail says so (the hook process leaves it to us)
+            _trail_start(self._state_dir, argv, env)
+        _reply(conn, 0, "" if version2 else out, out if version2 else None)
+
+
+def _trail_start(state_dir: str, argv: list[str], env: dict[str, str]) -> None:
+    """Record the start of a relayed ``PreToolUse`` the rail let through in the agent's trail
+    (:mod:`heartbeat.hotpath.trail`), as the hook would have in its own process."""
+    import json
+
+    from heartbeat.hotpath import trail
+
+    try:
+        event = json.loads(argv[2])
+    except (IndexError, ValueError, RecursionError):
+        return
+    if isinstance(event, dict):
+        with contextlib.suppress(OSError, HeartbeatError):
+            trail.hot_hook(event, {**env, "HEARTBEAT_STATE_DIR": state_dir})
 
 
 def _read_request(conn: socket.socket) -> bytes | None:

@@ -331,7 +331,8 @@ class Daemon:
                 vitals.relayed_refused += code != 0
 
         relay = RelayServer(config.state_dir, lambda: open_store(config, claim=False), self.log,
-                            on_write=count, shared=shared, store_url=url, max_attempts=config.daemon.max_attempts)
+                            on_write=count, shared=shared, store_url=url, max_attempts=config.daemon.max_attempts,
+                            irreversible=config.irreversible)
         if relay.start():
             self._relay_store = shared
             return relay

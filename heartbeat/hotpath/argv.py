@@ -15,7 +15,7 @@ read's ``--json``, is not a hot call: argparse reads it and says what is wrong w
 
 from __future__ import annotations
 
-__all__ = ["WRITES", "READS", "AGENT_COMMANDS", "agent_call"]
+__all__ = ["WRITES", "READS", "AGENT_COMMANDS", "HOOK_AGENTS", "agent_call"]
 
 WRITES = ("touch", "set", "add")
 """The agent's writes the CLI can run without building its parser."""
@@ -26,6 +26,9 @@ AGENT_COMMANDS = ("touch", "show", "done")
 READS = ("show", "brief")
 """The reads any daemon's relay answers (:mod:`heartbeat.reports.reads`), with or without ``--json``."""
 
+HOOK_AGENTS = ("claude", "codex")
+"""``heartbeat hook AGENT``: the agent CLI's hook, run at every tool call of a bound session."""
+
 
 def agent_call(argv: list[str] | tuple[str, ...]) -> tuple[str, str, tuple[str, ...], str | None] | None:
     """``(command, task, rest, note)`` for an agent's hot call, else None.
@@ -33,11 +36,14 @@ def agent_call(argv: list[str] | tuple[str, ...]) -> tuple[str, str, tuple[str, 
     ``touch ID``, ``show ID``, ``done ID`` and ``done ID --note NOTE`` (``rest`` empty, ``note`` the
     note or None); ``show ID --json``, ``brief ID`` and ``brief ID --json`` (``rest`` holds the
     ``--json``); ``set ID F=V...`` (``rest`` the pairs) and ``add ID FIELD V...`` (``rest`` the field
-    and its values). No other argument may start with ``-``.
+    and its values); ``hook AGENT`` (``task`` is the agent CLI's name). No other argument may start
+    with ``-``.
     """
     if len(argv) < 2 or argv[1].startswith("-"):
         return None
     command, task = argv[0], argv[1]
+    if command == "hook":
+        return (command, task, (), None) if len(argv) == 2 and task in HOOK_AGENTS else None
     if command in READS and len(argv) == 3 and argv[2] == "--json":
         return command, task, ("--json",), None
     if command in AGENT_COMMANDS or command in READS:

@@ -50,8 +50,8 @@ if TYPE_CHECKING:
     import _socket
     from collections.abc import Mapping
 
-__all__ = ["DECLINED_REPLY", "GREETING", "MAX_REQUEST", "SOCKET_NAME", "encode_request", "is_read",
-           "decode_request", "forward", "greeting", "relayable", "store_id"]
+__all__ = ["DECLINED_REPLY", "GREETING", "MAX_REQUEST", "RAIL_REQUEST", "SOCKET_NAME", "encode_request", "is_read",
+           "decode_request", "forward", "forward_rail", "greeting", "relayable", "store_id"]
 
 SOCKET_NAME = "daemon.sock"
 """The daemon's relay socket, in the state dir."""
@@ -173,8 +173,47 @@ def forward(argv: list[str], environ: Mapping[str, str] | None = None) -> int | 
         sock.close()
 
 
+RAIL_REQUEST = "rail"
+"""The request that carries a ``PreToolUse`` event to the daemon's rail (``rail TASK EVENT``)."""
+
+
+def forward_rail(event: bytes, environ: Mapping[str, str] | None = None) -> int | None:
+    """Hand a bound agent's ``PreToolUse`` event to the daemon's rail (:func:`heartbeat.tasks.rail.relayed`),
+    which prints the hook's answer: 0, or None when the caller must decide itself (no daemon to greet it,
+    not an agent's event, a request the relay cannot carry). Whatever the daemon answers goes to stdout."""
+    env = os.environ if environ is None else environ
+    task = env.get("HEARTBEAT_TASK", "")
+    state_dir = env.get("HEARTBEAT_STATE_DIR")
+    if not task or not state_dir or not env.get("HEARTBEAT_EPOCH") or env.get("HEARTBEAT_RELAY") == "off" \
+            or b"\0" in event or b'"PreToolUse"' not in event:
+        return None
+    path = socket_path(os.path.abspath(state_dir))
+    try:
+        st = os.lstat(path)
+        text = event.decode("utf-8")
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if len(os.fsencode(path)) > MAX_PATH or st.st_mode & 0o170000 != 0o140000 or st.st_uid != os.geteuid():
+        return None
+    argv = [RAIL_REQUEST, task, text]
+    request = encode_request(argv, env)
+    if request is None:
+        return None
+    import _socket
+
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        code = _exchange(sock, path, argv, request, greeting(env.get("HEARTBEAT_STORE_URL", "")), message_fd=1,
+                         lost="heartbeat hook: the daemon's rail did not answer ({reason}); the call goes on")
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        sock.close()
+    return None if code is None else 0  # (a hook exits 0 whatever happened)
+
+
 def _exchange(sock: _socket.socket, path: str, argv: list[str], request: bytes, expected: bytes, *,
-              read: bool = False) -> int | None:
+              read: bool = False, message_fd: int = 2, lost: str = "") -> int | None:
     """Greeting, request and answer over ``sock``; see :func:`forward`. A greeting other than
     ``expected`` (another version, another database) gets nothing sent: the caller writes itself.
     A ``read`` (:func:`is_read`) that gets no whole answer, or an error (an older daemon that
@@ -206,8 +245,9 @@ def _exchange(sock: _socket.socket, path: str, argv: list[str], request: bytes, 
         if read:
             return None
         reason = "no answer in time" if isinstance(exc, TimeoutError) else "the connection broke"
-        os.write(2, (f"heartbeat: the daemon took this write but its answer was lost ({reason}): "
-                     f"look with `heartbeat show {argv[1]}` before writing it again\n").encode(errors="replace"))
+        text = lost.format(reason=reason) or (f"heartbeat: the daemon took this write but its answer was lost "
+                                              f"({reason}): look with `heartbeat show {argv[1]}` before writing it again")
+        os.write(2, text.encode(errors="replace") + b"\n")
         return 1
     try:
         view = memoryview(output)
@@ -216,7 +256,7 @@ def _exchange(sock: _socket.socket, path: str, argv: list[str], request: bytes, 
     except OSError:  # (a closed pipe: the CLI's exit 1 too)
         code = code or 1
     if message:
-        os.write(2, message.rstrip(b"\n") + b"\n")
+        os.write(message_fd, message.rstrip(b"\n") + b"\n")
     return code
 
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import IO, TYPE_CHECKING, Any
@@ -195,9 +195,12 @@ def handle_event(
     max_attempts: int | None = None,
     now: datetime | None = None,
     trail_dir: str = "",
+    irreversible: Callable[[str], Sequence[str]] | None = None,
 ) -> HookResult:
-    """Act on one hook event for the task it belongs to; record the seam. ``trail_dir``: the local
-    state dir whose trails the brief of a SessionStart reads (:mod:`heartbeat.hotpath.trail`)."""
+    """Act on one hook event for the task it belongs to; record the seam. ``PreToolUse`` is the
+    rail (:mod:`heartbeat.tasks.rail`), ``irreversible`` giving a launcher's globs (None: the defaults);
+    ``trail_dir``: the local state dir whose trails the brief of a SessionStart reads
+    (:mod:`heartbeat.hotpath.trail`)."""
     from heartbeat.config.shape import HooksConfig
     from heartbeat.model.baton import Status
     from heartbeat.model.ledger import Event
@@ -207,13 +210,18 @@ def handle_event(
     hooks = hooks or HooksConfig()
     now = now or utcnow()
     name = _str(event, "hook_event_name")
-    if name not in HOOK_EVENTS or name in _TOOL_EVENTS:
-        return HookResult()  # a tool call's trail is kept before the store is opened (run_hook)
+    if name not in HOOK_EVENTS or (name in _TOOL_EVENTS and name != "PreToolUse"):
+        return HookResult()  # a tool call's end is kept in its trail before the store is opened (run_hook)
+    if name == "PreToolUse" and not env.get("HEARTBEAT_TASK"):
+        return HookResult()  # the rail holds only a session bound to a task
     baton = _find_task(store, task, _str(event, "cwd"), env)
     if baton is None:
         return HookResult()
     session_id = _str(event, "session_id")
     epoch = _epoch(baton, env)
+    if name == "PreToolUse":
+        return _rail(event, baton, store, env=env, epoch=epoch, session_id=session_id, now=now,
+                     irreversible=irreversible, prefix=command_prefix(state_dir_arg, config_arg))
 
     def record(kind: EventKind, **data: Any) -> None:
         store.record([Event(task=baton.id, kind=kind, ts=now, epoch=epoch, revision=baton.meta.revision,
@@ -265,6 +273,23 @@ def handle_event(
               "finished), then stop.")
     record(EventKind.STOP_BLOCKED, note_age_s=round((now - last_write).total_seconds(), 3) if last_write else None)
     return HookResult(json.dumps({"decision": "block", "reason": reason}, ensure_ascii=False) + "\n")
+
+
+def _rail(event: Mapping[str, Any], baton: Baton, store: Store, *, env: Mapping[str, str], epoch: int,
+          session_id: str, now: datetime, irreversible: Callable[[str], Sequence[str]] | None,
+          prefix: str) -> HookResult:
+    """``PreToolUse`` in a bound session: the rail's answer (nothing printed: the call goes on)."""
+    from heartbeat.tasks.rail import check, deny_output
+
+    if not _bound(baton, env):
+        return HookResult()
+    launcher = (baton.meta.owner.launcher if baton.meta.owner else "") or baton.launcher
+    globs = defaults.IRREVERSIBLE if irreversible is None else irreversible(launcher)
+    decision = check(event, baton, store, caller_epoch=epoch, irreversible=globs, session_id=session_id,
+                     prefix=prefix, now=now)
+    if decision.allow:
+        return HookResult()
+    return HookResult(json.dumps(deny_output(decision.reason), ensure_ascii=False) + "\n")
 
 
 def context_length(text: str) -> int:
@@ -345,13 +370,19 @@ def run_hook(
         if agent not in HOOK_AGENTS:
             raise BadInput(f"no hooks for {agent!r} (known: {', '.join(HOOK_AGENTS)})")
         event = _read_event(stdin or sys.stdin.buffer)
-        if _trail_hook(event, env, state_dir, task):
+        name = _str(event, "hook_event_name")
+        if name != "PreToolUse" and _trail_hook(event, env, state_dir, task):
             return 0
-        store, hooks, max_attempts, where = _open(state_dir, config, env)
+        store, hooks, max_attempts, where, loaded = _open(state_dir, config, env)
         if store is None:
+            if name == "PreToolUse":
+                _trail_hook(event, env, state_dir, task)  # nothing to decide on: the call goes on
             return 0
         result = handle_event(event, store, task=task, hooks=hooks, env=env, state_dir_arg=state_dir or "",
-                              config_arg=config or "", max_attempts=max_attempts, trail_dir=where)
+                              config_arg=config or "", max_attempts=max_attempts, trail_dir=where,
+                              irreversible=None if loaded is None else loaded.irreversible)
+        if name == "PreToolUse" and not result.stdout:
+            _trail_hook(event, env, state_dir, task)  # the rail let it through: the call starts
         if result.stdout:
             stdout.write(result.stdout)
             stdout.flush()
@@ -379,13 +410,14 @@ def _trail_hook(event: Mapping[str, Any], env: Mapping[str, str], state_dir: str
     return False
 
 
-def _open(state_dir: str | None, config: str | None, env: Mapping[str, str]) -> tuple[Any, Any, int | None, str]:
-    """The store, hooks config, max_attempts and the local state dir ("" when none); no store when
-    there is no state dir (never created here)."""
+def _open(state_dir: str | None, config: str | None,
+          env: Mapping[str, str]) -> tuple[Any, Any, int | None, str, Any]:
+    """The store, hooks config, max_attempts, the local state dir ("" when none) and the config
+    (None without one); no store when there is no state dir (never created here)."""
     from heartbeat.config.load import find_config, load_config
     from heartbeat.config.shape import HooksConfig
 
-    hooks, max_attempts, path = HooksConfig(), None, None
+    hooks, max_attempts, path, loaded = HooksConfig(), None, None, None
     url = env.get("HEARTBEAT_STORE_URL", "").strip()  # (as heartbeat.config.load.resolve_store orders them)
     if state_dir:
         path = os.path.abspath(state_dir)
@@ -405,13 +437,13 @@ def _open(state_dir: str | None, config: str | None, env: Mapping[str, str]) -> 
 
     if url:  # a database store needs no state dir
         # (refused_wait 0: a hook answers at once, never holding its agent's turn; it never fails the agent)
-        return open_store(path or "", url, refused_wait=0.0), hooks, max_attempts, path or ""
+        return open_store(path or "", url, refused_wait=0.0), hooks, max_attempts, path or "", loaded
     if path is None or not os.path.isdir(path):
-        return None, hooks, max_attempts, ""
-    return open_store(path), hooks, max_attempts, path
+        return None, hooks, max_attempts, "", loaded
+    return open_store(path), hooks, max_attempts, path, loaded
 
 
-def hook_main(argv: Sequence[str]) -> int:
+def hook_main(argv: Sequence[str], *, stdin: IO[bytes] | None = None) -> int:
     """``heartbeat hook claude|codex [--task ID] [--state-dir DIR] [--config FILE]``, parsed without
     argparse (the CLI runs the hook at every turn's end)."""
     opts: dict[str, str] = {}
@@ -433,4 +465,4 @@ def hook_main(argv: Sequence[str]) -> int:
             print(f"heartbeat hook: unexpected argument {arg[:80]!r}", file=sys.stderr)
             return 0
     return run_hook(agent or "claude", task=opts.get("--task"), state_dir=opts.get("--state-dir"),
-                    config=opts.get("--config"))
+                    config=opts.get("--config"), stdin=stdin)

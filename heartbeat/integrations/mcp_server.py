@@ -144,13 +144,22 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
                                      actor=_actor())
             return {"id": id, "revision": baton.meta.revision}
 
-    @server.tool(name="add", description="Append items to a list field (done, decisions, constraints, ...)."
-                                         + EPOCH_NOTE)
+    @server.tool(name="add", description="Append items to a list field (done, decisions, constraints, ...). "
+                                         "With field constraints and one value, protect (path globs relative to "
+                                         "the workdir) and forbid (shell command globs) give it teeth: the rail "
+                                         "refuses matching tool calls." + EPOCH_NOTE)
     def add(id: str, field: str, values: list[str], expect_revision: int | None = None,
-            epoch: int | None = None) -> dict[str, Any]:
+            epoch: int | None = None, protect: list[str] | None = None,
+            forbid: list[str] | None = None) -> dict[str, Any]:
         with tool_errors():
-            baton = tasks.add_items(store(), id, field, values, expect_revision=expect_revision,
-                                    epoch=fence(id, epoch), actor=_actor())
+            if protect or forbid:
+                if field != "constraints" or len(values) != 1:
+                    raise BadInput("protect and forbid go with field constraints and one value")
+                baton = tasks.add_constraint(store(), id, values[0], protect=protect or (), forbid=forbid or (),
+                                             expect_revision=expect_revision, epoch=fence(id, epoch), actor=_actor())
+            else:
+                baton = tasks.add_items(store(), id, field, values, expect_revision=expect_revision,
+                                        epoch=fence(id, epoch), actor=_actor())
             return {"id": id, "revision": baton.meta.revision}
 
     @server.tool(name="touch", description="Alive, still on this step (not progress)." + EPOCH_NOTE)

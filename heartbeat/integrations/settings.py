@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,17 +30,10 @@ _HOOK_OPTIONS = ("--state-dir", "--config", "--task")
 
 
 def heartbeat_argv() -> list[str]:
-    """How this heartbeat is run from a hook: its ``heartbeat`` script when that is on PATH and is
-    this install's, else this interpreter with ``-m heartbeat``."""
-    import shutil
+    """How this heartbeat is run from a hook (:func:`heartbeat.presets.common.heartbeat_argv`)."""
+    from heartbeat.presets.common import heartbeat_argv as argv
 
-    script = shutil.which("heartbeat")
-    mine = os.path.join(os.path.dirname(sys.executable), "heartbeat")
-    if script and os.path.realpath(script) == os.path.realpath(mine):
-        return [os.path.abspath(script)]
-    if os.path.isfile(mine) and os.access(mine, os.X_OK):
-        return [mine]
-    return [sys.executable, "-m", "heartbeat"]
+    return argv()
 
 
 def hook_command(*, agent: str = "claude", state_dir: str | None = None, config: str | None = None,

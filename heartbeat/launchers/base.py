@@ -150,7 +150,15 @@ def placeholder_values(req: LaunchRequest) -> dict[str, object]:
         "attempt": req.attempt,
         "state_dir": req.state_dir,
         "session": req.session,
+        **_preset_values(req),
     }
+
+
+def _preset_values(req: LaunchRequest) -> dict[str, object]:
+    """What only a preset's own argv holds: the rail's hook settings (``{rail_settings}``)."""
+    from heartbeat.presets.common import RAIL_SETTINGS, claude_rail_settings
+
+    return {RAIL_SETTINGS: claude_rail_settings()}
 
 
 def build_argv(config: LauncherConfig, req: LaunchRequest) -> list[str]:

@@ -31,6 +31,8 @@ __all__ = [
     "OwnerKind",
     "Gate",
     "Guarantee",
+    "Guard",
+    "check_guard_glob",
     "HANDOFF_FIELDS",
     "OnBroken",
     "Owner",
@@ -211,6 +213,63 @@ class Guarantee:
         return out
 
 
+class GlobKind(StrEnum):
+    """What a guard glob matches: a path relative to the workdir, or a shell command."""
+
+    PROTECT = "protect"
+    FORBID = "forbid"
+    IRREVERSIBLE = "irreversible"
+
+
+def check_guard_glob(text: object, kind: GlobKind | str) -> str:
+    """``text`` if it is a guard glob the rail can match, else :class:`BadInput` in one line.
+
+    Refused: not text, empty, longer than ``defaults.MAX_GUARD_GLOB_CHARS``, a NUL or another
+    control character, more than ``defaults.MAX_GUARD_GLOB_STARS`` stars, a glob of wildcards
+    only (it would refuse every call), and for ``protect`` an absolute path or one that climbs
+    out of the workdir with ``..``.
+    """
+    name = f"--{kind}" if kind != GlobKind.IRREVERSIBLE else "irreversible"
+    if not isinstance(text, str):
+        raise BadInput(f"a {kind} glob must be text, got {type(text).__name__}", field=name)
+    if not text.strip():
+        raise BadInput(f"a {kind} glob must not be empty", field=name)
+    if len(text) > defaults.MAX_GUARD_GLOB_CHARS:
+        raise BadInput(f"a {kind} glob is {len(text)} characters, over {defaults.MAX_GUARD_GLOB_CHARS}", field=name)
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise BadInput(f"a {kind} glob holds a control character (NUL, newline, ...): {text[:40]!r}", field=name)
+    if text.count("*") > defaults.MAX_GUARD_GLOB_STARS:
+        raise BadInput(f"a {kind} glob holds {text.count('*')} stars, over {defaults.MAX_GUARD_GLOB_STARS}",
+                       field=name)
+    if not re.sub(r"[*?/\s.\[\]!]", "", text):
+        raise BadInput(f"the {kind} glob {text[:40]!r} matches everything: name what it guards", field=name)
+    if kind == GlobKind.PROTECT and (text.startswith(("/", "~")) or ".." in text.split("/")):
+        raise BadInput(f"a protect glob is a path relative to the workdir, got {text[:60]!r}", field=name)
+    return text
+
+
+@dataclass(slots=True)
+class Guard:
+    """A constraint with teeth: its text, and what the rail refuses for it (``heartbeat add ID
+    constraints TEXT --protect GLOB --forbid GLOB``)."""
+
+    constraint: str
+    protect: list[str] = field(default_factory=list)
+    """Globs of paths relative to the workdir no Write/Edit or shell command may name."""
+    forbid: list[str] = field(default_factory=list)
+    """Globs of shell commands the rail refuses."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"constraint": self.constraint}
+        if self.protect:
+            out["protect"] = list(self.protect)
+        if self.forbid:
+            out["forbid"] = list(self.forbid)
+        out.update(self.extra)
+        return out
+
+
 @dataclass(slots=True)
 class Owner:
     """The agent holding a task: enough to tell whether it is still alive, and how it started."""
@@ -291,6 +350,10 @@ class Baton:
     guarantees: list[Guarantee] = field(default_factory=list)
     rederived: list[str] = field(default_factory=list)
     on_broken: str = ""
+    guards: list[Guard] = field(default_factory=list)
+    """The constraints with teeth (``[[guards]]``; written only when set, so older batons read as before)."""
+    irreversible: list[str] = field(default_factory=list)
+    """This task's irreversible command globs (replacing the launcher's and the config's), when set."""
     meta: Meta = field(default_factory=Meta)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -311,9 +374,11 @@ class Baton:
             world=dict(self.meta.world),
             extra=_deep(self.meta.extra),
         )
-        lists = {name: list(getattr(self, name)) for name in (*LIST_FIELDS, "after", "rederived")}
+        lists = {name: list(getattr(self, name)) for name in (*LIST_FIELDS, "after", "rederived", "irreversible")}
         guarantees = [replace(g, extra=_deep(g.extra)) for g in self.guarantees]
-        return replace(self, meta=meta, extra=_deep(self.extra), guarantees=guarantees,
+        guards = [replace(g, protect=list(g.protect), forbid=list(g.forbid), extra=_deep(g.extra))
+                  for g in self.guards]
+        return replace(self, meta=meta, extra=_deep(self.extra), guarantees=guarantees, guards=guards,
                        **lists)  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, Any]:
@@ -331,6 +396,10 @@ class Baton:
             doc["rederived"] = list(self.rederived)
         if self.on_broken:
             doc["on_broken"] = self.on_broken
+        if self.guards:
+            doc["guards"] = [g.to_dict() for g in self.guards]
+        if self.irreversible:
+            doc["irreversible"] = list(self.irreversible)
         for key, value in self.extra.items():
             doc[key] = value
         doc["meta"] = _meta_to_dict(self.meta)
@@ -525,6 +594,15 @@ def baton_from_dict(doc: dict[str, Any], *, path: str, expected_id: str | None =
     values["guarantees"] = _guarantees(r, data)
     values["rederived"] = r.strings(data, "rederived", "rederived")
     values["on_broken"] = r.string(data, "on_broken", "on_broken")
+    values["guards"] = _guards(r, data)
+    values["irreversible"] = r.strings(data, "irreversible", "irreversible")
+    if len(values["irreversible"]) > defaults.MAX_GUARD_GLOBS:
+        raise r.fail("irreversible", f"{len(values['irreversible'])} globs, over {defaults.MAX_GUARD_GLOBS}")
+    for i, glob in enumerate(values["irreversible"]):
+        try:
+            check_guard_glob(glob, GlobKind.IRREVERSIBLE)
+        except BadInput as exc:
+            raise r.fail(f"irreversible[{i}]", exc.message) from None
     baton = Baton(meta=meta, extra=dict(data), **values)  # a fresh dict: the popped one keeps its size
     for i, upstream in enumerate(baton.after):
         if not ID_PATTERN.fullmatch(upstream):
@@ -567,6 +645,34 @@ def _guarantees(r: _Reader, data: dict[str, Any]) -> list[Guarantee]:
         if check and not ID_PATTERN.fullmatch(check):
             raise r.fail(f"{name}.check", f"bad check name {check[:40]!r}")
         out.append(Guarantee(text, check, extra=dict(item)))
+    return out
+
+
+def _guards(r: _Reader, data: dict[str, Any]) -> list[Guard]:
+    if "guards" not in data:
+        return []
+    value = data.pop("guards")
+    if not isinstance(value, list):
+        raise r.fail("guards", f"expected an array of tables {{ constraint, protect, forbid }}, got {_describe(value)}")
+    if len(value) > defaults.MAX_GUARDS:
+        raise r.fail("guards", f"{len(value)} guards, over {defaults.MAX_GUARDS}")
+    out = []
+    for i, item in enumerate(value):
+        name = f"guards[{i}]"
+        if not isinstance(item, dict):
+            raise r.fail(name, f"expected a table {{ constraint, protect, forbid }}, got {_describe(item)}")
+        item = dict(item)
+        text = r.string(item, "constraint", f"{name}.constraint", required=True)
+        globs = {kind: r.strings(item, kind, f"{name}.{kind}") for kind in (GlobKind.PROTECT, GlobKind.FORBID)}
+        if sum(len(g) for g in globs.values()) > defaults.MAX_GUARD_GLOBS:
+            raise r.fail(name, f"over {defaults.MAX_GUARD_GLOBS} globs")
+        for kind, items in globs.items():
+            for j, glob in enumerate(items):
+                try:
+                    check_guard_glob(glob, kind)
+                except BadInput as exc:
+                    raise r.fail(f"{name}.{kind}[{j}]", exc.message) from None
+        out.append(Guard(text, globs[GlobKind.PROTECT], globs[GlobKind.FORBID], extra=dict(item)))
     return out
 
 

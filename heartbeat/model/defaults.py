@@ -370,3 +370,24 @@ WEB_PAGE_MAX = 500
 
 WEB_QUERY_MAX = 200
 """The longest ``?q=`` search the status page accepts."""
+
+IRREVERSIBLE = ("git push*", "gh pr merge*", "gh release create*", "npm publish*", "twine upload*",
+                "cargo publish*", "kubectl apply*", "kubectl delete*", "terraform apply*", "terraform destroy*",
+                "docker push*", "helm upgrade*", "helm install*")
+"""Shell command globs the rail holds until ``verify`` is fresh (``[guards] irreversible`` replaces them;
+``[launchers.NAME] irreversible`` and a baton's ``irreversible`` replace those in turn)."""
+
+MAX_GUARDS = 64
+"""Guarded constraints one baton may hold (``[[guards]]``)."""
+
+MAX_GUARD_GLOBS = 32
+"""Globs one guard (``protect`` plus ``forbid``) or one ``irreversible`` list may hold."""
+
+MAX_GUARD_GLOB_CHARS = 512
+"""The longest guard glob, in characters; a longer one is refused with one line."""
+
+MAX_GUARD_GLOB_STARS = 16
+"""The most ``*`` one guard glob may hold (each costs the matcher a scan of the command)."""
+
+RAIL_COMMAND_CHARS = 64 * 1024
+"""Characters of a tool call's command or path the rail reads; a longer one is matched on its start."""

@@ -71,6 +71,7 @@ class EventKind(StrEnum):
     ARCHIVED = "archived"
     COMPACTED = "compacted"
     TAKEN_OVER = "taken_over"
+    RAIL_REFUSED = "rail_refused"
 
 
 @dataclass

@@ -292,6 +292,53 @@ MCP_SERVER_RULE = "mcp__heartbeat"
 """Claude Code's rule for every tool of the MCP server ``hooks install claude --mcp`` registers."""
 
 
+def heartbeat_argv() -> list[str]:
+    """How this heartbeat is run from a hook: its ``heartbeat`` script when that is on PATH and is
+    this install's, else this interpreter with ``-m heartbeat``."""
+    import sys
+
+    script = next((os.path.join(d, "heartbeat") for d in os.environ.get("PATH", "").split(os.pathsep)
+                   if d and os.access(os.path.join(d, "heartbeat"), os.X_OK)
+                   and os.path.isfile(os.path.join(d, "heartbeat"))), None)
+    mine = os.path.join(os.path.dirname(sys.executable), "heartbeat")
+    if script and os.path.realpath(script) == os.path.realpath(mine):
+        return [os.path.abspath(script)]
+    if os.path.isfile(mine) and os.access(mine, os.X_OK):
+        return [mine]
+    return [sys.executable, "-m", "heartbeat"]
+
+
+HOOK_MARK = "# heartbeat-hook"
+"""Ends every hook command heartbeat writes: what install and uninstall recognise as theirs."""
+
+
+def rail_hook_command(agent: str = "claude") -> str:
+    """The rail's command line (``heartbeat hook AGENT``, no options: the agent's environment names the
+    state dir and config), as ``hooks install`` writes it without options, so a CLI that dedups
+    identical hook commands runs it once."""
+    import shlex
+
+    return f"{shlex.join([*heartbeat_argv(), 'hook', agent])} {HOOK_MARK}"
+
+
+def claude_rail_settings() -> str:
+    """``claude --settings``'s JSON for every run the ``claude-code`` preset launches (the
+    ``{rail_settings}`` of its argv, filled in at launch): the rail (``PreToolUse``) on every tool, and
+    the trail's end of each call (``PostToolUse``, :mod:`heartbeat.hotpath.trail`), so every agent the
+    daemon launches keeps its trail without an install."""
+    hook = {"type": "command", "command": rail_hook_command("claude"), "timeout": defaults.HOOK_TIMEOUT}
+    tools = [{"matcher": "*", "hooks": [hook]}]
+    return json.dumps({"hooks": {"PreToolUse": tools, "PostToolUse": tools}}, separators=(",", ":"))
+
+
+RAIL_SETTINGS = "rail_settings"
+"""The placeholder a preset's own argv holds for :func:`claude_rail_settings` (not one a config may use)."""
+
+
+BARE_ARGS = {"claude-code": ("--bare",)}
+"""Agent CLI flags that switch the hooks (and so the rail) off: ``check-config`` refuses a launcher with them."""
+
+
 @dataclass(frozen=True)
 class Preset:
     """How to run one agent CLI: ``program *fixed *args *fresh`` (or ``*resume``), brief on stdin."""

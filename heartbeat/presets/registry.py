@@ -24,13 +24,14 @@ PRESETS: dict[PresetName, Preset] = {
         name=PresetName.CLAUDE_CODE,
         program="claude",
         fixed=("-p", "--output-format", "stream-json", "--verbose",
-               "--allowedTools", ",".join(claude_allow_rules("{id}"))),
+               "--allowedTools", ",".join(claude_allow_rules("{id}")), "--settings", "{rail_settings}"),
         fresh=("--session-id", "{session}"),
         resume=("--resume", "{session}"),
         parse=parse_claude,
         pins_session=True,
         output="--allowedTools lets the agent run heartbeat's own commands on its task (show, brief, verify, "
                "set, add, touch, block, snooze, done) and the heartbeat MCP server's tools, nothing else; "
+               "--settings adds the rail (a PreToolUse hook: `heartbeat hook claude` before every tool call); "
                "the final stream-json result line: is_error decides success (even with exit 0); "
                "not logged in / authentication errors block the task on a human; session_id, num_turns, "
                "total_cost_usd and token usage go into the exited event",

@@ -168,8 +168,9 @@ def render_brief(
 
     add("\n## Constraints - DO NOT BREAK THESE\n", "constraints", required=True)
     if constraints or inherited:
+        guarded = _guard_notes(baton)
         for c in constraints:
-            add(f"- **{c}**\n", "constraints", required=True)
+            add(f"- **{c}**{guarded.get(c, '')}\n", "constraints", required=True)
         for text, origin in inherited:
             add(f"- **{text}** _(inherited from `{origin}`)_\n", "constraints", required=True)
     else:
@@ -412,6 +413,15 @@ def _omission_note(task_id: str, labels: list[str], budget: int, brief_file: str
         f"\n{_OMITTED_PREFIX} the budget of {budget} tokens: {', '.join(labels)}. "
         f"{where}, `heartbeat show {task_id}` for the whole baton._\n"
     )
+
+
+def _guard_notes(baton: Baton) -> dict[str, str]:
+    """What the rail enforces for each guarded constraint (by its one-line text), as the brief marks it."""
+    notes: dict[str, list[str]] = {}
+    for guard in baton.guards:
+        held = [f"protects `{g}`" for g in guard.protect] + [f"forbids `{g}`" for g in guard.forbid]
+        notes.setdefault(_one_line(guard.constraint), []).extend(held)
+    return {text: f" _(enforced by heartbeat's rail: {', '.join(held)})_" for text, held in notes.items() if held}
 
 
 def _one_line(text: str) -> str:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from heartbeat.model import defaults
-from heartbeat.model.baton import Baton, Guarantee, check_id, dump_baton, load_toml
+from heartbeat.model.baton import Baton, Guarantee, Guard, check_id, dump_baton, load_toml
 from heartbeat.model.errors import AlreadyExists, BadInput, HeartbeatError, NotFound
 from heartbeat.model.timeparse import utcnow
 from heartbeat.store.base import start_create
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 __all__ = ["Stage", "parse_pipeline", "create_pipeline", "tree_rows"]
 
 _STAGE_KEYS = frozenset({"task", "intent", "step", "next_step", "plan", "launcher", "constraints", "guarantees",
-                         "after", "on_broken", "key_files", "workdir", "handoff"})
+                         "after", "on_broken", "key_files", "workdir", "handoff", "guards", "irreversible"})
 _TOP_KEYS = frozenset({"stages", "workdir"})
 _TREE_LEVELS = 12
 """Indentation levels ``status`` draws before a deeper stage is shown at this depth, numbered."""
@@ -70,6 +70,29 @@ class Stage:
     key_files: list[str] = field(default_factory=list)
     workdir: str = ""
     handoff: str = ""
+    guards: list[Guard] = field(default_factory=list)
+    """Constraints with teeth: ``guards = [{ constraint = "...", protect = [...], forbid = [...] }]``."""
+    irreversible: list[str] = field(default_factory=list)
+
+
+def _guards(where: str, task_id: str, value: Any) -> list[Guard]:
+    """A stage's ``guards``: tables of ``constraint`` and its ``protect``/``forbid`` globs, each checked."""
+    from heartbeat.tasks.verbs import make_guard
+
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise BadInput(f"{where}: expected a list of tables {{ constraint, protect, forbid }}")
+    out = []
+    for i, item in enumerate(value):
+        extra = sorted(set(item) - {"constraint", "protect", "forbid"})
+        if extra:
+            raise BadInput(f"{where}[{i}]: unknown key {extra[0]!r} (keys: constraint, protect, forbid)")
+        try:
+            out.append(make_guard(task_id, _string(f"{where}[{i}].constraint", item.get("constraint", "")),
+                                  _strings(f"{where}[{i}].protect", item.get("protect", [])),
+                                  _strings(f"{where}[{i}].forbid", item.get("forbid", []))))
+        except BadInput as exc:
+            raise BadInput(f"{where}[{i}]: {exc.message}") from None
+    return out
 
 
 def _strings(where: str, value: Any) -> list[str]:
@@ -142,6 +165,8 @@ def parse_pipeline(name: str, text: str, *, base_dir: str) -> list[Stage]:
             key_files=_strings(f"{where}.key_files", body.get("key_files", [])),
             workdir=workdir,
             handoff=_string(f"{where}.handoff", body.get("handoff", "")),
+            guards=_guards(f"{where}.guards", task_id, body.get("guards", [])),
+            irreversible=_strings(f"{where}.irreversible", body.get("irreversible", [])),
         )
     for stage in stages.values():
         for upstream in stage.after:
@@ -210,7 +235,7 @@ def create_pipeline(store: Store, name: str, stages: Sequence[Stage], *, workdir
                 next_step=stage.next_step, workdir=stage.workdir or workdir, launcher=stage.launcher,
                 handoff=stage.handoff, key_files=stage.key_files, constraints=stage.constraints, plan=stage.plan,
                 after=[f"{name}.{u}" for u in stage.after], guarantees=stage.guarantees, on_broken=stage.on_broken,
-                now=now)
+                guards=stage.guards, irreversible=stage.irreversible, now=now)
             size = len(dump_baton(start_create(baton, now)).encode("utf-8"))
         except HeartbeatError as exc:
             field = getattr(exc, "field", "")

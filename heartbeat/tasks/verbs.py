@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from heartbeat.model import defaults
 from heartbeat.model.baton import (
     FINISHED_STATUSES,
     ID_PATTERN,
@@ -21,10 +22,13 @@ from heartbeat.model.baton import (
     Baton,
     Gate,
     GateKind,
+    GlobKind,
     Guarantee,
+    Guard,
     Meta,
     Owner,
     Status,
+    check_guard_glob,
     check_id,
     parse_on_broken,
 )
@@ -44,6 +48,8 @@ __all__ = [
     "set_fields",
     "add_items",
     "add_guarantee",
+    "add_constraint",
+    "make_guard",
     "touch",
     "claim",
     "release",
@@ -79,6 +85,8 @@ def build_task(
     guarantees: Sequence[Guarantee] = (),
     on_broken: str = "",
     host_labels: Sequence[str] = (),
+    guards: Sequence[Guard] = (),
+    irreversible: Sequence[str] = (),
     now: datetime | None = None,
 ) -> Baton:
     """The baton :func:`new_task` creates, checked but not written. With ``owner`` it is
@@ -130,8 +138,13 @@ def build_task(
         after=list(after),
         guarantees=list(guarantees),
         on_broken=on_broken,
+        guards=list(guards),
+        irreversible=list(irreversible),
         meta=meta,
     )
+    for guard in guards:  # a guard's constraint is one of the task's
+        if guard.constraint not in baton.constraints:
+            baton.constraints.append(guard.constraint)
     if host_labels:  # a top-level key of the baton: only daemons offering every label dispatch it
         baton.extra["host_labels"] = list(host_labels)
         baton.extra["host_labels"] = baton_host_labels(baton)
@@ -229,6 +242,43 @@ def _add_handoff_items(store: Store, task_id: str, name: str, items: Sequence[st
         if name == "rederived":
             ed.event(EventKind.REDERIVED, items=list(items))
     return ed.baton
+
+
+def add_constraint(
+    store: Store,
+    task_id: str,
+    text: str,
+    *,
+    protect: Sequence[str] = (),
+    forbid: Sequence[str] = (),
+    expect_revision: int | None = None,
+    epoch: int | None = None,
+    actor: str = "",
+) -> Baton:
+    """Add a constraint with its guards (``--protect``/``--forbid``), which the rail enforces from the
+    agent's next tool call."""
+    guard = make_guard(task_id, text, protect, forbid)
+    with store.edit(task_id, expect_revision=expect_revision, epoch=epoch, actor=actor) as ed:
+        if len(ed.baton.guards) >= defaults.MAX_GUARDS:
+            raise BadInput(f"the task has {defaults.MAX_GUARDS} guarded constraints already", task=task_id,
+                           field="constraints")
+        ed.baton.constraints.append(text)
+        ed.baton.guards.append(guard)
+    _arm_pulse(store, task_id, epoch)
+    return ed.baton
+
+
+def make_guard(task_id: str, text: str, protect: Sequence[str], forbid: Sequence[str]) -> Guard:
+    """A constraint's guard, each glob checked (one-line :class:`BadInput` for a hostile one)."""
+    if not text.strip() or "\0" in text:
+        raise BadInput("a constraint needs its text", task=task_id, field="constraints")
+    if len(protect) + len(forbid) > defaults.MAX_GUARD_GLOBS:
+        raise BadInput(f"over {defaults.MAX_GUARD_GLOBS} globs for one constraint", task=task_id, field="constraints")
+    try:
+        return Guard(text, [check_guard_glob(g, GlobKind.PROTECT) for g in protect],
+                     [check_guard_glob(g, GlobKind.FORBID) for g in forbid])
+    except BadInput as exc:
+        raise BadInput(exc.message, task=task_id, field=exc.field) from None
 
 
 def add_guarantee(

@@ -37,6 +37,8 @@ class Write:
     check: str = ""
     expect_revision: int | None = None
     note: str = ""
+    protect: tuple[str, ...] = ()
+    forbid: tuple[str, ...] = ()
 
 
 DECLINED = -1
@@ -83,6 +85,10 @@ def apply(store: Store, write: Write, *, epoch: int | None, actor: str) -> None:
     elif write.command == "set":
         tasks.set_fields(store, write.id, assignments(write.pairs), expect_revision=write.expect_revision,
                          epoch=epoch, actor=actor)
+    elif write.field == "constraints" and (write.protect or write.forbid):
+        for value in write.values:
+            tasks.add_constraint(store, write.id, value, protect=write.protect, forbid=write.forbid,
+                                 expect_revision=write.expect_revision, epoch=epoch, actor=actor)
     elif write.field == "guarantees":
         for value in write.values:
             tasks.add_guarantee(store, write.id, value, check=write.check, expect_revision=write.expect_revision,

@@ -549,8 +549,8 @@ def _refused_or_none(result: Result | None) -> bool:
     return result is not None and _refused(result)
 
 
-_REFUSAL = re.compile(r"requires approval|permission|not allowed|denied|haven't granted|was blocked|can't be checked",
-                      re.IGNORECASE)
+_REFUSAL = re.compile(r"requires approval|permission|not allowed|denied|haven't granted|was blocked|can't be checked"
+                      r"|PreToolUse:\w+ hook", re.IGNORECASE)  # (a hook's deny: "PreToolUse:Write hook error: ...")
 
 
 def _refused(result: Result) -> bool:

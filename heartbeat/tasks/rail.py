@@ -1,0 +1,356 @@
+"""The rail: heartbeat on the tool-call seam, refusing what the baton says must not happen.
+
+A note asks a model to obey; the rail does not ask. Claude Code and codex run
+``heartbeat hook claude|codex`` before every tool call (``PreToolUse``); for a session bound
+to a task (``$HEARTBEAT_TASK``) the hook hands the call and the task to :func:`decide`, a pure
+function over plain data, which refuses the call, with one line the model reads, when:
+
+1. the session's epoch is superseded (a zombie's side effects stop, not only its writes);
+2. the task is not active: blocked (a person, a gate, a hold), snoozed, paused, done, failed
+   or escalated. A block takes effect at the agent's next tool call;
+3. the call names a guarded path (a ``protect`` glob: a Write/Edit target, or a word of a shell
+   command, relative to the workdir) or matches a guarded command (a ``forbid`` glob);
+4. the call matches an irreversible glob (the baton's ``irreversible``, else the launcher's,
+   else ``[guards] irreversible``, else ``defaults.IRREVERSIBLE``) and ``verify`` is not fresh:
+   :func:`decide` answers :attr:`Decision.needs_verify`, :func:`check` runs ``verify`` (which
+   records it) and decides again with what it found.
+
+heartbeat's own commands that read or hand back the task (``heartbeat show|brief|verify|set|
+add|touch|block|snooze|done|status``, one plain command, and the ``heartbeat`` MCP server's
+tools) are always allowed: the refused agent must still be able to read why and write its note.
+Every refusal is recorded as a ``rail_refused`` event (the rule, the tool, what it named).
+
+A command glob matches the whole command (its words joined by single spaces) or any one of the
+commands it chains with ``;``, ``&&``, ``||``, ``|`` or a newline; ``*`` matches anything,
+``/`` included.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from heartbeat.model import defaults
+from heartbeat.model.baton import Baton, Guard, Status
+from heartbeat.model.ledger import Event, EventKind
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from heartbeat.store.base import Store
+    from heartbeat.tasks.verify import VerifyResult
+
+__all__ = ["Rule", "ToolCall", "RailView", "Decision", "Verified", "tool_call", "view_of", "decide", "check",
+           "own_command", "deny_output", "relayed"]
+
+
+class Rule(StrEnum):
+    """Why the rail refused a call (the ``rail_refused`` event's ``rule``)."""
+
+    SUPERSEDED = "superseded"
+    NOT_ACTIVE = "not_active"
+    PROTECTED = "protected"
+    FORBIDDEN = "forbidden"
+    STALE = "stale"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call as the rail reads it: the tool's name, its shell command, the paths it writes."""
+
+    tool: str
+    command: str = ""
+    paths: tuple[str, ...] = ()
+    cwd: str = ""
+
+
+@dataclass(frozen=True)
+class RailView:
+    """What :func:`decide` reads of a task: plain data, no store."""
+
+    task: str
+    status: Status
+    epoch: int
+    caller_epoch: int
+    workdir: str = ""
+    blocked_on: str = ""
+    gate: str = ""
+    guards: tuple[Guard, ...] = ()
+    irreversible: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What ``verify`` found for an irreversible call: fresh or not, and what changed."""
+
+    fresh: bool
+    message: str = ""
+    changed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Allow (``reason`` empty), refuse (``rule`` and ``reason``), or run ``verify`` first."""
+
+    allow: bool
+    rule: Rule | None = None
+    reason: str = ""
+    needs_verify: bool = False
+    matched: str = ""
+    """The glob or path that decided it (for the ledger)."""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+ALLOW = Decision(True)
+
+_OWN_COMMANDS = frozenset({"show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done", "status"})
+_OWN_OPTIONS = ("--state-dir", "--config")
+_SHELL_META = re.compile(r"[;&|`$<>\n\r(){}]")
+_CHAIN = re.compile(r"\s*(?:&&|\|\||[;|\n])\s*")
+_PATCH_FILE = re.compile(r"^\*\*\* (?:Add|Update|Delete) File: (.+)$", re.MULTILINE)
+_PATH_KEYS = ("file_path", "path", "notebook_path")
+_SHELL_TOOLS = frozenset({"Bash", "shell", "local_shell", "exec_command", "container.exec", "unified_exec"})
+
+
+def _text(value: object) -> str:
+    return value[: defaults.RAIL_COMMAND_CHARS] if isinstance(value, str) else ""
+
+
+def tool_call(event: Mapping[str, Any]) -> ToolCall:
+    """The call of a ``PreToolUse`` event (Claude Code's ``tool_name``/``tool_input``, codex's the same):
+    a shell tool's ``command`` (text, or an argv list), the ``file_path`` of Write/Edit/MultiEdit, the
+    files an ``apply_patch`` names."""
+    tool = _text(event.get("tool_name"))
+    raw = event.get("tool_input")
+    tool_input: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    command = tool_input.get("command", tool_input.get("cmd", ""))
+    if isinstance(command, list) and all(isinstance(a, str) for a in command):
+        command = shlex.join(command)
+    command = _text(command)
+    paths = [p for p in (_text(tool_input.get(k)) for k in _PATH_KEYS) if p]
+    patch = command if tool == "apply_patch" or "*** Begin Patch" in command else _text(tool_input.get("patch"))
+    if patch:
+        paths += [m.strip() for m in _PATCH_FILE.findall(patch)]
+        if tool == "apply_patch":
+            command = ""
+    if tool not in _SHELL_TOOLS and tool != "apply_patch" and not command.strip():
+        command = ""
+    return ToolCall(tool=tool, command=command, paths=tuple(paths), cwd=_text(event.get("cwd")))
+
+
+def view_of(baton: Baton, caller_epoch: int, irreversible: Sequence[str]) -> RailView:
+    """A task as :func:`decide` reads it; ``irreversible`` is the launcher's (or the config's) list,
+    which the baton's own replaces when it has one."""
+    gate = baton.meta.gate.spec() if baton.meta.gate else ""
+    return RailView(task=baton.id, status=baton.meta.status, epoch=baton.meta.epoch, caller_epoch=caller_epoch,
+                    workdir=baton.workdir, blocked_on=" ".join(baton.blocked_on.split())[:200], gate=gate,
+                    guards=tuple(baton.guards), irreversible=tuple(baton.irreversible or irreversible))
+
+
+def own_command(call: ToolCall) -> bool:
+    """Whether ``call`` is one of heartbeat's own agent commands (or its MCP server's tools), written as
+    one plain command: nothing chained, redirected or substituted."""
+    if call.tool.startswith("mcp__heartbeat__"):
+        return True
+    if not call.command or _SHELL_META.search(call.command):
+        return False
+    try:
+        argv = shlex.split(call.command)
+    except ValueError:
+        return False
+    if argv[:1] and os.path.basename(argv[0]) == "heartbeat":
+        rest = argv[1:]
+    elif len(argv) >= 3 and os.path.basename(argv[0]).startswith("python") and argv[1:3] == ["-m", "heartbeat"]:
+        rest = argv[3:]
+    else:
+        return False
+    while len(rest) >= 2 and rest[0] in _OWN_OPTIONS:
+        rest = rest[2:]
+    return bool(rest) and rest[0] in _OWN_COMMANDS
+
+
+def _commands(command: str) -> list[str]:
+    """The command, and each command it chains, with its words joined by single spaces."""
+    whole = " ".join(command.split())
+    parts = [" ".join(p.split()) for p in _CHAIN.split(command)]
+    return [whole, *(p for p in parts if p and p != whole)]
+
+
+def _matches_command(command: str, globs: Sequence[str]) -> str:
+    """The first glob ``command`` (or one of its chained commands) matches, or ""."""
+    if not command.strip():
+        return ""
+    commands = _commands(command)
+    for glob in globs:
+        pattern = " ".join(glob.split())
+        if any(fnmatch.fnmatchcase(c, pattern) for c in commands):
+            return glob
+    return ""
+
+
+def _words(command: str) -> list[str]:
+    try:
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        words = list(lexer)
+    except ValueError:
+        words = command.split()
+    return [w.lstrip("<>&|;") for w in words if w.lstrip("<>&|;")]
+
+
+def _relative(path: str, cwd: str, workdir: str) -> str | None:
+    """``path`` relative to the workdir (None when it lies outside it)."""
+    if not workdir:
+        return None
+    absolute = os.path.normpath(os.path.join(cwd or workdir, os.path.expanduser(path)))
+    rel = os.path.relpath(absolute, os.path.normpath(workdir))
+    return None if rel == ".." or rel.startswith("../") else rel
+
+
+def _resolved(path: str, cwd: str, workdir: str) -> str | None:
+    """A Write/Edit target through its symlinks, relative to the workdir's real path (None: outside, or unchanged)."""
+    if not workdir:
+        return None
+    real = os.path.realpath(os.path.join(cwd or workdir, os.path.expanduser(path)))
+    rel = os.path.relpath(real, os.path.realpath(workdir))
+    return None if rel == ".." or rel.startswith("../") else rel
+
+
+def _protected(call: ToolCall, view: RailView, guard: Guard) -> str:
+    """The path of ``call`` that ``guard`` protects, or "" (a file target is also read through its symlinks)."""
+    words = _words(call.command) if call.command else []
+    named = [_relative(t, call.cwd, view.workdir) for t in (*call.paths, *words)]
+    named += [_resolved(t, call.cwd, view.workdir) for t in call.paths]
+    for rel in named:
+        if rel is None:
+            continue
+        for glob in guard.protect:
+            if fnmatch.fnmatchcase(rel, glob) or fnmatch.fnmatchcase(rel, glob.rstrip("/") + "/*"):
+                return rel
+    return ""
+
+
+def _short(text: str, limit: int = 120) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def decide(call: ToolCall, view: RailView, *, verified: Verified | None = None,
+           prefix: str = "heartbeat") -> Decision:
+    """Allow or refuse ``call`` on ``view``'s task (see the module docstring for the order).
+
+    An irreversible call with ``verified`` None answers ``needs_verify``: the caller runs
+    ``verify`` and calls again with what it found. ``prefix`` is how the reason spells heartbeat.
+    """
+    if own_command(call):
+        return ALLOW
+    task = view.task
+    if view.caller_epoch < view.epoch:
+        return Decision(False, Rule.SUPERSEDED,
+                        f"heartbeat refused this call: your epoch {view.caller_epoch} of task {task!r} was superseded "
+                        f"by epoch {view.epoch} (another agent holds the task). Stop now: do no more work.")
+    if view.status is not Status.ACTIVE:
+        if view.status is Status.BLOCKED:
+            why = f"blocked on {view.blocked_on!r}" + (f" (gate {view.gate})" if view.gate else "")
+            then = f"Stop here and end your turn; it resumes when the block clears (`{prefix} show {task}`)."
+        else:
+            why = view.status.value
+            then = "Stop here and end your turn: there is nothing more to do under this task."
+        return Decision(False, Rule.NOT_ACTIVE, f"heartbeat refused this call: task {task!r} is {why}. {then}",
+                        data={"status": view.status.value})
+    for guard in view.guards:
+        path = _protected(call, view, guard) if guard.protect else ""
+        if path:
+            return Decision(False, Rule.PROTECTED,
+                            f"heartbeat refused this call: {path} is protected by the constraint "
+                            f"{_short(guard.constraint)!r} of task {task!r}. Leave it alone and go on without it.",
+                            matched=path)
+        glob = _matches_command(call.command, guard.forbid) if guard.forbid else ""
+        if glob:
+            return Decision(False, Rule.FORBIDDEN,
+                            f"heartbeat refused this call: the constraint {_short(guard.constraint)!r} of task "
+                            f"{task!r} forbids commands like {glob!r}. Go on without it.", matched=glob)
+    glob = _matches_command(call.command, view.irreversible)
+    if not glob:
+        return ALLOW
+    if verified is None:
+        return Decision(False, needs_verify=True, matched=glob)
+    if verified.fresh:
+        return Decision(True, matched=glob)
+    changed = ", ".join(verified.changed[:5]) + (f" and {len(verified.changed) - 5} more" if len(verified.changed) > 5
+                                                 else "")
+    return Decision(False, Rule.STALE,
+                    f"heartbeat refused this irreversible call ({glob!r}): the baton of task {task!r} is stale"
+                    + (f" ({changed} changed)" if changed else f" ({_short(verified.message)})")
+                    + f". Re-read `{prefix} brief {task}`, check the world, write the note, then try again.",
+                    matched=glob, data={"changed": list(verified.changed)})
+
+
+def _verified(result: VerifyResult) -> Verified:
+    return Verified(fresh=result.ok, message=result.message,
+                    changed=tuple(str(c.get("key", "")) for c in result.changed)
+                    + tuple(str(b.get("upstream", "")) for b in result.broken))
+
+
+def check(event: Mapping[str, Any], baton: Baton, store: Store, *, caller_epoch: int, irreversible: Sequence[str],
+          session_id: str = "", prefix: str = "heartbeat", now: datetime | None = None) -> Decision:
+    """Decide ``event``'s tool call for ``baton``'s task: run ``verify`` when the decision needs it
+    (recording a ``verified`` event) and record a refusal (``rail_refused``)."""
+    call = tool_call(event)
+    view = view_of(baton, caller_epoch, irreversible)
+    decision = decide(call, view, prefix=prefix)
+    if decision.needs_verify:
+        from heartbeat.tasks.verify import verify
+
+        result = verify(store, baton.id, epoch=caller_epoch, actor="rail", now=now)
+        decision = decide(call, view, verified=_verified(result), prefix=prefix)
+    if not decision.allow and decision.rule is not None:
+        from heartbeat.model.timeparse import utcnow
+
+        store.record([Event(task=baton.id, kind=EventKind.RAIL_REFUSED, ts=now or utcnow(), epoch=caller_epoch,
+                            revision=baton.meta.revision, actor="hook",
+                            data={"rule": decision.rule.value, "tool": call.tool[:80],
+                                  "target": _short(call.command or " ".join(call.paths), 200),
+                                  "session_id": session_id, **({"matched": decision.matched[:200]}
+                                                               if decision.matched else {}), **decision.data})])
+    return decision
+
+
+def relayed(store: Store, args: Sequence[str], env: Mapping[str, str],
+            irreversible: Callable[[str], Sequence[str]] | None) -> str:
+    """The daemon's relay answering an agent's ``PreToolUse`` (``args``: the task and the event's JSON,
+    ``env``: the agent's ``HEARTBEAT_TASK``/``HEARTBEAT_EPOCH``): the hook's stdout, the deny line or
+    nothing. Anything amiss (an unknown task, a malformed event) answers nothing, as the hook would."""
+    import json
+
+    from heartbeat.model.errors import HeartbeatError
+    from heartbeat.tasks.write import epoch_from_env
+
+    if len(args) != 2 or env.get("HEARTBEAT_TASK") != args[0]:
+        return ""
+    try:
+        event = json.loads(args[1])
+        if not isinstance(event, dict) or event.get("hook_event_name") != "PreToolUse":
+            return ""
+        baton = store.load(args[0])
+        mine = epoch_from_env(baton.id, env)
+        launcher = (baton.meta.owner.launcher if baton.meta.owner else "") or baton.launcher
+        globs = defaults.IRREVERSIBLE if irreversible is None else irreversible(launcher)
+        session = event.get("session_id")
+        decision = check(event, baton, store, caller_epoch=baton.meta.epoch if mine is None else mine,
+                         irreversible=globs, session_id=session if isinstance(session, str) else "")
+    except (HeartbeatError, ValueError, RecursionError):
+        return ""
+    return "" if decision.allow else json.dumps(deny_output(decision.reason), ensure_ascii=False)
+
+
+def deny_output(reason: str) -> dict[str, Any]:
+    """The hook's answer that refuses the call (Claude Code 2.1.332 and codex 0.171 read the same)."""
+    return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny",
+                                   "permissionDecisionReason": reason}}
