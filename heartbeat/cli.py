@@ -53,6 +53,14 @@ def _epoch(args: argparse.Namespace) -> int | None:
     return epoch_from_env(args.id)
 
 
+def _refuse_foreign(args: argparse.Namespace) -> None:
+    """An agent the daemon launched changes only its own task (see :func:`heartbeat.write.refuse_foreign`)."""
+    from heartbeat.write import FENCED_COMMANDS, refuse_foreign
+
+    if getattr(args, "command", None) in FENCED_COMMANDS and isinstance(getattr(args, "id", None), str):
+        refuse_foreign(args.id)
+
+
 def _actor(args: argparse.Namespace) -> str:
     from heartbeat.write import actor_from_env
 
@@ -1144,6 +1152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "func", None):
             build_parser().print_help(sys.stderr)
             return EXIT_BAD_INPUT
+        _refuse_foreign(args)
         return int(args.func(args))
     except HeartbeatError as exc:
         print(f"heartbeat: {exc}", file=sys.stderr)

@@ -51,6 +51,7 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
         raise BadInput("heartbeat mcp needs the MCP SDK 2.x: pip install 'heartbeat[mcp]'") from None
     from heartbeat import tasks
     from heartbeat.api import epoch_from_env
+    from heartbeat.write import refuse_foreign
 
     opened: list[Store] = []
 
@@ -59,9 +60,11 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
             opened.append(store_factory())
         return opened[0]
 
-    def fence(task_id: str, epoch: int | None) -> int | None:
+    def fence(task_id: str, epoch: int | None, *, write: bool = True) -> int | None:
         # The environment's epoch is the agent's identity, not a default: a refusal names the
         # current epoch, and a confused model must not be one retry away from writing for it.
+        if write:
+            refuse_foreign(task_id)
         bound = epoch_from_env(task_id)
         if epoch is None or epoch == bound:
             return bound
@@ -121,7 +124,7 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
         with tool_errors():
             if budget is not None and budget < 1:
                 raise BadInput("budget must be a positive number of tokens")
-            kwargs: dict[str, Any] = {"epoch": fence(id, None)}
+            kwargs: dict[str, Any] = {"epoch": fence(id, None, write=False)}
             if budget is not None:
                 kwargs["budget"] = budget
             return render_brief(store().load(id), **kwargs).text
@@ -132,7 +135,7 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
         from heartbeat.verify import verify as verify_task
 
         with tool_errors():
-            result = verify_task(store(), id, epoch=fence(id, epoch), actor=_actor())
+            result = verify_task(store(), id, epoch=fence(id, epoch, write=False), actor=_actor())
             return dict(result.to_json())
 
     @server.tool(name="set", description="Set scalar fields (step, next_step, intent, ...), like "

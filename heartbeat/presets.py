@@ -58,6 +58,7 @@ __all__ = [
     "valid_session_id",
     "explain",
     "AGENT_COMMANDS",
+    "AGENT_READS",
     "claude_allow_rules",
 ]
 
@@ -451,6 +452,9 @@ workdir, ``/tmp`` and ``$TMPDIR`` read-only: "cannot open lock: Read-only file s
 AGENT_COMMANDS = ("show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done")
 """The heartbeat commands the brief and the hooks tell an agent to run on its task."""
 
+AGENT_READS = ("show", "brief", "verify")
+"""Those of :data:`AGENT_COMMANDS` that change no baton: the only ones a rule may allow on any task."""
+
 MCP_SERVER_RULE = "mcp__heartbeat"
 """Claude Code's rule for every tool of the MCP server ``hooks install claude --mcp`` registers."""
 
@@ -461,12 +465,15 @@ def claude_allow_rules(task: str = "", *, prefix: str = "heartbeat") -> tuple[st
     One ``Bash(PREFIX SUB TASK:*)`` per :data:`AGENT_COMMANDS` (``:*`` is a prefix match at a
     word boundary, so ``heartbeat show t1`` does not allow ``heartbeat show t10``, and the CLI
     still refuses a command joined to another with ``&&``, ``;`` or ``|``, or holding
-    ``$(...)`` or ``$VAR``), plus :data:`MCP_SERVER_RULE`. With no ``task``, any task.
+    ``$(...)`` or ``$VAR``), plus :data:`MCP_SERVER_RULE`. With no ``task``, only the
+    :data:`AGENT_READS`, on any task: a rule letting any task's agent write every task is how one
+    task's agent wrote another's note (the CLI refuses that too: :func:`heartbeat.write.refuse_foreign`).
     A headless ``claude -p`` refuses every Bash command no rule allows ("This command requires
     approval"), whatever ``--permission-mode`` short of bypassing them all.
     """
-    target = f" {task}" if task else ""
-    return (*(f"Bash({prefix} {sub}{target}:*)" for sub in AGENT_COMMANDS), MCP_SERVER_RULE)
+    if not task:
+        return (*(f"Bash({prefix} {sub}:*)" for sub in AGENT_READS), MCP_SERVER_RULE)
+    return (*(f"Bash({prefix} {sub} {task}:*)" for sub in AGENT_COMMANDS), MCP_SERVER_RULE)
 
 
 @dataclass(frozen=True)
