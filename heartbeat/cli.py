@@ -789,9 +789,23 @@ def cmd_hook(args: argparse.Namespace) -> int:
     return run_hook(args.agent, task=args.task, state_dir=args.state_dir, config=args.config)
 
 
+def _install_options(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The state dir and config the hooks are installed for: those given, else those this command
+    resolved from ``$HEARTBEAT_STATE_DIR``/``$HEARTBEAT_CONFIG``/``./heartbeat.toml``, so a session
+    in a terminal without those variables is served too (the config stays the state dir's source
+    when it gives it)."""
+    from heartbeat.config import find_config
+
+    state_dir = args.state_dir or (os.environ.get("HEARTBEAT_STATE_DIR") if not args.config else None) or None
+    config = find_config(args.config)
+    return (os.path.abspath(state_dir) if state_dir else None), (os.path.abspath(config) if config else None)
+
+
 def cmd_hooks(args: argparse.Namespace) -> int:
     from heartbeat import hooks
 
+    if args.action == "install":
+        args.state_dir, args.config = _install_options(args)
     if args.agent == "codex":
         if args.mcp:
             raise BadInput("--mcp is for claude; codex reads its MCP servers from its own config.toml")

@@ -354,6 +354,7 @@ def run_hook(
         event = _read_event(stdin or sys.stdin.buffer)
         store, hooks, max_attempts = _open(state_dir, config, env)
         if store is None:
+            print(f"heartbeat hook: {_unserved(state_dir, config, env)}", file=stderr)
             return 0
         result = handle_event(event, store, task=task, hooks=hooks, env=env, state_dir_arg=state_dir or "",
                               config_arg=config or "", max_attempts=max_attempts)
@@ -367,6 +368,20 @@ def run_hook(
         text = " ".join(str(exc).split())[:300]
         print(f"heartbeat hook: internal error: {type(exc).__name__}: {text}", file=stderr)
     return 0
+
+
+def _unserved(state_dir: str | None, config: str | None, env: Mapping[str, str]) -> str:
+    """Why the hook has no store to serve: one line, so a session left without its brief says why."""
+    from heartbeat.config import find_config, load_config
+
+    path = state_dir or (env.get("HEARTBEAT_STATE_DIR") if not config else None)
+    found = find_config(config, env=env)
+    if not path and found:
+        path = load_config(found).state_dir  # (read already by _open: it loads)
+    if path:
+        return f"no state dir at {os.path.abspath(path)}: nothing to brief (a hook never creates one)"
+    return ("no config found (tried --config, $HEARTBEAT_CONFIG, ./heartbeat.toml, /etc/heartbeat/heartbeat.toml) "
+            "and no --state-dir: nothing to brief; re-run `heartbeat hooks install` where the config is found")
 
 
 def _open(state_dir: str | None, config: str | None, env: Mapping[str, str]) -> tuple[Any, Any, int | None]:
