@@ -207,6 +207,10 @@ lines; what does not fit is named and left to ``heartbeat brief ID``."""
 HOOK_TIMEOUT = 30
 """Seconds Claude Code and codex give ``heartbeat hook claude|codex`` (the ``timeout`` install writes)."""
 
+CODEX_SESSION_END_TIMEOUT = 3
+"""The ``timeout`` install writes for codex's ``SessionEnd`` hook: codex 0.171 allows at most 3 s there
+(more is clamped, with an error item on every run); the hook only records ``session_ended``."""
+
 MAX_HOOK_INPUT_BYTES = 1024 * 1024
 """Bytes of hook event JSON read from stdin; a larger event is refused (the hook does nothing)."""
 

@@ -688,6 +688,11 @@ def _serving(state_dir: str | None, config: str | None) -> _Ours:
                  config=os.path.abspath(config) if config else "")
 
 
+def _hook_timeout(agent: str, event: str) -> int:
+    """The ``timeout`` written for ``agent``'s hook at ``event``: the most the CLI accepts there."""
+    return defaults.CODEX_SESSION_END_TIMEOUT if (agent, event) == ("codex", "SessionEnd") else defaults.HOOK_TIMEOUT
+
+
 def _merge_hooks(doc: dict[str, Any], path: str, agent: str, *, state_dir: str | None, config: str | None,
                  task: str | None) -> tuple[dict[str, Any], bool]:
     """``doc`` (the settings file at ``path``) with heartbeat's hooks for ``agent`` (re)placed, and
@@ -695,9 +700,9 @@ def _merge_hooks(doc: dict[str, Any], path: str, agent: str, *, state_dir: str |
     hooks = _hooks_table(doc, path)
     command = hook_command(agent=agent, state_dir=state_dir, config=config, task=task)
     serving = _serving(state_dir, config)
-    entry = {"type": "command", "command": command, "timeout": defaults.HOOK_TIMEOUT}
     new_hooks = dict(hooks)
     for name in HOOK_EVENTS:
+        entry = {"type": "command", "command": command, "timeout": _hook_timeout(agent, name)}
         groups = list(hooks.get(name, []))
         serving_this = [h for g in groups for h in g.get("hooks", []) if _read_ours(h, agent) == serving]
         if serving_this == [entry]:

@@ -598,7 +598,7 @@ class TestInstall:
         assert doc["description"] == "team hooks" and doc["hooks"]["Stop"][0] == mine
         for name in ("SessionStart", "PreCompact", "Stop", "SessionEnd"):
             [ours] = [h for g in doc["hooks"][name] for h in g["hooks"] if h["command"].endswith("# heartbeat-hook")]
-            assert " hook codex " in ours["command"] and ours["timeout"] == 30
+            assert " hook codex " in ours["command"] and ours["timeout"] == (3 if name == "SessionEnd" else 30)
         assert hb("hooks", "uninstall", "codex", "--dir", str(work)).code == 0
         assert _settings(hooks_json) == {"description": "team hooks", "hooks": {"Stop": [mine]}}
         codex_home = tmp_path / "codex-home"

@@ -91,3 +91,38 @@ class TestInstallBakesWhatItResolved:
         r = heartbeat("hook", "claude", "--state-dir", str(missing), cwd=work, stdin=json.dumps(event))
         assert r.returncode == 0 and r.stdout == "" and not missing.exists()
         assert r.stderr == f"heartbeat hook: no state dir at {missing}: nothing to brief (a hook never creates one)\n"
+
+
+class TestCodexAcceptsWhatIsWritten:
+    """The real codex 0.171 reads the hooks install wrote without an error item about them."""
+
+    def test_no_timeout_is_clamped(self, tmp_path: Path) -> None:
+        """`codex exec` after `hooks install codex --user`: no "clamping SessionEnd hook timeout" error
+        item (codex allows at most 3 s there; install wrote 30)."""
+        from agent_clis import agent_cli
+        from scripted_model import Workload, scripted_model
+        from scripted_model.brain import Brain, Conversation, Reply
+        from scripted_model.responses import codex_args
+        from test_codex import BYPASS, codex_env
+
+        class Idle(Brain):
+            def decide(self, conv: Conversation) -> Reply:
+                return Reply(text="Nothing to do.")
+
+        tmp_path.chmod(0o700)
+        for name in ("work", "home/.codex", "state"):
+            (tmp_path / name).mkdir(parents=True)
+        env = codex_env(tmp_path, HEARTBEAT_STATE_DIR=str(tmp_path / "state"))
+        r = heartbeat("hooks", "install", "codex", "--user", "--dir", str(tmp_path / "work"), cwd=tmp_path,
+                      env={k: v for k, v in env.items() if k.startswith(("HEARTBEAT_", "CODEX_HOME"))})
+        assert r.returncode == 0, r.stderr
+        with scripted_model(tmp_path / "model", Workload(steps=("s",)), sees_files=False,
+                            wires=("responses",)) as model:
+            model.brain.__class__ = Idle
+            proc = subprocess.run([str(agent_cli("codex")), "exec", "--json", "--skip-git-repo-check", BYPASS,
+                                   *codex_args(model.url), "hello"], stdin=subprocess.DEVNULL,
+                                  cwd=str(tmp_path / "work"), env=env, capture_output=True, text=True, timeout=180)
+        items = [json.loads(line).get("item", {}) for line in proc.stdout.splitlines() if line.startswith("{")]
+        errors = [i.get("message", "") for i in items if i.get("type") == "error"]
+        assert any("bypass-hook-trust" in e for e in errors), proc.stdout[-2000:]  # (codex read the hooks)
+        assert not [e for e in errors if "hook" in e and "bypass-hook-trust" not in e], errors
