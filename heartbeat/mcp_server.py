@@ -113,7 +113,7 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
         except HeartbeatError as exc:
             raise ToolError(f"{exc} (exit {exc.exit_code})") from None
 
-    class Server(MCPServer):  # type: ignore[misc]
+    class Server(MCPServer):
         async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
             try:
                 return await super().call_tool(name, arguments, context)
