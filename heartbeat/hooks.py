@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import sys
 from collections.abc import Mapping, Sequence
@@ -57,11 +56,11 @@ from typing import IO, TYPE_CHECKING, Any
 from heartbeat import defaults
 from heartbeat.errors import BadInput, HeartbeatError
 from heartbeat.ledger import EventKind
-from heartbeat.safefile import write_file_atomic
 
 if TYPE_CHECKING:
     from heartbeat.baton import Baton
     from heartbeat.config import HooksConfig
+    from heartbeat.installs import InstallRecord
     from heartbeat.ledger import Event
     from heartbeat.store.base import Store
 
@@ -583,9 +582,12 @@ def _read_bytes(path: str, what: str) -> bytes | None:
         raise BadInput(f"{path}: is a directory, not {what}") from None
     except OSError as exc:
         raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # (before fdopen, which refuses a directory naming only the descriptor)
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise BadInput(f"{path}: {kind}, not {what}; left untouched")
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise BadInput(f"{path}: not a regular file, not {what}; left untouched")
         try:
             raw = handle.read(_MAX_SETTINGS_BYTES + 1)
         except OSError as exc:
@@ -619,14 +621,35 @@ def _load_json(path: str, what: str) -> dict[str, Any]:
 
 def _write_atomic(path: str, text: str) -> None:
     """Write ``text`` to ``path`` (through a symlink, to its target: a settings file kept in a dotfiles
-    repository stays one) by rename, keeping its mode (0644 for a new file)."""
-    target = os.path.realpath(path)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    try:
-        mode = os.stat(target).st_mode & 0o777
-    except FileNotFoundError:
-        mode = 0o644
-    write_file_atomic(target, text.encode("utf-8"), mode)
+    repository stays one) by rename, keeping its mode (0644 for a new file) and owner."""
+    from heartbeat.installs import write_keeping_owner
+
+    write_keeping_owner(path, text.encode("utf-8"))
+
+
+def _load_record(settings_file: str) -> InstallRecord:
+    from heartbeat.installs import InstallRecord, record_path
+
+    path = record_path(settings_file)
+    return InstallRecord.from_doc(path, _load_json(path, "heartbeat's install record"))
+
+
+def _save_record(record: InstallRecord) -> None:
+    """Write the record, or remove it once it records nothing."""
+    if record.files:
+        _write_atomic(record.path, _dump(record.to_doc()))
+    elif os.path.lexists(record.path):
+        os.unlink(record.path)
+
+
+def _put_back(path: str, doc: dict[str, Any], record: InstallRecord, written: list[str]) -> None:
+    """Uninstall's write of ``doc`` to ``path``: a file install created, left as ``{}``, goes."""
+    if not doc and record.created(path):
+        os.unlink(path)
+        record.forget(path)
+    else:
+        _write_atomic(path, _dump(doc))
+    written.append(path)
 
 
 def _hooks_table(doc: dict[str, Any], path: str) -> dict[str, Any]:
@@ -678,10 +701,6 @@ def allow_rules(*, state_dir: str | None = None, config: str | None = None, task
     for prefix in prefixes:
         rules += [r for r in claude_allow_rules(task or "", prefix=prefix) if r not in rules]
     return rules
-
-
-_OUR_RULE = re.compile(r"Bash\(heartbeat( --(state-dir|config) \S+)* (show|brief|verify|set|add|touch|block|snooze|done)"
-                       r"( [A-Za-z0-9][A-Za-z0-9._-]*)?:\*\)|mcp__heartbeat")
 
 
 def _rule_serves(rule: str, serving: _Ours) -> bool:
@@ -785,17 +804,24 @@ def install_claude(
     new_allow = allow + [r for r in allow_rules(state_dir=state_dir, config=config, task=task) if r not in allow]
     mcp_file = mcp_path(directory) if mcp else None
     mcp_doc = _mcp_doc_with_server(mcp_file, state_dir=state_dir, config=config) if mcp_file else None
+    record = _load_record(path)  # (read before anything is written: refused, nothing is)
+    added = [r for r in new_allow if r not in allow]
     written = []
     if new_allow != allow and not user:
+        record.note(rules_file, existed=os.path.lexists(rules_file), rules=added)
         _write_atomic(rules_file, _dump({**rules_doc, "permissions": {**perms, "allow": new_allow}}))
         written.append(rules_file)
     if changed or (user and new_allow != allow):
         rules = {"permissions": {**perms, "allow": new_allow}} if user else {}
+        record.note(path, existed=os.path.lexists(path), rules=added if user else ())
         _write_atomic(path, _dump({**doc, **rules}))
         written.append(path)
     if mcp_file is not None and mcp_doc is not None and mcp_doc != _load_json(mcp_file, "an MCP config"):
+        record.note(mcp_file, existed=os.path.lexists(mcp_file))
         _write_atomic(mcp_file, _dump(mcp_doc))
         written.append(mcp_file)
+    if written:
+        _save_record(record)
     return written
 
 
@@ -809,6 +835,7 @@ def uninstall_claude(directory: str | None = None, *, user: bool = False, state_
     written: list[str] = []
     serving = _serving(state_dir, config) if state_dir or config else None
     original = _load_json(path, "a settings file")
+    record = _load_record(path)
     doc = _unmerge_hooks(original, path, "claude", serving)
     # The rules install added go, but those another install still serving this file needs stay.
     others = any(_read_ours(h, "claude") is not None for name in HOOK_EVENTS
@@ -816,8 +843,10 @@ def uninstall_claude(directory: str | None = None, *, user: bool = False, state_
 
     def without_rules(d: dict[str, Any], file: str) -> dict[str, Any]:
         perms, allow = _permissions(d, file)
-        kept = [r for r in allow if not (isinstance(r, str) and _OUR_RULE.fullmatch(r) and (
+        ours = record.rules(file)  # only what install recorded adding: a person's own rule stays
+        kept = [r for r in allow if not (isinstance(r, str) and r in ours and (
             not others or (serving is not None and _rule_serves(r, serving))))]
+        record.forget_rules(file, [r for r in allow if r not in kept])
         if kept == allow:
             return d
         # a permissions table or allow list we emptied goes too
@@ -827,13 +856,12 @@ def uninstall_claude(directory: str | None = None, *, user: bool = False, state_
     if not user:
         rules_file = local_settings_path(directory)
         local = _load_json(rules_file, "a settings file")
-        if without_rules(local, rules_file) != local:
-            _write_atomic(rules_file, _dump(without_rules(local, rules_file)))
-            written.append(rules_file)
-    doc = without_rules(doc, path)  # an older install wrote them here
+        new_local = without_rules(local, rules_file)
+        if new_local != local:
+            _put_back(rules_file, new_local, record, written)
+    doc = without_rules(doc, path)  # (--user: install wrote them here)
     if doc != original:
-        _write_atomic(path, _dump(doc))
-        written.append(path)
+        _put_back(path, doc, record, written)
     if not user:
         mcp_file = mcp_path(directory)
         mcp_doc = _load_json(mcp_file, "an MCP config")
@@ -842,8 +870,13 @@ def uninstall_claude(directory: str | None = None, *, user: bool = False, state_
             servers = {k: v for k, v in servers.items() if k != "heartbeat"}
             new_doc = {**mcp_doc, "mcpServers": servers} if servers else {
                 k: v for k, v in mcp_doc.items() if k != "mcpServers"}
-            _write_atomic(mcp_file, _dump(new_doc))
-            written.append(mcp_file)
+            _put_back(mcp_file, new_doc, record, written)
+    if not others:  # no heartbeat hook is left in these files: a file without recorded rules is done with
+        for file in [*record.files]:
+            if not record.rules(file):
+                record.forget(file)
+    if written or not record.files:
+        _save_record(record)
     return written
 
 
@@ -935,10 +968,13 @@ def install_codex(directory: str | None = None, *, user: bool = False, state_dir
     project = not (user and directory is None)
     agents = os.path.join(os.path.abspath(directory or "."), "AGENTS.md")
     text = _read_text(agents) if project else ""  # (read before anything is written: refused, nothing is)
+    record = _load_record(path)
     written = []
     if changed:
+        record.note(path, existed=os.path.lexists(path))
         _write_atomic(path, _dump(doc))
         written.append(path)
+        _save_record(record)
     if not project:
         return written
     base = _strip_section(text, agents)
@@ -957,16 +993,20 @@ def uninstall_codex(directory: str | None = None, *, user: bool = False, state_d
     file too, when nothing else is left in it)."""
     path = codex_hooks_path(directory, user=user, env=env)
     serving = _serving(state_dir, config) if state_dir or config else None
-    written = []
+    written: list[str] = []
     original = _load_json(path, "a hooks file")
     new_doc = _unmerge_hooks(original, path, "codex", serving)
     project = not (user and directory is None)
     agents = os.path.join(os.path.abspath(directory or "."), "AGENTS.md")
     text = _read_text(agents) if project else ""  # (read before anything is written: refused, nothing is)
     new = _strip_section(text, agents)
+    record = _load_record(path)
     if new_doc != original:
-        _write_atomic(path, _dump(new_doc))
-        written.append(path)
+        _put_back(path, new_doc, record, written)
+        if not any(_read_ours(h, "codex") is not None for name in HOOK_EVENTS
+                   for g in (new_doc.get("hooks") or {}).get(name, []) for h in g.get("hooks", [])):
+            record.forget(path)
+        _save_record(record)
     if not project:
         return written
     if new != text:

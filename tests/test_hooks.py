@@ -421,7 +421,7 @@ class TestInstall:
         assert r.code == 0 and "already installed" in r.out
         assert settings.read_bytes() == before
         assert hb("hooks", "uninstall", "claude", "--dir", str(work)).code == 0
-        assert _settings(settings) == FOREIGN and _settings(work / ".claude" / "settings.local.json") == {}
+        assert _settings(settings) == FOREIGN and not (work / ".claude" / "settings.local.json").exists()  # install made it
         r = hb("hooks", "uninstall", "claude", "--dir", str(work))
         assert r.code == 0 and "not installed" in r.out
 
@@ -441,14 +441,14 @@ class TestInstall:
         assert json.loads(Path(path).read_text()) == {"permissions": {"allow": ["Bash(heartbeat status)"]}}
 
     def test_install_into_nothing_and_back(self, work: Path) -> None:
-        """No settings file: install creates one; uninstall leaves an empty object."""
+        """No settings file: install creates one; uninstall removes the files it created, now empty."""
         local, path = install_claude(str(work), state_dir=str(work / "st"))
         assert json.loads(Path(local).read_text())["permissions"]["allow"] == allow_rules(state_dir=str(work / "st"))
         doc = json.loads(Path(path).read_text())
         assert set(doc["hooks"]) == {"SessionStart", "PreCompact", "Stop", "SessionEnd"}
         assert "--state-dir" in doc["hooks"]["Stop"][0]["hooks"][0]["command"]
         assert uninstall_claude(str(work)) == [local, path]
-        assert json.loads(Path(path).read_text()) == {} == json.loads(Path(local).read_text())
+        assert not os.path.exists(path) and not os.path.exists(local)
 
     def test_user_settings(self, hb: Callable[..., Result], tmp_path: Path) -> None:
         """--user writes ~/.claude/settings.json."""
@@ -512,8 +512,7 @@ class TestInstall:
         assert len(stop) == 1 and b in stop[0]
         install_claude(str(work), state_dir=a)
         uninstall_claude(str(work))
-        assert _settings(Path(path)) == {}
-        assert _settings(work / ".claude" / "settings.local.json") == {}
+        assert not Path(path).exists() and not (work / ".claude" / "settings.local.json").exists()
 
     def test_a_hook_written_before_the_marker_is_replaced(self, work: Path, tmp_path: Path) -> None:
         """An install by an older heartbeat (its exact command, no marker) is recognised: no duplicate."""

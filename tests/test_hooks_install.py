@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -126,3 +127,79 @@ class TestCodexAcceptsWhatIsWritten:
         errors = [i.get("message", "") for i in items if i.get("type") == "error"]
         assert any("bypass-hook-trust" in e for e in errors), proc.stdout[-2000:]  # (codex read the hooks)
         assert not [e for e in errors if "hook" in e and "bypass-hook-trust" not in e], errors
+
+
+class TestUninstallTakesBackExactlyWhatWasWritten:
+    """Uninstall removes what install recorded writing, never a person's own, and no `{}` is left behind."""
+
+    def test_a_persons_own_rules_stay(self, tmp_path: Path, work: Path) -> None:
+        """A person's `Bash(heartbeat show:*)` in settings.json and `Bash(heartbeat brief:*)` in
+        settings.local.json (install's rule too, but there before it): install and uninstall leave both
+        files byte for byte as they were. Before: uninstall deleted both rules."""
+        claude = work / ".claude"
+        claude.mkdir()
+        settings, local = claude / "settings.json", claude / "settings.local.json"
+        settings.write_text(json.dumps({"permissions": {"allow": ["Bash(heartbeat show:*)", "Bash(ls:*)"]}}))
+        local.write_text(json.dumps({"permissions": {"allow": ["Bash(heartbeat brief:*)"]}}))
+        before = settings_of(settings), settings_of(local)
+        state = tmp_path / "st"
+        for action in ("install", "uninstall"):
+            r = heartbeat("--state-dir", str(state), "hooks", action, "claude", "--dir", str(work), cwd=tmp_path)
+            assert r.returncode == 0, r.stderr
+        assert (settings_of(settings), settings_of(local)) == before
+        assert sorted(p.name for p in claude.iterdir()) == ["settings.json", "settings.local.json"]
+
+    @pytest.mark.parametrize("agent", ["claude", "codex"])
+    def test_files_install_created_are_removed(self, tmp_path: Path, work: Path, agent: str) -> None:
+        """Into a directory with none of the files: uninstall removes every file install created (no `{}`
+        stubs, no record left). Before: settings.json, settings.local.json, .mcp.json (hooks.json) stayed `{}`."""
+        extra = ["--mcp"] if agent == "claude" else []
+        args = ("--state-dir", str(tmp_path / "st"), "hooks")
+        r = heartbeat(*args, "install", agent, "--dir", str(work), *extra, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert heartbeat(*args, "uninstall", agent, "--dir", str(work), cwd=tmp_path).returncode == 0
+        left = sorted(str(p.relative_to(work)) for p in work.rglob("*") if p.is_file())
+        assert left == [], left
+
+    def test_a_file_a_person_wrote_into_after_install_stays(self, tmp_path: Path, work: Path) -> None:
+        """A file install created that a person then added to is kept, with what they added."""
+        args = ("--state-dir", str(tmp_path / "st"), "hooks")
+        assert heartbeat(*args, "install", "claude", "--dir", str(work), cwd=tmp_path).returncode == 0
+        settings = work / ".claude" / "settings.json"
+        settings.write_text(json.dumps({**settings_of(settings), "model": "sonnet"}))
+        assert heartbeat(*args, "uninstall", "claude", "--dir", str(work), cwd=tmp_path).returncode == 0
+        assert settings_of(settings) == {"model": "sonnet"}
+
+    @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: install run as root on a person's files")
+    def test_install_as_root_keeps_a_persons_owner_and_mode(self, tmp_path: Path, work: Path) -> None:
+        """Root installs into a person's project: their settings file keeps its owner and mode, and the files
+        install creates belong to them too. Before: settings.json became root's."""
+        claude = work / ".claude"
+        claude.mkdir()
+        settings = claude / "settings.json"
+        settings.write_text("{}\n")
+        settings.chmod(0o640)
+        for path in (work, claude, settings):
+            os.chown(path, 1234, 1234)
+        r = heartbeat("--state-dir", str(tmp_path / "st"), "hooks", "install", "claude", "--dir", str(work),
+                      "--mcp", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        st = settings.stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (1234, 1234, 0o640)
+        for created in (claude / "settings.local.json", work / ".mcp.json"):
+            assert (created.stat().st_uid, created.stat().st_gid) == (1234, 1234), created
+
+    def test_a_directory_where_the_settings_file_goes_is_named(self, tmp_path: Path, work: Path) -> None:
+        """`.claude/settings.json` is a directory: one line naming the path, exit 2. Before: 'heartbeat: 3:
+        Is a directory', exit 1."""
+        (work / ".claude" / "settings.json").mkdir(parents=True)
+        for action in ("install", "uninstall"):
+            r = heartbeat("--state-dir", str(tmp_path / "st"), "hooks", action, "claude", "--dir", str(work),
+                          cwd=tmp_path)
+            assert r.returncode == 2, r.stderr
+            assert r.stderr == (f"heartbeat: {work}/.claude/settings.json: a directory, not a settings file; "
+                                "left untouched\n")
+
+
+def settings_of(path: Path) -> Any:
+    return json.loads(path.read_text())
