@@ -798,6 +798,9 @@ def _install_options(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
     state_dir = args.state_dir or (os.environ.get("HEARTBEAT_STATE_DIR") if not args.config else None) or None
     config = find_config(args.config)
+    if config and not os.path.isfile(config):
+        where = "--config" if args.config else "$HEARTBEAT_CONFIG"
+        raise BadInput(f"{where} names {config}, which is not a file: the hooks would find no config there")
     return (os.path.abspath(state_dir) if state_dir else None), (os.path.abspath(config) if config else None)
 
 

@@ -203,3 +203,12 @@ class TestUninstallTakesBackExactlyWhatWasWritten:
 
 def settings_of(path: Path) -> Any:
     return json.loads(path.read_text())
+
+
+def test_a_config_that_is_not_there_is_not_baked_in(tmp_path: Path, work: Path) -> None:
+    """$HEARTBEAT_CONFIG naming no file: install refuses in one line (exit 2) and writes nothing, rather than
+    baking in a config every hook would then fail to read."""
+    r = heartbeat("hooks", "install", "claude", "--dir", str(work), cwd=tmp_path,
+                  env={"HEARTBEAT_CONFIG": str(tmp_path / "nope.toml")})
+    assert r.returncode == 2 and "$HEARTBEAT_CONFIG names" in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert not (work / ".claude").exists()
