@@ -308,9 +308,13 @@ class TestFencing:
         assert _baton(state_dir, "f")["step"] == "flag"
 
     def test_epoch_of_another_task_does_not_fence(self, hb: Hb, state_dir: Path, claimed: Path) -> None:
-        """An agent's HEARTBEAT_EPOCH belongs to its HEARTBEAT_TASK: writing another task is not fenced by it."""
-        assert hb("set", "f", "step=helper", env={"HEARTBEAT_EPOCH": "1", "HEARTBEAT_TASK": "other"}).code == 0
-        assert _baton(state_dir, "f")["step"] == "helper"
+        """An agent's HEARTBEAT_EPOCH belongs to its HEARTBEAT_TASK: it does not fence another task, and
+        that agent's write to another task is refused outright (tests/test_own_task.py), never unfenced."""
+        before = _baton(state_dir, "f")["step"]
+        _one_line_error(hb("set", "f", "step=helper", env={"HEARTBEAT_EPOCH": "1", "HEARTBEAT_TASK": "other"}), 2,
+                        "launched for task 'other'")
+        assert _baton(state_dir, "f")["step"] == before
+        assert hb("set", "f", "step=helper", env={"HEARTBEAT_TASK": "other"}).code == 0  # bound by hand: a person
 
     def test_bad_epoch_in_the_environment(self, hb: Hb, claimed: Path) -> None:
         """A HEARTBEAT_EPOCH that is not a number is exit 2, not ignored."""

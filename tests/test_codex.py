@@ -101,7 +101,10 @@ class TestRealCodexHooks:
                             "Users get blank answers", "--workdir", str(work)], env=env, capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 0, r.stderr
-        r = subprocess.run([*hb, "hooks", "install", "codex", "--user", "--dir", str(work)], env=env,
+        # installed from a shell without HEARTBEAT_STATE_DIR (it would be baked in): the hook finds the
+        # state dir in codex's environment, as an agent the daemon launched does
+        install_env = {k: v for k, v in env.items() if k != "HEARTBEAT_STATE_DIR"}
+        r = subprocess.run([*hb, "hooks", "install", "codex", "--user", "--dir", str(work)], env=install_env,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and "hooks.json" in r.stdout and "/hooks" in r.stdout, r.stderr
         hooks_file = root / "home" / ".codex" / "hooks.json"

@@ -321,7 +321,9 @@ class TestCompactionInAPersonsSession:
             run(hb, "new", "fix", "--task", "Fix the fallback path", "--intent", "Users get blank answers",
                 "--step", DOCS_STEPS[0], "--next", DOCS_STEPS[1], *[a for s in DOCS_STEPS for a in ("--plan", s)],
                 *[a for c in constraints for a in ("--constraint", c)], "--workdir", str(work))
-            run(hb, "hooks", "install", "claude", "--dir", str(work))
+            # --task: the install's rules that write are per task (for any task, the daemon's agents in this
+            # workdir could write each other's notes: tests/test_own_task.py)
+            run(hb, "hooks", "install", "claude", "--dir", str(work), "--task", "fix")
             person = [str(claude), "-p", "--output-format", "stream-json", "--verbose", "--permission-mode",
                       "acceptEdits"]
             path = model.log_dir / "controls.json"

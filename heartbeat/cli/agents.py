@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from heartbeat.model.errors import BadInput
@@ -19,6 +20,8 @@ def cmd_hook(args: argparse.Namespace) -> int:
 def cmd_hooks(args: argparse.Namespace) -> int:
     from heartbeat.integrations import claude, codex
 
+    if args.action == "install":
+        args.state_dir, args.config = _install_options(args)
     if args.agent == "codex":
         if args.mcp:
             raise BadInput("--mcp is for claude; codex reads its MCP servers from its own config.toml")
@@ -39,3 +42,18 @@ def cmd_hooks(args: argparse.Namespace) -> int:
               "(project hooks also need a trusted project: `codex exec --trust`), or run `codex exec "
               "--dangerously-bypass-hook-trust`")
     return 0
+
+
+def _install_options(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The state dir and config the hooks are installed for: those given, else those this command
+    resolved from ``$HEARTBEAT_STATE_DIR``/``$HEARTBEAT_CONFIG``/``./heartbeat.toml``, so a session
+    in a terminal without those variables is served too (the config stays the state dir's source
+    when it gives it)."""
+    from heartbeat.config.load import find_config
+
+    state_dir = args.state_dir or (os.environ.get("HEARTBEAT_STATE_DIR") if not args.config else None) or None
+    config = find_config(args.config)
+    if config and not os.path.isfile(config):
+        where = "--config" if args.config else "$HEARTBEAT_CONFIG"
+        raise BadInput(f"{where} names {config}, which is not a file: the hooks would find no config there")
+    return (os.path.abspath(state_dir) if state_dir else None), (os.path.abspath(config) if config else None)

@@ -109,3 +109,11 @@ def _missing_upstreams(baton: Any, ids: set[str]) -> list[str]:
     if gate is not None and gate.kind in (GateKind.AFTER, GateKind.TASK):
         held += [t for t in gate.target.split(",") if t and t not in held]
     return [t for t in held if t not in ids]
+
+
+def _refuse_foreign(args: argparse.Namespace) -> None:
+    """An agent the daemon launched changes only its own task (see :func:`heartbeat.tasks.write.refuse_foreign`)."""
+    from heartbeat.tasks.write import FENCED_COMMANDS, refuse_foreign
+
+    if getattr(args, "command", None) in FENCED_COMMANDS and isinstance(getattr(args, "id", None), str):
+        refuse_foreign(args.id)

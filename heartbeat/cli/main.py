@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from heartbeat.cli.common import _refuse_foreign
 from heartbeat.cli.parser import _command_in, _hoist_global_options, _hot_args, build_parser
 from heartbeat.model.errors import EXIT_BAD_INPUT, EXIT_ERROR, BadInput, HeartbeatError
 
@@ -41,6 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "func", None):
             build_parser().print_help(sys.stderr)
             return EXIT_BAD_INPUT
+        _refuse_foreign(args)
         return int(args.func(args))
     except HeartbeatError as exc:
         print(f"heartbeat: {exc}", file=sys.stderr)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import re
 from typing import TYPE_CHECKING, Any
 
 from heartbeat.model.errors import BadInput
@@ -15,9 +14,12 @@ from heartbeat.integrations.hooks import HOOK_EVENTS
 from heartbeat.integrations.settings import (
     _dump,
     _load_json,
+    _load_record,
     _merge_hooks,
     _Ours,
+    _put_back,
     _read_ours,
+    _save_record,
     _serving,
     _unmerge_hooks,
     _write_atomic,
@@ -49,10 +51,6 @@ def allow_rules(*, state_dir: str | None = None, config: str | None = None, task
     for prefix in prefixes:
         rules += [r for r in claude_allow_rules(task or "", prefix=prefix) if r not in rules]
     return rules
-
-
-_OUR_RULE = re.compile(r"Bash\(heartbeat( --(state-dir|config) \S+)* (show|brief|verify|set|add|touch|block|snooze|done)"
-                       r"( [A-Za-z0-9][A-Za-z0-9._-]*)?:\*\)|mcp__heartbeat")
 
 
 def _rule_serves(rule: str, serving: _Ours) -> bool:
@@ -101,17 +99,24 @@ def install_claude(
     new_allow = allow + [r for r in allow_rules(state_dir=state_dir, config=config, task=task) if r not in allow]
     mcp_file = mcp_path(directory) if mcp else None
     mcp_doc = _mcp_doc_with_server(mcp_file, state_dir=state_dir, config=config) if mcp_file else None
+    record = _load_record(path)  # (read before anything is written: refused, nothing is)
+    added = [r for r in new_allow if r not in allow]
     written = []
     if new_allow != allow and not user:
+        record.note(rules_file, existed=os.path.lexists(rules_file), rules=added)
         _write_atomic(rules_file, _dump({**rules_doc, "permissions": {**perms, "allow": new_allow}}))
         written.append(rules_file)
     if changed or (user and new_allow != allow):
         rules = {"permissions": {**perms, "allow": new_allow}} if user else {}
+        record.note(path, existed=os.path.lexists(path), rules=added if user else ())
         _write_atomic(path, _dump({**doc, **rules}))
         written.append(path)
     if mcp_file is not None and mcp_doc is not None and mcp_doc != _load_json(mcp_file, "an MCP config"):
+        record.note(mcp_file, existed=os.path.lexists(mcp_file))
         _write_atomic(mcp_file, _dump(mcp_doc))
         written.append(mcp_file)
+    if written:
+        _save_record(record)
     return written
 
 
@@ -125,6 +130,7 @@ def uninstall_claude(directory: str | None = None, *, user: bool = False, state_
     written: list[str] = []
     serving = _serving(state_dir, config) if state_dir or config else None
     original = _load_json(path, "a settings file")
+    record = _load_record(path)
     doc = _unmerge_hooks(original, path, "claude", serving)
     # The rules install added go, but those another install still serving this file needs stay.
     others = any(_read_ours(h, "claude") is not None for name in HOOK_EVENTS
@@ -132,8 +138,10 @@ def uninstall_claude(directory: str | None = None, *, user: bool = False, state_
 
     def without_rules(d: dict[str, Any], file: str) -> dict[str, Any]:
         perms, allow = _permissions(d, file)
-        kept = [r for r in allow if not (isinstance(r, str) and _OUR_RULE.fullmatch(r) and (
+        ours = record.rules(file)  # only what install recorded adding: a person's own rule stays
+        kept = [r for r in allow if not (isinstance(r, str) and r in ours and (
             not others or (serving is not None and _rule_serves(r, serving))))]
+        record.forget_rules(file, [r for r in allow if r not in kept])
         if kept == allow:
             return d
         # a permissions table or allow list we emptied goes too
@@ -143,13 +151,12 @@ def uninstall_claude(directory: str | None = None, *, user: bool = False, state_
     if not user:
         rules_file = local_settings_path(directory)
         local = _load_json(rules_file, "a settings file")
-        if without_rules(local, rules_file) != local:
-            _write_atomic(rules_file, _dump(without_rules(local, rules_file)))
-            written.append(rules_file)
-    doc = without_rules(doc, path)  # an older install wrote them here
+        new_local = without_rules(local, rules_file)
+        if new_local != local:
+            _put_back(rules_file, new_local, record, written)
+    doc = without_rules(doc, path)  # (--user: install wrote them here)
     if doc != original:
-        _write_atomic(path, _dump(doc))
-        written.append(path)
+        _put_back(path, doc, record, written)
     if not user:
         mcp_file = mcp_path(directory)
         mcp_doc = _load_json(mcp_file, "an MCP config")
@@ -158,8 +165,13 @@ def uninstall_claude(directory: str | None = None, *, user: bool = False, state_
             servers = {k: v for k, v in servers.items() if k != "heartbeat"}
             new_doc = {**mcp_doc, "mcpServers": servers} if servers else {
                 k: v for k, v in mcp_doc.items() if k != "mcpServers"}
-            _write_atomic(mcp_file, _dump(new_doc))
-            written.append(mcp_file)
+            _put_back(mcp_file, new_doc, record, written)
+    if not others:  # no heartbeat hook is left in these files: a file without recorded rules is done with
+        for file in [*record.files]:
+            if not record.rules(file):
+                record.forget(file)
+    if written or not record.files:
+        _save_record(record)
     return written
 
 

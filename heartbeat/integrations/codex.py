@@ -10,12 +10,16 @@ from heartbeat.model.errors import BadInput
 
 if TYPE_CHECKING:
     pass
-from heartbeat.integrations.hooks import command_prefix
+from heartbeat.integrations.hooks import HOOK_EVENTS, command_prefix
 from heartbeat.integrations.settings import (
     _dump,
     _load_json,
+    _load_record,
     _merge_hooks,
+    _put_back,
+    _read_ours,
     _read_text,
+    _save_record,
     _serving,
     _unmerge_hooks,
     _write_atomic,
@@ -84,10 +88,13 @@ def install_codex(directory: str | None = None, *, user: bool = False, state_dir
     project = not (user and directory is None)
     agents = os.path.join(os.path.abspath(directory or "."), "AGENTS.md")
     text = _read_text(agents) if project else ""  # (read before anything is written: refused, nothing is)
+    record = _load_record(path)
     written = []
     if changed:
+        record.note(path, existed=os.path.lexists(path))
         _write_atomic(path, _dump(doc))
         written.append(path)
+        _save_record(record)
     if not project:
         return written
     base = _strip_section(text, agents)
@@ -106,16 +113,20 @@ def uninstall_codex(directory: str | None = None, *, user: bool = False, state_d
     file too, when nothing else is left in it)."""
     path = codex_hooks_path(directory, user=user, env=env)
     serving = _serving(state_dir, config) if state_dir or config else None
-    written = []
+    written: list[str] = []
     original = _load_json(path, "a hooks file")
     new_doc = _unmerge_hooks(original, path, "codex", serving)
     project = not (user and directory is None)
     agents = os.path.join(os.path.abspath(directory or "."), "AGENTS.md")
     text = _read_text(agents) if project else ""  # (read before anything is written: refused, nothing is)
     new = _strip_section(text, agents)
+    record = _load_record(path)
     if new_doc != original:
-        _write_atomic(path, _dump(new_doc))
-        written.append(path)
+        _put_back(path, new_doc, record, written)
+        if not any(_read_ours(h, "codex") is not None for name in HOOK_EVENTS
+                   for g in (new_doc.get("hooks") or {}).get(name, []) for h in g.get("hooks", [])):
+            record.forget(path)
+        _save_record(record)
     if not project:
         return written
     if new != text:

@@ -327,6 +327,15 @@ def session_context(baton: Baton, source: str, env: Mapping[str, str], *, max_at
         text = _with_prefix(head + brief.text, prefix)
         if context_length(text) <= limit:
             return text
+    for cap in _FIELD_CAPS:  # one long field (a 9,500-character intent): cut it, keep the rest whole
+        cut = _cut_fields(baton, cap)
+        if cut is None:
+            continue
+        brief = render_brief(cut, budget=budget // 4, max_attempts=max_attempts, epoch=epoch, now=now,
+                             essentials_first=True, brief_file=brief_file)
+        text = _with_prefix(head + brief.text, prefix)
+        if context_length(text) <= limit:
+            return text
     short = (f"heartbeat: this session works on task {baton.id!r} (session {source}). Its brief is too long "
              f"to give here whole ({context_length(brief.text)} characters): before anything else, run "
              f"{where} and read it all, above all its {len(baton.constraints)} constraints (DO NOT BREAK THESE). "
@@ -336,6 +345,27 @@ def session_context(baton: Baton, source: str, env: Mapping[str, str], *, max_at
     if context_length(short) > limit:  # a path of thousands of characters: cut, never over the limit
         short = short.encode("utf-16-le", "surrogatepass")[: 2 * limit].decode("utf-16-le", "ignore")
     return short
+
+
+_CUT_FIELDS = ("task", "intent", "step", "next_step", "blocked_on")
+"""The one-line fields of the essentials a hook's context may cut (never a constraint: the pointer
+fallback names those)."""
+_FIELD_CAPS = (2000, 1000, 400)
+"""Characters each of :data:`_CUT_FIELDS` is cut to, tried in turn, when the essentials do not fit."""
+
+
+def _cut_fields(baton: Baton, cap: int) -> Baton | None:
+    """A copy of ``baton`` with each of :data:`_CUT_FIELDS` longer than ``cap`` cut there, saying so;
+    None when none is that long."""
+    cut = baton.copy()
+    changed = False
+    for name in _CUT_FIELDS:
+        value = getattr(cut, name)
+        if len(value) > cap:
+            setattr(cut, name, f"{value[:cap]}... [cut here: {len(value)} characters in all, the whole in "
+                               f"`heartbeat brief {baton.id}`]")
+            changed = True
+    return cut if changed else None
 
 
 def _read_event(stdin: IO[bytes]) -> dict[str, Any]:
@@ -375,6 +405,7 @@ def run_hook(
             return 0
         store, hooks, max_attempts, where, loaded = _open(state_dir, config, env)
         if store is None:
+            print(f"heartbeat hook: {_unserved(state_dir, config, env)}", file=stderr)
             if name == "PreToolUse":
                 _trail_hook(event, env, state_dir, task)  # nothing to decide on: the call goes on
             return 0
@@ -393,6 +424,20 @@ def run_hook(
         text = " ".join(str(exc).split())[:300]
         print(f"heartbeat hook: internal error: {type(exc).__name__}: {text}", file=stderr)
     return 0
+
+
+def _unserved(state_dir: str | None, config: str | None, env: Mapping[str, str]) -> str:
+    """Why the hook has no store to serve: one line, so a session left without its brief says why."""
+    from heartbeat.config.load import find_config, load_config
+
+    path = state_dir or (env.get("HEARTBEAT_STATE_DIR") if not config else None)
+    found = find_config(config, env=env)
+    if not path and found:
+        path = load_config(found).state_dir  # (read already by _open: it loads)
+    if path:
+        return f"no state dir at {os.path.abspath(path)}: nothing to brief (a hook never creates one)"
+    return ("no config found (tried --config, $HEARTBEAT_CONFIG, ./heartbeat.toml, /etc/heartbeat/heartbeat.toml) "
+            "and no --state-dir: nothing to brief; re-run `heartbeat hooks install` where the config is found")
 
 
 def _trail_hook(event: Mapping[str, Any], env: Mapping[str, str], state_dir: str | None, task: str | None) -> bool:

@@ -42,6 +42,34 @@ def _actor() -> str:
     return os.environ.get("HEARTBEAT_ACTOR") or ("agent" if os.environ.get("HEARTBEAT_EPOCH") else "mcp")
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def _in_range(name: str, value: int | None) -> int | None:
+    """``value`` when the ledger's 64 bits hold it, else the CLI's one line (``argument --epoch: ...``)."""
+    if value is not None and not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+        raise BadInput(f"argument {name}: {str(value)[:40]} is out of range (at most {_INT64_MAX})")
+    return value
+
+
+def argument_error(errors: list[dict[str, Any]]) -> str:
+    """Arguments that do not match a tool's schema (pydantic's ``errors()``), in one line and the
+    CLI's words: ``argument budget: expected an integer, got 'x'``, not a dump with a URL."""
+    parts = []
+    for error in errors:
+        where = ".".join(str(part) for part in error.get("loc", ())) or "arguments"
+        kind, given = str(error.get("type", "")), repr(error.get("input"))[:40]
+        if kind == "missing":
+            parts.append(f"the following arguments are required: {where}")
+        elif kind.startswith("int_"):
+            parts.append(f"argument {where}: expected an integer, got {given}")
+        else:
+            message = str(error.get("msg", "invalid value"))
+            parts.append(f"argument {where}: {message[:1].lower()}{message[1:]}, got {given}")
+    more = f"; and {len(parts) - 3} more" if len(parts) > 3 else ""
+    return " ".join(("; ".join(parts[:3]) + more).split())
+
+
 def build_server(store_factory: Callable[[], Store]) -> Any:
     """The MCP server over the store ``store_factory`` opens (once, on first use)."""
     try:
@@ -49,8 +77,11 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
         from mcp.server.mcpserver.exceptions import ResourceError, ToolError
     except ImportError:
         raise BadInput("heartbeat mcp needs the MCP SDK 2.x: pip install 'heartbeat[mcp]'") from None
+    from pydantic import ValidationError
+
     from heartbeat.api import epoch_from_env
     from heartbeat.tasks import verbs as tasks
+    from heartbeat.tasks.write import refuse_foreign
 
     opened: list[Store] = []
 
@@ -59,9 +90,12 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
             opened.append(store_factory())
         return opened[0]
 
-    def fence(task_id: str, epoch: int | None) -> int | None:
+    def fence(task_id: str, epoch: int | None, *, write: bool = True) -> int | None:
         # The environment's epoch is the agent's identity, not a default: a refusal names the
         # current epoch, and a confused model must not be one retry away from writing for it.
+        if write:
+            refuse_foreign(task_id)
+        _in_range("epoch", epoch)
         bound = epoch_from_env(task_id)
         if epoch is None or epoch == bound:
             return bound
@@ -79,7 +113,17 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
         except HeartbeatError as exc:
             raise ToolError(f"{exc} (exit {exc.exit_code})") from None
 
-    server = MCPServer(
+    class Server(MCPServer):
+        async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+            try:
+                return await super().call_tool(name, arguments, context)
+            except ToolError as exc:
+                if isinstance(exc.__cause__, ValidationError):
+                    problem = argument_error(exc.__cause__.errors(include_url=False))  # type: ignore[arg-type]
+                    raise ToolError(f"Error executing tool {name}: {problem} (exit 2)") from None
+                raise
+
+    server = Server(
         "heartbeat",
         instructions=("heartbeat keeps this task's state in a baton that survives context compaction, crashes and "
                       "handoffs. Call `brief` first; `verify` before anything irreversible; after each step `set` "
@@ -121,7 +165,7 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
         with tool_errors():
             if budget is not None and budget < 1:
                 raise BadInput("budget must be a positive number of tokens")
-            kwargs: dict[str, Any] = {"epoch": fence(id, None)}
+            kwargs: dict[str, Any] = {"epoch": fence(id, None, write=False)}
             if budget is not None:
                 kwargs["budget"] = budget
             return render_brief(store().load(id), **kwargs).text
@@ -132,7 +176,7 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
         from heartbeat.tasks.verify import verify as verify_task
 
         with tool_errors():
-            result = verify_task(store(), id, epoch=fence(id, epoch), actor=_actor())
+            result = verify_task(store(), id, epoch=fence(id, epoch, write=False), actor=_actor())
             return dict(result.to_json())
 
     @server.tool(name="set", description="Set scalar fields (step, next_step, intent, ...), like "
@@ -140,7 +184,8 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
     def set_(id: str, fields: dict[str, str], expect_revision: int | None = None,
              epoch: int | None = None) -> dict[str, Any]:
         with tool_errors():
-            baton = tasks.set_fields(store(), id, fields, expect_revision=expect_revision, epoch=fence(id, epoch),
+            baton = tasks.set_fields(store(), id, fields, expect_revision=_in_range("expect_revision", expect_revision),
+                                     epoch=fence(id, epoch),
                                      actor=_actor())
             return {"id": id, "revision": baton.meta.revision}
 
@@ -156,9 +201,11 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
                 if field != "constraints" or len(values) != 1:
                     raise BadInput("protect and forbid go with field constraints and one value")
                 baton = tasks.add_constraint(store(), id, values[0], protect=protect or (), forbid=forbid or (),
-                                             expect_revision=expect_revision, epoch=fence(id, epoch), actor=_actor())
+                                             expect_revision=_in_range("expect_revision", expect_revision),
+                                             epoch=fence(id, epoch), actor=_actor())
             else:
-                baton = tasks.add_items(store(), id, field, values, expect_revision=expect_revision,
+                baton = tasks.add_items(store(), id, field, values,
+                                        expect_revision=_in_range("expect_revision", expect_revision),
                                         epoch=fence(id, epoch), actor=_actor())
             return {"id": id, "revision": baton.meta.revision}
 

@@ -12,13 +12,12 @@ import stat
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from heartbeat.integrations.hooks import HOOK_EVENTS
 from heartbeat.model import defaults
 from heartbeat.model.errors import BadInput
-from heartbeat.system.safefile import write_file_atomic
 
 if TYPE_CHECKING:
-    pass
-from heartbeat.integrations.hooks import HOOK_EVENTS
+    from heartbeat.integrations.installs import InstallRecord
 
 _MAX_SETTINGS_BYTES = 4 * 1024 * 1024
 _MARK = "# heartbeat-hook"
@@ -119,9 +118,12 @@ def _read_bytes(path: str, what: str) -> bytes | None:
         raise BadInput(f"{path}: is a directory, not {what}") from None
     except OSError as exc:
         raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # (before fdopen, which refuses a directory naming only the descriptor)
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise BadInput(f"{path}: {kind}, not {what}; left untouched")
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise BadInput(f"{path}: not a regular file, not {what}; left untouched")
         try:
             raw = handle.read(_MAX_SETTINGS_BYTES + 1)
         except OSError as exc:
@@ -155,14 +157,10 @@ def _load_json(path: str, what: str) -> dict[str, Any]:
 
 def _write_atomic(path: str, text: str) -> None:
     """Write ``text`` to ``path`` (through a symlink, to its target: a settings file kept in a dotfiles
-    repository stays one) by rename, keeping its mode (0644 for a new file)."""
-    target = os.path.realpath(path)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    try:
-        mode = os.stat(target).st_mode & 0o777
-    except FileNotFoundError:
-        mode = 0o644
-    write_file_atomic(target, text.encode("utf-8"), mode)
+    repository stays one) by rename, keeping its mode (0644 for a new file) and owner."""
+    from heartbeat.integrations.installs import write_keeping_owner
+
+    write_keeping_owner(path, text.encode("utf-8"))
 
 
 def _hooks_table(doc: dict[str, Any], path: str) -> dict[str, Any]:
@@ -214,9 +212,9 @@ def _merge_hooks(doc: dict[str, Any], path: str, agent: str, *, state_dir: str |
     hooks = _hooks_table(doc, path)
     command = hook_command(agent=agent, state_dir=state_dir, config=config, task=task)
     serving = _serving(state_dir, config)
-    entry = {"type": "command", "command": command, "timeout": defaults.HOOK_TIMEOUT}
     new_hooks = dict(hooks)
     for name in HOOK_EVENTS:
+        entry = {"type": "command", "command": command, "timeout": _hook_timeout(agent, name)}
         groups = list(hooks.get(name, []))
         serving_this = [h for g in groups for h in g.get("hooks", []) if _read_ours(h, agent) == serving]
         if serving_this == [entry]:
@@ -255,3 +253,33 @@ def _read_text(path: str) -> str:
         return "" if raw is None else raw.decode("utf-8")
     except UnicodeDecodeError:
         raise BadInput(f"{path}: not UTF-8; left untouched") from None
+
+
+def _load_record(settings_file: str) -> InstallRecord:
+    from heartbeat.integrations.installs import InstallRecord, record_path
+
+    path = record_path(settings_file)
+    return InstallRecord.from_doc(path, _load_json(path, "heartbeat's install record"))
+
+
+def _save_record(record: InstallRecord) -> None:
+    """Write the record, or remove it once it records nothing."""
+    if record.files:
+        _write_atomic(record.path, _dump(record.to_doc()))
+    elif os.path.lexists(record.path):
+        os.unlink(record.path)
+
+
+def _put_back(path: str, doc: dict[str, Any], record: InstallRecord, written: list[str]) -> None:
+    """Uninstall's write of ``doc`` to ``path``: a file install created, left as ``{}``, goes."""
+    if not doc and record.created(path):
+        os.unlink(path)
+        record.forget(path)
+    else:
+        _write_atomic(path, _dump(doc))
+    written.append(path)
+
+
+def _hook_timeout(agent: str, event: str) -> int:
+    """The ``timeout`` written for ``agent``'s hook at ``event``: the most the CLI accepts there."""
+    return defaults.CODEX_SESSION_END_TIMEOUT if (agent, event) == ("codex", "SessionEnd") else defaults.HOOK_TIMEOUT

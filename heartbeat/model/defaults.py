@@ -226,6 +226,10 @@ HANG_AFTER = 120.0
 """Seconds an agent whose trail shows no tool call in flight may stay silent (no note, output or
 call) before it counts as a hung model and is stopped; a run inside a tool call gets ``stall_after``."""
 
+CODEX_SESSION_END_TIMEOUT = 3
+"""The ``timeout`` install writes for codex's ``SessionEnd`` hook: codex 0.171 allows at most 3 s there
+(more is clamped, with an error item on every run); the hook only records ``session_ended``."""
+
 MAX_HOOK_INPUT_BYTES = 1024 * 1024
 """Bytes of hook event JSON read from stdin; a larger event is refused (the hook does nothing)."""
 

@@ -19,6 +19,7 @@ __all__ = [
     "InvalidBaton",
     "UnreadableBaton",
     "UnsafePath",
+    "NotYourTask",
     "NotFound",
     "AlreadyExists",
     "NotActive",
@@ -114,6 +115,11 @@ class UnreadableBaton(InvalidBaton):
 
 class UnsafePath(BadInput):
     """A path is refused: a symlink, not a regular file, outside its root, or writable by others."""
+
+
+class NotYourTask(BadInput):
+    """A write to another task from an agent the daemon launched (``$HEARTBEAT_TASK`` and
+    ``$HEARTBEAT_EPOCH`` name its own task): an agent keeps only its own baton."""
 
 
 class NotFound(HeartbeatError):

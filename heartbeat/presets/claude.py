@@ -10,6 +10,7 @@ from heartbeat.presets.common import (
     _AUTH,
     _LIMIT,
     AGENT_COMMANDS,
+    AGENT_READS,
     MCP_SERVER_RULE,
     ResultInfo,
     _count,
@@ -79,9 +80,12 @@ def claude_allow_rules(task: str = "", *, prefix: str = "heartbeat") -> tuple[st
     One ``Bash(PREFIX SUB TASK:*)`` per :data:`AGENT_COMMANDS` (``:*`` is a prefix match at a
     word boundary, so ``heartbeat show t1`` does not allow ``heartbeat show t10``, and the CLI
     still refuses a command joined to another with ``&&``, ``;`` or ``|``, or holding
-    ``$(...)`` or ``$VAR``), plus :data:`MCP_SERVER_RULE`. With no ``task``, any task.
+    ``$(...)`` or ``$VAR``), plus :data:`MCP_SERVER_RULE`. With no ``task``, only the
+    :data:`AGENT_READS`, on any task: a rule letting any task's agent write every task is how one
+    task's agent wrote another's note (the CLI refuses that too: :func:`heartbeat.tasks.write.refuse_foreign`).
     A headless ``claude -p`` refuses every Bash command no rule allows ("This command requires
     approval"), whatever ``--permission-mode`` short of bypassing them all.
     """
-    target = f" {task}" if task else ""
-    return (*(f"Bash({prefix} {sub}{target}:*)" for sub in AGENT_COMMANDS), MCP_SERVER_RULE)
+    if not task:
+        return (*(f"Bash({prefix} {sub}:*)" for sub in AGENT_READS), MCP_SERVER_RULE)
+    return (*(f"Bash({prefix} {sub} {task}:*)" for sub in AGENT_COMMANDS), MCP_SERVER_RULE)

@@ -47,6 +47,7 @@ __all__ = [
     "read_log_tail",
     "valid_session_id",
     "AGENT_COMMANDS",
+    "AGENT_READS",
 ]
 
 
@@ -287,6 +288,9 @@ def parse_reset(text: str, now: datetime, local: tzinfo | None = None) -> tuple[
 
 AGENT_COMMANDS = ("show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done")
 """The heartbeat commands the brief and the hooks tell an agent to run on its task."""
+
+AGENT_READS = ("show", "brief", "verify")
+"""Those of :data:`AGENT_COMMANDS` that change no baton: the only ones a rule may allow on any task."""
 
 MCP_SERVER_RULE = "mcp__heartbeat"
 """Claude Code's rule for every tool of the MCP server ``hooks install claude --mcp`` registers."""

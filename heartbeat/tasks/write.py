@@ -21,7 +21,8 @@ from heartbeat.model.errors import BadInput, HeartbeatError
 if TYPE_CHECKING:
     from heartbeat.store.base import Store
 
-__all__ = ["Write", "parse_hot", "assignments", "apply", "epoch_from_env", "actor_from_env", "relayed", "answer"]
+__all__ = ["Write", "parse_hot", "assignments", "apply", "epoch_from_env", "refuse_foreign", "FENCED_COMMANDS",
+           "actor_from_env", "relayed", "answer"]
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,28 @@ def epoch_from_env(task_id: str, env: Mapping[str, str] | None = None) -> int | 
     return value
 
 
+FENCED_COMMANDS = frozenset({"set", "add", "touch", "claim", "release", "snooze", "block", "unblock", "done",
+                             "fail", "retry"})
+"""The commands that change an existing task: an agent the daemon launched runs them on its own task only."""
+
+
+def refuse_foreign(task_id: str, env: Mapping[str, str] | None = None) -> None:
+    """Refuse a write to ``task_id`` from an agent the daemon launched for another task.
+
+    The daemon gives each agent ``HEARTBEAT_TASK`` and ``HEARTBEAT_EPOCH``; the epoch fences only
+    that task, so without this an agent (or a permission rule for any task) could write every
+    other baton unfenced. A person's shell, with neither variable or only ``HEARTBEAT_TASK``
+    (a session bound by hand), is not an agent the daemon launched and is not refused.
+    """
+    env = os.environ if env is None else env
+    owner = env.get("HEARTBEAT_TASK")
+    if owner and env.get("HEARTBEAT_EPOCH") and owner != task_id:
+        from heartbeat.model.errors import NotYourTask
+
+        raise NotYourTask(f"refused: this agent was launched for task {owner!r} (HEARTBEAT_TASK, HEARTBEAT_EPOCH) "
+                          "and writes only that task's baton", task=task_id)
+
+
 def actor_from_env(env: Mapping[str, str]) -> str:
     """Who writes: ``$HEARTBEAT_ACTOR``, else "agent" with an epoch in the environment, else "cli"."""
     return env.get("HEARTBEAT_ACTOR") or ("agent" if env.get("HEARTBEAT_EPOCH") else "cli")
@@ -139,6 +162,7 @@ def answer(store: Store, write: Write | None, env: Mapping[str, str]) -> tuple[i
             from heartbeat.model.baton import dump_baton
 
             return 0, "", dump_baton(store.load(write.id))
+        refuse_foreign(write.id, env)
         if write.command == "done" and any(g.check for g in store.load(write.id).guarantees):
             return DECLINED, "", ""
         apply(store, write, epoch=epoch_from_env(write.id, env), actor=actor_from_env(env))

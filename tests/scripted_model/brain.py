@@ -157,7 +157,8 @@ def step_file(index: int) -> str:
 
 
 _STEP_PATH = re.compile(r"(?:^|/)steps/(\d{2})\.txt$")
-_TASK = re.compile(r"heartbeat (?:show|set|add|touch|done|verify|block) ([A-Za-z0-9][A-Za-z0-9._-]*)")
+_TASK = re.compile(r"heartbeat(?: --(?:state-dir|config) \S+)* (?:show|set|add|touch|done|verify|block) "
+                   r"([A-Za-z0-9][A-Za-z0-9._-]*)")  # (hooks installed with a config print it in every command)
 _CWD = re.compile(r"Primary working directory: ([^\n\\]+)")
 _FORBID = re.compile(r"[Dd]o not (?:touch|write|edit|change) `?([\w./-]*\w)")
 _SUMMARY = re.compile(r"create a detailed summary of the conversation", re.IGNORECASE)
