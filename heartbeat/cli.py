@@ -143,7 +143,7 @@ def _upstreams(store: Any, task_id: str, after: Sequence[str]) -> list[str]:
         check_id(upstream)
         if upstream not in out:
             out.append(upstream)
-    check_upstreams_exist(store, task_id, out, field="--after")
+    check_upstreams_exist(store.load, task_id, out, field="--after")
     return out
 
 
@@ -313,6 +313,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     now = utcnow()
     leases = _lease_rows(store)
     ids = {entry.id for entry in entries}
+    batons = {entry.id: entry.baton for entry in entries if entry.baton is not None}
     rows = []
     for entry in entries:
         if entry.baton is None:
@@ -335,6 +336,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             "error": None,
             "after": list(entry.baton.after),
             "missing_upstreams": _missing_upstreams(entry.baton, ids),
+            "cycle": _cycle(entry.baton, batons),
         })
         if leases is not None:
             held = leases.get(entry.id)
@@ -362,6 +364,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"[{r['waiting']}] {r['step']}" if r.get("waiting") else r["step"])
         if r.get("missing_upstreams"):
             step += f"  [held: upstream {', '.join(r['missing_upstreams'])} does not exist]"
+        if r.get("cycle"):
+            from heartbeat.handoff import show_chain
+
+            step += f"  [held: a cycle of after, {show_chain(r['cycle'])}]"
         cols = [cells[id(r)], r["status"], "-" if r["attempt"] is None else str(r["attempt"]),
                 "-" if r["epoch"] is None else str(r["epoch"]), "-" if r["age_s"] is None else _age(r["age_s"])]
         if leases is not None:
@@ -470,6 +476,23 @@ def cmd_log(args: argparse.Namespace) -> int:
         print(f"{e.ts.isoformat(timespec='seconds')}  {e.kind:<11} epoch={e.epoch} rev={e.revision} "
               f"by={e.actor or '-'}  {data}".rstrip())
     return 0
+
+
+def _cycle(baton: Any, batons: dict[str, Any]) -> list[str]:
+    """The cycle of ``after`` that holds an unfinished task for ever (``[]``: none)."""
+    from heartbeat.baton import FINISHED_STATUSES
+    from heartbeat.errors import NotFound
+    from heartbeat.handoff import held_in_cycle
+
+    if not baton.after or baton.meta.status in FINISHED_STATUSES:
+        return []
+
+    def load(task_id: str) -> Any:
+        if task_id not in batons:
+            raise NotFound("no such task", task=task_id)
+        return batons[task_id]
+
+    return held_in_cycle(baton.meta.id, load)
 
 
 def _missing_upstreams(baton: Any, ids: set[str]) -> list[str]:
