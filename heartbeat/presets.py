@@ -149,6 +149,13 @@ class ResultInfo:
     cost_usd: float | None = None
     usage: Mapping[str, int] = field(default_factory=dict)
     """Token counts: ``input_tokens``, ``output_tokens``, ``cache_read_tokens``, ``cache_creation_tokens``."""
+    cost_source: str = ""
+    """Where ``cost_usd`` comes from: ``result`` (the CLI's own total), ``usage`` (the stream's
+    per-message token counts at list prices: a run cut before its result line) or ``""``."""
+    cost_unknown: bool = False
+    """The run spent what nothing in its output says (no cost, no priceable usage)."""
+    unpriced_messages: int = 0
+    """With ``cost_source`` ``usage``: messages left out of the cost (unreadable, or no price for the model)."""
 
     def event_data(self) -> dict[str, Any]:
         """The fields the ``exited`` event records (only the known ones)."""
@@ -163,6 +170,12 @@ class ResultInfo:
             data["num_turns"] = self.num_turns
         if self.cost_usd is not None:
             data["cost_usd"] = self.cost_usd
+        if self.cost_source:
+            data["cost_source"] = self.cost_source
+        if self.cost_unknown:
+            data["cost"] = "unknown"
+        if self.unpriced_messages:
+            data["unpriced_messages"] = self.unpriced_messages
         data.update(self.usage)
         if self.is_error and self.reason:
             data["result"] = self.reason
@@ -245,7 +258,8 @@ def parse_claude(data: bytes) -> ResultInfo:
         session_id=valid_session_id(result.get("session_id")) or session,
         terminal_reason=_text(result.get("terminal_reason")),
         num_turns=_count(result.get("num_turns")),
-        cost_usd=_money(result.get("total_cost_usd")),
+        cost_usd=(cost := _money(result.get("total_cost_usd"))),
+        cost_source="result" if cost is not None else "",
         usage=_usage(result.get("usage"), _CLAUDE_USAGE),
     )
 
@@ -549,12 +563,15 @@ def parse_result(preset_name: str, data: bytes) -> ResultInfo:
     return preset.parse(data)
 
 
-def read_log_tail(path: str, *, head: int = defaults.RESULT_HEAD_BYTES, tail: int = defaults.RESULT_TAIL_BYTES) -> bytes:
+def read_log_tail(path: str, *, head: int = defaults.RESULT_HEAD_BYTES, tail: int = defaults.RESULT_TAIL_BYTES,
+                  line: int = defaults.RESULT_LINE_BYTES) -> bytes:
     """The first ``head`` and the last ``tail`` bytes of the agent's log (all of a small one), or ``b""``.
 
-    The log is written by the agent: a FIFO, a symlink or a device in its place is not
-    read (non-blocking open, no symlinks followed, regular files only), and nothing more
-    than ``head + tail`` bytes is ever read. A cut first line is dropped by the parser.
+    The tail starts at the start of its first line when that is at most ``line`` bytes further
+    back: a final result line longer than the tail (a long final answer) is read whole. The log
+    is written by the agent: a FIFO, a symlink or a device in its place is not read (non-blocking
+    open, no symlinks followed, regular files only), and nothing more than ``head + tail + line``
+    bytes is ever read. A cut first line is dropped by the parser.
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
@@ -567,13 +584,32 @@ def read_log_tail(path: str, *, head: int = defaults.RESULT_HEAD_BYTES, tail: in
             return b""
         if st.st_size <= head + tail:
             return _read(fd, head + tail)
+        start = _line_start(fd, st.st_size - tail, line)
+        os.lseek(fd, 0, os.SEEK_SET)
+        if start <= head:
+            return _read(fd, st.st_size)
         first = _read(fd, head)
-        os.lseek(fd, st.st_size - tail, os.SEEK_SET)
-        return first + b"\n" + _read(fd, tail)
+        os.lseek(fd, start, os.SEEK_SET)
+        return first + b"\n" + _read(fd, st.st_size - start)
     except OSError:
         return b""
     finally:
         os.close(fd)
+
+
+def _line_start(fd: int, offset: int, limit: int) -> int:
+    """The offset of the line holding byte ``offset`` (just after the newline before it), looking
+    back at most ``limit`` bytes; ``offset`` itself when the line starts further back."""
+    pos = offset
+    while pos > 0 and offset - pos < limit:
+        size = min(1 << 16, pos, limit - (offset - pos))
+        os.lseek(fd, pos - size, os.SEEK_SET)
+        chunk = _read(fd, size)
+        found = chunk.rfind(b"\n")
+        if found >= 0:
+            return pos - size + found + 1
+        pos -= size
+    return 0 if pos == 0 else offset
 
 
 def _read(fd: int, size: int) -> bytes:

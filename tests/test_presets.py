@@ -167,8 +167,8 @@ class TestParseRecordedStreams:
         assert info.found and not info.is_error and not info.non_retryable
         assert info.event_data() == {
             "is_error": False, "session_id": UUID1, "terminal_reason": "completed", "num_turns": 7,
-            "cost_usd": 0.4213, "input_tokens": 1834, "output_tokens": 4120, "cache_read_tokens": 88213,
-            "cache_creation_tokens": 12007}
+            "cost_usd": 0.4213, "cost_source": "result", "input_tokens": 1834, "output_tokens": 4120,
+            "cache_read_tokens": 88213, "cache_creation_tokens": 12007}
 
     def test_claude_is_error_with_subtype_success_is_a_retryable_failure(self) -> None:
         """`"subtype": "success", "is_error": true` (an overloaded API) is a failure, but a retry may help."""
@@ -292,8 +292,12 @@ class TestReadLogTail:
         """Of a log larger than head + tail, exactly those two pieces are read."""
         path = tmp_path / "1.log"
         path.write_bytes(b"H" * 100 + b"M" * 10_000 + b"T" * 100)
-        data = read_log_tail(str(path), head=100, tail=100)
+        data = read_log_tail(str(path), head=100, tail=100, line=0)
         assert data == b"H" * 100 + b"\n" + b"T" * 100
+        lines = b"H" * 100 + b"\n" + b"M" * 10_000 + b"\n" + b"L" * 500 + b"T" * 100
+        path.write_bytes(lines)
+        data = read_log_tail(str(path), head=100, tail=100, line=1000)
+        assert data == b"H" * 100 + b"\n" + b"L" * 500 + b"T" * 100  # the tail's first line, whole
 
     def test_a_fifo_or_a_symlink_is_not_read(self, tmp_path: Path) -> None:
         """A FIFO in the log's place returns nothing at once (no writer, no hang); a symlink is not followed."""

@@ -578,8 +578,10 @@ class Actor:
         if lc is None or not lc.preset or owner is None or owner.how != OwnerKind.DISPATCH or sh.dry_run:
             return None
         from heartbeat.presets import parse_result, read_log_tail
+        from heartbeat.runcost import costed
 
-        return parse_result(lc.preset, read_log_tail(sh.layout.log(baton.id, baton.meta.epoch)))
+        log = sh.layout.log(baton.id, baton.meta.epoch)
+        return costed(lc.preset, log, parse_result(lc.preset, read_log_tail(log)))
 
     def session_plan(self, baton: Baton, lc: LauncherConfig | None) -> SessionPlan:
         """The session of the next dispatch (:func:`heartbeat.presets.plan_session`)."""
