@@ -83,12 +83,24 @@ _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}
 _MAX_TEXT = 300
 _MAX_NUMBER = 2**53
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
-_LIMIT = re.compile(
-    r"\b(429|529)\b|rate[ _-]?limit|usage[ _-]?limit|hit your (usage )?limit|limit reached|overloaded|"
-    r"quota exceeded|resource[_ ]exhausted|too many requests",
-    re.IGNORECASE,
-)
-"""A rate limit, an overload or a usage limit: the run waits for it, it did not fail."""
+# A limit is what the CLI itself says when the API refused the run, in the CLI's own shapes,
+# anchored at the start of its error text: a task's own output that mentions limits ("fix the
+# rate limiter", "429 handling") is never a wait.
+_CLAUDE_LIMIT = re.compile(
+    r"^API Error: (?:[^·{]*\((?:429|529)\)|(?:Repeated )?(?:429|529)\b)|^Claude AI usage limit reached\b|"
+    r"^You've hit your (?:usage )?limit\b|^(?:\d+-hour|[Ww]eekly|Opus weekly|Session) limit reached\b")
+"""Claude Code's result text for a refused run ("API Error: Request rejected (429) · ...", "API Error: 529
+Overloaded", "Claude AI usage limit reached|1764612000", "You've hit your limit · resets 3pm")."""
+_CODEX_LIMIT = re.compile(
+    r"^(?:exceeded retry limit, last status: |unexpected status )(?:429|529)\b|^You've hit your usage limit\b|"
+    r"^Quota exceeded\b|^Selected model is at capacity\b")
+"""codex's error messages for a refused run ("exceeded retry limit, last status: 429 Too Many Requests",
+"unexpected status 529 <unknown status code>: Overloaded", its usage-limit and quota errors)."""
+_GEMINI_LIMIT_TYPES = ("TerminalQuotaError", "RetryableQuotaError")
+_GEMINI_LIMIT = re.compile(r"^\[?API Error: .*(?:\b429\b|RESOURCE_EXHAUSTED)|^You have exhausted your capacity\b|"
+                           r"^Quota exceeded for quota metric\b")
+"""Gemini CLI's result error for a refused run (its quota error types, an API error with 429 or
+RESOURCE_EXHAUSTED)."""
 _AUTH = re.compile(
     r"not logged in|please run /login|invalid api key|authentication[_ ]?(failed|error)|"
     r"unauthori[sz]ed|oauth token|set an auth method|\b401\b",
@@ -247,7 +259,7 @@ def parse_claude(data: bytes) -> ResultInfo:
     non_retryable = is_error and (auth or bool(_AUTH.search(reason)) or status in (401, 403))
     limited = is_error and not non_retryable and (
         status in (429, 529) or result.get("api_error_type") in ("rate_limit_error", "overloaded_error")
-        or bool(_LIMIT.search(reason)))
+        or bool(_CLAUDE_LIMIT.match(reason)))
     return ResultInfo(
         found=True,
         is_error=is_error,
@@ -304,7 +316,7 @@ def parse_codex(data: bytes) -> ResultInfo:
         found=True,
         is_error=is_error,
         non_retryable=non_retryable,
-        rate_limited=is_error and not non_retryable and bool(_LIMIT.search(reason)),
+        rate_limited=is_error and not non_retryable and bool(_CODEX_LIMIT.match(reason)),
         resume_failed=resume_failed,
         reason=reason,
         session_id=thread,
@@ -352,7 +364,9 @@ def parse_gemini(data: bytes) -> ResultInfo:
         found=True,
         is_error=is_error,
         non_retryable=non_retryable,
-        rate_limited=is_error and not non_retryable and bool(_LIMIT.search(reason)),
+        rate_limited=is_error and not non_retryable and (
+            (error.get("type") in _GEMINI_LIMIT_TYPES if isinstance(error, dict) else False)
+            or bool(_GEMINI_LIMIT.match(reason))),
         reason=reason,
         session_id=session,
         usage=_usage(stats, _GEMINI_USAGE),
