@@ -52,6 +52,7 @@ __all__ = [
     "preset_argv",
     "parse_result",
     "parse_reset",
+    "unknown_reset_zone",
     "read_log_tail",
     "plan_session",
     "resume_note",
@@ -407,11 +408,9 @@ def _clock_reset(when: str, now: datetime, local: tzinfo | None) -> datetime | N
         return None
     zone: tzinfo | None = local
     if found["tz"]:
-        name = found["tz"].upper() if found["tz"].upper() in ("UTC", "GMT") else found["tz"]
-        try:
-            zone = timezone.utc if name in ("UTC", "GMT") else ZoneInfo(name)
-        except (ValueError, OSError, ZoneInfoNotFoundError):
-            zone = local
+        zone = _zone(found["tz"])
+        if zone is None:  # "resets 3pm (Mars/Olympus)": no instant is named (not one in the daemon's zone)
+            return None
     here = now.astimezone(zone)
     if found["month"]:
         try:
@@ -429,6 +428,27 @@ def _clock_reset(when: str, now: datetime, local: tzinfo | None) -> datetime | N
     return candidate.astimezone(timezone.utc)
 
 
+def _zone(name: str) -> tzinfo | None:
+    """The zone a reset time names (``UTC``, ``GMT``, an IANA name), or None when there is no such zone."""
+    if name.upper() in ("UTC", "GMT"):
+        return timezone.utc
+    try:
+        return ZoneInfo(name)
+    except (ValueError, OSError, ZoneInfoNotFoundError):
+        return None
+
+
+def unknown_reset_zone(text: str) -> str:
+    """The zone a reset time in ``text`` names that does not exist ("Mars/Olympus"), else ``""``:
+    such a reset is not read (:func:`parse_reset` falls back to the retry-after or the backoff),
+    and the daemon says why."""
+    for found in _RESETS.finditer(text or ""):
+        clock = _CLOCK.match(found["when"].strip())
+        if clock is not None and clock["tz"] and _zone(clock["tz"]) is None:
+            return _text(clock["tz"])
+    return ""
+
+
 def parse_reset(text: str, now: datetime, local: tzinfo | None = None) -> tuple[datetime | None, float | None]:
     """What a limit message says about when to try again: ``(reset, retry_after)``.
 
@@ -436,7 +456,8 @@ def parse_reset(text: str, now: datetime, local: tzinfo | None = None) -> tuple[
     "try again at 3:45 PM", Claude's older "usage limit reached|1764612000"), as UTC, or None.
     ``retry_after``: seconds the text says to wait ("try again in 2 hours 5 minutes", "retry in
     35s", "retry-after: 30"), or None. A time of day with no zone is read in ``local`` (the
-    daemon's own zone when None) and is the next such instant after ``now``. Pure: no clock.
+    daemon's own zone when None) and is the next such instant after ``now``; one in a zone that does
+    not exist ("3pm (Mars/Olympus)") names no instant (:func:`unknown_reset_zone`). Pure: no clock.
     """
     if not text:
         return None, None

@@ -70,6 +70,24 @@ class TestRateLimitsWait:
         waits = h.events("limited", "rate_limited")
         assert waits and waits[0].data["source"] == "backoff" and waits[-1].data["hits"] >= 4
 
+    def test_a_reset_in_an_unknown_zone_is_not_read_as_local_time(self, tmp_path: Path,
+                                                                  cleanup: list[DaemonHarness]) -> None:
+        """"resets 3pm (Mars/Olympus)": no such zone, so no instant is named: the wait is the backoff and
+        the rate_limited event says ``unknown_zone`` (issue 24 item 12; on 4c852cf: source "reset", 3pm in
+        the daemon's zone, silently)."""
+        text = (DATA / "claude_usage_limit.log").read_text().replace("resets 3pm (UTC)", "resets 3pm (Mars/Olympus)")
+        log = tmp_path / "mars.log"
+        log.write_text(text)
+        agent = tmp_path / "fake-claude-mars"
+        agent.write_text(f"#!/bin/sh\ncat {json.dumps(str(log))}\nexit 1\n")
+        agent.chmod(0o755)
+        h = preset_daemon(tmp_path, agent, daemon_extra='max_limit_wait = "25h"')
+        cleanup.append(h)
+        h.start()
+        h.new("mars")
+        wait = h.wait(lambda: h.events("mars", "rate_limited"), "the limit's wait", timeout=40)[0]
+        assert wait.data["source"] == "backoff" and wait.data["unknown_zone"] == "Mars/Olympus"
+
     def test_a_named_reset_is_waited_for_and_shown(self, tmp_path: Path, cleanup: list[DaemonHarness]) -> None:
         """"resets 3pm (UTC)": no dispatch before it, and status and the page (list and task) say
         "waiting for the rate limit until T"."""

@@ -723,6 +723,17 @@ class TestParseReset:
         """The reset the text names (as UTC, the next such instant) and its retry-after, each or neither."""
         assert parse_reset(text, NOW, timezone.utc) == (reset, retry_after)
 
+    def test_a_reset_in_a_zone_that_does_not_exist_names_no_instant(self) -> None:
+        """"resets 3pm (Mars/Olympus)" is not 3pm local time (issue 24 item 12): no reset, the retry-after
+        still read, the zone named by unknown_reset_zone; a real zone is not reported."""
+        from heartbeat.presets import unknown_reset_zone
+
+        text = "You've hit your limit · resets 3pm (Mars/Olympus)"
+        assert parse_reset(text, NOW, timezone.utc) == (None, None)
+        assert parse_reset(text + "; retry in 35s", NOW, timezone.utc) == (None, 35.0)
+        assert unknown_reset_zone(text) == "Mars/Olympus"
+        assert unknown_reset_zone("resets 3pm (Europe/Paris)") == unknown_reset_zone("resets 3pm") == ""
+
     def test_a_time_of_day_without_a_zone_is_read_in_the_local_zone(self) -> None:
         """"resets 3pm" with no zone is 3pm where the daemon runs (the CLI printed its own local time)."""
         from zoneinfo import ZoneInfo

@@ -226,7 +226,7 @@ class Actor:
         """A run refused by a rate or usage limit (inside the settle's edit): give back the attempt its
         dispatch counted and hold the task until the reset the CLI named (else its retry-after, else
         the backoff for this many limited runs in a row); :func:`policy.decide` waits or escalates."""
-        from heartbeat.presets import parse_reset
+        from heartbeat.presets import parse_reset, unknown_reset_zone
 
         m = ed.baton.meta
         d = self.shared.config.daemon
@@ -240,8 +240,9 @@ class Actor:
         m.wait_until = until
         m.wait_reason = said or "rate limited"
         m.limit_hits += 1
+        zone = unknown_reset_zone(said)  # a reset in no real zone is not read: said, not guessed
         ed.event(EventKind.RATE_LIMITED, until=until.isoformat(), source=source, hits=m.limit_hits,
-                 reason=m.wait_reason)
+                 reason=m.wait_reason, **({"unknown_zone": zone} if zone else {}))
 
     # -- escalating and notifying ----------------------------------------------------------
 
