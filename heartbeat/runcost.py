@@ -5,7 +5,9 @@ cut by a crash ends without Claude Code's final ``result`` line, whose ``total_c
 only cost the CLI states; the real ``claude`` prints none when it is SIGTERMed. The stream still
 carries what was spent: every ``{"type": "assistant"}`` message holds its model and its
 ``usage`` (the CLI prints one line per content block, each with the same message id, so the
-last line of each id counts). :func:`costed` prices those tokens with
+last line of each id counts; its output count is the stream's start, 1, so the characters the
+message's blocks hold, four to a token, stand in when more: an estimate, close for input and
+cache tokens, which dominate an agent's spend). :func:`costed` prices those tokens with
 :data:`heartbeat.defaults.CLAUDE_PRICES` (Anthropic's list prices, USD per million tokens) so
 that ``max_cost_usd`` fires on runs that are always cut; a run whose output says nothing
 priceable is recorded as of unknown cost, never as free.
@@ -117,6 +119,7 @@ def _lines(path: str, limit: int) -> Iterator[bytes | None]:
 def stream_usage(paths: Sequence[str], *, limit: int = defaults.RESULT_LINE_BYTES) -> StreamUsage:
     """The assistant messages' usage in the logs ``paths`` (in order: a rotated ``.log.1`` first)."""
     last: dict[str, tuple[str, Mapping[str, object]]] = {}
+    written: dict[str, int] = {}  # message id -> characters of content its lines carry
     overlong = 0
     cut = False
     for path in paths:
@@ -139,9 +142,14 @@ def stream_usage(paths: Sequence[str], *, limit: int = defaults.RESULT_LINE_BYTE
                 continue
             usage, model, key = message.get("usage"), message.get("model"), message.get("id")
             if isinstance(usage, dict) and isinstance(model, str):
-                last[key if isinstance(key, str) else f"#{len(last)}"] = (model, usage)
+                key = key if isinstance(key, str) else f"#{len(last)}"
+                written[key] = written.get(key, 0) + len(json.dumps(message.get("content"), ensure_ascii=False))
+                last[key] = (model, usage)
     cost = 0.0
-    costs = [_message_cost(model, usage) for model, usage in last.values()]
+    # A streamed message's usage is its message_start's: output_tokens is 1 while it streams (claude
+    # 2.1.332 prints each content block then); what it wrote, at ~4 characters a token, stands in.
+    costs = [_message_cost(model, {**usage, "output_tokens": max(_tokens(usage, "output_tokens"), written[key] // 4)})
+             for key, (model, usage) in last.items()]
     priced = [c for c in costs if c is not None]
     return StreamUsage(messages=len(last), priced=len(priced), cost_usd=round(sum(priced, cost), 6),
                        unpriced=overlong + len(costs) - len(priced))

@@ -74,6 +74,16 @@ class TestCutRunsAreCharged:
         assert info.cost_usd == pytest.approx(0.12 + 100_000 * 0.30 / 1e6)
         assert info.event_data()["cost_source"] == "usage"
 
+    def test_the_real_claude_sigtermed_is_charged(self) -> None:
+        """The real claude 2.1.332, SIGTERMed mid-run, prints no result line (tests/data/claude_sigterm.log):
+        its two messages of claude-opus-5-5 (an opus the table does not list: opus's highest price) are
+        charged, about 24.7k input tokens at $15 per million."""
+        log = str(DATA / "claude_sigterm.log")
+        info = parse_result("claude-code", read_log_tail(log))
+        assert not info.found and info.cost_usd is None
+        charged = costed("claude-code", log, info)
+        assert charged.cost_source == "usage" and 0.37 < (charged.cost_usd or 0) < 0.39
+
     def test_the_results_own_cost_wins(self) -> None:
         """A result line's total_cost_usd is the cost; nothing else is read."""
         info = parse_claude((DATA / "claude_success.log").read_bytes())
