@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -157,6 +158,16 @@ MAX_EVENT_NUMBER = 2**53
 no real task comes near either)."""
 
 
+_KIND = re.compile(r"[a-z][a-z0-9_]{0,63}")
+"""An event kind as the ledger writes them (a newer heartbeat's words too): a short word."""
+
+
+def _kind(value: object) -> str:
+    if not isinstance(value, str) or not _KIND.fullmatch(value):
+        raise BadInput(f"kind {str(value)[:40]!r}, not a word of a-z 0-9 _ (at most 64)")
+    return value
+
+
 def _whole(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_EVENT_NUMBER:
         raise BadInput(f"{name} {str(value)[:40]!r} is not a whole number from 0 to 2**53")
@@ -196,7 +207,7 @@ def _parse(lines: Iterable[str], where: str) -> Parsed:
         elif "event" in doc and isinstance(doc["event"], dict):
             e = doc["event"]
             try:
-                events.append(Event(task=check_id(e["task"]), kind=str(e["kind"]),
+                events.append(Event(task=check_id(e["task"]), kind=_kind(e["kind"]),
                                     ts=datetime.fromisoformat(e["ts"]), epoch=_whole(e.get("epoch", 0), "epoch"),
                                     revision=_whole(e.get("revision", 0), "revision"),
                                     actor=str(e.get("actor", "")), data=dict(e.get("data") or {})))

@@ -369,6 +369,17 @@ class TestImportRefusesRowsWithoutABaton:
                                      "from 0 to 2**53; nothing was written")
         assert everything(store) == ([], {}, [])
 
+    @pytest.mark.parametrize("kind", ["", "x" * 100_000, "Created\nforged", 7])
+    def test_a_kind_that_is_no_word_is_refused(self, places: dict[str, Store], kind: object) -> None:
+        """An event kind of 100,000 characters, a newline, a number: one short line, nothing written."""
+        store = places["files"]
+        row = _event("good")
+        row["event"]["kind"] = kind
+        with pytest.raises(BadInput) as caught:
+            import_lines(store, _export(GOOD_BATON, row), where="x.jsonl")
+        assert str(caught.value).startswith("x.jsonl:3: an event with kind") and len(str(caught.value)) < 200
+        assert everything(store) == ([], {}, [])
+
     def test_events_of_a_task_the_store_holds_are_imported(self, places: dict[str, Store]) -> None:
         """A task whose baton is in the target already (no events there yet): its events are taken."""
         store = places["files"]
