@@ -137,3 +137,28 @@ class TestAnExistingCycleIsNamed:
         assert rows["x"]["cycle"] == ["x", "y", "x"] and rows["z"]["cycle"] == []
         refused = hb("verify", "x")
         assert refused.code == 4 and "held for ever by a cycle" in refused.out + refused.err
+
+
+class TestTheLinksLock:
+    def test_a_links_lock_held_elsewhere_is_busy_naming_it_and_writes_nothing(self, state_dir: Path) -> None:
+        """Another process holding ``locks/.links.lock`` past the wait: Busy naming the
+        links lock; the baton is unchanged. A write that is not about ``after`` does not wait for it."""
+        import fcntl
+        import os
+
+        from heartbeat.errors import Busy
+
+        store = FileStore(str(state_dir))
+        _new(store, "x", "y")
+        store.lock_wait = 0.2
+        fd = os.open(store.layout.links_lock, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            with pytest.raises(Busy) as caught:
+                tasks.add_items(store, "x", "after", ["y"])
+            assert "the links lock" in str(caught.value)
+            tasks.add_items(store, "x", "done", ["a step"])
+        finally:
+            os.close(fd)
+        assert store.load("x").after == [] and store.load("x").done == ["a step"]
+        store.close()

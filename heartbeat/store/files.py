@@ -492,8 +492,9 @@ class FileStore:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
+                        what = "this baton's lock" if lock_path == self.layout.lock(task_id) else "the links lock"
                         raise Busy(
-                            f"another writer has held this baton's lock ({lock_path}) for {wait:g}s",
+                            f"another writer has held {what} ({lock_path}) for {wait:g}s",
                             task=task_id,
                         ) from None
                     time.sleep(delay)
