@@ -310,3 +310,79 @@ class TestCommandLine:
         assert r.code == 2 and len(r.err.strip().splitlines()) == 1, (r.code, r.err)
         assert "late2" in r.err and "nothing was written" in r.err
         assert everything(places["files2"]) == ([], {}, [])
+
+
+def _export(*rows: dict[str, Any]) -> list[str]:
+    return [json.dumps(row) + "\n" for row in ({"heartbeat_export": 2}, *rows)]
+
+
+def _event(task: str, *, revision: int = 1, kind: str = "created") -> dict[str, Any]:
+    return {"event": {"ts": "2026-01-01T00:00:00+00:00", "task": task, "kind": kind, "epoch": 0,
+                      "revision": revision, "actor": "cli", "data": {}}}
+
+
+GOOD_BATON = {"baton": "good", "text": 'task = "t"\nstep = "s"\n\n[meta]\nid = "good"\nrevision = 1\n'}
+
+
+class TestImportRefusesRowsWithoutABaton:
+    """Issue 24 item 7: ledger rows of tasks with no baton (ids ``""``, ``/etc/passwd``, 100,000
+    characters, ``../batons/good``) were imported: `report` lines 100,109 characters wide, a
+    revision of 10**12 carried into a later `new`, 2**63 a raw SQLite error."""
+
+    @pytest.mark.parametrize("store_key", ["files", "pg"])
+    @pytest.mark.parametrize("task", ["", "/etc/passwd", "x" * 100_000, "../batons/good"])
+    def test_a_bad_task_id_refuses_the_whole_file_in_one_line(self, places: dict[str, Store], store_key: str,
+                                                              task: str) -> None:
+        """One short line naming the line, nothing written, not even the valid baton beside it
+        (on 4c852cf: imported)."""
+        store = places[store_key]
+        with pytest.raises(BadInput) as caught:
+            import_lines(store, _export(GOOD_BATON, _event("good"), _event(task)), where="x.jsonl")
+        message = str(caught.value)
+        assert message.startswith("x.jsonl:4: an event with bad task id") and len(message) < 300, message
+        assert "nothing was written" in message
+        assert everything(store) == ([], {}, [])
+
+    @pytest.mark.parametrize("store_key", ["files", "pg"])
+    def test_events_of_a_task_with_no_baton_are_refused(self, places: dict[str, Store], store_key: str) -> None:
+        """A valid id whose baton is in neither the export nor the store (a revision of 10**12 that a later
+        `new ghost` would continue): refused naming it, nothing written (on 4c852cf: imported)."""
+        store = places[store_key]
+        with pytest.raises(BadInput) as caught:
+            import_lines(store, _export(GOOD_BATON, _event("good"), _event("ghost", revision=10**12)), where="x.jsonl")
+        assert str(caught.value) == ("x.jsonl:4: events of task ghost, which has no baton in the export or the "
+                                     "store; nothing was written")
+        assert everything(store) == ([], {}, [])
+
+    @pytest.mark.parametrize("store_key", ["files", "pg"])
+    @pytest.mark.parametrize("field", ["revision", "epoch"])
+    def test_a_number_past_2_53_is_one_line_not_a_database_error(self, places: dict[str, Store], store_key: str,
+                                                                 field: str) -> None:
+        """2**63 (past SQLite's and PostgreSQL's bigint): a clean refusal, nothing written (on 4c852cf: the
+        whole import failed with a raw SQLite message)."""
+        store = places[store_key]
+        row = _event("good")
+        row["event"][field] = 2**63
+        with pytest.raises(BadInput) as caught:
+            import_lines(store, _export(GOOD_BATON, row), where="x.jsonl")
+        assert str(caught.value) == (f"x.jsonl:3: an event with {field} '9223372036854775808' is not a whole number "
+                                     "from 0 to 2**53; nothing was written")
+        assert everything(store) == ([], {}, [])
+
+    @pytest.mark.parametrize("kind", ["", "x" * 100_000, "Created\nforged", 7])
+    def test_a_kind_that_is_no_word_is_refused(self, places: dict[str, Store], kind: object) -> None:
+        """An event kind of 100,000 characters, a newline, a number: one short line, nothing written."""
+        store = places["files"]
+        row = _event("good")
+        row["event"]["kind"] = kind
+        with pytest.raises(BadInput) as caught:
+            import_lines(store, _export(GOOD_BATON, row), where="x.jsonl")
+        assert str(caught.value).startswith("x.jsonl:3: an event with kind") and len(str(caught.value)) < 200
+        assert everything(store) == ([], {}, [])
+
+    def test_events_of_a_task_the_store_holds_are_imported(self, places: dict[str, Store]) -> None:
+        """A task whose baton is in the target already (no events there yet): its events are taken."""
+        store = places["files"]
+        assert import_lines(store, _export(GOOD_BATON)).batons == 1
+        counts = import_lines(store, _export(_event("good")))
+        assert counts.events == 1

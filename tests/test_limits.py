@@ -70,6 +70,24 @@ class TestRateLimitsWait:
         waits = h.events("limited", "rate_limited")
         assert waits and waits[0].data["source"] == "backoff" and waits[-1].data["hits"] >= 4
 
+    def test_a_reset_in_an_unknown_zone_is_not_read_as_local_time(self, tmp_path: Path,
+                                                                  cleanup: list[DaemonHarness]) -> None:
+        """"resets 3pm (Mars/Olympus)": no such zone, so no instant is named: the wait is the backoff and
+        the rate_limited event says ``unknown_zone`` (issue 24 item 12; on 4c852cf: source "reset", 3pm in
+        the daemon's zone, silently)."""
+        text = (DATA / "claude_usage_limit.log").read_text().replace("resets 3pm (UTC)", "resets 3pm (Mars/Olympus)")
+        log = tmp_path / "mars.log"
+        log.write_text(text)
+        agent = tmp_path / "fake-claude-mars"
+        agent.write_text(f"#!/bin/sh\ncat {json.dumps(str(log))}\nexit 1\n")
+        agent.chmod(0o755)
+        h = preset_daemon(tmp_path, agent, daemon_extra='max_limit_wait = "25h"')
+        cleanup.append(h)
+        h.start()
+        h.new("mars")
+        wait = h.wait(lambda: h.events("mars", "rate_limited"), "the limit's wait", timeout=40)[0]
+        assert wait.data["source"] == "backoff" and wait.data["unknown_zone"] == "Mars/Olympus"
+
     def test_a_named_reset_is_waited_for_and_shown(self, tmp_path: Path, cleanup: list[DaemonHarness]) -> None:
         """"resets 3pm (UTC)": no dispatch before it, and status and the page (list and task) say
         "waiting for the rate limit until T"."""
@@ -127,3 +145,32 @@ class TestCostBudget:
         assert escalated.data["reason"] == "cost budget spent: its runs cost $1.26 (max_cost_usd $1.00)"
         assert len(h.events("spender", "dispatched")) == 3
         assert h.baton("spender").meta.cost_usd == pytest.approx(3 * 0.4213)
+
+    def test_runs_cut_by_max_runtime_are_charged_from_their_usage(self, tmp_path: Path,
+                                                                   cleanup: list[DaemonHarness]) -> None:
+        """An agent that spends $0.12 of sonnet tokens (two assistant messages) and never ends is cut by
+        max_runtime every run, with no result line: each cut run is charged from the stream's usage, and
+        max_cost_usd = 0.3 escalates the task at the third (on 4c852cf: no cost ever, four runs and
+        counting, no escalation)."""
+        def line(msg_id: str) -> str:
+            usage = {"input_tokens": 10_000, "output_tokens": 2_000, "cache_creation_input_tokens": 0,
+                     "cache_read_input_tokens": 0}
+            return json.dumps({"type": "assistant", "message": {"id": msg_id, "model": "claude-sonnet-4-5-20250929",
+                                                                "content": [], "usage": usage}})
+
+        stream = tmp_path / "stream.jsonl"
+        stream.write_text(f"{line('msg_a')}\n{line('msg_a')}\n{line('msg_b')}\n")
+        agent = tmp_path / "fake-claude-cut"
+        agent.write_text(f"#!/bin/sh\ncat {json.dumps(str(stream))}\nexec sleep 600\n")
+        agent.chmod(0o755)
+        h = preset_daemon(tmp_path, agent, max_attempts=20, stall_after="60s", daemon_extra="max_cost_usd = 0.3")
+        h.write_config(h.config_text().replace('stop_grace = "500ms"', 'stop_grace = "500ms"\nmax_runtime = "1s"')
+                       .replace('default_launcher = "toy"', 'default_launcher = "claude"\nmax_cost_usd = 0.3'))
+        cleanup.append(h)
+        h.start()
+        h.new("cut")
+        escalated = h.wait(lambda: h.events("cut", "escalated"), "the escalation", timeout=60)[0]
+        assert escalated.data["reason"] == "cost budget spent: its runs cost $0.36 (max_cost_usd $0.30)"
+        exits = h.events("cut", "exited")
+        assert len(exits) == 3 and all(e.data["cost_source"] == "usage" for e in exits)
+        assert h.baton("cut").meta.cost_usd == pytest.approx(0.36)

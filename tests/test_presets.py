@@ -163,8 +163,8 @@ class TestParseRecordedStreams:
         assert info.found and not info.is_error and not info.non_retryable
         assert info.event_data() == {
             "is_error": False, "session_id": UUID1, "terminal_reason": "completed", "num_turns": 7,
-            "cost_usd": 0.4213, "input_tokens": 1834, "output_tokens": 4120, "cache_read_tokens": 88213,
-            "cache_creation_tokens": 12007}
+            "cost_usd": 0.4213, "cost_source": "result", "input_tokens": 1834, "output_tokens": 4120,
+            "cache_read_tokens": 88213, "cache_creation_tokens": 12007}
 
     def test_claude_is_error_with_subtype_success_is_a_retryable_failure(self) -> None:
         """`"subtype": "success", "is_error": true` (an overloaded API) is a failure, but a retry may help."""
@@ -288,8 +288,12 @@ class TestReadLogTail:
         """Of a log larger than head + tail, exactly those two pieces are read."""
         path = tmp_path / "1.log"
         path.write_bytes(b"H" * 100 + b"M" * 10_000 + b"T" * 100)
-        data = read_log_tail(str(path), head=100, tail=100)
+        data = read_log_tail(str(path), head=100, tail=100, line=0)
         assert data == b"H" * 100 + b"\n" + b"T" * 100
+        lines = b"H" * 100 + b"\n" + b"M" * 10_000 + b"\n" + b"L" * 500 + b"T" * 100
+        path.write_bytes(lines)
+        data = read_log_tail(str(path), head=100, tail=100, line=1000)
+        assert data == b"H" * 100 + b"\n" + b"L" * 500 + b"T" * 100  # the tail's first line, whole
 
     def test_a_fifo_or_a_symlink_is_not_read(self, tmp_path: Path) -> None:
         """A FIFO in the log's place returns nothing at once (no writer, no hang); a symlink is not followed."""
@@ -714,6 +718,17 @@ class TestParseReset:
     def test_row(self, text: str, reset: datetime | None, retry_after: float | None) -> None:
         """The reset the text names (as UTC, the next such instant) and its retry-after, each or neither."""
         assert parse_reset(text, NOW, timezone.utc) == (reset, retry_after)
+
+    def test_a_reset_in_a_zone_that_does_not_exist_names_no_instant(self) -> None:
+        """"resets 3pm (Mars/Olympus)" is not 3pm local time (issue 24 item 12): no reset, the retry-after
+        still read, the zone named by unknown_reset_zone; a real zone is not reported."""
+        from heartbeat.presets.common import unknown_reset_zone
+
+        text = "You've hit your limit · resets 3pm (Mars/Olympus)"
+        assert parse_reset(text, NOW, timezone.utc) == (None, None)
+        assert parse_reset(text + "; retry in 35s", NOW, timezone.utc) == (None, 35.0)
+        assert unknown_reset_zone(text) == "Mars/Olympus"
+        assert unknown_reset_zone("resets 3pm (Europe/Paris)") == unknown_reset_zone("resets 3pm") == ""
 
     def test_a_time_of_day_without_a_zone_is_read_in_the_local_zone(self) -> None:
         """"resets 3pm" with no zone is 3pm where the daemon runs (the CLI printed its own local time)."""

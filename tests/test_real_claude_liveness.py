@@ -140,3 +140,29 @@ class TestRateLimits:
             assert [e["step"] for e in run.record() if e["event"] == "step_done"] == list(STEPS)
         finally:
             run.h.close()
+
+
+class TestCutRunsAreCharged:
+    """Issue 24 item 4 (b): a run stopped before its result line is charged what its stream carried."""
+
+    def test_runs_always_cut_by_max_runtime_meet_the_budget(self, tmp_path: Path, model: ScriptedModel) -> None:
+        """Each run works in silent `sleep 3` turns and is stopped at max_runtime (15s); the real claude,
+        SIGTERMed, prints no result line. Each cut run is charged from its assistant messages' usage and
+        max_cost_usd = 0.3 escalates the task (about $0.20 a run here), before max_attempts = 3 does (on
+        4c852cf: nothing charged, escalated on "3 attempts without progress" instead)."""
+        run = Run(tmp_path, model, stall_after="60s", max_attempts=3)
+        run.h.write_config(run.h.config_text()
+                           .replace('stop_grace = "2s"', 'stop_grace = "2s"\nmax_runtime = "15s"')
+                           .replace('default_launcher = "toy"', 'default_launcher = "claude"\nmax_cost_usd = 0.3'))
+        run.control(work_turns=50, work_sleep=3)
+        try:
+            run.h.start()
+            run.new("cut")
+            escalated = run.h.wait(lambda: run.h.events("cut", "escalated"), "the escalation", timeout=400)[0]
+            assert escalated.data["reason"].startswith("cost budget spent: its runs cost $")
+            exits = run.h.events("cut", "exited")
+            assert len(exits) >= 2 and all(e.data.get("cost_source") == "usage" for e in exits)
+            assert all(e.data.get("signal") == 15 or e.data.get("code") == 143 for e in exits)  # SIGTERMed
+            assert run.h.baton("cut").meta.cost_usd >= 0.3
+        finally:
+            run.h.close()

@@ -117,3 +117,20 @@ def _refuse_foreign(args: argparse.Namespace) -> None:
 
     if getattr(args, "command", None) in FENCED_COMMANDS and isinstance(getattr(args, "id", None), str):
         refuse_foreign(args.id)
+
+
+def _cycle(baton: Any, batons: dict[str, Any]) -> list[str]:
+    """The cycle of ``after`` that holds an unfinished task for ever (``[]``: none)."""
+    from heartbeat.model.baton import FINISHED_STATUSES
+    from heartbeat.model.errors import NotFound
+    from heartbeat.tasks.handoff import held_in_cycle
+
+    if not baton.after or baton.meta.status in FINISHED_STATUSES:
+        return []
+
+    def load(task_id: str) -> Any:
+        if task_id not in batons:
+            raise NotFound("no such task", task=task_id)
+        return batons[task_id]
+
+    return held_in_cycle(baton.meta.id, load)

@@ -99,7 +99,7 @@ def _upstreams(store: Any, task_id: str, after: Sequence[str]) -> list[str]:
         check_id(upstream)
         if upstream not in out:
             out.append(upstream)
-    check_upstreams_exist(store, task_id, out, field="--after")
+    check_upstreams_exist(store.load, task_id, out, field="--after")
     return out
 
 

@@ -8,7 +8,7 @@ from heartbeat.model.errors import BadInput
 
 if TYPE_CHECKING:
     import argparse  # imported where used: argparse (with gettext) costs an agent's write more than it uses
-from heartbeat.cli.common import _age, _missing_upstreams, _print_json, _store
+from heartbeat.cli.common import _age, _cycle, _missing_upstreams, _print_json, _store
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -20,6 +20,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     now = utcnow()
     leases = _lease_rows(store)
     ids = {entry.id for entry in entries}
+    batons = {entry.id: entry.baton for entry in entries if entry.baton is not None}
     rows = []
     for entry in entries:
         if entry.baton is None:
@@ -42,6 +43,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             "error": None,
             "after": list(entry.baton.after),
             "missing_upstreams": _missing_upstreams(entry.baton, ids),
+            "cycle": _cycle(entry.baton, batons),
         })
         if leases is not None:
             held = leases.get(entry.id)
@@ -69,6 +71,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"[{r['waiting']}] {r['step']}" if r.get("waiting") else r["step"])
         if r.get("missing_upstreams"):
             step += f"  [held: upstream {', '.join(r['missing_upstreams'])} does not exist]"
+        if r.get("cycle"):
+            from heartbeat.tasks.handoff import show_chain
+
+            step += f"  [held: a cycle of after, {show_chain(r['cycle'])}]"
         cols = [cells[id(r)], r["status"], "-" if r["attempt"] is None else str(r["attempt"]),
                 "-" if r["epoch"] is None else str(r["epoch"]), "-" if r["age_s"] is None else _age(r["age_s"])]
         if leases is not None:

@@ -228,7 +228,7 @@ class Actor:
         """A run refused by a rate or usage limit (inside the settle's edit): give back the attempt its
         dispatch counted and hold the task until the reset the CLI named (else its retry-after, else
         the backoff for this many limited runs in a row); :func:`policy.decide` waits or escalates."""
-        from heartbeat.presets.common import parse_reset
+        from heartbeat.presets.common import parse_reset, unknown_reset_zone
 
         m = ed.baton.meta
         d = self.shared.config.daemon
@@ -242,8 +242,9 @@ class Actor:
         m.wait_until = until
         m.wait_reason = said or "rate limited"
         m.limit_hits += 1
+        zone = unknown_reset_zone(said)  # a reset in no real zone is not read: said, not guessed
         ed.event(EventKind.RATE_LIMITED, until=until.isoformat(), source=source, hits=m.limit_hits,
-                 reason=m.wait_reason)
+                 reason=m.wait_reason, **({"unknown_zone": zone} if zone else {}))
 
     # -- escalating and notifying ----------------------------------------------------------
 
@@ -597,8 +598,10 @@ class Actor:
             return None
         from heartbeat.presets.common import read_log_tail
         from heartbeat.presets.registry import parse_result
+        from heartbeat.presets.runcost import costed
 
-        return parse_result(lc.preset, read_log_tail(sh.layout.log(baton.id, baton.meta.epoch)))
+        log = sh.layout.log(baton.id, baton.meta.epoch)
+        return costed(lc.preset, log, parse_result(lc.preset, read_log_tail(log)))
 
     def session_plan(self, baton: Baton, lc: LauncherConfig | None) -> SessionPlan:
         """The session of the next dispatch (:func:`heartbeat.presets.registry.plan_session`)."""

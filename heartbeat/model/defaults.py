@@ -259,6 +259,24 @@ RESULT_HEAD_BYTES = 64 * 1024
 RESULT_TAIL_BYTES = 256 * 1024
 """Bytes read from the end of an agent's log for a preset's exit handling (the final result line)."""
 
+CLAUDE_PRICES: dict[str, tuple[float, float, float, float]] = {
+    "claude-opus-4-5": (5.0, 25.0, 6.25, 0.50),
+    "claude-opus-4": (15.0, 75.0, 18.75, 1.50),
+    "claude-3-opus": (15.0, 75.0, 18.75, 1.50),
+    "claude-sonnet-4": (3.0, 15.0, 3.75, 0.30),
+    "claude-3-7-sonnet": (3.0, 15.0, 3.75, 0.30),
+    "claude-3-5-sonnet": (3.0, 15.0, 3.75, 0.30),
+    "claude-haiku-4-5": (1.0, 5.0, 1.25, 0.10),
+    "claude-3-5-haiku": (0.80, 4.0, 1.0, 0.08),
+    "claude-3-haiku": (0.25, 1.25, 0.30, 0.03),
+}
+"""USD per million tokens (input, output, cache write, cache read) by model-id prefix: Anthropic's list prices
+(https://docs.anthropic.com/en/docs/about-claude/pricing), what a run cut before its result line is charged
+(:mod:`heartbeat.presets.runcost`); a model no prefix names is priced at its family's (opus, sonnet, haiku) highest."""
+
+RESULT_LINE_BYTES = 16 * 1024 * 1024
+"""Bytes further back the tail may reach to read its first line whole (a final result line longer than the tail)."""
+
 KEEP_EPOCHS = 5
 """``[retention] keep_epochs``: per task, the log/brief/pid/exit files of this many latest epochs are
 kept by ``heartbeat gc`` (the current epoch's are always kept, whatever the number)."""

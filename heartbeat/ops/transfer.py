@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -148,6 +149,29 @@ class Parsed:
     batons: list[tuple[str, str]] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     archives: Archives = field(default_factory=dict)
+    first_line: dict[str, int] = field(default_factory=dict)
+    """Task id -> the line of its first event (for a one-line refusal)."""
+
+
+MAX_EVENT_NUMBER = 2**53
+"""The largest epoch or revision an imported event may carry (a ledger's columns hold 2**63 - 1;
+no real task comes near either)."""
+
+
+_KIND = re.compile(r"[a-z][a-z0-9_]{0,63}")
+"""An event kind as the ledger writes them (a newer heartbeat's words too): a short word."""
+
+
+def _kind(value: object) -> str:
+    if not isinstance(value, str) or not _KIND.fullmatch(value):
+        raise BadInput(f"kind {str(value)[:40]!r}, not a word of a-z 0-9 _ (at most 64)")
+    return value
+
+
+def _whole(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_EVENT_NUMBER:
+        raise BadInput(f"{name} {str(value)[:40]!r} is not a whole number from 0 to 2**53")
+    return value
 
 
 def _parse(lines: Iterable[str], where: str) -> Parsed:
@@ -183,13 +207,17 @@ def _parse(lines: Iterable[str], where: str) -> Parsed:
         elif "event" in doc and isinstance(doc["event"], dict):
             e = doc["event"]
             try:
-                events.append(Event(task=str(e["task"]), kind=str(e["kind"]), ts=datetime.fromisoformat(e["ts"]),
-                                    epoch=int(e.get("epoch", 0)), revision=int(e.get("revision", 0)),
+                events.append(Event(task=check_id(e["task"]), kind=_kind(e["kind"]),
+                                    ts=datetime.fromisoformat(e["ts"]), epoch=_whole(e.get("epoch", 0), "epoch"),
+                                    revision=_whole(e.get("revision", 0), "revision"),
                                     actor=str(e.get("actor", "")), data=dict(e.get("data") or {})))
             except (KeyError, TypeError, ValueError) as exc:
                 raise BadInput(f"{where}:{number}: a malformed event: {exc}") from None
+            except BadInput as exc:
+                raise BadInput(f"{where}:{number}: an event with {exc.message}; nothing was written") from None
             if events[-1].ts.tzinfo is None:
                 raise BadInput(f"{where}:{number}: an event time without a time zone")
+            parsed.first_line.setdefault(events[-1].task, number)
         else:
             raise BadInput(f"{where}:{number}: neither a baton, an archive record nor an event")
     if not header:
@@ -282,6 +310,7 @@ def import_lines(store: Store, lines: Iterable[str], *, where: str = "import") -
     counts = Counts()
     had_events = {e.task for e in store.ledger.events()}
     new_events = [e for e in parsed.events if e.task not in had_events]
+    _refuse_orphans(store, parsed, new_events, where)
     new_archives, counts.archives_kept = _plan_archives(store, parsed.archives, new_events, where)
     _write_archives(store, new_archives)
     counts.archives = len(new_archives)
@@ -294,6 +323,21 @@ def import_lines(store: Store, lines: Iterable[str], *, where: str = "import") -
         else:
             counts.kept += 1
     return counts
+
+
+def _refuse_orphans(store: Store, parsed: Parsed, events: list[Event], where: str) -> None:
+    """Refuse events of a task with no baton in the export or the target and no ``archived`` mark
+    (gc's summary of a task whose baton it archived): rows no ``status`` shows, whose revisions a
+    later ``new`` of that id would continue. BadInput naming the first such line; nothing written."""
+    have = {task_id for task_id, _ in parsed.batons} | {e.task for e in events if e.kind == EventKind.ARCHIVED}
+    orphans = {e.task for e in events} - have
+    if orphans:
+        orphans -= {entry.id for entry in store.scan()}
+    if orphans:
+        task = min(orphans, key=lambda t: parsed.first_line.get(t, 0))
+        more = f" (and {len(orphans) - 1} more task(s))" if len(orphans) > 1 else ""
+        raise BadInput(f"{where}:{parsed.first_line.get(task, 0)}: events of task {task}, which has no baton in the "
+                       f"export or the store{more}; nothing was written")
 
 
 def _same_event(a: Event, b: Event) -> bool:

@@ -8,7 +8,7 @@ if TYPE_CHECKING:
     pass
 from heartbeat.presets.common import (
     _AUTH,
-    _LIMIT,
+    _CLAUDE_LIMIT,
     AGENT_COMMANDS,
     AGENT_READS,
     MCP_SERVER_RULE,
@@ -58,7 +58,7 @@ def parse_claude(data: bytes) -> ResultInfo:
     non_retryable = is_error and (auth or bool(_AUTH.search(reason)) or status in (401, 403))
     limited = is_error and not non_retryable and (
         status in (429, 529) or result.get("api_error_type") in ("rate_limit_error", "overloaded_error")
-        or bool(_LIMIT.search(reason)))
+        or bool(_CLAUDE_LIMIT.match(reason)))
     return ResultInfo(
         found=True,
         is_error=is_error,
@@ -69,7 +69,8 @@ def parse_claude(data: bytes) -> ResultInfo:
         session_id=valid_session_id(result.get("session_id")) or session,
         terminal_reason=_text(result.get("terminal_reason")),
         num_turns=_count(result.get("num_turns")),
-        cost_usd=_money(result.get("total_cost_usd")),
+        cost_usd=(cost := _money(result.get("total_cost_usd"))),
+        cost_source="result" if cost is not None else "",
         usage=_usage(result.get("usage"), _CLAUDE_USAGE),
     )
 

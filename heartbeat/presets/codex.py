@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     pass
-from heartbeat.presets.common import _AUTH, _LIMIT, ResultInfo, _objects, _text, _usage, valid_session_id
+from heartbeat.presets.common import _AUTH, _CODEX_LIMIT, ResultInfo, _objects, _text, _usage, valid_session_id
 
 __all__ = ["parse_codex"]
 
@@ -52,7 +52,7 @@ def parse_codex(data: bytes) -> ResultInfo:
         found=True,
         is_error=is_error,
         non_retryable=non_retryable,
-        rate_limited=is_error and not non_retryable and bool(_LIMIT.search(reason)),
+        rate_limited=is_error and not non_retryable and bool(_CODEX_LIMIT.match(reason)),
         resume_failed=resume_failed,
         reason=reason,
         session_id=thread,

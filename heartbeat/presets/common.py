@@ -44,6 +44,7 @@ __all__ = [
     "ResultInfo",
     "SessionPlan",
     "parse_reset",
+    "unknown_reset_zone",
     "read_log_tail",
     "valid_session_id",
     "AGENT_COMMANDS",
@@ -72,12 +73,24 @@ _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}
 _MAX_TEXT = 300
 _MAX_NUMBER = 2**53
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
-_LIMIT = re.compile(
-    r"\b(429|529)\b|rate[ _-]?limit|usage[ _-]?limit|hit your (usage )?limit|limit reached|overloaded|"
-    r"quota exceeded|resource[_ ]exhausted|too many requests",
-    re.IGNORECASE,
-)
-"""A rate limit, an overload or a usage limit: the run waits for it, it did not fail."""
+# A limit is what the CLI itself says when the API refused the run, in the CLI's own shapes,
+# anchored at the start of its error text: a task's own output that mentions limits ("fix the
+# rate limiter", "429 handling") is never a wait.
+_CLAUDE_LIMIT = re.compile(
+    r"^API Error: (?:[^·{]*\((?:429|529)\)|(?:Repeated )?(?:429|529)\b)|^Claude AI usage limit reached\b|"
+    r"^You've hit your (?:usage )?limit\b|^(?:\d+-hour|[Ww]eekly|Opus weekly|Session) limit reached\b")
+"""Claude Code's result text for a refused run ("API Error: Request rejected (429) · ...", "API Error: 529
+Overloaded", "Claude AI usage limit reached|1764612000", "You've hit your limit · resets 3pm")."""
+_CODEX_LIMIT = re.compile(
+    r"^(?:exceeded retry limit, last status: |unexpected status )(?:429|529)\b|^You've hit your usage limit\b|"
+    r"^Quota exceeded\b|^Selected model is at capacity\b")
+"""codex's error messages for a refused run ("exceeded retry limit, last status: 429 Too Many Requests",
+"unexpected status 529 <unknown status code>: Overloaded", its usage-limit and quota errors)."""
+_GEMINI_LIMIT_TYPES = ("TerminalQuotaError", "RetryableQuotaError")
+_GEMINI_LIMIT = re.compile(r"^\[?API Error: .*(?:\b429\b|RESOURCE_EXHAUSTED)|^You have exhausted your capacity\b|"
+                           r"^Quota exceeded for quota metric\b")
+"""Gemini CLI's result error for a refused run (its quota error types, an API error with 429 or
+RESOURCE_EXHAUSTED)."""
 _AUTH = re.compile(
     r"not logged in|please run /login|invalid api key|authentication[_ ]?(failed|error)|"
     r"unauthori[sz]ed|oauth token|set an auth method|\b401\b",
@@ -138,6 +151,13 @@ class ResultInfo:
     cost_usd: float | None = None
     usage: Mapping[str, int] = field(default_factory=dict)
     """Token counts: ``input_tokens``, ``output_tokens``, ``cache_read_tokens``, ``cache_creation_tokens``."""
+    cost_source: str = ""
+    """Where ``cost_usd`` comes from: ``result`` (the CLI's own total), ``usage`` (the stream's
+    per-message token counts at list prices: a run cut before its result line) or ``""``."""
+    cost_unknown: bool = False
+    """The run spent what nothing in its output says (no cost, no priceable usage)."""
+    unpriced_messages: int = 0
+    """With ``cost_source`` ``usage``: messages left out of the cost (unreadable, or no price for the model)."""
 
     def event_data(self) -> dict[str, Any]:
         """The fields the ``exited`` event records (only the known ones)."""
@@ -152,6 +172,12 @@ class ResultInfo:
             data["num_turns"] = self.num_turns
         if self.cost_usd is not None:
             data["cost_usd"] = self.cost_usd
+        if self.cost_source:
+            data["cost_source"] = self.cost_source
+        if self.cost_unknown:
+            data["cost"] = "unknown"
+        if self.unpriced_messages:
+            data["unpriced_messages"] = self.unpriced_messages
         data.update(self.usage)
         if self.is_error and self.reason:
             data["result"] = self.reason
@@ -223,11 +249,9 @@ def _clock_reset(when: str, now: datetime, local: tzinfo | None) -> datetime | N
         return None
     zone: tzinfo | None = local
     if found["tz"]:
-        name = found["tz"].upper() if found["tz"].upper() in ("UTC", "GMT") else found["tz"]
-        try:
-            zone = timezone.utc if name in ("UTC", "GMT") else ZoneInfo(name)
-        except (ValueError, OSError, ZoneInfoNotFoundError):
-            zone = local
+        zone = _zone(found["tz"])
+        if zone is None:  # "resets 3pm (Mars/Olympus)": no instant is named (not one in the daemon's zone)
+            return None
     here = now.astimezone(zone)
     if found["month"]:
         try:
@@ -245,6 +269,27 @@ def _clock_reset(when: str, now: datetime, local: tzinfo | None) -> datetime | N
     return candidate.astimezone(timezone.utc)
 
 
+def _zone(name: str) -> tzinfo | None:
+    """The zone a reset time names (``UTC``, ``GMT``, an IANA name), or None when there is no such zone."""
+    if name.upper() in ("UTC", "GMT"):
+        return timezone.utc
+    try:
+        return ZoneInfo(name)
+    except (ValueError, OSError, ZoneInfoNotFoundError):
+        return None
+
+
+def unknown_reset_zone(text: str) -> str:
+    """The zone a reset time in ``text`` names that does not exist ("Mars/Olympus"), else ``""``:
+    such a reset is not read (:func:`parse_reset` falls back to the retry-after or the backoff),
+    and the daemon says why."""
+    for found in _RESETS.finditer(text or ""):
+        clock = _CLOCK.match(found["when"].strip())
+        if clock is not None and clock["tz"] and _zone(clock["tz"]) is None:
+            return _text(clock["tz"])
+    return ""
+
+
 def parse_reset(text: str, now: datetime, local: tzinfo | None = None) -> tuple[datetime | None, float | None]:
     """What a limit message says about when to try again: ``(reset, retry_after)``.
 
@@ -252,7 +297,8 @@ def parse_reset(text: str, now: datetime, local: tzinfo | None = None) -> tuple[
     "try again at 3:45 PM", Claude's older "usage limit reached|1764612000"), as UTC, or None.
     ``retry_after``: seconds the text says to wait ("try again in 2 hours 5 minutes", "retry in
     35s", "retry-after: 30"), or None. A time of day with no zone is read in ``local`` (the
-    daemon's own zone when None) and is the next such instant after ``now``. Pure: no clock.
+    daemon's own zone when None) and is the next such instant after ``now``; one in a zone that does
+    not exist ("3pm (Mars/Olympus)") names no instant (:func:`unknown_reset_zone`). Pure: no clock.
     """
     if not text:
         return None, None
@@ -361,12 +407,15 @@ class Preset:
     """What the exit handling reads, for ``--explain``."""
 
 
-def read_log_tail(path: str, *, head: int = defaults.RESULT_HEAD_BYTES, tail: int = defaults.RESULT_TAIL_BYTES) -> bytes:
+def read_log_tail(path: str, *, head: int = defaults.RESULT_HEAD_BYTES, tail: int = defaults.RESULT_TAIL_BYTES,
+                  line: int = defaults.RESULT_LINE_BYTES) -> bytes:
     """The first ``head`` and the last ``tail`` bytes of the agent's log (all of a small one), or ``b""``.
 
-    The log is written by the agent: a FIFO, a symlink or a device in its place is not
-    read (non-blocking open, no symlinks followed, regular files only), and nothing more
-    than ``head + tail`` bytes is ever read. A cut first line is dropped by the parser.
+    The tail starts at the start of its first line when that is at most ``line`` bytes further
+    back: a final result line longer than the tail (a long final answer) is read whole. The log
+    is written by the agent: a FIFO, a symlink or a device in its place is not read (non-blocking
+    open, no symlinks followed, regular files only), and nothing more than ``head + tail + line``
+    bytes is ever read. A cut first line is dropped by the parser.
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
@@ -379,13 +428,32 @@ def read_log_tail(path: str, *, head: int = defaults.RESULT_HEAD_BYTES, tail: in
             return b""
         if st.st_size <= head + tail:
             return _read(fd, head + tail)
+        start = _line_start(fd, st.st_size - tail, line)
+        os.lseek(fd, 0, os.SEEK_SET)
+        if start <= head:
+            return _read(fd, st.st_size)
         first = _read(fd, head)
-        os.lseek(fd, st.st_size - tail, os.SEEK_SET)
-        return first + b"\n" + _read(fd, tail)
+        os.lseek(fd, start, os.SEEK_SET)
+        return first + b"\n" + _read(fd, st.st_size - start)
     except OSError:
         return b""
     finally:
         os.close(fd)
+
+
+def _line_start(fd: int, offset: int, limit: int) -> int:
+    """The offset of the line holding byte ``offset`` (just after the newline before it), looking
+    back at most ``limit`` bytes; ``offset`` itself when the line starts further back."""
+    pos = offset
+    while pos > 0 and offset - pos < limit:
+        size = min(1 << 16, pos, limit - (offset - pos))
+        os.lseek(fd, pos - size, os.SEEK_SET)
+        chunk = _read(fd, size)
+        found = chunk.rfind(b"\n")
+        if found >= 0:
+            return pos - size + found + 1
+        pos -= size
+    return 0 if pos == 0 else offset
 
 
 def _read(fd: int, size: int) -> bytes:

@@ -7,7 +7,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     pass
-from heartbeat.presets.common import _AUTH, _LIMIT, ResultInfo, _objects, _text, _usage, valid_session_id
+from heartbeat.presets.common import (
+    _AUTH,
+    _GEMINI_LIMIT,
+    _GEMINI_LIMIT_TYPES,
+    ResultInfo,
+    _objects,
+    _text,
+    _usage,
+    valid_session_id,
+)
 
 __all__ = ["parse_gemini"]
 
@@ -51,7 +60,9 @@ def parse_gemini(data: bytes) -> ResultInfo:
         found=True,
         is_error=is_error,
         non_retryable=non_retryable,
-        rate_limited=is_error and not non_retryable and bool(_LIMIT.search(reason)),
+        rate_limited=is_error and not non_retryable and (
+            (error.get("type") in _GEMINI_LIMIT_TYPES if isinstance(error, dict) else False)
+            or bool(_GEMINI_LIMIT.match(reason))),
         reason=reason,
         session_id=session,
         usage=_usage(stats, _GEMINI_USAGE),

@@ -9,6 +9,8 @@ keep, and that ``tests/test_store_contract.py`` checks against each one:
 - writes to one baton are serialized, and each bumps ``meta.revision`` by one;
 - a write that names an expected revision, or an epoch, that has moved on is refused
   with :class:`~heartbeat.model.errors.Conflict` and changes nothing;
+- writes opened with ``links`` run one at a time over the whole store (a cycle check inside
+  one sees every other one whole);
 - an invalid baton is reported, never deleted or overwritten;
 - every write appends its events to the ledger;
 - :meth:`Store.watch` reports every committed write by task id (or says writes may have
@@ -64,6 +66,15 @@ class Edit:
     touch: bool = False
     events: list[Event] = field(default_factory=list)
     cancelled: bool = False
+    reader: Callable[[str], Baton] | None = field(default=None, repr=False)
+    """How :meth:`load` reads another baton: inside this write's transaction on a database."""
+
+    def load(self, task_id: str) -> Baton:
+        """Another task's baton as this write sees it (a write opened with ``links`` sees every
+        other such write whole: before it or after it)."""
+        if self.reader is None:
+            raise TypeError("this edit reads no other baton")
+        return self.reader(task_id)
 
     def event(self, kind: str, /, **data: Any) -> None:
         """Record that this write is a ``kind`` event (blocked, unblocked, dispatched, ...)."""
@@ -106,8 +117,13 @@ class Store(Protocol):
         actor: str = "",
         touch: bool = False,
         now: datetime | None = None,
+        links: bool = False,
     ) -> AbstractContextManager[Edit]:
-        """Lock one baton, check the fence, yield an :class:`Edit`, write it on a clean exit."""
+        """Lock one baton, check the fence, yield an :class:`Edit`, write it on a clean exit.
+
+        ``links``: the write changes which tasks come after which (``after``). It also holds the
+        store's one links lock, so such writes run one at a time (on every host sharing the store)
+        and a cycle check inside, reading with :meth:`Edit.load`, sees every other one whole."""
 
     def scan(self, only: Collection[str] | None = None) -> list[Entry]:
         """Every task, valid or not, sorted by id. Cheap when little changed since the last scan.

@@ -475,8 +475,8 @@ class FileStore:
     # -- writing ---------------------------------------------------------------------
 
     @contextmanager
-    def _locked(self, task_id: str) -> Iterator[None]:
-        lock_path = self.layout.lock(task_id)
+    def _locked(self, task_id: str, lock_path: str = "") -> Iterator[None]:
+        lock_path = lock_path or self.layout.lock(task_id)
         try:
             fd = open_regular(lock_path, os.O_RDWR | os.O_CREAT, 0o600)  # a FIFO, a link: refused
         except UnsafePath as exc:
@@ -493,8 +493,9 @@ class FileStore:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
+                        what = "this baton's lock" if lock_path == self.layout.lock(task_id) else "the links lock"
                         raise Busy(
-                            f"another writer has held this baton's lock ({lock_path}) for {wait:g}s",
+                            f"another writer has held {what} ({lock_path}) for {wait:g}s",
                             task=task_id,
                         ) from None
                     time.sleep(delay)
@@ -528,14 +529,16 @@ class FileStore:
         actor: str = "",
         touch: bool = False,
         now: datetime | None = None,
+        links: bool = False,
     ) -> Iterator[Edit]:
         check_id(task_id)
-        with self._locked(task_id):
+        # The links lock is always taken before a baton's, never while holding one.
+        with self._locked(task_id, self.layout.links_lock) if links else nullcontext(), self._locked(task_id):
             old, _ = self._read(task_id)
             check_fence(old, expect_revision=expect_revision, epoch=epoch)
             base = write_identity(old)
             highest = self._highest_revision(task_id, base)
-            ed = Edit(old=old, baton=old.copy(), now=now_or(now), actor=actor, touch=touch)
+            ed = Edit(old=old, baton=old.copy(), now=now_or(now), actor=actor, touch=touch, reader=self.load)
             yield ed
             if ed.cancelled:
                 return

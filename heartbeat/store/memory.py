@@ -69,11 +69,12 @@ class MemoryStore:
         actor: str = "",
         touch: bool = False,
         now: datetime | None = None,
+        links: bool = False,
     ) -> Iterator[Edit]:
-        with self._lock:
+        with self._lock:  # one lock over every baton: ``links`` needs no other
             old = self.load(task_id)
             check_fence(old, expect_revision=expect_revision, epoch=epoch)
-            ed = Edit(old=old, baton=old.copy(), now=now_or(now), actor=actor, touch=touch)
+            ed = Edit(old=old, baton=old.copy(), now=now_or(now), actor=actor, touch=touch, reader=self.load)
             yield ed
             if ed.cancelled:
                 return

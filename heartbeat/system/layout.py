@@ -87,6 +87,11 @@ class StateLayout:
     def gc_lock(self) -> str:
         return os.path.join(self.locks_dir, ".gc.lock")
 
+    @property
+    def links_lock(self) -> str:
+        """``locks/.links.lock``: writes that change which task comes after which, one at a time."""
+        return os.path.join(self.locks_dir, ".links.lock")
+
     # -- per task ----------------------------------------------------------------------
 
     def baton(self, task_id: str) -> str:

@@ -18,6 +18,7 @@ that edge: ``reopen`` (the default), ``escalate`` or ``fallback:LAUNCHER``.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -46,6 +47,9 @@ __all__ = [
     "check_upstreams",
     "pending_upstreams",
     "check_upstreams_exist",
+    "cycle_through",
+    "held_in_cycle",
+    "show_chain",
 ]
 
 PACKAGE_PARTS = ("intent", "constraints", "decisions", "rejected", "unknowns", "handoff", "key_files", "guarantees")
@@ -64,44 +68,81 @@ def pending_upstreams(baton: Baton, status_of: Callable[[str], Status | None]) -
     return [u for u in baton.after if status_of(u) is not Status.DONE]
 
 
-def check_upstreams_exist(store: Store, task_id: str, upstreams: Sequence[str], *, field: str) -> None:
+def check_upstreams_exist(load: Callable[[str], Baton], task_id: str, upstreams: Sequence[str], *,
+                          field: str) -> None:
     """Refuse upstreams that would hold ``task_id`` forever: the task itself, a task that does
     not exist, or one that comes (at any distance) after ``task_id`` already, a cycle.
 
-    The walk up the ``after`` chain keeps its own stack (no recursion, a chain of any length)
-    and reads each baton once; a baton it cannot read ends that branch."""
+    ``load`` reads a baton (a store's, or an open write's :meth:`~heartbeat.store.base.Edit.load`,
+    which sees every other write of ``after`` whole); a baton it cannot read ends that branch."""
     from heartbeat.model.errors import NotFound
 
     for upstream in upstreams:
         if upstream == task_id:
             raise BadInput("a task cannot come after itself", task=task_id, field=field)
         try:
-            store.load(upstream)
+            load(upstream)
         except NotFound:
             raise BadInput(f"unknown upstream task {upstream!r}: create it first", task=task_id,
                            field=field) from None
-    came_from: dict[str, str] = {u: "" for u in upstreams}
-    stack = list(upstreams)
-    while stack:
-        current = stack.pop()
+
+    def after_of(current: str) -> Sequence[str]:
         try:
-            after = store.load(current).after
+            return load(current).after
         except HeartbeatError:
-            continue
-        for up in after:
-            if up in came_from:
-                continue
-            came_from[up] = current
+            return ()
+
+    chain = cycle_through(task_id, upstreams, after_of)
+    if chain:
+        raise BadInput(f"would make a cycle ({show_chain(chain)}): {chain[1]} already comes after "
+                       f"{task_id}", task=task_id, field=field)
+
+
+def cycle_through(task_id: str, first: Iterable[str], after_of: Callable[[str], Sequence[str]]) -> list[str]:
+    """The shortest chain ``task_id -> u -> ... -> task_id`` where ``u`` is one of ``first`` and
+    each next id is in ``after_of`` the one before (``task_id`` comes after ``u``, which comes
+    after ...), else ``[]``. A walk with its own queue (no recursion): a chain of any length."""
+    came_from: dict[str, str] = {}
+    queue: deque[str] = deque()
+    for upstream in first:
+        if upstream == task_id:
+            return [task_id, task_id]
+        if upstream not in came_from:
+            came_from[upstream] = task_id
+            queue.append(upstream)
+    while queue:
+        current = queue.popleft()
+        for up in after_of(current):
             if up == task_id:
-                path = [task_id]
-                while path[-1] != "" and path[-1] in came_from:
-                    path.append(came_from[path[-1]])
-                chain = [task_id, *reversed([p for p in path[1:] if p])]
-                chain.append(task_id)
-                shown = chain if len(chain) <= 8 else [*chain[:4], "...", *chain[-3:]]
-                raise BadInput(f"would make a cycle ({' -> '.join(shown)}): {chain[1]} already comes after "
-                               f"{task_id}", task=task_id, field=field)
-            stack.append(up)
+                back = [current]
+                while back[-1] != task_id:
+                    back.append(came_from[back[-1]])
+                return [*reversed(back), task_id]
+            if up not in came_from:
+                came_from[up] = current
+                queue.append(up)
+    return []
+
+
+def show_chain(chain: Sequence[str]) -> str:
+    """``a -> b -> a``, its middle elided past eight ids."""
+    shown = chain if len(chain) <= 8 else [*chain[:4], "...", *chain[-3:]]
+    return " -> ".join(shown)
+
+
+def held_in_cycle(task_id: str, load: Callable[[str], Baton]) -> list[str]:
+    """The cycle of ``after`` (unfinished tasks only) that holds ``task_id`` for ever, else ``[]``:
+    one written before writes checked for cycles, imported, or edited by hand."""
+    from heartbeat.model.baton import FINISHED_STATUSES
+
+    def after_of(current: str) -> Sequence[str]:
+        try:
+            baton = load(current)
+        except HeartbeatError:
+            return ()
+        return () if baton.meta.status in FINISHED_STATUSES else baton.after
+
+    return cycle_through(task_id, after_of(task_id), after_of)
 
 
 # -- the package ---------------------------------------------------------------------------

@@ -230,13 +230,15 @@ def _add_handoff_items(store: Store, task_id: str, name: str, items: Sequence[st
                        expect_revision: int | None, epoch: int | None, actor: str) -> Baton:
     if not items or any(not item or "\0" in item for item in items):
         raise BadInput("items must be non-empty text", task=task_id, field=name)
-    if name == "after":  # an unknown upstream or a cycle would hold the task forever, silently
-        from heartbeat.tasks.handoff import check_upstreams_exist
-
+    if name == "after":
         for item in items:
             check_id(item)
-        check_upstreams_exist(store, task_id, items, field=name)
-    with store.edit(task_id, expect_revision=expect_revision, epoch=epoch, actor=actor) as ed:
+    with store.edit(task_id, expect_revision=expect_revision, epoch=epoch, actor=actor, links=name == "after") as ed:
+        if name == "after":  # an unknown upstream or a cycle would hold the task forever, silently
+            from heartbeat.tasks.handoff import check_upstreams_exist
+
+            # Inside the links lock: `add x after y` racing `add y after x` cannot both pass.
+            check_upstreams_exist(ed.load, task_id, items, field=name)
         values = getattr(ed.baton, name)
         values.extend(i for i in items if name != "after" or i not in values)
         if name == "rederived":

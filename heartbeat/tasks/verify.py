@@ -43,7 +43,7 @@ class VerifyResult:
 
     task_id: str
     code: int
-    status: str  # fresh | stale | blocked | superseded (the ``verified`` event's ``result``)
+    status: str  # fresh | stale | broken | blocked | held | not_active | superseded (the ``verified`` event's ``result``)
     message: str
     changed: list[dict[str, str]] = field(default_factory=list)
     task_status: str = ""
@@ -131,6 +131,10 @@ def verify(
         relation = "has been superseded by" if epoch < meta.epoch else "is ahead of"
         result.message = (f"{task_id}: your epoch {epoch} {relation} the task's epoch {meta.epoch}: "
                           "another agent holds this task; stop and do not write")
+    elif cycle := _held_by_cycle(store, baton):
+        result.code, result.status = EXIT_NOT_ACTIVE, "held"
+        result.message = (f"{task_id} is held for ever by a cycle of `after` ({handoff.show_chain(cycle)}): "
+                          "no task in it can be dispatched until one of them is done")
     elif meta.status is not Status.ACTIVE:
         result.code = EXIT_NOT_ACTIVE
         if meta.status is Status.BLOCKED:
@@ -169,6 +173,14 @@ def verify(
                             data={"result": result.status, "changed": [c["key"] for c in result.changed],
                                   **({"broken": [b["upstream"] for b in result.broken]} if result.broken else {})})])
     return result
+
+
+def _held_by_cycle(store: Store, baton: Baton) -> list[str]:
+    """The cycle of ``after`` an active or blocked task is caught in (written before cycles were
+    checked inside the write, imported, or edited by hand), else ``[]``."""
+    if not baton.after or baton.meta.status not in (Status.ACTIVE, Status.BLOCKED):
+        return []
+    return handoff.held_in_cycle(baton.meta.id, store.load)
 
 
 def apply_broken(store: Store, downstream: Baton, broken: Sequence[Mapping[str, Any]], *, actor: str = "",

@@ -90,6 +90,7 @@ __all__ = ["CHANNEL", "PostgresStore"]
 CHANNEL = "heartbeat_batons"
 """The LISTEN/NOTIFY channel; the payload is the id of the task written."""
 _DAEMON_LOCK = 0x68620002  # pg_advisory_lock key (with the host id's hash): one daemon per host id
+_LINKS_LOCK = 0x68620003  # pg_advisory_xact_lock key: writes that change `after`, one at a time
 
 
 _INSERT = (
@@ -284,6 +285,14 @@ class PostgresStore:
     def load(self, task_id: str) -> Baton:
         return parse_baton(self.baton_text(task_id), path=self._path(task_id), expected_id=task_id)
 
+    def _load_in(self, conn: psycopg.Connection[Any], task_id: str) -> Baton:
+        """One baton read on ``conn`` (inside its transaction)."""
+        check_id(task_id)
+        row = conn.execute("SELECT body FROM heartbeat_batons WHERE id = %s", (task_id,)).fetchone()
+        if row is None:
+            raise NotFound("no such task", task=task_id)
+        return parse_baton(row[0], path=self._path(task_id), expected_id=task_id)
+
     def scan(self, only: Collection[str] | None = None) -> list[Entry]:
         """Every row; re-parses only rows written since the last scan (by revision and ``xmin``).
         ``only`` is ignored: one query over the key columns answers for every row."""
@@ -361,9 +370,12 @@ class PostgresStore:
         actor: str = "",
         touch: bool = False,
         now: datetime | None = None,
+        links: bool = False,
     ) -> Iterator[Edit]:
         check_id(task_id)
         with self._conn() as conn, conn.transaction():
+            if links:  # held to the commit: the next such write reads this one's rows (read committed)
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LINKS_LOCK,))
             row = conn.execute(
                 "SELECT body FROM heartbeat_batons WHERE id = %s FOR UPDATE", (task_id,)
             ).fetchone()
@@ -371,7 +383,8 @@ class PostgresStore:
                 raise NotFound("no such task", task=task_id)
             old = parse_baton(row[0], path=self._path(task_id), expected_id=task_id)
             check_fence(old, expect_revision=expect_revision, epoch=epoch)
-            ed = Edit(old=old, baton=old.copy(), now=now_or(now), actor=actor, touch=touch)
+            ed = Edit(old=old, baton=old.copy(), now=now_or(now), actor=actor, touch=touch,
+                      reader=lambda other: self._load_in(conn, other))
             yield ed
             if ed.cancelled:
                 return
