@@ -28,6 +28,11 @@ def main() -> int:
     argv = sys.argv[1:]
     if hot_touch(argv):
         return 0
+    if "run" in argv:  # the daemon: its signals are caught before anything slow (heartbeat.signals)
+        from heartbeat import signals
+
+        if signals.is_run(argv):
+            signals.catch_early()
     if argv[:1] in (["set"], ["add"]) or (argv[:1] in (["touch"], ["show"], ["done"])
                                           and os.environ.get("HEARTBEAT_STORE_URL")):  # written by the daemon
         # when one runs (heartbeat.relay); on a database store its touch, done and show too
