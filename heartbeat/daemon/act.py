@@ -505,6 +505,7 @@ class Actor:
             if self.lease is not None:  # before the agent starts: its shim stops it when the lease runs out
                 step = "cannot write the lease file"
                 request.lease_file = self.lease.lease_file(task_id, epoch)
+                request.lease_ttl = self.lease.lease.ttl
             step = "cannot start the agent"
             owner: Owner = launcher.launch(request)
         except HeartbeatError as exc:

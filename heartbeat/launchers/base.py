@@ -84,6 +84,8 @@ class LaunchRequest:
     lease_file: str = ""
     """``<state_dir>/logs/<id>/<epoch>.lease`` on a store shared by many hosts: the shim stops the
     agent when its host's lease in it runs out (``--lease``); "" (the file store): no such watch."""
+    lease_ttl: float = 0.0
+    """The lease's ttl (``--ttl``): the shim accepts no deadline further off than that."""
 
 
 @dataclass
