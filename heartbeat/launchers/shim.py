@@ -14,7 +14,8 @@ a descendant orphaned by its parent, even one that left the group with ``setsid`
 re-parented to the shim instead of to init, and reaped by it. When the agent ends,
 whatever it left behind, in the group or among the shim's descendants, is stopped too
 (SIGTERM, ``--grace`` seconds, SIGKILL) and reaped: an agent's helpers do not outlive
-its shift, as under systemd. Then ``{"code": N|null, "signal": S|null, "ended_at": ISO}`` is written
+its shift, as under systemd. Then ``{"code": N|null, "signal": S|null, "ended_at": ISO}`` (with
+``"stopped": "lease"`` when the lease watch below stopped the agent) is written
 atomically to EXIT_FILE, and the shim exits with the agent's code (128+S for a signal).
 This is how the daemon learns an agent's exit status even when it was restarted in the
 meantime and the agent is no longer its child.
@@ -195,10 +196,14 @@ def _write_record(path: str, record: dict[str, object]) -> None:
         pass
 
 
-def write_exit_file(path: str, code: int | None, sig: int | None, ended_at: float) -> None:
-    """Write the exit record atomically."""
+def write_exit_file(path: str, code: int | None, sig: int | None, ended_at: float, *, stopped: str = "") -> None:
+    """Write the exit record atomically; ``stopped`` says why the shim stopped the agent ("lease":
+    its host's lease lapsed), so the daemon does not take the end for the agent's own."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ended_at)) + f".{int(ended_at % 1 * 1e6):06d}Z"
-    _write_record(path, {"code": code, "signal": sig, "ended_at": stamp})
+    record: dict[str, object] = {"code": code, "signal": sig, "ended_at": stamp}
+    if stopped:
+        record["stopped"] = stopped
+    _write_record(path, record)
 
 
 def pid_file_for(exit_file: str) -> str:
@@ -227,7 +232,7 @@ def _write_pid_file(exit_file: str) -> None:
     try:
         _write_record(path, {"pid": os.getpid(), "create_time": _own_create_time()})
     except OSError as exc:
-        os.write(2, f"heartbeat shim: cannot write {path}: {exc.strerror}\n".encode(errors="replace"))
+        _say(f"heartbeat shim: cannot write {path}: {exc.strerror}\n")
 
 
 def _swallow(signum: int, frame: object) -> None:
@@ -441,11 +446,7 @@ class _LeaseWatch:
         if paused > LEASE_PAUSED:
             why += f" (this host was paused for {paused:.1f}s)"
         how = "killing the agent at once: its kill deadline passed" if late else "stopping the agent"
-        try:
-            os.write(2, f"heartbeat shim: {why}: {how} (another host may take the task over)\n"
-                     .encode(errors="replace"))
-        except OSError:
-            pass
+        _say(f"heartbeat shim: {why}: {how} (another host may take the task over)\n")
         me = os.getpid()
         own_group = os.getpgid(0) == me
         if late:  # past kill_at another host may run the task already: no SIGTERM for a handler to act on
@@ -515,7 +516,7 @@ def main(args: list[str] | None = None) -> int:
         grace, unset, lease, ttl, exit_file, argv = _parse(sys.argv[1:] if args is None else args)
     except ValueError as exc:
         msg = str(exc) if str(exc) == _USAGE or str(exc).startswith("bad --ttl") else f"bad --grace: {exc}"
-        os.write(2, f"heartbeat shim: {msg}\n".encode())
+        _say(f"heartbeat shim: {msg}\n")
         return 2
     for name in unset:  # what our own start-up added, e.g. Python's C-locale coercion (LC_CTYPE)
         os.environ.pop(name, None)
@@ -540,10 +541,33 @@ def main(args: list[str] | None = None) -> int:
         grace = watch.grace(grace)
     _stop_leftovers(grace)
     try:
-        write_exit_file(exit_file, code, sig, ended_at)
+        write_exit_file(exit_file, code, sig, ended_at,
+                        stopped="lease" if watch is not None and watch.kill_at is not None else "")
     except OSError as exc:
-        os.write(2, f"heartbeat shim: cannot write {exit_file}: {exc.strerror}\n".encode(errors="replace"))
+        _say(f"heartbeat shim: cannot write {exit_file}: {exc.strerror}\n")
+        if sig is not None:  # no record (a full disk): our own end tells the daemon the agent's signal
+            _die_by(sig)
     return code if code is not None else 128 + (sig or 0)
+
+
+def _say(text: str) -> None:
+    """One line on stderr (the task's log), never raising: on a full disk it is lost, not fatal."""
+    try:
+        os.write(2, text.encode(errors="replace"))
+    except OSError:
+        pass
+
+
+def _die_by(sig: int) -> None:
+    """End this process by ``sig``, as the agent ended (its status is then what the launcher reads)."""
+    try:
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # (those two have no handler to reset)
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        if sig != signal.SIGSTOP:
+            os.kill(os.getpid(), sig)
+    except (OSError, ValueError):
+        pass  # a signal we cannot die by (a number out of range): 128+S below
 
 
 if __name__ == "__main__":
