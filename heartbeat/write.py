@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from heartbeat.errors import BadInput, HeartbeatError
+from heartbeat.errors import BadInput, HeartbeatError, StoreUnreachable
 
 if TYPE_CHECKING:
     from heartbeat.store.base import Store
@@ -142,6 +142,10 @@ def answer(store: Store, write: Write | None, env: Mapping[str, str]) -> tuple[i
         if write.command == "done" and any(g.check for g in store.load(write.id).guarantees):
             return DECLINED, "", ""
         apply(store, write, epoch=epoch_from_env(write.id, env), actor=actor_from_env(env))
+    except StoreUnreachable as exc:
+        if exc.unapplied:  # nothing landed: the agent writes itself, waiting as it does
+            return DECLINED, "", ""
+        return exc.exit_code, f"heartbeat: {exc}", ""
     except HeartbeatError as exc:
         return exc.exit_code, f"heartbeat: {exc}", ""
     return 0, "", ""
