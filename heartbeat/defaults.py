@@ -355,3 +355,7 @@ WEB_PAGE_MAX = 500
 
 WEB_QUERY_MAX = 200
 """The longest ``?q=`` search the status page accepts."""
+
+LIBRARY_REPEAT_QUIET = 60.0
+"""Seconds a library's repeating warning (APScheduler's ``scheduler_job_skipped`` for a job stuck on
+an unreachable database, every beat) stays quiet per job after it was logged."""
