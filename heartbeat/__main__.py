@@ -30,6 +30,11 @@ def main() -> int:
     command = call[0] if call is not None else None
     if command == "touch" and hot_touch(argv):
         return 0
+    if "run" in argv:  # the daemon: its signals are caught before anything slow (heartbeat.system.signals)
+        from heartbeat.system import signals
+
+        if signals.is_run(argv):
+            signals.catch_early()
     if command in ("set", "add", *READS) or (command in AGENT_COMMANDS and os.environ.get("HEARTBEAT_STORE_URL")):
         # written (or read) by the daemon when one runs (heartbeat.hotpath.relay); on a database
         # store its touch and done too

@@ -357,6 +357,17 @@ class TestHosts:
         assert states["host-a"][0] == "lost" and states["host-a"][1] >= 10
         assert states["host-b"][0] == "stopped"
 
+    def test_a_lost_host_runs_nothing(self, hosts: dict[str, _Host], pg_url: str) -> None:
+        """Issue 24 item 17: a host past its ttl unrenewed kept its last RUNNING count in ``hosts``,
+        ``--json`` and ``/hosts``; its agents were stopped by their shims, so it shows 0. At 4c852cf: 3."""
+        a = hosts["host-a"]
+        a.lease.renew(3)
+        assert [h.running for h in list_hosts(a.store) if h.host == "host-a"] == [3]
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("UPDATE heartbeat_hosts SET renewed_at = now() - interval '10 seconds' WHERE host = 'host-a'")
+        (row,) = [h for h in list_hosts(a.store) if h.host == "host-a"]
+        assert (row.state, row.running) == ("lost", 0)
+
 
 class TestMigration:
     def test_a_version_1_database_upgrades_and_keeps_its_owners(self, pg_empty_url: str) -> None:

@@ -112,3 +112,27 @@ class TestSchedulerWarnings:
         assert missed["level"] == "warning" and missed["logger"].startswith("apscheduler")
         assert missed["job"] == "late" and missed["missed_by_s"] > 1
         assert 'Run time of job "' in missed["message"]
+
+
+class TestAStuckJobSaysSoOnce:
+    def test_scheduler_job_skipped_repeated_every_beat_is_one_line(self) -> None:
+        """Issue 24 item 17: a renewal stuck on a database that went away made APScheduler warn
+        ``skipped: maximum number of running instances reached`` every 0.5 s (26 lines per host in
+        10 s). Now once per job per quiet period; another job still gets its own line. At 4c852cf: 5 lines."""
+
+
+        buf = io.StringIO()
+        hlog.configure("json", stream=buf)
+        aps = stdlib_logging.getLogger("apscheduler.scheduler")
+
+        class Job:
+            def __init__(self, id_: str) -> None:
+                self.id = id_
+
+        fmt = 'Execution of job "%s" skipped: maximum number of running instances reached (%d)'
+        for _ in range(5):
+            aps.warning(fmt, Job("lease"), 1)
+        aps.warning(fmt, Job("gc"), 1)
+        skipped = [json.loads(line) for line in buf.getvalue().splitlines()
+                   if json.loads(line)["event"] == "scheduler_job_skipped"]
+        assert [e["job"] for e in skipped] == ["lease", "gc"]

@@ -215,3 +215,45 @@ def test_a_daemon_restarted_at_once_keeps_its_agent(pg_url: str, tmp_path: Path)
         assert not a.store.ledger.events("job", kinds=["taken_over", "exited", "stalled"])
     finally:
         a.close()
+
+
+def test_a_frozen_host_s_agent_never_acts_after_the_thaw(fleet: tuple[Host, Host, Path, str], tmp_path: Path) -> None:
+    """Issue 24 item 13: host A's daemon, shim and agent all SIGSTOPped (a paused container) until host B's
+    replacement runs, then resumed, the agent first: by the agents' own records the old agent does nothing
+    after the replacement started (its shim, waking past the lease's kill deadline, SIGKILLs it before
+    anything else; no SIGTERM whose handler could act). At 4c852cf the shim sent SIGTERM and the old
+    agent's handler recorded its stop after the replacement's start."""
+    import psutil
+
+    a, b, record, _ = fleet
+    tasks.new_task(a.store, "job", task="work", step="start", workdir=str(tmp_path))
+    a.start()
+    a.wait(lambda: [r for r in records(record) if r[0] == "start"], "host-a's agent started")
+    b.start()
+    assert a.proc is not None
+    group = next(iter(a.wait(lambda: a.live_agents("job").get("job"), "host-a's agent group")))
+    frozen = [a.proc.pid, *(p.pid for p in psutil.process_iter() if _pgid(p.pid) == group)]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        b.wait(lambda: [r for r in records(record) if r[0] == "start" and r[3] == str(b.state)],
+               "host-b's replacement agent started", timeout=8 * TTL)
+    finally:
+        for pid in reversed(frozen):  # the agent first, its shim, then the daemon
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    a.wait(lambda: a.live_agents("job") == {}, "host-a's agent gone after the thaw")
+    time.sleep(4 * TICK)  # (room for a late record of the old agent, were one coming)
+    replacement = min(r[4] for r in records(record) if r[0] == "start" and r[3] == str(b.state))
+    late = [r for r in records(record) if r[3] == str(a.state) and r[4] > replacement]
+    assert late == [], late
+    assert len(b.live_agents().get("job", set())) == 1
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None

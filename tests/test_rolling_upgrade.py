@@ -368,3 +368,16 @@ def test_newer_heartbeat_helper_is_what_it_claims(pg_url: str, tmp_path: Path) -
     """tests/newer_heartbeat.py is one version ahead: it refuses the current schema until its own upgrade."""
     r = _heartbeat("status", url=pg_url, cwd=tmp_path, newer="next")
     assert r.returncode == 1 and f"this heartbeat uses {NEXT}" in r.stderr, r.stderr
+
+
+class TestADamagedSchemaRow:
+    @pytest.mark.parametrize("floor", [-7, 0, 99])
+    def test_a_min_reader_out_of_range_is_refused_in_one_line(self, pg_url: str, floor: int) -> None:
+        """Issue 24 item 17: ``min_reader = -7`` (or 99 on version 3) was accepted where the file store
+        refuses such a format file. Now the store refuses in one line naming both numbers."""
+        PostgresStore(pg_url).close()
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("UPDATE heartbeat_schema SET min_reader = %s WHERE version = (SELECT max(version) "
+                         "FROM heartbeat_schema)", (floor,))
+        with pytest.raises(StoreError, match=re.escape(f"min_reader {floor}; min_reader must be")):
+            PostgresStore(pg_url)

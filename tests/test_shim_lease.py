@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -140,3 +141,79 @@ class TestReadLease:
         os.mkfifo(fifo)
         for path in (link, fifo, tmp_path, tmp_path / "missing"):
             assert read_lease(str(path)) is None, path
+
+
+ACTOR = ("import os, pathlib, signal, sys, time\n"
+         "here = pathlib.Path(sys.argv[0]).parent\n"
+         "def acted(signum, frame):\n"
+         "    (here / 'acted').write_text('after SIGTERM')\n"
+         "    os._exit(0)\n"
+         "signal.signal(signal.SIGTERM, acted)\n"
+         "(here / 'ready').touch()\n"
+         "while True: time.sleep(3600)\n")
+"""An agent whose SIGTERM handler acts (writes a file): what a thawed agent must never get to do."""
+
+
+def pids_of(shim: subprocess.Popen[bytes], tmp_path: Path) -> tuple[int, int]:
+    import psutil
+
+    wait_for(lambda: (tmp_path / "ready").exists(), message="the agent")
+    children = psutil.Process(shim.pid).children()
+    assert len(children) == 1
+    return shim.pid, children[0].pid
+
+
+class TestAThaw:
+    """Issue 24 item 13: the shim, its agent (and their daemon) SIGSTOPped past the lease, then SIGCONT."""
+
+    def test_a_shim_woken_past_kill_at_kills_the_agent_before_it_can_act(self, tmp_path: Path) -> None:
+        """Woken past ``kill_at`` (another host may run the task already), the shim SIGKILLs the agent
+        at once: no SIGTERM whose handler would act. At 4c852cf it sent SIGTERM first and the agent's
+        handler wrote its file before the SIGKILL came. The agent is resumed first, as in the probe."""
+        lease = tmp_path / "1.lease"
+        write_lease(lease, 1.0, 1.5)
+        shim = start(tmp_path, ACTOR, lease)
+        try:
+            shim_pid, agent_pid = pids_of(shim, tmp_path)
+            os.kill(shim_pid, signal.SIGSTOP)
+            os.kill(agent_pid, signal.SIGSTOP)
+            time.sleep(2.5)  # the pause itself (a frozen container), past kill_at: not a wait for something
+            os.kill(agent_pid, signal.SIGCONT)
+            os.kill(shim_pid, signal.SIGCONT)
+            shim.wait(timeout=30)
+        finally:
+            if shim.poll() is None:
+                shim.kill()
+        assert not (tmp_path / "acted").exists()
+        assert exit_record(tmp_path)["signal"] == 9
+        log = (tmp_path / "shim.log").read_text()
+        assert "paused for" in log and "killing the agent at once" in log, log
+
+
+class TestTheTtlBounds:
+    """Issue 24 item 11: a lease file is bounded by the ttl the shim was started with."""
+
+    def test_a_deadline_of_1e308_lasts_no_longer_than_the_ttl(self, tmp_path: Path) -> None:
+        """``term_at`` 1e308 (finite, so read_lease takes it) with ``--ttl 1``: the agent is stopped about a
+        second after the file was first seen, not never. At 4c852cf ``--ttl`` did not exist (usage, exit 2)
+        and the file held the agent for ever."""
+        lease = tmp_path / "1.lease"
+        lease.write_text(json.dumps({"term_at": 1e308, "kill_at": 1e308}))
+        script = tmp_path / "agent.py"
+        script.write_text(SLEEPER)
+        with open(tmp_path / "shim.log", "ab") as log:
+            shim = subprocess.Popen([sys.executable, "-I", "-S", SHIM, "--grace", "5", "--lease", str(lease),
+                                     "--ttl", "1", str(tmp_path / "1.exit"), "--", sys.executable, str(script)],
+                                    stdout=log, stderr=log, start_new_session=True)
+        try:
+            shim.wait(timeout=30)
+        finally:
+            if shim.poll() is None:
+                shim.kill()
+        assert exit_record(tmp_path)["signal"] in (9, 15), (tmp_path / "shim.log").read_text()
+
+    def test_the_launcher_passes_the_ttl(self) -> None:
+        config = LauncherConfig(name="toy", type="exec", command=("true",))
+        argv = shim_command(config, "/x/1.exit", ["true"], lease_file="/x/1.lease", lease_ttl=6.0)
+        assert argv[argv.index("--ttl") + 1] == "6"
+        assert "--ttl" not in shim_command(config, "/x/1.exit", ["true"])

@@ -137,15 +137,19 @@ class Actor:
         owner = meta.owner
         obs_code = None
         obs_signal = None
+        lease_lapsed = False
         launcher = sh.launcher_named(owner.launcher) if owner else None
         if launcher is not None and owner is not None and owner.how == OwnerKind.DISPATCH:
             status = launcher.exit_status(owner, sh.layout.exit(baton.id, meta.epoch))
             if status is not None:
-                obs_code, obs_signal = status.code, status.signal
+                obs_code, obs_signal, lease_lapsed = status.code, status.signal, status.lease_lapsed
+        lease_lapsed = lease_lapsed or (self.lease is not None and self.lease.stopped_for_lease(baton.id, meta.epoch))
         stop = self.stops.get(baton.id) or StopMemory()
         kind = d.exit_kind or pol.ExitKind.FAILED
         if stop.why is pol.StallReason.INACTIVE:  # stopped because its task was no longer active: not a failed attempt
             kind = pol.ExitKind.FINISHED
+        elif lease_lapsed and kind is not pol.ExitKind.FINISHED:  # stopped for its host's lease: not its own end
+            kind = pol.ExitKind.LEASE_LAPSED
         started = (owner.started_at if owner else None) or meta.dispatched_at
         duration = ran_for if ran_for is not None else (now - started).total_seconds() if started else None
         if not ran_for_observed:  # a wall-clock difference across a possible step: not stated as fact
@@ -153,6 +157,8 @@ class Actor:
         progressed = kind is pol.ExitKind.SHIFT_END
         if stop.reason:
             reason = f"stopped: {stop.reason}"
+        elif kind is pol.ExitKind.LEASE_LAPSED:
+            reason = "stopped by its shim: its host's lease lapsed unrenewed (the database out of reach, or the host paused)"
         elif obs_signal is not None:
             reason = f"killed by signal {obs_signal}"
         elif obs_code is not None:
@@ -192,6 +198,9 @@ class Actor:
                 m.cost_usd = min(round(m.cost_usd + info.cost_usd, 6), float(2**53))
             if kind is pol.ExitKind.RATE_LIMITED:
                 self.wait_for_limit(ed, info, now)
+            elif kind is pol.ExitKind.LEASE_LAPSED:
+                m.attempt = max(0, m.attempt - 1)  # the host's outage, not the agent's failure
+                m.last_exit = None
             else:
                 m.wait_until = m.wait_since = None
                 m.wait_reason, m.limit_hits = "", 0
@@ -524,6 +533,7 @@ class Actor:
             if self.lease is not None:  # before the agent starts: its shim stops it when the lease runs out
                 step = "cannot write the lease file"
                 request.lease_file = self.lease.lease_file(task_id, epoch)
+                request.lease_ttl = self.lease.lease.ttl
             step = "cannot start the agent"
             owner: Owner = launcher.launch(request)
         except HeartbeatError as exc:

@@ -34,7 +34,16 @@ from heartbeat.launchers.liveness import note_boot_time
 from heartbeat.model import defaults
 from heartbeat.model import policy as pol
 from heartbeat.model.baton import Baton, GateKind, Status
-from heartbeat.model.errors import Busy, Conflict, HeartbeatError, InvalidBaton, NotActive, NotFound, UnsafePath
+from heartbeat.model.errors import (
+    Busy,
+    Conflict,
+    HeartbeatError,
+    InvalidBaton,
+    NotActive,
+    NotFound,
+    StoreError,
+    UnsafePath,
+)
 from heartbeat.model.ledger import Event, EventKind
 from heartbeat.store.base import Entry
 from heartbeat.system import systemd
@@ -326,6 +335,9 @@ class Loop:
             entry = Entry(id=task_id, baton=baton)
         except NotFound:
             return None, False
+        except StoreError as exc:  # the store out of reach (or a lock held): an outage, not an invalid baton
+            self._load_failed(task_id, exc)
+            return None, False
         except HeartbeatError as exc:
             entry = Entry(id=task_id, error=exc)
         if entry.baton is not None:
@@ -339,6 +351,14 @@ class Loop:
         watch_new_gate = gate is not None and gate.kind is GateKind.FILE and bool(gate.local) \
             and self.watcher.add_gate_path(gate.local, task_id)
         return entry.baton, watch_new_gate
+
+    def _load_failed(self, task_id: str, exc: StoreError) -> None:
+        """A look whose baton could not be loaded: on a shared store the lease part says the outage
+        once (and once when it is over); the task is looked at again at the next poke or pass."""
+        if self.lease is not None and not isinstance(exc, Busy):
+            self.lease.unreachable(exc)
+        else:
+            self.log.debug("look_deferred", task=task_id, error=str(exc))
 
     def _index_downstreams(self, entries: list[Entry]) -> None:
         index: dict[str, set[str]] = {}

@@ -72,6 +72,9 @@ class LeasePart:
         """Where takeovers and renewals are counted (the daemon's, which /metrics reads)."""
         self.vitals.lease_ttl = self.lease.ttl  # the fleet's series from the first scrape, before a renewal
         self._fencing: set[tuple[str, int]] = set()
+        self._fenced: dict[tuple[str, int], None] = {}
+        """(task, epoch) of the agents stopped here for their lease (the last few hundred): their
+        exit is not their own (:meth:`stopped_for_lease`)."""
         self._fence_lock = threading.Lock()  # never the look lock: a pass may hang on an unreachable database
 
     # -- the loop's calls (under the look lock) --------------------------------------------
@@ -189,6 +192,11 @@ class LeasePart:
 
     # -- fenced agents ----------------------------------------------------------------------
 
+    def stopped_for_lease(self, task_id: str, epoch: int) -> bool:
+        """Whether this daemon stopped ``task_id``'s agent of ``epoch`` because its lease lapsed or moved on."""
+        with self._fence_lock:
+            return (task_id, epoch) in self._fenced
+
     def _stop_fenced(self, task_id: str, epoch: int, owner: Owner) -> None:
         """Stop an agent of this host whose task moved on (taken over, or this host's leases ran
         out): its writes are refused already, and nothing is written for it (another host holds it)."""
@@ -201,6 +209,9 @@ class LeasePart:
             if key in self._fencing:
                 return
             self._fencing.add(key)
+            self._fenced[key] = None
+            while len(self._fenced) > defaults.FENCED_REMEMBERED:
+                del self._fenced[next(iter(self._fenced))]
         lc = sh.config.launchers.get(owner.launcher)
         grace = lc.stop_grace if lc else defaults.STOP_GRACE
 

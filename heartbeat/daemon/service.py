@@ -40,6 +40,7 @@ from heartbeat.launchers.liveness import this_host
 from heartbeat.model import defaults
 from heartbeat.model.errors import GcBusy, HeartbeatError, StoreError
 from heartbeat.store.base import Archiving, FileBacked, Store
+from heartbeat.system import signals as early_signals
 from heartbeat.system import systemd
 from heartbeat.system.clock import SYSTEM, Clock, Metronome, OffsetFileClock, clock_from_env
 from heartbeat.system.layout import StateLayout
@@ -219,6 +220,9 @@ class Daemon:
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_term)
         signal.signal(signal.SIGHUP, on_hup)
+        if self._early_signals():
+            self.shutdown()
+            return 0
         config = self.shared.config
         self.loop.vitals_dir = config.state_dir
         self.initialize()
@@ -254,6 +258,21 @@ class Daemon:
                              "database: this one stopped (its agents are left to that daemon); give each daemon "
                              "its own daemon.host (or $HEARTBEAT_HOST)")
         return 0
+
+    def _early_signals(self) -> bool:
+        """Answer what came while ``heartbeat run`` started (:mod:`heartbeat.system.signals`): True for a
+        stop (nothing is started), a SIGHUP becomes a reload once the daemon serves."""
+        taken = early_signals.take()
+        stop = next((sig for sig in taken if sig != signal.SIGHUP), None)
+        if stop is not None:
+            self.log.info("stop_during_start", signal=signal.Signals(stop).name, pid=os.getpid(),
+                          reason="stopping before anything starts")
+            return True
+        if taken:
+            self.log.info("reload_during_start", signal="SIGHUP", reason="the config is re-read once started")
+            self._reload.set()
+            self._signalled.set()
+        return False
 
     def start_scheduler(self) -> None:
         """Start ticking on the monotonic clock (:class:`~heartbeat.system.clock.Metronome`), and gc and
@@ -445,6 +464,11 @@ def run_from_cli(args: Any, *, page: PageStarter | None = None) -> int:
         configure(fmt=config.daemon.log_format, level=config.daemon.log_level)
         if config.daemon.host and not os.environ.get("HEARTBEAT_HOST", "").strip():
             os.environ["HEARTBEAT_HOST"] = config.daemon.host  # the store's claim below is made under this host id
+        if args.once:  # one pass answers no SIGHUP: the default handlers are back
+            early_signals.release()
+        if early_signals.stop_requested() is not None:
+            logger().info("stop_during_start", pid=os.getpid(), reason="stopping before anything starts")
+            return 0
         # A database down at boot is waited for (logged, SIGTERM still stops us), not an exit.
         store = wait_for_store(lambda: open_store(config, claim=not args.dry_run, decisions=True), logger())
         if store is None:

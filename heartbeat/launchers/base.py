@@ -84,6 +84,8 @@ class LaunchRequest:
     lease_file: str = ""
     """``<state_dir>/logs/<id>/<epoch>.lease`` on a store shared by many hosts: the shim stops the
     agent when its host's lease in it runs out (``--lease``); "" (the file store): no such watch."""
+    lease_ttl: float = 0.0
+    """The lease's ttl (``--ttl``): the shim accepts no deadline further off than that."""
 
 
 @dataclass
@@ -93,6 +95,8 @@ class ExitStatus:
     code: int | None
     signal: int | None
     ended_at: datetime | None
+    lease_lapsed: bool = False
+    """Its shim stopped it because its host's lease lapsed (``"stopped": "lease"``): not its own end."""
 
 
 @runtime_checkable
@@ -365,7 +369,8 @@ def read_exit_file(path: str) -> ExitStatus | None:
             ended_at = datetime.fromisoformat(ended)
         except ValueError:
             ended_at = None
-    return ExitStatus(code=as_int(code), signal=as_int(sig), ended_at=ended_at)
+    return ExitStatus(code=as_int(code), signal=as_int(sig), ended_at=ended_at,
+                      lease_lapsed=doc.get("stopped") == "lease")
 
 
 _COPY_CHUNK = 1 << 20

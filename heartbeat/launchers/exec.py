@@ -42,7 +42,7 @@ _KEEP_FINISHED = 1024
 
 
 def shim_command(config: LauncherConfig, exit_file: str, argv: list[str],
-                 env: Mapping[str, str] | None = None, *, lease_file: str = "") -> list[str]:
+                 env: Mapping[str, str] | None = None, *, lease_file: str = "", lease_ttl: float = 0.0) -> list[str]:
     """The argv that starts the shim around ``argv``.
 
     The shim runs as a script (``-I``: isolated from the agent's ``PYTHON*`` variables
@@ -51,13 +51,16 @@ def shim_command(config: LauncherConfig, exit_file: str, argv: list[str],
     environment says. With ``env`` (the agent's environment) given, a variable Python's
     start-up adds to it (``LC_CTYPE``, when it coerces a C locale) is taken out again, so
     the agent gets exactly the environment the launcher config says. With ``lease_file`` the
-    shim stops the agent when its host's lease runs out (a store shared by many hosts).
+    shim stops the agent when its host's lease runs out (a store shared by many hosts); ``lease_ttl``
+    bounds the deadlines the shim accepts from that file.
     """
     if not sys.executable:
         raise LaunchError("cannot find the Python interpreter to run the shim (sys.executable is empty)")
     grace = f"{max(0.0, config.stop_grace):g}"
     unset = ["--unset", "LC_CTYPE"] if env is not None and "LC_CTYPE" not in env else []
     lease = ["--lease", lease_file] if lease_file else []
+    if lease_file and lease_ttl > 0:
+        lease += ["--ttl", f"{lease_ttl:g}"]
     return [sys.executable, "-I", "-S", os.path.abspath(shim.__file__), "--grace", grace, *unset, *lease, exit_file,
             "--", *argv]
 
@@ -94,7 +97,8 @@ class ExecLauncher:
         argv = build_argv(self.config, req)
         env = build_env(self.config, req)
         cwd = resolve_cwd(self.config, req)
-        command = shim_command(self.config, req.exit_file, argv, env, lease_file=req.lease_file)
+        command = shim_command(self.config, req.exit_file, argv, env, lease_file=req.lease_file,
+                                lease_ttl=req.lease_ttl)
         log_fd = prepare_log(req)
         stdin: IO[bytes] | int = subprocess.DEVNULL
         try:

@@ -1,6 +1,7 @@
 """The process a launcher actually starts: it runs the agent and records how it ended.
 
-Usage: ``python heartbeat/launchers/shim.py [--grace SECONDS] [--unset NAME]... [--lease LEASE_FILE] EXIT_FILE -- ARGV...``
+Usage: ``python heartbeat/launchers/shim.py [--grace SECONDS] [--unset NAME]... [--lease LEASE_FILE
+[--ttl SECONDS]] EXIT_FILE -- ARGV...``
 (``python -m heartbeat.launchers.shim ...`` works too). ``--unset`` removes a variable
 from the agent's environment that the shim's own start-up put there: Python coerces a C
 locale by setting ``LC_CTYPE``, which the launcher's environment did not have.
@@ -13,7 +14,8 @@ a descendant orphaned by its parent, even one that left the group with ``setsid`
 re-parented to the shim instead of to init, and reaped by it. When the agent ends,
 whatever it left behind, in the group or among the shim's descendants, is stopped too
 (SIGTERM, ``--grace`` seconds, SIGKILL) and reaped: an agent's helpers do not outlive
-its shift, as under systemd. Then ``{"code": N|null, "signal": S|null, "ended_at": ISO}`` is written
+its shift, as under systemd. Then ``{"code": N|null, "signal": S|null, "ended_at": ISO}`` (with
+``"stopped": "lease"`` when the lease watch below stopped the agent) is written
 atomically to EXIT_FILE, and the shim exits with the agent's code (128+S for a signal).
 This is how the daemon learns an agent's exit status even when it was restarted in the
 meantime and the agent is no longer its child.
@@ -27,7 +29,12 @@ paused, cut off from the database): the lease's ``kill_at`` lies before the leas
 in the database, so no other host's replacement ever runs beside this agent. The file is
 read, never trusted to extend a stop under way: an unreadable or missing file gives no new
 deadline, so the last one seen holds (none seen: the agent is stopped at once, ``--grace`` between
-SIGTERM and SIGKILL).
+SIGTERM and SIGKILL). ``--ttl`` (the lease's ttl) bounds what a file may say: no deadline lies more
+than the ttl after the file was first seen. A shim that wakes past ``kill_at`` (its host was paused:
+SIGSTOP, a frozen container or VM) SIGKILLs the agent at once, before anything else and with no
+SIGTERM whose handler could still act: another host may run the task already. What it cannot stop
+is an agent the thaw lets run before its shim gets the CPU, for those moments: its writes are
+refused by its lapsed epoch (the fence), not by this watch.
 
 An agent that cannot be started is recorded as code 127 (no such program) or 126 (not
 executable), with one line on stderr, which the launcher points at the task's log.
@@ -58,6 +65,10 @@ LEASE_POLL = 0.2
 """Seconds between two reads of the lease file (the shim imports nothing from heartbeat, so this
 default lives here, not in defaults.py)."""
 
+LEASE_PAUSED = 1.0
+"""Seconds a lease watch may oversleep its poll before the shim calls it a pause (SIGSTOP, a frozen
+container or VM) in the line it writes."""
+
 LEASE_MAX_BYTES = 4096
 """A lease file is a few dozen bytes; more is not one the daemon wrote."""
 
@@ -65,7 +76,7 @@ PR_SET_CHILD_SUBREAPER = 36
 """``prctl`` option (linux/prctl.h): orphaned descendants are re-parented to this process."""
 
 _SWALLOWED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-_USAGE = "usage: shim.py [--grace SECONDS] [--unset NAME]... [--lease LEASE_FILE] EXIT_FILE -- ARGV..."
+_USAGE = "usage: shim.py [--grace SECONDS] [--unset NAME]... [--lease LEASE_FILE [--ttl SECONDS]] EXIT_FILE -- ARGV..."
 
 
 def _proc_table() -> list[tuple[int, int, int]] | None:
@@ -185,10 +196,14 @@ def _write_record(path: str, record: dict[str, object]) -> None:
         pass
 
 
-def write_exit_file(path: str, code: int | None, sig: int | None, ended_at: float) -> None:
-    """Write the exit record atomically."""
+def write_exit_file(path: str, code: int | None, sig: int | None, ended_at: float, *, stopped: str = "") -> None:
+    """Write the exit record atomically; ``stopped`` says why the shim stopped the agent ("lease":
+    its host's lease lapsed), so the daemon does not take the end for the agent's own."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ended_at)) + f".{int(ended_at % 1 * 1e6):06d}Z"
-    _write_record(path, {"code": code, "signal": sig, "ended_at": stamp})
+    record: dict[str, object] = {"code": code, "signal": sig, "ended_at": stamp}
+    if stopped:
+        record["stopped"] = stopped
+    _write_record(path, record)
 
 
 def pid_file_for(exit_file: str) -> str:
@@ -217,7 +232,7 @@ def _write_pid_file(exit_file: str) -> None:
     try:
         _write_record(path, {"pid": os.getpid(), "create_time": _own_create_time()})
     except OSError as exc:
-        os.write(2, f"heartbeat shim: cannot write {path}: {exc.strerror}\n".encode(errors="replace"))
+        _say(f"heartbeat shim: cannot write {path}: {exc.strerror}\n")
 
 
 def _swallow(signum: int, frame: object) -> None:
@@ -367,13 +382,27 @@ def read_lease(path: str) -> tuple[float, float] | None:
     return min(term_at, kill_at), kill_at
 
 
+def _file_identity(path: str) -> tuple[int, int, int, int] | None:
+    """What tells one lease file from the next the daemon writes (inode, mtime, ctime, size)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size
+
+
 class _LeaseWatch:
     """The thread that stops the agent when its host's lease runs out (see the module docstring)."""
 
-    def __init__(self, path: str, grace: float) -> None:
+    def __init__(self, path: str, grace: float, *, ttl: float = 0.0, agent: int = 0) -> None:
         self.path = path
         self.no_lease_grace = grace
         """Between SIGTERM and SIGKILL when no lease was ever read (else the lease's own kill_at)."""
+        self.ttl = ttl
+        """The lease's ttl the daemon started us with (``--ttl``; 0: unbounded): no deadline read
+        lies further than this from when its file was first seen."""
+        self.agent = agent
+        """The agent's pid: SIGKILLed first, before any scan, when the stop comes past ``kill_at``."""
         self.kill_at: float | None = None
         """Set once the stop began: when what is left of the agent is SIGKILLed."""
         self.done = threading.Event()
@@ -384,28 +413,45 @@ class _LeaseWatch:
 
     def _run(self) -> None:
         term_at = kill_at = None
+        seen = False
+        identity: tuple[int, int, int, int] | None = None
+        last = lease_clock()
         while not self.done.is_set():
-            got = read_lease(self.path)
-            if got is not None:
-                term_at, kill_at = got
+            # First thing on every wake, a thaw after a pause included: the lease, then the clock.
+            current = _file_identity(self.path)
+            got = read_lease(self.path) if current is None or current != identity else None
             now = lease_clock()
+            if got is not None:
+                identity, seen = current, True
+                term_at, kill_at = self._bounded(got, now)
             if term_at is None or kill_at is None:  # no lease ever seen: the daemon writes one before the launch
                 term_at, kill_at = now, now + self.no_lease_grace
             if now >= term_at:
-                self._stop(kill_at, seen=got is not None)
+                self._stop(kill_at, seen=seen, paused=now - last - LEASE_POLL)
                 return
+            last = now
             self.done.wait(max(0.01, min(LEASE_POLL, term_at - now)))
 
-    def _stop(self, kill_at: float, *, seen: bool) -> None:
+    def _bounded(self, got: tuple[float, float], now: float) -> tuple[float, float]:
+        """A file's deadlines, never past ``ttl`` from now (a file saying 1e308 is not a lease)."""
+        term_at, kill_at = got
+        if self.ttl > 0:
+            term_at, kill_at = min(term_at, now + self.ttl), min(kill_at, now + self.ttl)
+        return term_at, kill_at
+
+    def _stop(self, kill_at: float, *, seen: bool, paused: float = 0.0) -> None:
         self.kill_at = kill_at
         why = "its host's lease on the task ran out unrenewed" if seen else f"no lease file at {self.path}"
-        try:
-            os.write(2, f"heartbeat shim: {why}: stopping the agent (another host may take the task over)\n"
-                     .encode(errors="replace"))
-        except OSError:
-            pass
+        late = lease_clock() >= kill_at
+        if paused > LEASE_PAUSED:
+            why += f" (this host was paused for {paused:.1f}s)"
+        how = "killing the agent at once: its kill deadline passed" if late else "stopping the agent"
+        _say(f"heartbeat shim: {why}: {how} (another host may take the task over)\n")
         me = os.getpid()
         own_group = os.getpgid(0) == me
+        if late:  # past kill_at another host may run the task already: no SIGTERM for a handler to act on
+            self._kill_all(me, own_group)
+            return
         if own_group:
             try:
                 os.killpg(me, signal.SIGTERM)  # reaches us too: swallowed
@@ -420,7 +466,17 @@ class _LeaseWatch:
             self.done.wait(max(0.0, min(LEASE_POLL / 4, kill_at - lease_clock())))
         if self.done.is_set():
             return  # the agent ended: the main thread stops what it left, by kill_at
-        for pid in _leftovers(me, own_group):  # one by one, never the group: SIGKILL would reach us
+        self._kill_all(me, own_group)
+
+    def _kill_all(self, me: int, own_group: bool) -> None:
+        """SIGKILL the agent (first, before any scan of the process table), then what it left,
+        one by one, never the group: SIGKILL would reach us."""
+        if self.agent > 0:
+            try:
+                os.kill(self.agent, signal.SIGKILL)
+            except OSError:
+                pass
+        for pid in _leftovers(me, own_group):
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
@@ -433,13 +489,18 @@ class _LeaseWatch:
         return max(0.0, min(grace, self.kill_at - lease_clock()))
 
 
-def _parse(args: list[str]) -> tuple[float, list[str], str, str, list[str]]:
+def _parse(args: list[str]) -> tuple[float, list[str], str, float, str, list[str]]:
     grace = STOP_GRACE
     unset: list[str] = []
     lease = ""
-    while args[:1] in (["--grace"], ["--unset"], ["--lease"]) and len(args) > 1:
+    ttl = 0.0
+    while args[:1] in (["--grace"], ["--unset"], ["--lease"], ["--ttl"]) and len(args) > 1:
         if args[0] == "--grace":
             grace = max(0.0, float(args[1]))
+        elif args[0] == "--ttl":
+            ttl = float(args[1])
+            if not 0 < ttl < float("inf"):
+                raise ValueError(f"bad --ttl: {args[1]}")
         elif args[0] == "--lease":
             lease = args[1]
         else:
@@ -447,15 +508,15 @@ def _parse(args: list[str]) -> tuple[float, list[str], str, str, list[str]]:
         args = args[2:]
     if len(args) < 3 or args[1] != "--":
         raise ValueError(_USAGE)
-    return grace, unset, lease, args[0], args[2:]
+    return grace, unset, lease, ttl, args[0], args[2:]
 
 
 def main(args: list[str] | None = None) -> int:
     try:
-        grace, unset, lease, exit_file, argv = _parse(sys.argv[1:] if args is None else args)
+        grace, unset, lease, ttl, exit_file, argv = _parse(sys.argv[1:] if args is None else args)
     except ValueError as exc:
-        msg = str(exc) if str(exc) == _USAGE else f"bad --grace: {exc}"
-        os.write(2, f"heartbeat shim: {msg}\n".encode())
+        msg = str(exc) if str(exc) == _USAGE or str(exc).startswith("bad --ttl") else f"bad --grace: {exc}"
+        _say(f"heartbeat shim: {msg}\n")
         return 2
     for name in unset:  # what our own start-up added, e.g. Python's C-locale coercion (LC_CTYPE)
         os.environ.pop(name, None)
@@ -470,7 +531,7 @@ def main(args: list[str] | None = None) -> int:
         pass  # the record writes will say what is wrong
     _write_pid_file(exit_file)
     pid = _spawn(argv)
-    watch = _LeaseWatch(lease, grace) if lease else None
+    watch = _LeaseWatch(lease, grace, ttl=ttl, agent=pid) if lease else None
     if watch is not None:  # started after the fork: the agent's process has no thread of ours
         watch.start()
     code, sig = _wait(pid)
@@ -480,10 +541,33 @@ def main(args: list[str] | None = None) -> int:
         grace = watch.grace(grace)
     _stop_leftovers(grace)
     try:
-        write_exit_file(exit_file, code, sig, ended_at)
+        write_exit_file(exit_file, code, sig, ended_at,
+                        stopped="lease" if watch is not None and watch.kill_at is not None else "")
     except OSError as exc:
-        os.write(2, f"heartbeat shim: cannot write {exit_file}: {exc.strerror}\n".encode(errors="replace"))
+        _say(f"heartbeat shim: cannot write {exit_file}: {exc.strerror}\n")
+        if sig is not None:  # no record (a full disk): our own end tells the daemon the agent's signal
+            _die_by(sig)
     return code if code is not None else 128 + (sig or 0)
+
+
+def _say(text: str) -> None:
+    """One line on stderr (the task's log), never raising: on a full disk it is lost, not fatal."""
+    try:
+        os.write(2, text.encode(errors="replace"))
+    except OSError:
+        pass
+
+
+def _die_by(sig: int) -> None:
+    """End this process by ``sig``, as the agent ended (its status is then what the launcher reads)."""
+    try:
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # (those two have no handler to reset)
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        if sig != signal.SIGSTOP:
+            os.kill(os.getpid(), sig)
+    except (OSError, ValueError):
+        pass  # a signal we cannot die by (a number out of range): 128+S below
 
 
 if __name__ == "__main__":

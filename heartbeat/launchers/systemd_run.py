@@ -164,7 +164,8 @@ class SystemdRunLauncher:
         names = sorted(name for name in agent_env if _ENV_NAME.fullmatch(name))
         cmd += [f"--setenv={name}" for name in names]
         cmd += ["--", *(_escape_dollars(arg) for arg in shim_command(self.config, req.exit_file, argv,
-                                                                                lease_file=req.lease_file))]
+                                                                                lease_file=req.lease_file,
+                                                                                lease_ttl=req.lease_ttl))]
         client_env = without_plumbing(os.environ)
         client_env.update({name: agent_env[name] for name in names})
         return cmd, client_env

@@ -159,6 +159,10 @@ FENCE_STOP_WAIT = 5.0
 """Seconds beyond the longest launcher ``stop_grace`` a daemon standing down (another daemon took
 its host id) waits for the stops of its fenced agents before it exits."""
 
+FENCED_REMEMBERED = 512
+"""Agents (task, epoch) a daemon remembers having stopped for their lease, so their exits are
+recorded as lease lapses, not as the agents' own ends."""
+
 PG_KEEPALIVE_IDLE = 10.0
 """Seconds of silence on a PostgreSQL TCP connection before keepalive probes start (both ends)."""
 
@@ -413,3 +417,7 @@ MAX_GUARD_GLOB_STARS = 16
 
 RAIL_COMMAND_CHARS = 64 * 1024
 """Characters of a tool call's command or path the rail reads; a longer one is matched on its start."""
+
+LIBRARY_REPEAT_QUIET = 60.0
+"""Seconds a library's repeating warning (APScheduler's ``scheduler_job_skipped`` for a job stuck on
+an unreachable database, every beat) stays quiet per job after it was logged."""

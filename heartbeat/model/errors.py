@@ -151,6 +151,10 @@ class StoreError(HeartbeatError):
 class StoreUnreachable(StoreError):
     """The database could not be reached (down, refusing, timed out): worth waiting for, unlike a bad schema."""
 
+    unapplied = False
+    """Set by a write that lost its connection before its commit: nothing of it was applied, so it
+    may be run again (a write lost during its commit may have landed: never retried)."""
+
 
 class Busy(StoreError):
     """Another writer holds a baton's lock longer than the caller would wait (the daemon waits briefly)."""

@@ -90,6 +90,7 @@ class ExitKind(StrEnum):
     FAILED = "failed"  # non-zero, signal, or vanished: a failed attempt, backoff applies
     NON_RETRYABLE = "non-retryable"  # the launcher says a human is needed
     RATE_LIMITED = "rate-limited"  # refused by a rate or usage limit: the task waits for it, no attempt spent
+    LEASE_LAPSED = "lease-lapsed"  # stopped because its host's lease lapsed (an outage, a pause): no attempt spent
     FINISHED = "finished"  # the task is done/failed/escalated (or the daemon stopped the agent of a task
     # that was no longer active): nothing follows, no attempt is counted as failed
 

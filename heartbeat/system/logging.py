@@ -167,8 +167,37 @@ def _field(value: Any) -> Any:
     return value if isinstance(value, (int, float, str)) else str(value)
 
 
+_REPEATING = frozenset({"scheduler_job_skipped"})
+"""Events a stuck job repeats at every beat (a renewal hanging on a database that went away):
+said once per :data:`~heartbeat.model.defaults.LIBRARY_REPEAT_QUIET` per job, with the count held back."""
+
+
 class _StdlibBridge(stdlib_logging.Handler):
     """Forwards standard-library log records (APScheduler, watchdog) into structlog, structured."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._said: dict[tuple[str, Any], tuple[float, int]] = {}
+        """(event, job) -> (when it was last logged, on the monotonic clock; repeats held back since)."""
+
+    def _held_back(self, event: str, fields: dict[str, Any]) -> bool:
+        """Whether this repeat of ``event`` is held back; else ``fields`` gets the count held back."""
+        if event not in _REPEATING:
+            return False
+        import time
+
+        from heartbeat.model.defaults import LIBRARY_REPEAT_QUIET
+
+        key, now = (event, fields.get("job")), time.monotonic()
+        with _state.lock:
+            said = self._said.get(key)
+            if said is not None and now - said[0] < LIBRARY_REPEAT_QUIET:
+                self._said[key] = (said[0], said[1] + 1)
+                return True
+            self._said[key] = (now, 0)
+        if said is not None and said[1]:
+            fields["repeats_held_back"] = said[1]
+        return False
 
     def emit(self, record: stdlib_logging.LogRecord) -> None:
         try:
@@ -181,6 +210,8 @@ class _StdlibBridge(stdlib_logging.Handler):
         fields: dict[str, Any] = {"message": message}
         if len(args) == len(names):
             fields.update((name, _field(arg)) for name, arg in zip(names, args, strict=True))
+        if self._held_back(event, fields):
+            return
         # structlog knows the five standard levels only: a custom one maps to the next below it.
         levelno = max((n for n in LEVELS.values() if n <= record.levelno), default=stdlib_logging.DEBUG)
         log = get_logger(record.name)

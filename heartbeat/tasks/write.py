@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from heartbeat.hotpath.argv import AGENT_COMMANDS, agent_call
-from heartbeat.model.errors import BadInput, HeartbeatError
+from heartbeat.model.errors import BadInput, HeartbeatError, StoreUnreachable
 
 if TYPE_CHECKING:
     from heartbeat.store.base import Store
@@ -166,6 +166,10 @@ def answer(store: Store, write: Write | None, env: Mapping[str, str]) -> tuple[i
         if write.command == "done" and any(g.check for g in store.load(write.id).guarantees):
             return DECLINED, "", ""
         apply(store, write, epoch=epoch_from_env(write.id, env), actor=actor_from_env(env))
+    except StoreUnreachable as exc:
+        if exc.unapplied:  # nothing landed: the agent writes itself, waiting as it does
+            return DECLINED, "", ""
+        return exc.exit_code, f"heartbeat: {exc}", ""
     except HeartbeatError as exc:
         return exc.exit_code, f"heartbeat: {exc}", ""
     return 0, "", ""

@@ -37,8 +37,11 @@ _HOST_COLUMNS = ("host, pid, labels, capacity, running, lease_ttl, started_at, r
 
 
 def _host(r: Sequence[Any]) -> HostRow:
-    return HostRow(host=r[0], pid=r[1], labels=tuple(r[2]), capacity=r[3], running=r[4], lease_ttl=r[5],
-                   started_at=r[6], renewed_at=r[7], stopped_at=r[8], age=max(0.0, r[9]))
+    age = max(0.0, r[9])
+    # Past its ttl unrenewed, a host's agents were stopped by their shims: its last count is history.
+    running = r[4] if age <= r[5] else 0
+    return HostRow(host=r[0], pid=r[1], labels=tuple(r[2]), capacity=r[3], running=running, lease_ttl=r[5],
+                   started_at=r[6], renewed_at=r[7], stopped_at=r[8], age=age)
 
 
 def hosts(conn: Conn) -> list[HostRow]:

@@ -125,6 +125,11 @@ def schema_refusal(version: int, floor: int, label: str, ours: int | None = None
     """Why code of schema ``ours`` (this code's) may not use a database at (``version``, min_reader
     ``floor``), as the one-line error to raise; None when it may. A pure function of the numbers."""
     ours = SCHEMA_VERSION if ours is None else ours
+    if version >= 1 and not 1 <= floor <= version:  # as the file store refuses a format file's
+        return StoreError(
+            f"the database {label}'s schema row is damaged (version {version}, min_reader {floor}; min_reader "
+            f"must be a whole number from 1 to the version): repair heartbeat_schema's newest row"
+        )
     if version < ours:
         return _needs_upgrade(label, version, ours)
     if version > ours and floor > ours:

@@ -373,31 +373,38 @@ class PostgresStore:
         links: bool = False,
     ) -> Iterator[Edit]:
         check_id(task_id)
-        with self._conn() as conn, conn.transaction():
-            if links:  # held to the commit: the next such write reads this one's rows (read committed)
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LINKS_LOCK,))
-            row = conn.execute(
-                "SELECT body FROM heartbeat_batons WHERE id = %s FOR UPDATE", (task_id,)
-            ).fetchone()
-            if row is None:
-                raise NotFound("no such task", task=task_id)
-            old = parse_baton(row[0], path=self._path(task_id), expected_id=task_id)
-            check_fence(old, expect_revision=expect_revision, epoch=epoch)
-            ed = Edit(old=old, baton=old.copy(), now=now_or(now), actor=actor, touch=touch,
-                      reader=lambda other: self._load_in(conn, other))
-            yield ed
-            if ed.cancelled:
-                return
-            events = finish_edit(ed)
-            # A row restored from a backup (its revision below the ledger's) continues above it.
-            continue_above(ed, events, highest_revision(conn, task_id))
-            body = self._body(ed.baton)
-            cols = _columns(ed.baton)
-            cur = conn.execute(_UPDATE, {**cols, "id": task_id, "body": body, "old_revision": old.meta.revision})
-            if cur.rowcount != 1:  # the row lock makes this unreachable; the revision guard is the contract
-                raise Conflict(f"the baton moved on from revision {old.meta.revision} during the write", task=task_id)
-            append_events(conn, events)
-            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, task_id))
+        committing = False
+        try:
+            with self._conn() as conn, conn.transaction():
+                if links:  # held to the commit: the next such write reads this one's rows (read committed)
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LINKS_LOCK,))
+                row = conn.execute(
+                    "SELECT body FROM heartbeat_batons WHERE id = %s FOR UPDATE", (task_id,)
+                ).fetchone()
+                if row is None:
+                    raise NotFound("no such task", task=task_id)
+                old = parse_baton(row[0], path=self._path(task_id), expected_id=task_id)
+                check_fence(old, expect_revision=expect_revision, epoch=epoch)
+                ed = Edit(old=old, baton=old.copy(), now=now_or(now), actor=actor, touch=touch,
+                          reader=lambda other: self._load_in(conn, other))
+                yield ed
+                if ed.cancelled:
+                    return
+                events = finish_edit(ed)
+                # A row restored from a backup (its revision below the ledger's) continues above it.
+                continue_above(ed, events, highest_revision(conn, task_id))
+                body = self._body(ed.baton)
+                cols = _columns(ed.baton)
+                cur = conn.execute(_UPDATE, {**cols, "id": task_id, "body": body, "old_revision": old.meta.revision})
+                if cur.rowcount != 1:  # the row lock makes this unreachable; the revision guard is the contract
+                    raise Conflict(f"the baton moved on from revision {old.meta.revision} during the write",
+                                   task=task_id)
+                append_events(conn, events)
+                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, task_id))
+                committing = True  # from here the COMMIT is under way: a lost answer may mean it landed
+        except StoreUnreachable as exc:
+            exc.unapplied = not committing
+            raise
 
     def put_text(self, task_id: str, text: str) -> bool:
         """Store a baton's text verbatim (import, migrate) unless the id is taken; True when written."""

@@ -1,0 +1,82 @@
+"""Issue 24 item 14: a database error during a look is an outage, never an invalid baton.
+
+A poke (an exit notice, the change feed) looked at a task while the database was out of reach:
+the load's StoreUnreachable became the entry's error, logged ``invalid_baton`` for a valid baton,
+and the daemon tried to write an ``invalid`` event (3/3 outages), so the invalid-baton metric and
+alert could fire after a blip.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from daemon_harness import in_process_config
+from test_clock_steps import RecordingLog
+
+from heartbeat.daemon import Daemon
+from heartbeat.model.errors import StoreUnreachable
+from heartbeat.store.files import FileStore
+from heartbeat.store.postgres.store import PostgresStore
+from heartbeat.tasks import verbs as tasks
+
+
+class _Outage:
+    down = False
+
+    def load(self, task_id: str, *args: Any, **kwargs: Any) -> Any:
+        if self.down:
+            raise StoreUnreachable("the database is unreachable: connection refused")
+        return super().load(task_id, *args, **kwargs)  # type: ignore[misc]
+
+
+class OutageFiles(_Outage, FileStore):
+    pass
+
+
+class OutagePostgres(_Outage, PostgresStore):
+    pass
+
+
+def invalid_events(store: Any) -> list[Any]:
+    return [e for e in store.ledger.events("t") if e.kind == "invalid"]
+
+
+class TestALookDuringAnOutage:
+    def test_on_the_database_store_it_is_said_once_as_the_outage(self, pg_url: str, tmp_path: Path) -> None:
+        """``store_unreachable`` once for three looks, no ``invalid_baton``, no ``invalid`` event.
+        At 4c852cf: ``invalid_baton`` per look and an ``invalid`` event tried."""
+        tmp_path.chmod(0o700)
+        _, config = in_process_config(tmp_path)
+        store = OutagePostgres(pg_url)
+        log = RecordingLog()
+        d = Daemon(config, store=store, log=log)
+        try:
+            tasks.new_task(store, "t", task="work", step="start")
+            store.down = True
+            for _ in range(3):
+                d.evaluate("t")
+            store.down = False
+            assert not log.events("invalid_baton")
+            assert len(log.events("store_unreachable")) == 1
+            assert invalid_events(store) == []
+        finally:
+            store.down = False
+            d.shutdown(timeout=10)
+
+    def test_on_the_file_store_the_look_is_deferred(self, tmp_path: Path) -> None:
+        """The file store has no lease part: the look is deferred quietly; the task stays valid."""
+        tmp_path.chmod(0o700)
+        state, config = in_process_config(tmp_path)
+        store = OutageFiles(str(state))
+        log = RecordingLog()
+        d = Daemon(config, store=store, log=log)
+        try:
+            tasks.new_task(store, "t", task="work", step="start")
+            store.down = True
+            d.evaluate("t")
+            store.down = False
+            assert not log.events("invalid_baton") and log.events("look_deferred")
+            assert invalid_events(store) == []
+        finally:
+            d.shutdown(timeout=10)
