@@ -307,12 +307,15 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from heartbeat.policy import waiting_text
     from heartbeat.timeparse import utcnow
+    from heartbeat.why import FAILING_STATES, why
 
     store = _store(args, read=True)
     entries = store.scan()
     now = utcnow()
     leases = _lease_rows(store)
     ids = {entry.id for entry in entries}
+    statuses = {entry.id: entry.baton.meta.status for entry in entries if entry.baton is not None}
+    policy = _status_policy(args)
     rows = []
     for entry in entries:
         if entry.baton is None:
@@ -321,6 +324,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             continue
         meta = entry.baton.meta
         last = meta.touched_at or meta.updated_at
+        state = why(entry.baton, now, policy, statuses.get)
         rows.append({
             "id": entry.id,
             "status": meta.status.value,
@@ -332,7 +336,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             "owner_pid": meta.owner.pid if meta.owner else None,
             "blocked_on": entry.baton.blocked_on,
             "waiting": waiting_text(entry.baton, now),
-            "error": None,
+            "state": state.state.value,
+            "why": state.text,
+            "last_failure": meta.last_failure,
+            "error": state.text if state.state in FAILING_STATES else None,
             "after": list(entry.baton.after),
             "missing_upstreams": _missing_upstreams(entry.baton, ids),
         })
@@ -359,10 +366,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     for r in rows:
         step = r["error"] if r["status"] == "invalid" else (
             f"{r['step']}  [blocked on: {r['blocked_on']}]" if r["blocked_on"] else
-            f"[{r['waiting']}] {r['step']}" if r.get("waiting") else r["step"])
+            f"[{r['why']}] {r['step']}" if r.get("why") and r["status"] == "active" else r["step"])
         if r.get("missing_upstreams"):
             step += f"  [held: upstream {', '.join(r['missing_upstreams'])} does not exist]"
-        cols = [cells[id(r)], r["status"], "-" if r["attempt"] is None else str(r["attempt"]),
+        shown = r["state"] if r["status"] == "active" and r.get("state") not in (None, "running", "due") else r["status"]
+        cols = [cells[id(r)], shown, "-" if r["attempt"] is None else str(r["attempt"]),
                 "-" if r["epoch"] is None else str(r["epoch"]), "-" if r["age_s"] is None else _age(r["age_s"])]
         if leases is not None:
             cols += [r.get("host") or "-", _lease_cell(r.get("lease_s"))]
@@ -372,6 +380,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     for row in table:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:n])) + "  " + row[n][:100])
     return 0
+
+
+def _status_policy(args: argparse.Namespace) -> Any:
+    """The retry knobs ``why`` reads, from the config when one is found."""
+    from heartbeat.config import readable_config
+    from heartbeat.why import policy_for
+
+    return policy_for(readable_config(getattr(args, "config", None)))
 
 
 def _lease_rows(store: Any) -> dict[str, Any] | None:

@@ -420,6 +420,7 @@ def retry(store: Store, task_id: str, *, by: str, note: str = "") -> Baton:
         meta.idle_resumes = 0
         meta.wait_until = meta.wait_since = None  # a person's retry does not wait for a limit it escalated for
         meta.wait_reason, meta.limit_hits = "", 0
+        meta.launch_failures = 0
         ed.event(EventKind.RETRIED, by=by, note=note, was=ed.old.meta.status.value)
     return ed.baton
 

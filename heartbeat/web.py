@@ -45,8 +45,9 @@ from heartbeat.config import Config, Listen, parse_listen
 from heartbeat.errors import BadInput, HeartbeatError, NotFound
 from heartbeat.layout import LOGS_DIR, StateLayout, log_name
 from heartbeat.ledger import Event, EventKind
-from heartbeat.policy import waiting_text
+from heartbeat.policy import Policy, waiting_text
 from heartbeat.timeparse import format_duration, utcnow
+from heartbeat.why import State, policy_for, why
 
 __all__ = ["DEFAULT_LISTEN", "LOG_TAIL_BYTES", "TIMELINE_EVENTS", "Listen", "HostCheck", "LogTail", "parse_listen",
            "is_loopback", "check_exposure", "read_log_tail", "build_app", "serve", "start_in_thread", "start_for_daemon",
@@ -277,17 +278,26 @@ def _iso(value: datetime | None) -> str:
     return value.isoformat(timespec="seconds") if value is not None else ""
 
 
-def _row(entry: Any, now: datetime, default_launcher: str) -> dict[str, Any]:
+def _row(entry: Any, now: datetime, default_launcher: str, policy: Any = None,
+         status_of: Callable[[str], Status | None] | None = None) -> dict[str, Any]:
     baton: Baton | None = entry.baton
     if baton is None:
         return {"id": entry.id, "status": "invalid", "error": str(entry.error), "age": "-", "step": "",
                 "attempt": "", "epoch": "", "owner": "", "blocked_on": "", "gate": "", "last_exit": "",
-                "launcher": "", "waiting": "", "title": "", "since": "", "since_at": "", "wake_at": "", "reason": ""}
+                "launcher": "", "waiting": "", "title": "", "since": "", "since_at": "", "wake_at": "", "reason": "",
+                "badge": "invalid", "state": "invalid", "why": ""}
     meta = baton.meta
     since = _state_since(baton)
+    held = why(baton, now, policy or Policy(), status_of)
+    # An active task's badge says how it is doing: a launch failing or a retry backing off is not
+    # "active" at a glance (as supervisord's BACKOFF/FATAL, systemd's auto-restart).
+    badge = held.state.value if meta.status is Status.ACTIVE and held.state in _BADGED else meta.status.value
     return {
         "id": entry.id,
         "status": meta.status.value,
+        "badge": badge,
+        "state": held.state.value,
+        "why": held.text if meta.status is Status.ACTIVE else "",
         "error": "",
         "title": baton.task,
         "since": _age(now, since),
@@ -306,6 +316,11 @@ def _row(entry: Any, now: datetime, default_launcher: str) -> dict[str, Any]:
         "launcher": baton.launcher or default_launcher,
         "waiting": waiting_text(baton, now),
     }
+
+
+_BADGED = frozenset({State.LAUNCH_FAILING, State.BACKING_OFF, State.ESCALATING, State.RATE_LIMITED,
+                     State.WAITING_UPSTREAM})
+"""The states of an active task its badge names instead of "active"."""
 
 
 def _status_of(entry: Any) -> str:
@@ -435,7 +450,7 @@ def _templates() -> Any:
 
 def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck | None = None,
               max_attempts: int = defaults.MAX_ATTEMPTS, default_launcher: str = defaults.DEFAULT_LAUNCHER,
-              vitals: Any = None) -> Any:
+              vitals: Any = None, policy: Any = None) -> Any:
     """The ASGI application over ``store`` (read-only). ``hosts``: the Host headers answered (None:
     any, for an app mounted behind something that checks them); ``vitals``: the daemon's own, when
     in-process."""
@@ -449,8 +464,12 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
     from heartbeat.report import build_report
 
     env = _templates()
+    if policy is None:
+        from heartbeat.policy import Policy
+
+        policy = Policy(max_attempts=max_attempts)
     registry = make_registry(HeartbeatCollector(store, state_dir=state_dir, default_launcher=default_launcher,
-                                                vitals=vitals))
+                                                vitals=vitals, policy=policy))
 
     def link(request: Request, path: str, **params: str) -> str:
         """A URL on this server, carrying ``?token=`` along when the page was opened with one."""
@@ -507,7 +526,9 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         matched.sort(key=lambda e: (rank.get(_status_of(e), len(rank)), e.id))
         pages = max(1, -(-len(matched) // per))
         page_no = min(page_no, pages)
-        shown = [_row(e, now, default_launcher) for e in matched[(page_no - 1) * per:page_no * per]]
+        statuses = {e.id: e.baton.meta.status for e in entries if e.baton is not None}
+        shown = [_row(e, now, default_launcher, policy, statuses.get)
+                 for e in matched[(page_no - 1) * per:page_no * per]]
         for row in shown:  # only this page's escalations are read from the ledger
             if row["status"] == Status.ESCALATED.value:
                 found = store.ledger.events(row["id"], kinds=[EventKind.ESCALATED])
@@ -561,7 +582,7 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         log = read_log_tail(state_dir, task_id, epoch) if epoch > 0 else None
         now = utcnow()
         return page(request, "task.html", title=task_id, task_id=task_id, baton=baton, error=error,
-                    row=_row(_Entry(task_id, baton, error), now, default_launcher),
+                    row=_row(_Entry(task_id, baton, error), now, default_launcher, policy),
                     baton_text=dump_baton(baton) if baton is not None else "", brief=brief, timeline=timeline,
                     hidden=hidden, routine=routine, show_all=show_all, log=log, epoch=epoch,
                     epochs=list(range(max(1, current - 50), current + 1)) if current > 1 else [])
@@ -844,7 +865,7 @@ def start_for_daemon(config: Config, vitals: Any, log: Any) -> Callable[[], None
         check_exposure(listen, token)
         app = build_app(open_store(config, claim=False), state_dir=config.state_dir, token=token,
                         hosts=HostCheck(listen, http.allowed_hosts), max_attempts=config.daemon.max_attempts,
-                        default_launcher=config.daemon.default_launcher, vitals=vitals)
+                        default_launcher=config.daemon.default_launcher, vitals=vitals, policy=policy_for(config))
 
         def error(message: str, left_out: int) -> None:
             log.error("http_error", error=message, left_out=left_out)
@@ -879,7 +900,7 @@ def run_from_cli(args: Any) -> int:
     listen = listen.in_dir(state_dir)
     hosts = HostCheck(listen, [*state.allowed_hosts, *(args.allow_host or ())])
     app = build_app(store, state_dir=state_dir, token=token, hosts=hosts, max_attempts=state.max_attempts,
-                    default_launcher=state.default_launcher)
+                    default_launcher=state.default_launcher, policy=state.policy)
 
     def ready(url: str) -> None:
         print(f"heartbeat web: serving {state_dir} at {url} (read-only{', token required' if token else ''})",

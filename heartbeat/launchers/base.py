@@ -93,6 +93,8 @@ class ExitStatus:
     code: int | None
     signal: int | None
     ended_at: datetime | None
+    launch_error: str = ""
+    """The agent never ran: why its program could not be started (the shim's reason)."""
 
 
 @runtime_checkable
@@ -356,7 +358,9 @@ def read_exit_file(path: str) -> ExitStatus | None:
             ended_at = datetime.fromisoformat(ended)
         except ValueError:
             ended_at = None
-    return ExitStatus(code=as_int(code), signal=as_int(sig), ended_at=ended_at)
+    launch_error = doc.get("launch_error")
+    why = " ".join(launch_error.split())[:512] if isinstance(launch_error, str) else ""
+    return ExitStatus(code=as_int(code), signal=as_int(sig), ended_at=ended_at, launch_error=why)
 
 
 _COPY_CHUNK = 1 << 20
