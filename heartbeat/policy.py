@@ -378,6 +378,8 @@ def _due(baton: Baton, now: datetime, policy: Policy) -> Decision:
             return Decision(Action.ESCALATE, f"rate limited until {meta.wait_until.isoformat(timespec='seconds')}, "
                             f"past max_limit_wait ({format_duration(policy.max_limit_wait)}){said}")
         return Decision(Action.NOTHING, waiting_text(baton, now) + said, not_before=meta.wait_until)
+    if meta.last_exit is None and meta.last_failure.startswith(TAKEN_OVER):  # a lost host's: at once, no backoff
+        return Decision(Action.DISPATCH, meta.last_failure)
     if meta.launch_failures > 0:
         return _launch_retry(baton, now, policy)
     if meta.dispatches == 0:
@@ -421,6 +423,9 @@ LAUNCH_FAILURE = "launch failed: "
 
 LAUNCH_FAILING = "launch failing: "
 """How the reason of a task held back by failed launches begins (status, the page, the log)."""
+
+TAKEN_OVER = "taken over: "
+"""How ``last_failure`` begins on a task taken over from a lost host (dispatched at once, no attempt spent)."""
 
 REOPENED = "reopened by "
 """How ``last_failure`` begins on a finished task a downstream's ``verify`` sent back to work."""

@@ -30,6 +30,7 @@ class State(StrEnum):
     CLAIMED = "claimed"  # a session someone started themselves holds it (``claim``)
     LAUNCHING = "launching"  # dispatched; its agent's pid is not known yet
     DUE = "due"  # active, no agent: the daemon dispatches it at its next look (or when capacity frees)
+    TAKEN_OVER = "taken-over"  # a lost host's task, taken over by a live daemon: dispatched at once
     LAUNCH_FAILING = "launch-failing"  # its last launches never started the agent
     BACKING_OFF = "backing-off"  # its agent failed; the retry waits the backoff
     ESCALATING = "escalating"  # out of attempts: the daemon escalates it at its next look
@@ -47,7 +48,7 @@ FAILING_STATES = frozenset({State.LAUNCH_FAILING, State.BACKING_OFF, State.ESCAL
 """The states the page shows as failing (red/amber badges) and the metrics count as failing."""
 
 
-HELD_STATES = (State.LAUNCH_FAILING, State.BACKING_OFF, State.ESCALATING, State.RATE_LIMITED,
+HELD_STATES = (State.TAKEN_OVER, State.LAUNCH_FAILING, State.BACKING_OFF, State.ESCALATING, State.RATE_LIMITED,
                State.WAITING_UPSTREAM, State.DUE)
 """The states of an active task without an agent (``heartbeat_tasks_held``'s ``state``)."""
 
@@ -96,6 +97,8 @@ def why(baton: Baton, now: datetime, policy: pol.Policy,
         pending = pending_upstreams(baton, status_of)
         if pending:
             return Why(State.WAITING_UPSTREAM, f"waiting for upstream {', '.join(pending)}")
+    if meta.last_exit is None and meta.last_failure.startswith(pol.TAKEN_OVER):
+        return Why(State.TAKEN_OVER, f"{meta.last_failure}; dispatching")
     d = pol.decide(baton, pol.Observation(), now, policy)
     if d.action is pol.Action.ESCALATE:
         return Why(State.ESCALATING, f"escalating: {d.reason}")
