@@ -656,7 +656,9 @@ def cmd_db(args: argparse.Namespace) -> int:
     try:
         from heartbeat.store import postgres
     except ImportError:
-        raise BadInput("a PostgreSQL store needs the extra heartbeat[postgres]: pip install 'heartbeat[postgres]'") from None
+        from heartbeat.extras import Extra, install_hint
+
+        raise BadInput(f"a PostgreSQL store needs the postgres extra: {install_hint(Extra.POSTGRES)}") from None
     ours = postgres.SCHEMA_VERSION
     if args.action == "upgrade":
         before, after = postgres.upgrade(url)
@@ -1092,14 +1094,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                    "the project's")
     p.add_argument("--mcp", action="store_true", help="claude: also register `heartbeat mcp` in the project's .mcp.json")
     p.add_argument("--task", help="pin the task id (else $HEARTBEAT_TASK or the workdir decides)")
-    command("mcp", cmd_mcp, "serve the batons over MCP on stdio (needs heartbeat[mcp])", task=False)
-    p = command("web", cmd_web, "the read-only status page (needs heartbeat[web])", task=False)
+    command("mcp", cmd_mcp, "serve the batons over MCP on stdio (needs the mcp extra)", task=False)
+    p = command("web", cmd_web, "the read-only status page (needs the web extra)", task=False)
     p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8787; a token is required) or unix:PATH "
                    "(a 0600 socket; relative: in the state dir)")
     p.add_argument("--token", help="require this token (else $HEARTBEAT_WEB_TOKEN): Authorization: Bearer, or ?token=")
     p.add_argument("--allow-host", action="append", metavar="NAME",
                    help="also answer requests for this host name (else [http] allowed_hosts); repeatable")
-    p = command("metrics", cmd_metrics, "Prometheus metrics, printed or written for node_exporter (needs heartbeat[web])",
+    p = command("metrics", cmd_metrics, "Prometheus metrics, printed or written for node_exporter (needs the web extra)",
                 task=False)
     p.add_argument("--textfile", help="write them atomically to this file (name it *.prom, in the collector's dir)")
     p = command("gc", cmd_gc, "bounded disk: prune old epochs' logs, archive long-done tasks, fold touches "

@@ -408,14 +408,15 @@ class OpenState:
 
 
 def require_extra(*modules: str) -> None:
-    """One line naming the extra to install, instead of a traceback, when a library of ``heartbeat[web]`` is missing."""
+    """One line naming the extra to install, instead of a traceback, when a library of the ``web`` extra is missing."""
     import importlib.util
 
     from heartbeat.errors import HeartbeatError
+    from heartbeat.extras import Extra, install_hint
 
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
-        raise HeartbeatError(f"{', '.join(missing)} not installed: pip install 'heartbeat[web]'")
+        raise HeartbeatError(f"{', '.join(missing)} not installed (the web extra): {install_hint(Extra.WEB)}")
 
 
 def open_state(args: Any) -> OpenState:

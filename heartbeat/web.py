@@ -872,7 +872,9 @@ def start_for_daemon(config: Config, vitals: Any, log: Any) -> Callable[[], None
 
         server, _, url = start_in_thread(app, listen, on_error=error)
     except ImportError as exc:
-        log.error("http_failed", error=f"{exc}: install heartbeat[web] for [http]")
+        from heartbeat.extras import Extra, install_hint
+
+        log.error("http_failed", error=f"{exc}: [http] needs the web extra: {install_hint(Extra.WEB)}")
         return None
     except HeartbeatError as exc:
         log.error("http_failed", error=str(exc))

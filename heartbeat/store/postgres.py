@@ -2,7 +2,7 @@
 
 Open it with ``[store] url = "postgresql://..."`` or ``$HEARTBEAT_STORE_URL`` (any libpq
 URL, a Unix socket too: ``postgresql://user@/db?host=/run/postgresql``). Needs the extra
-``heartbeat[postgres]`` (psycopg 3 and its pool); nothing imports this module unless a
+the ``postgres`` extra (psycopg 3 and its pool); nothing imports this module unless a
 URL is configured, so the file store's CLI never loads psycopg.
 
 A baton is one row of ``heartbeat_batons``: its TOML text kept verbatim (``body``, so
