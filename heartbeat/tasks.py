@@ -208,9 +208,24 @@ def add_items(
         if not item or "\0" in item:
             raise BadInput("items must be non-empty text", task=task_id, field=name)
     with store.edit(task_id, expect_revision=expect_revision, epoch=epoch, actor=actor) as ed:
-        getattr(ed.baton, name).extend(items)
+        values = getattr(ed.baton, name)
+        new = list(items) if name == "plan" else _not_in(values, items)  # a plan may repeat a step on purpose
+        if not new:  # an agent re-recording what it did after a resume: nothing to write, no progress
+            ed.cancel()
+        values.extend(new)
     _arm_pulse(store, task_id, epoch)
     return ed.baton
+
+
+def _not_in(values: Sequence[str], items: Sequence[str]) -> list[str]:
+    """``items`` not already in ``values`` (nor earlier in ``items``), in order."""
+    seen = set(values)
+    out = []
+    for item in items:
+        if item not in seen:
+            seen.add(item)
+            out.append(item)
+    return out
 
 
 def _add_handoff_items(store: Store, task_id: str, name: str, items: Sequence[str], *,

@@ -887,6 +887,16 @@ def start_for_daemon(config: Config, vitals: Any, log: Any) -> Callable[[], None
     return stop
 
 
+def _open_line(url: str, token: str, terminal: bool) -> str:
+    """What to open: the URL with its token for the person at a terminal; elsewhere (a journal, a
+    log file others may read) the token is not written out."""
+    if not token or not url.startswith("http"):
+        return ""
+    if terminal:
+        return f"; open {url}?{urlencode({'token': token})}"
+    return f"; open {url}?token=TOKEN (the --token or $HEARTBEAT_WEB_TOKEN; not printed: stderr is no terminal)"
+
+
 def run_from_cli(args: Any) -> int:
     """``heartbeat web [--listen HOST:PORT|unix:PATH] [--token T] [--allow-host NAME]...``."""
     import sys
@@ -905,8 +915,8 @@ def run_from_cli(args: Any) -> int:
                     default_launcher=state.default_launcher, policy=state.policy)
 
     def ready(url: str) -> None:
-        print(f"heartbeat web: serving {state_dir} at {url} (read-only{', token required' if token else ''})",
-              file=sys.stderr, flush=True)
+        print(f"heartbeat web: serving {state_dir} at {url} (read-only{', token required' if token else ''})"
+              f"{_open_line(url, token, sys.stderr.isatty())}", file=sys.stderr, flush=True)
 
     def error(message: str, left_out: int) -> None:
         more = f" (and {left_out} more like it since)" if left_out else ""

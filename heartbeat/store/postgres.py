@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -233,7 +234,20 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _unreachable(exc: BaseException, url: str) -> StoreError:
-    return StoreUnreachable(f"cannot reach the database {_label(url)}: {_one_line(exc)}")
+    said = _one_line(exc)
+    missing = _MISSING.search(said)
+    if missing:  # the server answered: it is not out of reach, it has no such role or database yet
+        what, name = missing.group(1), missing.group(2)
+        fix = (f"createuser {name}" if what == "role" else
+               f"createdb -O {psycopg.conninfo.conninfo_to_dict(url).get('user') or 'ROLE'} {name}")
+        return StoreUnreachable(f"the database server of {_label(url)} has no {what} {name!r}: create it as "
+                                f"PostgreSQL's superuser (sudo -u postgres {fix}; docs/operating.md, PostgreSQL "
+                                f"store) ({said})")
+    return StoreUnreachable(f"cannot reach the database {_label(url)}: {said}")
+
+
+_MISSING = re.compile(r'\b(role|database) "([^"]{1,63})" does not exist')
+"""libpq's words for a connection to a role or database the server does not have."""
 
 
 def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
