@@ -596,9 +596,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    import shutil
-
     from heartbeat.config import find_config, load_config
+    from heartbeat.configcheck import problems
 
     path = find_config(args.config)
     if path is None:
@@ -614,17 +613,18 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             print(f"heartbeat: warning: {path}: launchers.{launcher.name}.command: {program!r} is a relative "
                   "path, found in each task's working directory, which a baton chooses: use an absolute path",
                   file=sys.stderr)
-        elif program and not shutil.which(program) and not os.path.isfile(program):
-            print(f"heartbeat: warning: {path}: launchers.{launcher.name}.{'program' if launcher.preset else 'command'}: "
-                  f"{program!r} is not on PATH", file=sys.stderr)
-    print(f"ok: {path}: state_dir {config.state_dir}, {len(config.launchers)} launcher(s), "
-          f"{len(config.checks)} check(s), {len(config.notify)} notifier(s)")
+    found = problems(config)
+    for problem in found:  # each its own line, the key and the fix in it, as the config's own errors
+        print(f"heartbeat: {problem.line(path)}", file=sys.stderr)
+    if not found:
+        print(f"ok: {path}: state_dir {config.state_dir}, {len(config.launchers)} launcher(s), "
+              f"{len(config.checks)} check(s), {len(config.notify)} notifier(s)")
     if getattr(args, "explain", False):
         from heartbeat.presets import explain
 
         for launcher in config.launchers.values():
             print("\n".join(explain(launcher)))
-    return 0
+    return 2 if found else 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -632,6 +632,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from heartbeat.web import start_for_daemon  # [http]: the daemon is given its page, it imports no face
 
     return run_from_cli(args, page=start_for_daemon)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from heartbeat.doctor import run_from_cli
+
+    return run_from_cli(args)
 
 
 def cmd_web(args: argparse.Namespace) -> int:
@@ -1006,6 +1012,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = command("check-config", cmd_check_config, "validate the config", task=False)
     p.add_argument("--explain", action="store_true",
                    help="print each launcher as it will run: program, argv, brief, env, session, exit handling")
+    command("doctor", cmd_doctor, "check, as this user, what the config cannot say: the state dir, the daemon, "
+            "the hooks", task=False)
     p = command("run", cmd_run, "the daemon (what systemd starts)", task=False)
     p.add_argument("--dry-run", action="store_true", help="decide and log, but launch nothing")
     p.add_argument("--once", action="store_true", help="one tick, then exit")
