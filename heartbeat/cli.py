@@ -290,6 +290,42 @@ def cmd_retry(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pause(args: argparse.Namespace) -> int:
+    from heartbeat import tasks
+
+    tasks.pause(_store(args), args.id, by=args.by or _login(), reason=args.reason or "")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from heartbeat import tasks
+
+    tasks.resume(_store(args), args.id, by=args.by or _login())
+    return 0
+
+
+def cmd_help(args: argparse.Namespace) -> int:
+    return _help([])
+
+
+def _help(rest: Sequence[str]) -> int:
+    """``heartbeat help``: every command; ``help COMMAND``: its options (as ``COMMAND --help``), on stdout."""
+    if rest:
+        build_parser(rest[0]).parse_args([rest[0], "--help"])  # prints and exits 0; an unknown one: exit 2
+    build_parser().print_help(sys.stdout)
+    return 0
+
+
+def _login() -> str:
+    """Who a person's command is by when ``--by`` is not given: the login name."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
+
+
 # -- commands: reading -------------------------------------------------------------------
 
 
@@ -339,6 +375,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             "state": state.state.value,
             "why": state.text,
             "last_failure": meta.last_failure,
+            "progress": _progress(entry.baton),
             "error": state.text if state.state in FAILING_STATES else None,
             "after": list(entry.baton.after),
             "missing_upstreams": _missing_upstreams(entry.baton, ids),
@@ -369,6 +406,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"[{r['why']}] {r['step']}" if r.get("why") and r["status"] == "active" else r["step"])
         if r.get("missing_upstreams"):
             step += f"  [held: upstream {', '.join(r['missing_upstreams'])} does not exist]"
+        if r.get("progress"):
+            step = f"({r['progress']}) {step}"
         shown = r["state"] if r["status"] == "active" and r.get("state") not in (None, "running", "due") else r["status"]
         cols = [cells[id(r)], shown, "-" if r["attempt"] is None else str(r["attempt"]),
                 "-" if r["epoch"] is None else str(r["epoch"]), "-" if r["age_s"] is None else _age(r["age_s"])]
@@ -380,6 +419,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     for row in table:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:n])) + "  " + row[n][:100])
     return 0
+
+
+def _progress(baton: Any) -> str:
+    """"done k of n" against the plan (k: the plan's steps in ``done``), or ``""`` without a plan."""
+    if not baton.plan:
+        return ""
+    done = set(baton.done)
+    return f"done {sum(1 for step in baton.plan if step in done)} of {len(baton.plan)}"
 
 
 def _status_policy(args: argparse.Namespace) -> Any:
@@ -846,7 +893,8 @@ def _parser_class() -> type[argparse.ArgumentParser]:
 
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> Any:  # one line, exit 2, as every other bad input
-            raise BadInput(f"{self.prog}: {message}")
+            command = self.prog.removeprefix("heartbeat").strip()  # main prints the one "heartbeat: "
+            raise BadInput(f"{command}: {message}" if command else message)
 
     return Parser
 
@@ -1071,6 +1119,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = command("retry", cmd_retry, "re-arm an escalated or failed task")
     p.add_argument("--by", required=True, help="who")
     p.add_argument("--note")
+    p = command("pause", cmd_pause, "hold a task: nothing is dispatched until `resume` (a running agent is stopped "
+                "after inactive_grace)")
+    p.add_argument("--by", help="who (default: your login name)")
+    p.add_argument("--reason")
+    p = command("resume", cmd_resume, "make a paused task active again")
+    p.add_argument("--by", help="who (default: your login name)")
+    command("help", cmd_help, "this list, or `help COMMAND`: that command's options", task=False)
     command("status", cmd_status, "one row per task", task=False, json_=True)
     p = command("pipeline", cmd_pipeline, "create a chain or DAG of tasks from a TOML file", task=False)
     p.add_argument("action", choices=["new"], help="new")
@@ -1162,6 +1217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from heartbeat.hooks import hook_main
 
             return hook_main(rest)
+        if _command_in(argv) == "help":
+            return _help(argv[argv.index("help") + 1:])
         _check_utf8(argv)
         args = _hot_args(argv)
         if args is None:
@@ -1171,8 +1228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             build_parser().print_help(sys.stderr)
             return EXIT_BAD_INPUT
         return int(args.func(args))
-    except HeartbeatError as exc:
-        print(f"heartbeat: {exc}", file=sys.stderr)
+    except HeartbeatError as exc:  # one prefix: a message that names the command already is not doubled
+        print(f"heartbeat: {str(exc).removeprefix('heartbeat ')}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

@@ -345,6 +345,30 @@ def snooze(store: Store, task_id: str, until: datetime, *, epoch: int | None = N
     return ed.baton
 
 
+def pause(store: Store, task_id: str, *, by: str, reason: str = "") -> Baton:
+    """Hold an active (or snoozed) task: nothing is dispatched until :func:`resume`; a running agent
+    gets ``inactive_grace`` to end on its own, then is stopped (no failed attempt)."""
+    if not by.strip():
+        raise BadInput("name who pauses the task (--by NAME)", task=task_id, field="by")
+    with store.edit(task_id, actor=by) as ed:
+        _require(ed, {Status.ACTIVE, Status.SNOOZED, Status.PAUSED}, "pause")
+        ed.baton.meta.status = Status.PAUSED
+        ed.event(EventKind.PAUSED, by=by, reason=reason, was=ed.old.meta.status.value)
+    return ed.baton
+
+
+def resume(store: Store, task_id: str, *, by: str) -> Baton:
+    """Make a paused task active again: the daemon dispatches it at its next look."""
+    if not by.strip():
+        raise BadInput("name who resumes the task (--by NAME)", task=task_id, field="by")
+    with store.edit(task_id, actor=by) as ed:
+        _require(ed, {Status.PAUSED}, "resume")
+        ed.baton.meta.status = Status.ACTIVE
+        ed.baton.meta.snooze_until = None
+        ed.event(EventKind.RESUMED, by=by)
+    return ed.baton
+
+
 def block(
     store: Store, task_id: str, on: str, gate: Gate, *, epoch: int | None = None, actor: str = ""
 ) -> Baton:

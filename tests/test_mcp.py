@@ -251,5 +251,5 @@ class TestWithoutTheSdk:
                               env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir)), stdin=subprocess.DEVNULL)
         assert proc.returncode == 2
         root = Path(__file__).resolve().parent.parent
-        assert proc.stderr == (f"heartbeat: heartbeat mcp needs the MCP SDK 2.x (the mcp extra): {sys.executable} -m pip "
+        assert proc.stderr == (f"heartbeat: mcp needs the MCP SDK 2.x (the mcp extra): {sys.executable} -m pip "
                                f"install -e '{root}[mcp]'\n")

@@ -112,3 +112,40 @@ class TestMissingRoleOrDatabase:
         r = self.run_status(url)
         assert r.code == 1 and f"has no database 'nosuchdb': create it as PostgreSQL's superuser " \
                                f"(sudo -u postgres createdb -O {user} nosuchdb" in r.err, r.err
+
+
+class TestPauseResumeHelp:
+    def test_pause_and_resume(self, hb: HB) -> None:
+        """pause holds an active task (paused, recorded with who), resume makes it active again; resuming
+        an active task is refused in one line."""
+        assert hb("new", "t", "--task", "t", "--step", "s").code == 0
+        assert hb("pause", "t", "--by", "ops", "--reason", "maintenance").code == 0
+        assert show(hb, "t")["meta"]["status"] == "paused"
+        log = hb("log", "t", "--json")
+        assert '"paused"' in log.out and "maintenance" in log.out, log.out
+        row = json.loads(hb("status", "--json").out)["tasks"][0]
+        assert row["state"] == "paused" and "heartbeat resume t" in row["why"]
+        assert hb("resume", "t").code == 0
+        assert show(hb, "t")["meta"]["status"] == "active"
+        r = hb("resume", "t")
+        assert r.code != 0 and r.err.count("\n") == 1 and "cannot resume: the task is active" in r.err, r.err
+
+    def test_help_lists_the_commands_and_one_commands_options(self, hb: HB) -> None:
+        r = hb("help")
+        assert r.code == 0 and "pause" in r.out and "doctor" in r.out and "status" in r.out
+        r = hb("help", "pause")
+        assert r.code == 0 and r.out.startswith("usage: heartbeat pause")
+
+    def test_errors_have_one_prefix(self, hb: HB) -> None:
+        """`heartbeat: pause: ...`, never `heartbeat: heartbeat pause: ...`."""
+        r = hb("pause")
+        assert r.code == 2 and r.err == "heartbeat: pause: the following arguments are required: id\n", r.err
+        r = hb("nosuch")
+        assert r.code == 2 and r.err.startswith("heartbeat: argument COMMAND: invalid choice: 'nosuch'"), r.err
+
+    def test_status_shows_progress_against_the_plan(self, hb: HB) -> None:
+        assert hb("new", "t", "--task", "t", "--step", "a", "--plan", "a", "--plan", "b", "--plan", "c").code == 0
+        assert hb("add", "t", "done", "a").code == 0
+        row = json.loads(hb("status", "--json").out)["tasks"][0]
+        assert row["progress"] == "done 1 of 3"
+        assert "(done 1 of 3) [due: new task, no agent yet] a" in hb("status").out
