@@ -310,12 +310,39 @@ def _row(entry: Any, now: datetime, default_launcher: str, policy: Any = None,
         "attempt": meta.attempt,
         "epoch": meta.epoch,
         "owner": _owner_text(baton),
+        "owner_host": meta.owner.host if meta.owner is not None else "",
         "blocked_on": baton.blocked_on,
         "gate": _gate_text(baton),
         "last_exit": _last_exit(baton),
         "launcher": baton.launcher or default_launcher,
         "waiting": waiting_text(baton, now),
     }
+
+
+def _hosts_of(store: Any) -> dict[str, str]:
+    """Task id -> the host holding its lease on a shared store (empty when it cannot be read)."""
+    from heartbeat.lease import lease_rows
+
+    try:
+        return {task_id: row.host for task_id, row in lease_rows(store).items()}
+    except HeartbeatError:
+        return {}
+
+
+def _daemon_alive(vitals: Any) -> bool:
+    """Whether the daemon that wrote ``vitals`` still runs: its pid alive and started when it said
+    (a reused pid is not it). Another host's daemon cannot be seen from here: counted alive."""
+    from heartbeat.liveness import this_host
+
+    if vitals.host and vitals.host != this_host():
+        return True
+    try:
+        import psutil
+
+        started = psutil.Process(vitals.pid).create_time()
+    except (psutil.Error, ValueError, OSError):
+        return False
+    return abs(started - vitals.started_at) < 30
 
 
 _BADGED = frozenset({State.LAUNCH_FAILING, State.BACKING_OFF, State.ESCALATING, State.RATE_LIMITED,
@@ -464,6 +491,10 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
     from heartbeat.report import build_report
 
     env = _templates()
+    from heartbeat.lease import for_store
+
+    fleet = for_store(store)
+    """A store shared by many hosts: the list has a HOST column."""
     if policy is None:
         from heartbeat.policy import Policy
 
@@ -483,6 +514,8 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         if current is None or current.last_tick_at is None:
             return "no daemon has ticked in this state dir", "alarm"
         ago = max(0.0, now.timestamp() - current.last_tick_at)
+        if vitals is None and not _daemon_alive(current):  # the file of a daemon that is gone
+            return f"daemon not running (stopped {format_duration(ago)} ago)", "alarm"
         return f"daemon pid {current.pid} last ticked {format_duration(ago)} ago", ("alarm" if ago > 300 else "")
 
     def page(request: Request, template: str, status_code: int = 200, *, refresh: bool = True,
@@ -529,6 +562,9 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         statuses = {e.id: e.baton.meta.status for e in entries if e.baton is not None}
         shown = [_row(e, now, default_launcher, policy, statuses.get)
                  for e in matched[(page_no - 1) * per:page_no * per]]
+        hosts = _hosts_of(store) if fleet else {}
+        for row in shown:  # the host holding each task (a fleet's), as `heartbeat status` shows it
+            row["host"] = hosts.get(row["id"], "") or row.get("owner_host", "")
         for row in shown:  # only this page's escalations are read from the ledger
             if row["status"] == Status.ESCALATED.value:
                 found = store.ledger.events(row["id"], kinds=[EventKind.ESCALATED])
@@ -536,7 +572,7 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
                     row["reason"] = str(found[-1].data.get("reason", ""))
                     row["since"], row["since_at"] = _age(now, found[-1].ts), _iso(found[-1].ts)
         keep = {"status": wanted, "q": query, "per": str(per) if per != defaults.WEB_PAGE_SIZE else ""}
-        return page(request, "index.html", title="tasks", rows=shown, counts=counts, total=len(entries),
+        return page(request, "index.html", title="tasks", rows=shown, counts=counts, total=len(entries), fleet=fleet,
                     wanted=wanted, query=query, matched=len(matched), page_no=page_no, pages=pages, per=per,
                     first=(page_no - 1) * per + 1 if shown else 0, last=(page_no - 1) * per + len(shown),
                     prev_link=link(request, "/", **keep, page=str(page_no - 1)) if page_no > 1 else "",

@@ -205,6 +205,9 @@ class TestStatusSaysWhy:
 
         from web_scenario import chromium, start_web
 
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        (failing / "daemon.json").write_text(json.dumps({"pid": dead.pid, "started_at": 1.0, "last_tick_at": 2.0}))
         config = failing.parent / "web.toml"
         config.write_text(f"[daemon]\nstate_dir = {json.dumps(str(failing))}\n")
         web = start_web(types.SimpleNamespace(config=config, env=lambda: dict(os.environ)))  # type: ignore[arg-type]
@@ -214,6 +217,8 @@ class TestStatusSaysWhy:
             assert row, dom[-2000:]
             assert '<span class="badge launch-failing" data-state="launch-failing">launch-failing</span>' in row.group(0)
             assert '<div class="why launch-failing">launch failing: cannot start' in row.group(0)
+            assert re.search(r'<span class="daemon alarm" id="daemon">daemon not running \(stopped \d', dom), \
+                re.search(r'<span class="daemon.*?</span>', dom)
             task = chromium(web.at("tasks/t"))
             assert 'id="why" class="why launch-failing">launch failing: cannot start' in task
             with urllib.request.urlopen(web.at("metrics"), timeout=30) as response:
