@@ -264,6 +264,7 @@ def metas(draw: st.DrawFn, task_id: str | None = None) -> Meta:
         wait_since=draw(maybe_time),
         wait_reason=draw(st.one_of(st.just(""), texts())),
         limit_hits=draw(st.integers(0, 50)),
+        launch_failures=draw(st.integers(0, 50)),
         cost_usd=draw(st.one_of(st.just(0.0), st.floats(0, 1e6, allow_nan=False, allow_infinity=False))),
         owner=draw(st.one_of(st.none(), owners())),
         gate=gate,

@@ -69,7 +69,11 @@ class TestSetup:
         config = target / "heartbeat.toml"
         assert f"wrote {config}" in r.out
         assert oct((target / "state").stat().st_mode & 0o777) == "0o700"
-        r = hb("--config", str(config), "check-config")
+        r = hb("--config", str(config), "check-config")  # the starter's my-agent is a placeholder: named
+        assert r.code == 2 and "launchers.agent.command: 'my-agent' is not on PATH" in r.err, r.err
+        (tmp_path / "my-agent").write_text("#!/bin/sh\n")
+        (tmp_path / "my-agent").chmod(0o755)
+        r = hb("--config", str(config), "check-config", env={"PATH": f"{tmp_path}:{os.environ['PATH']}"})
         assert r.code == 0, r.err
         assert r.out.startswith(f"ok: {config}: state_dir {target / 'state'}")
 
@@ -724,7 +728,7 @@ class TestEdgesFoundUnderAttack:
         assert hb("show", "a", "--state-dir", str(other), "--json").out.count('"step": "two"') == 1
 
     @pytest.mark.parametrize("command,ok", [('["a", "{"]', False), ('["a", "}x"]', False),
-                                           ('["a", "{id"]', False), ('["a", "{{literal}}", "{id}"]', True)])
+                                           ('["a", "{id"]', False), ('["true", "{{literal}}", "{id}"]', True)])
     def test_unbalanced_braces_in_a_command_are_refused(self, hb: Hb, tmp_path: Path, command: str,
                                                         ok: bool) -> None:
         """check-config refuses a lone brace in a launcher's argv; ``{{`` and ``}}`` stay literal braces."""

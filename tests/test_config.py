@@ -79,10 +79,21 @@ class TestExample:
             make_launcher(launcher, path=str(example))
 
     def test_check_config_accepts_it(self, hb: Hb, example: Path) -> None:
-        """`check-config` on the example exits 0 (warning only that the example agents are not installed)."""
+        """`check-config` on the example names the example agents that are not installed (exit 2), and
+        accepts it once they are on PATH (its sandboxed launcher's absolute path aside)."""
         r = hb("--config", str(example), "check-config")
-        assert r.code == 0, r.err
-        assert r.out.startswith(f"ok: {example}: state_dir /var/lib/heartbeat, 4 launcher(s)")
+        assert r.code == 2, r.err
+        assert "launchers.agent.command: 'my-agent' is not on PATH" in r.err
+        assert "launchers.claude.program: 'claude' is not on PATH" in r.err
+        bin_dir = example.parent / "bin"
+        bin_dir.mkdir()
+        for name in ("my-agent", "claude"):
+            (bin_dir / name).write_text("#!/bin/sh\n")
+            (bin_dir / name).chmod(0o755)
+        r = hb("--config", str(example), "check-config", env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+        assert r.err.splitlines() == [f"heartbeat: {example}: launchers.sandboxed.command: '/usr/local/bin/my-agent': "
+                                      "no such file: install it there, or fix the path (every dispatch of this "
+                                      "launcher would fail to launch)"], r.err
 
     def test_every_field_appears_in_it(self) -> None:
         """Every DaemonConfig, LauncherConfig (and per-type option) and command field is a key of the
@@ -191,7 +202,8 @@ class TestErrors:
         assert f"holds [http] token and is readable by others (mode {mode:04o})" in r.err
         assert f"chmod go-r {path}" in r.err and "s3cret" not in r.err
         assert hb("--config", str(_write(path, text, 0o600)), "check-config").code == 0
-        assert hb("--config", str(_write(path, text.replace("s3cret-token", ""), mode)), "check-config").code == 0
+        assert hb("--config", str(_write(path, text.replace("s3cret-token", ""), mode)), "check-config",
+                  env={"HEARTBEAT_WEB_TOKEN": "from-the-unit"}).code == 0
 
     def test_missing_and_special_files(self, hb: Hb, tmp_path: Path) -> None:
         """A config that is missing, a directory or a FIFO is a one-line exit 2, never a hang."""

@@ -242,7 +242,8 @@ class TestWithoutTheSdk:
     """Without the extra installed, `heartbeat mcp` says what to install, in one line."""
 
     def test_one_line_error(self, state_dir: Path) -> None:
-        """The SDK missing (its import made to fail) is exit 2 naming heartbeat[mcp]."""
+        """The SDK missing (its import made to fail) is exit 2 naming the mcp extra and the pip line
+        that installs it from this checkout into this interpreter (not PyPI's unrelated `heartbeat`)."""
         import subprocess
 
         code = ("import sys; sys.modules['mcp'] = None; from heartbeat.cli.main import main; "
@@ -250,4 +251,6 @@ class TestWithoutTheSdk:
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                               env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir)), stdin=subprocess.DEVNULL)
         assert proc.returncode == 2
-        assert proc.stderr == "heartbeat: heartbeat mcp needs the MCP SDK 2.x: pip install 'heartbeat[mcp]'\n"
+        root = Path(__file__).resolve().parent.parent
+        assert proc.stderr == (f"heartbeat: mcp needs the MCP SDK 2.x (the mcp extra): {sys.executable} -m pip "
+                               f"install -e '{root}[mcp]'\n")

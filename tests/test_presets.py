@@ -130,7 +130,7 @@ class TestPresetConfig:
         proc = subprocess.run([sys.executable, "-m", "heartbeat", "--config", str(path), "check-config", "--explain"],
                               capture_output=True, text=True, env=clean_env(), timeout=60)
         r = Result(proc.returncode, proc.stdout, proc.stderr)
-        assert r.code == 0, r.err
+        assert r.code == 2, r.err  # the program is not there (still explained)
         out = r.out
         codex = "/opt/nowhere/codex"
         assert "type: exec (preset codex)" in out and f"program: {codex}" in out
@@ -141,7 +141,7 @@ class TestPresetConfig:
         assert "brief: on stdin" in out and "CODEX_HOME=/srv/codex" in out and "HEARTBEAT_TASK" in out
         assert "session: resume" in out and "max_runtime: 2h" in out
         assert "exit handling:" in out and "thread_id" in out
-        assert f"launchers.a.program: '{codex}' is not on PATH" in r.err
+        assert f"launchers.a.program: '{codex}': no such file" in r.err
 
 
 class TestParseRecordedStreams:

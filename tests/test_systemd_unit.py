@@ -59,7 +59,7 @@ def installed_heartbeat() -> str:
 def runnable_unit(tmp_path: Path) -> Path:
     """The shipped unit, byte for byte, except ExecStart points at this venv's heartbeat (verify checks it exists)."""
     text = UNIT.read_text()
-    assert text.count(SHIPPED_EXEC) == 1
+    assert text.count(SHIPPED_EXEC) == 2  # ExecStart, and ExecReload's check-config
     copy = tmp_path / "heartbeat.service"
     copy.write_text(text.replace(SHIPPED_EXEC, installed_heartbeat()))
     return copy
@@ -105,7 +105,9 @@ class TestContract:
         expected = {
             "Type": ["notify"],
             "NotifyAccess": ["main"],
-            "ExecReload": ["/bin/kill -HUP $MAINPID"],
+            # check-config first: a broken config fails the reload itself (issue 26, item 4)
+            "ExecReload": ["/usr/local/bin/heartbeat --config /etc/heartbeat/heartbeat.toml check-config",
+                           "/bin/kill -HUP $MAINPID"],
             "KillMode": ["process"],
             "Restart": ["on-failure"],
             "User": ["heartbeat"],
@@ -201,7 +203,7 @@ class TestStrictUnit:
     def test_verify_is_clean(self, tmp_path: Path) -> None:
         """systemd-analyze verify accepts the strict unit (ExecStart pointed at this venv) with no warning about it."""
         text = STRICT_UNIT.read_text()
-        assert text.count(SHIPPED_EXEC) == 1
+        assert text.count(SHIPPED_EXEC) == 2  # ExecStart, and ExecReload's check-config
         copy = tmp_path / STRICT_UNIT.name
         copy.write_text(text.replace(SHIPPED_EXEC, installed_heartbeat()))
         proc = subprocess.run([tool("systemd-analyze"), "verify", "--man=no", str(copy)],

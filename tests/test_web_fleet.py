@@ -151,3 +151,49 @@ class TestHostsView:
             server.stop()
         code, body, _ = get(fleet.at("hosts"))  # a file store
         assert code == 200 and "file store" in body and '<table id="hosts">' not in body
+
+
+class TestHostColumn:
+    def test_the_list_names_each_tasks_host_on_a_shared_store(self, tmp_path_factory: pytest.TempPathFactory,
+                                                               pg_url: str) -> None:
+        """On PostgreSQL the task list has a Host column, as `heartbeat status` has HOST (issue 26, item 5);
+        a task no host holds says "-"."""
+        from heartbeat.model.baton import Owner
+        from heartbeat.store.postgres.store import PostgresStore
+        from heartbeat.tasks import verbs as tasks
+
+        store = PostgresStore(pg_url)
+        try:
+            tasks.new_task(store, "held", task="held", step="s")
+            tasks.new_task(store, "free", task="free", step="s")
+            with store.edit("held") as ed:
+                ed.baton.meta.owner = Owner(pid=4242, host="host-a", how="dispatch", launcher="toy")
+        finally:
+            store.close()
+        root = tmp_path_factory.mktemp("hostcol")
+        root.chmod(0o700)
+        h = DaemonHarness(root)
+        server = start_web(h, env={"HEARTBEAT_STORE_URL": pg_url})
+        try:
+            dom = chromium(server.at())
+            assert "<th>Host</th>" in dom
+            held = re.search(r'<tr data-task="held">.*?</tr>', dom, re.S)
+            free = re.search(r'<tr data-task="free">.*?</tr>', dom, re.S)
+            assert held and 'data-host="host-a">host-a</td>' in held.group(0), held
+            assert free and 'data-host="">-</td>' in free.group(0), free
+        finally:
+            server.stop()
+        fleet_dom = chromium(start_file_web(tmp_path_factory))
+        assert "<th>Host</th>" not in fleet_dom  # one host: no column
+
+
+def start_file_web(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("onehost")
+    root.chmod(0o700)
+    h = DaemonHarness(root)
+    h.new("t")
+    server = start_web(h)
+    try:
+        return chromium(server.at())
+    finally:
+        server.stop()

@@ -134,3 +134,11 @@ def _cycle(baton: Any, batons: dict[str, Any]) -> list[str]:
         return batons[task_id]
 
     return held_in_cycle(baton.meta.id, load)
+
+
+def _progress(baton: Any) -> str:
+    """"done k of n" against the plan (k: the plan's steps in ``done``), or ``""`` without a plan."""
+    if not baton.plan:
+        return ""
+    done = set(baton.done)
+    return f"done {sum(1 for step in baton.plan if step in done)} of {len(baton.plan)}"

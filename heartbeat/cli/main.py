@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from heartbeat.cli.common import _refuse_foreign
-from heartbeat.cli.parser import _command_in, _hoist_global_options, _hot_args, build_parser
+from heartbeat.cli.parser import _command_in, _help, _hoist_global_options, _hot_args, build_parser
 from heartbeat.model.errors import EXIT_BAD_INPUT, EXIT_ERROR, BadInput, HeartbeatError
 
 __all__ = ["main"]
@@ -34,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from heartbeat.integrations.hooks import hook_main
 
             return hook_main(rest)
+        if _command_in(argv) == "help":
+            return _help(argv[argv.index("help") + 1:])
         _check_utf8(argv)
         args = _hot_args(argv)
         if args is None:
@@ -44,8 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_BAD_INPUT
         _refuse_foreign(args)
         return int(args.func(args))
-    except HeartbeatError as exc:
-        print(f"heartbeat: {exc}", file=sys.stderr)
+    except HeartbeatError as exc:  # one prefix: a message that names the command already is not doubled
+        print(f"heartbeat: {str(exc).removeprefix('heartbeat ')}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

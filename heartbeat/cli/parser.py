@@ -4,6 +4,7 @@ and the parser of every command."""
 from __future__ import annotations
 
 import functools
+import sys
 import types
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -27,7 +28,8 @@ def _parser_class() -> type[argparse.ArgumentParser]:
 
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> Any:  # one line, exit 2, as every other bad input
-            raise BadInput(f"{self.prog}: {message}")
+            command = self.prog.removeprefix("heartbeat").strip()  # main prints the one "heartbeat: "
+            raise BadInput(f"{command}: {message}" if command else message)
 
     return Parser
 
@@ -195,6 +197,18 @@ def _ordered_action() -> Any:
     return Ordered
 
 
+def cmd_help(args: argparse.Namespace) -> int:
+    return _help([])
+
+
+def _help(rest: Sequence[str]) -> int:
+    """``heartbeat help``: every command; ``help COMMAND``: its options (as ``COMMAND --help``), on stdout."""
+    if rest:
+        build_parser(rest[0]).parse_args([rest[0], "--help"])  # prints and exits 0; an unknown one: exit 2
+    build_parser().print_help(sys.stdout)
+    return 0
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser; ``only`` builds just that command's subparser (argparse spends
     milliseconds per subparser, and an agent's ``touch`` should not pay for all of them)."""
@@ -228,6 +242,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = command("check-config", "state.cmd_check_config", "validate the config", task=False)
     p.add_argument("--explain", action="store_true",
                    help="print each launcher as it will run: program, argv, brief, env, session, exit handling")
+    command("doctor", "state.cmd_doctor", "check, as this user, what the config cannot say: the state dir, the "
+            "daemon, the hooks", task=False)
     p = command("run", "serve.cmd_run", "the daemon (what systemd starts)", task=False)
     p.add_argument("--dry-run", action="store_true", help="decide and log, but launch nothing")
     p.add_argument("--once", action="store_true", help="one tick, then exit")
@@ -293,6 +309,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = command("retry", "tasks.cmd_retry", "re-arm an escalated or failed task")
     p.add_argument("--by", required=True, help="who")
     p.add_argument("--note")
+    p = command("pause", "tasks.cmd_pause", "hold a task: nothing is dispatched until `resume` (a running agent is "
+                "stopped after inactive_grace)")
+    p.add_argument("--by", help="who (default: your login name)")
+    p.add_argument("--reason")
+    p = command("resume", "tasks.cmd_resume", "make a paused task active again")
+    p.add_argument("--by", help="who (default: your login name)")
+    command("help", cmd_help, "this list, or `help COMMAND`: that command's options", task=False)
     command("status", "watch.cmd_status", "one row per task", task=False, json_=True)
     p = command("pipeline", "tasks.cmd_pipeline", "create a chain or DAG of tasks from a TOML file", task=False)
     p.add_argument("action", choices=["new"], help="new")
@@ -324,15 +347,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                    "the project's")
     p.add_argument("--mcp", action="store_true", help="claude: also register `heartbeat mcp` in the project's .mcp.json")
     p.add_argument("--task", help="pin the task id (else $HEARTBEAT_TASK or the workdir decides)")
-    command("mcp", "serve.cmd_mcp", "serve the batons over MCP on stdio (needs heartbeat[mcp])", task=False)
-    p = command("web", "serve.cmd_web", "the read-only status page (needs heartbeat[web])", task=False)
+    command("mcp", "serve.cmd_mcp", "serve the batons over MCP on stdio (needs the mcp extra)", task=False)
+    p = command("web", "serve.cmd_web", "the read-only status page (needs the web extra)", task=False)
     p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8787; a token is required) or unix:PATH "
                    "(a 0600 socket; relative: in the state dir)")
     p.add_argument("--token", help="require this token (else $HEARTBEAT_WEB_TOKEN): Authorization: Bearer, or ?token=")
     p.add_argument("--allow-host", action="append", metavar="NAME",
                    help="also answer requests for this host name (else [http] allowed_hosts); repeatable")
     p = command("metrics", "serve.cmd_metrics",
-                "Prometheus metrics, printed or written for node_exporter (needs heartbeat[web])", task=False)
+                "Prometheus metrics, printed or written for node_exporter (needs the web extra)", task=False)
     p.add_argument("--textfile", help="write them atomically to this file (name it *.prom, in the collector's dir)")
     p = command("gc", "state.cmd_gc", "bounded disk: prune old epochs' logs, archive long-done tasks, fold touches "
                 "([retention])", task=False, json_=True)

@@ -32,8 +32,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    import shutil
-
+    from heartbeat.config.check import problems
     from heartbeat.config.load import find_config, load_config
 
     path = find_config(args.config)
@@ -50,17 +49,18 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             print(f"heartbeat: warning: {path}: launchers.{launcher.name}.command: {program!r} is a relative "
                   "path, found in each task's working directory, which a baton chooses: use an absolute path",
                   file=sys.stderr)
-        elif program and not shutil.which(program) and not os.path.isfile(program):
-            print(f"heartbeat: warning: {path}: launchers.{launcher.name}.{'program' if launcher.preset else 'command'}: "
-                  f"{program!r} is not on PATH", file=sys.stderr)
-    print(f"ok: {path}: state_dir {config.state_dir}, {len(config.launchers)} launcher(s), "
-          f"{len(config.checks)} check(s), {len(config.notify)} notifier(s)")
+    found = problems(config)
+    for problem in found:  # each its own line, the key and the fix in it, as the config's own errors
+        print(f"heartbeat: {problem.line(path)}", file=sys.stderr)
+    if not found:
+        print(f"ok: {path}: state_dir {config.state_dir}, {len(config.launchers)} launcher(s), "
+              f"{len(config.checks)} check(s), {len(config.notify)} notifier(s)")
     if getattr(args, "explain", False):
         from heartbeat.presets.registry import explain
 
         for launcher in config.launchers.values():
             print("\n".join(explain(launcher)))
-    return 0
+    return 2 if found else 0
 
 
 def cmd_db(args: argparse.Namespace) -> int:
@@ -73,7 +73,9 @@ def cmd_db(args: argparse.Namespace) -> int:
     try:
         from heartbeat.store.postgres import connection, schema
     except ImportError:
-        raise BadInput("a PostgreSQL store needs the extra heartbeat[postgres]: pip install 'heartbeat[postgres]'") from None
+        from heartbeat.system.extras import Extra, install_hint
+
+        raise BadInput(f"a PostgreSQL store needs the postgres extra: {install_hint(Extra.POSTGRES)}") from None
     ours = schema.SCHEMA_VERSION
     if args.action == "upgrade":
         before, after = schema.upgrade(url)
@@ -206,3 +208,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from heartbeat.ops.demo import run_demo
 
     return run_demo(args)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from heartbeat.cli.doctor import run_from_cli
+
+    return run_from_cli(args)

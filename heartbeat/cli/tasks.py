@@ -244,6 +244,34 @@ def cmd_retry(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pause(args: argparse.Namespace) -> int:
+    from heartbeat.tasks import verbs as tasks
+
+    tasks.pause(_store(args), args.id, by=args.by or _login(), reason=args.reason or "")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from heartbeat.tasks import verbs as tasks
+
+    tasks.resume(_store(args), args.id, by=args.by or _login())
+    return 0
+
+
+
+
+
+
+def _login() -> str:
+    """Who a person's command is by when ``--by`` is not given: the login name."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
+
+
 # -- commands: reading -------------------------------------------------------------------
 
 
@@ -252,6 +280,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     sys.stdout.write(show_text(_store(args, read=True), _where(args)[0], args.id, as_json=args.json))
     return 0
+
+
+
+
 
 
 def cmd_pipeline(args: argparse.Namespace) -> int:

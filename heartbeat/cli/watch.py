@@ -8,12 +8,13 @@ from heartbeat.model.errors import BadInput
 
 if TYPE_CHECKING:
     import argparse  # imported where used: argparse (with gettext) costs an agent's write more than it uses
-from heartbeat.cli.common import _age, _cycle, _missing_upstreams, _print_json, _store
+from heartbeat.cli.common import _age, _cycle, _missing_upstreams, _print_json, _progress, _store
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from heartbeat.model.policy import waiting_text
     from heartbeat.model.timeparse import utcnow
+    from heartbeat.reports.why import FAILING_STATES, why
 
     store = _store(args, read=True)
     entries = store.scan()
@@ -21,6 +22,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     leases = _lease_rows(store)
     ids = {entry.id for entry in entries}
     batons = {entry.id: entry.baton for entry in entries if entry.baton is not None}
+    statuses = {entry.id: entry.baton.meta.status for entry in entries if entry.baton is not None}
+    policy = _status_policy(args)
     rows = []
     for entry in entries:
         if entry.baton is None:
@@ -29,6 +32,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             continue
         meta = entry.baton.meta
         last = meta.touched_at or meta.updated_at
+        state = why(entry.baton, now, policy, statuses.get)
         rows.append({
             "id": entry.id,
             "status": meta.status.value,
@@ -40,7 +44,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             "owner_pid": meta.owner.pid if meta.owner else None,
             "blocked_on": entry.baton.blocked_on,
             "waiting": waiting_text(entry.baton, now),
-            "error": None,
+            "state": state.state.value,
+            "why": state.text,
+            "last_failure": meta.last_failure,
+            "progress": _progress(entry.baton),
+            "error": state.text if state.state in FAILING_STATES else None,
             "after": list(entry.baton.after),
             "missing_upstreams": _missing_upstreams(entry.baton, ids),
             "cycle": _cycle(entry.baton, batons),
@@ -68,14 +76,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     for r in rows:
         step = r["error"] if r["status"] == "invalid" else (
             f"{r['step']}  [blocked on: {r['blocked_on']}]" if r["blocked_on"] else
-            f"[{r['waiting']}] {r['step']}" if r.get("waiting") else r["step"])
+            f"[{r['why']}] {r['step']}" if r.get("why") and r["status"] == "active" else r["step"])
         if r.get("missing_upstreams"):
             step += f"  [held: upstream {', '.join(r['missing_upstreams'])} does not exist]"
         if r.get("cycle"):
             from heartbeat.tasks.handoff import show_chain
 
             step += f"  [held: a cycle of after, {show_chain(r['cycle'])}]"
-        cols = [cells[id(r)], r["status"], "-" if r["attempt"] is None else str(r["attempt"]),
+        if r.get("progress"):
+            step = f"({r['progress']}) {step}"
+        shown = r["state"] if r["status"] == "active" and r.get("state") not in (None, "running", "due") else r["status"]
+        cols = [cells[id(r)], shown, "-" if r["attempt"] is None else str(r["attempt"]),
                 "-" if r["epoch"] is None else str(r["epoch"]), "-" if r["age_s"] is None else _age(r["age_s"])]
         if leases is not None:
             cols += [r.get("host") or "-", _lease_cell(r.get("lease_s"))]
@@ -150,3 +161,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         print(report.render_text())
     return 0
+
+
+def _status_policy(args: argparse.Namespace) -> Any:
+    """The retry knobs ``why`` reads, from the config when one is found."""
+    from heartbeat.config.load import readable_config
+    from heartbeat.reports.why import policy_for
+
+    return policy_for(readable_config(getattr(args, "config", None)))

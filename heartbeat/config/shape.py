@@ -170,7 +170,7 @@ class HooksConfig:
 
 @dataclass(frozen=True)
 class HttpConfig:
-    """``[http]``: the status page and ``/metrics`` served by ``heartbeat run`` (needs heartbeat[web])."""
+    """``[http]``: the status page and ``/metrics`` served by ``heartbeat run`` (needs the web extra)."""
 
     listen: str = ""
     """``HOST:PORT`` or ``unix:PATH`` (relative: in the state dir); empty: no server in the daemon."""

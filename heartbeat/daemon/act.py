@@ -20,7 +20,7 @@ from heartbeat.daemon.shared import Shared
 from heartbeat.launchers.liveness import is_alive
 from heartbeat.model import defaults
 from heartbeat.model import policy as pol
-from heartbeat.model.baton import Baton, Gate, GateKind, Owner, OwnerKind, Status
+from heartbeat.model.baton import Baton, Gate, GateKind, Meta, Owner, OwnerKind, Status
 from heartbeat.model.errors import Busy, Conflict, HeartbeatError, NotActive, NotFound
 from heartbeat.model.ledger import Event, EventKind
 from heartbeat.model.timeparse import utcnow
@@ -138,14 +138,18 @@ class Actor:
         obs_code = None
         obs_signal = None
         lease_lapsed = False
+        launch_error = ""
         launcher = sh.launcher_named(owner.launcher) if owner else None
         if launcher is not None and owner is not None and owner.how == OwnerKind.DISPATCH:
             status = launcher.exit_status(owner, sh.layout.exit(baton.id, meta.epoch))
             if status is not None:
-                obs_code, obs_signal, lease_lapsed = status.code, status.signal, status.lease_lapsed
+                obs_code, obs_signal = status.code, status.signal
+                lease_lapsed, launch_error = status.lease_lapsed, status.launch_error
         lease_lapsed = lease_lapsed or (self.lease is not None and self.lease.stopped_for_lease(baton.id, meta.epoch))
         stop = self.stops.get(baton.id) or StopMemory()
         kind = d.exit_kind or pol.ExitKind.FAILED
+        if launch_error and kind is pol.ExitKind.FAILED:  # its program never ran: not the agent's failure
+            kind = pol.ExitKind.LAUNCH_FAILED
         if stop.why is pol.StallReason.INACTIVE:  # stopped because its task was no longer active: not a failed attempt
             kind = pol.ExitKind.FINISHED
         elif lease_lapsed and kind is not pol.ExitKind.FINISHED:  # stopped for its host's lease: not its own end
@@ -155,7 +159,9 @@ class Actor:
         if not ran_for_observed:  # a wall-clock difference across a possible step: not stated as fact
             duration = None
         progressed = kind is pol.ExitKind.SHIFT_END
-        if stop.reason:
+        if kind is pol.ExitKind.LAUNCH_FAILED:
+            reason = launch_error
+        elif stop.reason:
             reason = f"stopped: {stop.reason}"
         elif kind is pol.ExitKind.LEASE_LAPSED:
             reason = "stopped by its shim: its host's lease lapsed unrenewed (the database out of reach, or the host paused)"
@@ -193,7 +199,8 @@ class Actor:
                 m.session, m.session_resumes = "", 0
             ed.event(EventKind.EXITED, code=obs_code, signal=obs_signal, pid=owner.pid if owner else None,
                      duration_s=round(duration, 3) if duration is not None else None, progress=progressed,
-                     kind=kind.value, **(info.event_data() if info is not None else {}), **unnoted)
+                     kind=kind.value, **(info.event_data() if info is not None else {}), **unnoted,
+                     **({"error": launch_error} if kind is pol.ExitKind.LAUNCH_FAILED else {}))
             if info is not None and info.cost_usd:  # capped: an agent's output must not make its baton unreadable
                 m.cost_usd = min(round(m.cost_usd + info.cost_usd, 6), float(2**53))
             if kind is pol.ExitKind.RATE_LIMITED:
@@ -204,6 +211,10 @@ class Actor:
             else:
                 m.wait_until = m.wait_since = None
                 m.wait_reason, m.limit_hits = "", 0
+            if kind is pol.ExitKind.LAUNCH_FAILED:
+                count_launch_failure(m, reason)
+            else:
+                m.launch_failures = 0
             if kind is pol.ExitKind.IDLE:
                 m.idle_resumes += 1
                 m.last_failure = f"{refused} ({reason})" if refused else f"{pol.IDLE_FAILURE} ({reason})"
@@ -219,7 +230,8 @@ class Actor:
                 m.blocked_at = now
                 m.last_failure = reason
                 ed.event(EventKind.BLOCKED, on=ed.baton.blocked_on, gate="human")
-            if kind not in (pol.ExitKind.FINISHED, pol.ExitKind.RATE_LIMITED) and m.status is Status.ACTIVE:
+            if kind not in (pol.ExitKind.FINISHED, pol.ExitKind.RATE_LIMITED, pol.ExitKind.LAUNCH_FAILED) \
+                    and m.status is Status.ACTIVE:
                 ed.event(EventKind.STALLED, why=stop_why or d.stalled_why or pol.StallReason.EXITED)
         stop.reason = ""
         stop.why = None
@@ -591,9 +603,9 @@ class Actor:
                 ed.baton.meta.owner = None
                 ed.baton.meta.ended_at = now
                 ed.baton.meta.last_exit = None
-                ed.baton.meta.last_failure = f"launch failed: {error}"
+                count_launch_failure(ed.baton.meta, error)
                 ed.event(EventKind.EXITED, code=None, signal=None, pid=None, duration_s=0, progress=False,
-                         kind=pol.ExitKind.FAILED, error=error)
+                         kind=pol.ExitKind.LAUNCH_FAILED, error=error)
         except HeartbeatError:
             pass
 
@@ -648,6 +660,14 @@ def judge_result(info: ResultInfo | None, kind: pol.ExitKind, reason: str, launc
     if info.is_error and kind in (pol.ExitKind.SHIFT_END, pol.ExitKind.IDLE, pol.ExitKind.FAILED):
         return pol.ExitKind.FAILED, f"{reason}: {info.reason or 'the agent reported an error'}", ""
     return kind, reason, ""
+
+
+def count_launch_failure(meta: Meta, error: str) -> None:
+    """A launch that never ran the agent: give back the attempt its dispatch counted (the agent did
+    not fail) and count it among the launches failing in a row, which back off and escalate alone."""
+    meta.attempt = max(0, meta.attempt - 1)
+    meta.launch_failures += 1
+    meta.last_failure = f"{pol.LAUNCH_FAILURE}{error}"
 
 
 def dispatchable(baton: Baton) -> bool:

@@ -87,8 +87,15 @@ class LeasePart:
         return self.lease.stood_down
 
     def before_pass(self) -> None:
+        self.take_over()
+
+    def take_over(self) -> None:
+        """Take over the tasks of hosts whose lease expired (within the free capacity) and have each
+        looked at at once: before a pass, and after each renewal, so a lost host's tasks move on
+        within ``lease_ttl`` and a renewal interval whatever the tick (any thread)."""
         for taken in self.lease.take_over(self.shared.config.daemon.max_concurrent - len(self.shared.running)):
             self.vitals.took_over(taken.from_host)
+            self.shared.pokes.poke_now(taken.task)
 
     def after_scan(self, entries: Any) -> None:
         self.lease.observe(entries)
@@ -171,6 +178,11 @@ class LeasePart:
             ok = False
         if not self.lease.stood_down:
             self.vitals.renewal(ok)
+        if ok and not self.lease.stood_down:
+            try:
+                self.take_over()
+            except Exception as exc:  # as the renewal: the job must keep running
+                self.shared.log.exception("take_over_failed", error=repr(exc))
 
     def unreachable(self, exc: BaseException) -> None:
         self.vitals.renewal(False)

@@ -177,12 +177,12 @@ class Daemon:
             new = load_config(config.path)
         except HeartbeatError as exc:
             self.log.error("reload_failed", error=str(exc), keeping=config.path)
-            systemd.notify("READY=1")
+            systemd.notify("READY=1", _refused(str(exc)))
             return False
         if new.state_dir != config.state_dir:
             self.log.error("reload_failed", error="state_dir cannot change on reload; restart the daemon",
                            keeping=config.path)
-            systemd.notify("READY=1")
+            systemd.notify("READY=1", _refused("state_dir cannot change on reload; restart the daemon"))
             return False
         old_tick = config.daemon.tick
         # A pass in progress holds the lock (a first pass over a backlog can take seconds on a
@@ -527,3 +527,8 @@ def hold_daemon_lock(state_dir: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _refused(error: str) -> str:
+    """The ``STATUS=`` of a refused reload: the daemon runs on as before, not on the broken file."""
+    return f"STATUS=reload refused, running on the config loaded before: {' '.join(error.split())[:400]}"

@@ -12,7 +12,7 @@ its exit code, ``... (exit 5)``. ``verify`` answers its code as data (0 fresh, 3
 ``baton://{id}`` is the baton's TOML.
 
 Built on the official Python SDK, ``mcp`` 2.x (``MCPServer``; 1.x called it ``FastMCP``),
-installed by the ``heartbeat[mcp]`` extra. 2.x is pinned because its ``ToolError`` carries
+installed by the ``mcp`` extra. 2.x is pinned because its ``ToolError`` carries
 the message to the client, while a plain exception reaches it only as "Error executing tool".
 """
 
@@ -76,7 +76,9 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
         from mcp.server.mcpserver import MCPServer
         from mcp.server.mcpserver.exceptions import ResourceError, ToolError
     except ImportError:
-        raise BadInput("heartbeat mcp needs the MCP SDK 2.x: pip install 'heartbeat[mcp]'") from None
+        from heartbeat.system.extras import Extra, install_hint
+
+        raise BadInput(f"heartbeat mcp needs the MCP SDK 2.x (the mcp extra): {install_hint(Extra.MCP)}") from None
     from pydantic import ValidationError
 
     from heartbeat.api import epoch_from_env

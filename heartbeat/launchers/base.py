@@ -97,6 +97,8 @@ class ExitStatus:
     ended_at: datetime | None
     lease_lapsed: bool = False
     """Its shim stopped it because its host's lease lapsed (``"stopped": "lease"``): not its own end."""
+    launch_error: str = ""
+    """The agent never ran: why its program could not be started (the shim's reason)."""
 
 
 @runtime_checkable
@@ -369,8 +371,10 @@ def read_exit_file(path: str) -> ExitStatus | None:
             ended_at = datetime.fromisoformat(ended)
         except ValueError:
             ended_at = None
+    launch_error = doc.get("launch_error")
+    why = " ".join(launch_error.split())[:512] if isinstance(launch_error, str) else ""
     return ExitStatus(code=as_int(code), signal=as_int(sig), ended_at=ended_at,
-                      lease_lapsed=doc.get("stopped") == "lease")
+                      lease_lapsed=doc.get("stopped") == "lease", launch_error=why)
 
 
 _COPY_CHUNK = 1 << 20

@@ -61,8 +61,20 @@ def shim_command(config: LauncherConfig, exit_file: str, argv: list[str],
     lease = ["--lease", lease_file] if lease_file else []
     if lease_file and lease_ttl > 0:
         lease += ["--ttl", f"{lease_ttl:g}"]
-    return [sys.executable, "-I", "-S", os.path.abspath(shim.__file__), "--grace", grace, *unset, *lease, exit_file,
-            "--", *argv]
+    return [sys.executable, "-I", "-S", shim_path(), "--grace", grace, *unset, *lease, exit_file, "--", *argv]
+
+
+def shim_path() -> str:
+    """The shim's file, as this process imported it; :class:`LaunchError` saying "restart the daemon"
+    when it is gone (heartbeat was reinstalled or moved under the running daemon: every agent
+    would otherwise die at once with python's "can't open file")."""
+    path = os.path.abspath(shim.__file__)
+    gone = next((p for p in (path, sys.executable) if not os.path.isfile(p)), "")
+    if gone:
+        raise LaunchError(f"heartbeat's own files moved under this running daemon ({gone} is gone: heartbeat was "
+                          "reinstalled or moved): restart the daemon (systemctl restart heartbeat) so it runs from "
+                          "where heartbeat is now")
+    return path
 
 
 def _stdin_for(config: LauncherConfig, req: LaunchRequest) -> IO[bytes] | int:

@@ -37,7 +37,9 @@ is an agent the thaw lets run before its shim gets the CPU, for those moments: i
 refused by its lapsed epoch (the fence), not by this watch.
 
 An agent that cannot be started is recorded as code 127 (no such program) or 126 (not
-executable), with one line on stderr, which the launcher points at the task's log.
+executable) with its reason in the record's ``launch_error`` (the daemon counts it a failed
+launch, not a failed run of the agent), and one line on stderr, which the launcher points at
+the task's log.
 
 The shim lives as long as the agent, so it imports only a few standard modules and
 nothing from heartbeat: it can run as a plain script, unaffected by the agent's
@@ -68,6 +70,9 @@ default lives here, not in defaults.py)."""
 LEASE_PAUSED = 1.0
 """Seconds a lease watch may oversleep its poll before the shim calls it a pause (SIGSTOP, a frozen
 container or VM) in the line it writes."""
+
+LAUNCH_ERROR_MAX = 512
+"""Bytes of the reason an agent could not be started that the exit record keeps."""
 
 LEASE_MAX_BYTES = 4096
 """A lease file is a few dozen bytes; more is not one the daemon wrote."""
@@ -196,13 +201,17 @@ def _write_record(path: str, record: dict[str, object]) -> None:
         pass
 
 
-def write_exit_file(path: str, code: int | None, sig: int | None, ended_at: float, *, stopped: str = "") -> None:
+def write_exit_file(path: str, code: int | None, sig: int | None, ended_at: float, *, stopped: str = "",
+                    launch_error: str = "") -> None:
     """Write the exit record atomically; ``stopped`` says why the shim stopped the agent ("lease":
-    its host's lease lapsed), so the daemon does not take the end for the agent's own."""
+    its host's lease lapsed), so the daemon does not take the end for the agent's own;
+    ``launch_error``: the agent never ran, and why."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ended_at)) + f".{int(ended_at % 1 * 1e6):06d}Z"
     record: dict[str, object] = {"code": code, "signal": sig, "ended_at": stamp}
     if stopped:
         record["stopped"] = stopped
+    if launch_error:
+        record["launch_error"] = launch_error
     _write_record(path, record)
 
 
@@ -239,25 +248,52 @@ def _swallow(signum: int, frame: object) -> None:
     """A handler, not SIG_IGN: handled signals reset to default in the child at exec."""
 
 
-def _spawn(argv: list[str]) -> int:
-    """Fork and exec the agent in our process group; return its pid."""
+def _spawn(argv: list[str]) -> tuple[int, str]:
+    """Fork and exec the agent in our process group; return its pid, and why it could not be
+    started (``""`` when it was). The child reports an ``execvp`` failure over a close-on-exec
+    pipe, so the read below ends at the exec (EOF) or with the reason: the record can say the
+    agent never ran, which no exit code can (an agent may exit 127 itself)."""
+    rfd, wfd = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid:
-        return pid
+        os.close(wfd)
+        return pid, _read_launch_error(rfd)
     try:
+        os.close(rfd)
         # Python ignores SIGPIPE and SIGXFSZ for itself; the agent gets the defaults.
         for signum in (*_SWALLOWED, signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(signum, signal.SIG_DFL)
         os.execvp(argv[0], argv)
     except OSError as exc:
         code = 127 if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 126
+        reason = f"cannot start {argv[0]!r}: {exc.strerror}"
         try:
-            os.write(2, f"heartbeat shim: cannot start {argv[0]!r}: {exc.strerror}\n".encode(errors="replace"))
+            os.write(2, f"heartbeat shim: {reason}\n".encode(errors="replace"))
+            os.write(wfd, reason.encode(errors="replace")[:LAUNCH_ERROR_MAX])
         finally:
             os._exit(code)
     except BaseException:
         os._exit(127)
     os._exit(127)  # unreachable: execvp returns only by raising
+
+
+def _read_launch_error(fd: int) -> str:
+    """What the child wrote before its exec failed; ``""`` once the exec closed the pipe."""
+    chunks = []
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, LAUNCH_ERROR_MAX)
+            except InterruptedError:
+                continue
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return b"".join(chunks)[:LAUNCH_ERROR_MAX].decode(errors="replace")
 
 
 def _wait(pid: int) -> tuple[int | None, int | None]:
@@ -530,7 +566,7 @@ def main(args: list[str] | None = None) -> int:
     except OSError:
         pass  # the record writes will say what is wrong
     _write_pid_file(exit_file)
-    pid = _spawn(argv)
+    pid, launch_error = _spawn(argv)
     watch = _LeaseWatch(lease, grace, ttl=ttl, agent=pid) if lease else None
     if watch is not None:  # started after the fork: the agent's process has no thread of ours
         watch.start()
@@ -542,7 +578,8 @@ def main(args: list[str] | None = None) -> int:
     _stop_leftovers(grace)
     try:
         write_exit_file(exit_file, code, sig, ended_at,
-                        stopped="lease" if watch is not None and watch.kill_at is not None else "")
+                        stopped="lease" if watch is not None and watch.kill_at is not None else "",
+                        launch_error=launch_error)
     except OSError as exc:
         _say(f"heartbeat shim: cannot write {exit_file}: {exc.strerror}\n")
         if sig is not None:  # no record (a full disk): our own end tells the daemon the agent's signal

@@ -319,6 +319,9 @@ class Meta:
     """What the agent's CLI said about the limit, one line."""
     limit_hits: int = 0
     """Rate-limited runs in a row (the backoff when the CLI names no reset)."""
+    launch_failures: int = 0
+    """Launches in a row whose agent never ran (its program missing, not executable, no workdir):
+    their backoff and escalation, apart from the agent's own ``attempt``."""
     cost_usd: float = 0.0
     """What the task's runs have cost so far, summed from their result lines (``max_cost_usd``)."""
     owner: Owner | None = None
@@ -466,6 +469,8 @@ def _meta_to_dict(meta: Meta) -> dict[str, Any]:
         out["wait_reason"] = meta.wait_reason
     if meta.limit_hits:
         out["limit_hits"] = meta.limit_hits
+    if meta.launch_failures:
+        out["launch_failures"] = meta.launch_failures
     if meta.cost_usd:
         out["cost_usd"] = meta.cost_usd
     out.update(meta.extra)
@@ -710,6 +715,7 @@ def _meta_from_dict(r: _Reader, doc: dict[str, Any], expected_id: str | None) ->
     meta.session_resumes = r.integer(doc, "session_resumes", "meta.session_resumes", 0) or 0
     meta.wait_reason = r.string(doc, "wait_reason", "meta.wait_reason")
     meta.limit_hits = r.integer(doc, "limit_hits", "meta.limit_hits", 0) or 0
+    meta.launch_failures = r.integer(doc, "launch_failures", "meta.launch_failures", 0) or 0
     meta.cost_usd = r.number(doc, "cost_usd", "meta.cost_usd") or 0.0
     if meta.cost_usd < 0:
         raise r.fail("meta.cost_usd", f"must not be negative, got {meta.cost_usd}")

@@ -40,6 +40,8 @@ class EventKind(StrEnum):
     RELEASED = "released"
     SNOOZED = "snoozed"
     WOKE = "woke"
+    PAUSED = "paused"
+    RESUMED = "resumed"
     BLOCKED = "blocked"
     UNBLOCKED = "unblocked"
     BYPASS = "bypass"

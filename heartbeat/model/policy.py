@@ -91,6 +91,8 @@ class ExitKind(StrEnum):
     NON_RETRYABLE = "non-retryable"  # the launcher says a human is needed
     RATE_LIMITED = "rate-limited"  # refused by a rate or usage limit: the task waits for it, no attempt spent
     LEASE_LAPSED = "lease-lapsed"  # stopped because its host's lease lapsed (an outage, a pause): no attempt spent
+    LAUNCH_FAILED = "launch-failed"  # the agent never ran (no program, not executable, no workdir): its own
+    # backoff and escalation count (``meta.launch_failures``), no attempt of the agent spent
     FINISHED = "finished"  # the task is done/failed/escalated (or the daemon stopped the agent of a task
     # that was no longer active): nothing follows, no attempt is counted as failed
 
@@ -392,6 +394,10 @@ def _due(baton: Baton, now: datetime, policy: Policy) -> Decision:
             return Decision(Action.ESCALATE, f"rate limited until {meta.wait_until.isoformat(timespec='seconds')}, "
                             f"past max_limit_wait ({format_duration(policy.max_limit_wait)}){said}")
         return Decision(Action.NOTHING, waiting_text(baton, now) + said, not_before=meta.wait_until)
+    if meta.last_exit is None and meta.last_failure.startswith(TAKEN_OVER):  # a lost host's: at once, no backoff
+        return Decision(Action.DISPATCH, meta.last_failure)
+    if meta.launch_failures > 0:
+        return _launch_retry(baton, now, policy)
     if meta.dispatches == 0:
         return Decision(Action.DISPATCH, "new task, no agent yet")
     if meta.attempt > 0 and meta.last_exit != 0:
@@ -410,6 +416,32 @@ def _due(baton: Baton, now: datetime, policy: Policy) -> Decision:
         return Decision(Action.DISPATCH, "the previous agent ended without progress (idle resume)")
     return Decision(Action.DISPATCH, "no live agent holds the task")
 
+
+def _launch_retry(baton: Baton, now: datetime, policy: Policy) -> Decision:
+    """A task whose last launches never ran its agent: back off on their count, escalate after
+    ``max_attempts`` of them in a row (a missing program rarely installs itself)."""
+    meta = baton.meta
+    n = meta.launch_failures
+    said = meta.last_failure.removeprefix(LAUNCH_FAILURE)
+    if n >= policy.max_attempts:
+        return Decision(Action.ESCALATE, f"{n} launches in a row never started the agent: {said}")
+    delay = backoff_delay(baton.id, n, policy)
+    ended = meta.ended_at or meta.dispatched_at or meta.updated_at
+    due_at = ended + timedelta(seconds=delay) if ended is not None else now
+    if now < due_at:
+        return Decision(Action.NOTHING, f"{LAUNCH_FAILING}{said} (retry {n + 1}/{policy.max_attempts} "
+                        f"in {format_duration(_ago(due_at, now))})", not_before=due_at)
+    return Decision(Action.DISPATCH, f"retry after a failed launch ({said})")
+
+
+LAUNCH_FAILURE = "launch failed: "
+"""How ``last_failure`` begins after a launch that never ran the agent."""
+
+LAUNCH_FAILING = "launch failing: "
+"""How the reason of a task held back by failed launches begins (status, the page, the log)."""
+
+TAKEN_OVER = "taken over: "
+"""How ``last_failure`` begins on a task taken over from a lost host (dispatched at once, no attempt spent)."""
 
 REOPENED = "reopened by "
 """How ``last_failure`` begins on a finished task a downstream's ``verify`` sent back to work."""

@@ -54,6 +54,7 @@ from heartbeat.model import defaults
 from heartbeat.model.baton import Baton, Owner, Status, host_labels
 from heartbeat.model.errors import HeartbeatError, StoreError
 from heartbeat.model.ledger import EventKind
+from heartbeat.model.policy import TAKEN_OVER
 from heartbeat.store.base import Edit, HostRow, LeaseRow, Renewal, SharedStore, TakenOver
 
 if TYPE_CHECKING:
@@ -467,7 +468,9 @@ class Lease:
         meta.epoch += 1
         meta.ended_at = ed.now
         meta.last_exit = None
-        meta.last_failure = f"host {from_host} stopped renewing its lease ({age:.0f}s ago)"
+        if meta.status is Status.ACTIVE and previous is not None:  # a lost host is not its agent's failure
+            meta.attempt = max(0, meta.attempt - 1)
+        meta.last_failure = f"{TAKEN_OVER}host {from_host} stopped renewing its lease ({age:.0f}s ago)"
         ed.event(EventKind.TAKEN_OVER, from_host=from_host, to_host=self.host, lease_age_s=round(age, 3),
                  from_epoch=ed.old.meta.epoch, pid=previous.pid if previous is not None else None)
         if meta.status is Status.ACTIVE:

@@ -24,7 +24,7 @@ def open_store(state_dir: str, url: str = "", *, scan_view: Callable[[Baton], Ba
     """The store named by ``url`` (see :func:`store_url`), else the file store in ``state_dir``.
 
     A ``postgresql://`` (or ``postgres://``) URL opens the PostgreSQL store, which needs
-    the extra ``heartbeat[postgres]``; psycopg is imported only then. ``scan_view``: what the
+    the ``postgres`` extra; psycopg is imported only then. ``scan_view``: what the
     file store's scans keep of each baton (a database store keeps whole batons). ``refused_wait``:
     seconds a database store waits while the server refuses connections (see
     :class:`heartbeat.store.postgres.store.PostgresStore`; 0 for the daemon and the hooks, which answer at once).
@@ -57,8 +57,10 @@ def _open_url(url: str, refused_wait: float | None = None) -> Store:
     try:
         from heartbeat.store.postgres.store import PostgresStore
     except ImportError as exc:
+        from heartbeat.system.extras import Extra, install_hint
+
         raise BadInput(
-            f"a PostgreSQL store needs the extra heartbeat[postgres] ({exc.name or 'psycopg'} is missing): "
-            "pip install 'heartbeat[postgres]'"
+            f"a PostgreSQL store needs the postgres extra ({exc.name or 'psycopg'} is missing): "
+            f"{install_hint(Extra.POSTGRES)}"
         ) from None
     return PostgresStore(url, refused_wait=refused_wait)

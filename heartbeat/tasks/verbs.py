@@ -221,9 +221,24 @@ def add_items(
         if not item or "\0" in item:
             raise BadInput("items must be non-empty text", task=task_id, field=name)
     with store.edit(task_id, expect_revision=expect_revision, epoch=epoch, actor=actor) as ed:
-        getattr(ed.baton, name).extend(items)
+        values = getattr(ed.baton, name)
+        new = list(items) if name == "plan" else _not_in(values, items)  # a plan may repeat a step on purpose
+        if not new:  # an agent re-recording what it did after a resume: nothing to write, no progress
+            ed.cancel()
+        values.extend(new)
     _arm_pulse(store, task_id, epoch)
     return ed.baton
+
+
+def _not_in(values: Sequence[str], items: Sequence[str]) -> list[str]:
+    """``items`` not already in ``values`` (nor earlier in ``items``), in order."""
+    seen = set(values)
+    out = []
+    for item in items:
+        if item not in seen:
+            seen.add(item)
+            out.append(item)
+    return out
 
 
 def _add_handoff_items(store: Store, task_id: str, name: str, items: Sequence[str], *,
@@ -382,6 +397,30 @@ def snooze(store: Store, task_id: str, until: datetime, *, epoch: int | None = N
     return ed.baton
 
 
+def pause(store: Store, task_id: str, *, by: str, reason: str = "") -> Baton:
+    """Hold an active (or snoozed) task: nothing is dispatched until :func:`resume`; a running agent
+    gets ``inactive_grace`` to end on its own, then is stopped (no failed attempt)."""
+    if not by.strip():
+        raise BadInput("name who pauses the task (--by NAME)", task=task_id, field="by")
+    with store.edit(task_id, actor=by) as ed:
+        _require(ed, {Status.ACTIVE, Status.SNOOZED, Status.PAUSED}, "pause")
+        ed.baton.meta.status = Status.PAUSED
+        ed.event(EventKind.PAUSED, by=by, reason=reason, was=ed.old.meta.status.value)
+    return ed.baton
+
+
+def resume(store: Store, task_id: str, *, by: str) -> Baton:
+    """Make a paused task active again: the daemon dispatches it at its next look."""
+    if not by.strip():
+        raise BadInput("name who resumes the task (--by NAME)", task=task_id, field="by")
+    with store.edit(task_id, actor=by) as ed:
+        _require(ed, {Status.PAUSED}, "resume")
+        ed.baton.meta.status = Status.ACTIVE
+        ed.baton.meta.snooze_until = None
+        ed.event(EventKind.RESUMED, by=by)
+    return ed.baton
+
+
 def block(
     store: Store, task_id: str, on: str, gate: Gate, *, epoch: int | None = None, actor: str = ""
 ) -> Baton:
@@ -472,6 +511,7 @@ def retry(store: Store, task_id: str, *, by: str, note: str = "") -> Baton:
         meta.idle_resumes = 0
         meta.wait_until = meta.wait_since = None  # a person's retry does not wait for a limit it escalated for
         meta.wait_reason, meta.limit_hits = "", 0
+        meta.launch_failures = 0
         ed.event(EventKind.RETRIED, by=by, note=note, was=ed.old.meta.status.value)
     return ed.baton
 

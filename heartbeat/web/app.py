@@ -42,8 +42,10 @@ from heartbeat.web.views import (
     _STATUS_ORDER,
     TIMELINE_EVENTS,
     _age,
+    _daemon_alive,
     _Entry,
     _event_row,
+    _hosts_of,
     _iso,
     _list_params,
     _matches,
@@ -58,7 +60,7 @@ __all__ = ["build_app"]
 
 def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck | None = None,
               max_attempts: int = defaults.MAX_ATTEMPTS, default_launcher: str = defaults.DEFAULT_LAUNCHER,
-              vitals: Any = None) -> Any:
+              vitals: Any = None, policy: Any = None) -> Any:
     """The ASGI application over ``store`` (read-only). ``hosts``: the Host headers answered (None:
     any, for an app mounted behind something that checks them); ``vitals``: the daemon's own, when
     in-process."""
@@ -72,8 +74,16 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
     from heartbeat.web.metrics import HeartbeatCollector, Vitals, exposition, make_registry
 
     env = _templates()
+    from heartbeat.ops.lease import for_store
+
+    fleet = for_store(store)
+    """A store shared by many hosts: the list has a HOST column."""
+    if policy is None:
+        from heartbeat.model.policy import Policy
+
+        policy = Policy(max_attempts=max_attempts)
     registry = make_registry(HeartbeatCollector(store, state_dir=state_dir, default_launcher=default_launcher,
-                                                vitals=vitals))
+                                                vitals=vitals, policy=policy))
 
     def link(request: Request, path: str, **params: str) -> str:
         """A URL on this server, carrying ``?token=`` along when the page was opened with one."""
@@ -87,6 +97,8 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         if current is None or current.last_tick_at is None:
             return "no daemon has ticked in this state dir", "alarm"
         ago = max(0.0, now.timestamp() - current.last_tick_at)
+        if vitals is None and not _daemon_alive(current):  # the file of a daemon that is gone
+            return f"daemon not running (stopped {format_duration(ago)} ago)", "alarm"
         return f"daemon pid {current.pid} last ticked {format_duration(ago)} ago", ("alarm" if ago > 300 else "")
 
     def page(request: Request, template: str, status_code: int = 200, *, refresh: bool = True,
@@ -130,7 +142,12 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         matched.sort(key=lambda e: (rank.get(_status_of(e), len(rank)), e.id))
         pages = max(1, -(-len(matched) // per))
         page_no = min(page_no, pages)
-        shown = [_row(e, now, default_launcher) for e in matched[(page_no - 1) * per:page_no * per]]
+        statuses = {e.id: e.baton.meta.status for e in entries if e.baton is not None}
+        shown = [_row(e, now, default_launcher, policy, statuses.get)
+                 for e in matched[(page_no - 1) * per:page_no * per]]
+        hosts = _hosts_of(store) if fleet else {}
+        for row in shown:  # the host holding each task (a fleet's), as `heartbeat status` shows it
+            row["host"] = hosts.get(row["id"], "") or row.get("owner_host", "")
         for row in shown:  # only this page's escalations are read from the ledger
             if row["status"] == Status.ESCALATED.value:
                 found = store.ledger.events(row["id"], kinds=[EventKind.ESCALATED])
@@ -138,7 +155,7 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
                     row["reason"] = str(found[-1].data.get("reason", ""))
                     row["since"], row["since_at"] = _age(now, found[-1].ts), _iso(found[-1].ts)
         keep = {"status": wanted, "q": query, "per": str(per) if per != defaults.WEB_PAGE_SIZE else ""}
-        return page(request, "index.html", title="tasks", rows=shown, counts=counts, total=len(entries),
+        return page(request, "index.html", title="tasks", rows=shown, counts=counts, total=len(entries), fleet=fleet,
                     wanted=wanted, query=query, matched=len(matched), page_no=page_no, pages=pages, per=per,
                     first=(page_no - 1) * per + 1 if shown else 0, last=(page_no - 1) * per + len(shown),
                     prev_link=link(request, "/", **keep, page=str(page_no - 1)) if page_no > 1 else "",
@@ -184,7 +201,7 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         log = read_log_tail(state_dir, task_id, epoch) if epoch > 0 else None
         now = utcnow()
         return page(request, "task.html", title=task_id, task_id=task_id, baton=baton, error=error,
-                    row=_row(_Entry(task_id, baton, error), now, default_launcher),
+                    row=_row(_Entry(task_id, baton, error), now, default_launcher, policy),
                     baton_text=dump_baton(baton) if baton is not None else "", brief=brief, timeline=timeline,
                     hidden=hidden, routine=routine, show_all=show_all, log=log, epoch=epoch,
                     epochs=list(range(max(1, current - 50), current + 1)) if current > 1 else [])

@@ -53,6 +53,7 @@ __all__ = ["TICK_BUCKETS", "LATENCY_BUCKETS", "VITALS_FILE", "METRIC_NAMES", "FL
 
 METRIC_NAMES = (
     "heartbeat_tasks",
+    "heartbeat_tasks_held",
     "heartbeat_agents_running",
     "heartbeat_dispatches_total",
     "heartbeat_exits_total",
@@ -171,8 +172,12 @@ class HeartbeatCollector:
     """
 
     def __init__(self, store: Any, *, state_dir: str, default_launcher: str = "",
-                 vitals: Vitals | None = None, shared: bool | None = None) -> None:
+                 vitals: Vitals | None = None, shared: bool | None = None, policy: Any = None) -> None:
+        from heartbeat.model.policy import Policy
+
         self.store = store
+        self.policy: Policy = policy if policy is not None else Policy()
+        """The retry knobs the held tasks' states are read with (``heartbeat.reports.why``)."""
         self.shared = shared
         """Whether the store is shared by many hosts (None: ask the store)."""
         self.state_dir = state_dir
@@ -232,7 +237,9 @@ class HeartbeatCollector:
         by_status: dict[tuple[str, str], int] = {(s.value, self.default_launcher): 0 for s in STORED_STATUSES}
         alive = 0
         oldest_block: float | None = None
-        for entry in self.store.scan():
+        entries = self.store.scan()
+        held = _held_counts(entries, self.policy)
+        for entry in entries:
             baton = entry.baton
             if baton is None:
                 key = (Status.INVALID.value, "")
@@ -251,6 +258,13 @@ class HeartbeatCollector:
         for (status, launcher), n in sorted(by_status.items()):
             tasks.add_metric(["store", status, launcher], n)
         yield tasks
+        held_family = GaugeMetricFamily("heartbeat_tasks_held", "Active tasks without an agent, by why "
+                                        "(heartbeat.reports.why: launch-failing, backing-off, escalating, "
+                                        "rate-limited, waiting-upstream, due).",
+                                        labels=["scope", "state"])
+        for state, n in held.items():
+            held_family.add_metric(["store", state], n)
+        yield held_family
         yield _one(GaugeMetricFamily("heartbeat_agents_running",
                                      "Agents of this host alive, per their batons' owner pid and start time.",
                                      labels=HOST_LABELS), ["host", host], alive)
@@ -361,6 +375,25 @@ def _one(family: Any, labels: list[str], value: float) -> Any:
     return family
 
 
+def _held_counts(entries: Any, policy: Any) -> dict[str, int]:
+    """Active tasks without an agent, counted by their state in :mod:`heartbeat.reports.why` (every
+    state always exported, 0 included, so an alert on one never sees it absent)."""
+    from heartbeat.model.timeparse import utcnow
+    from heartbeat.reports.why import HELD_STATES, why
+
+    now = utcnow()
+    statuses = {e.id: e.baton.meta.status for e in entries if e.baton is not None}
+    counts = {state.value: 0 for state in HELD_STATES}
+    for entry in entries:
+        baton = entry.baton
+        if baton is None or baton.meta.status is not Status.ACTIVE or baton.meta.owner is not None:
+            continue
+        state = why(baton, now, policy, statuses.get).state.value
+        if state in counts:
+            counts[state] += 1
+    return counts
+
+
 @dataclass
 class OpenState:
     """A state dir opened for reading by ``heartbeat web`` / ``heartbeat metrics``, with the config's say."""
@@ -371,17 +404,20 @@ class OpenState:
     default_launcher: str
     allowed_hosts: tuple[str, ...] = ()
     """``[http] allowed_hosts``: the names the status page answers besides its listen address."""
+    policy: Any = None
+    """The config's retry knobs (:func:`heartbeat.reports.why.policy_for`): how held tasks are read."""
 
 
 def require_extra(*modules: str) -> None:
-    """One line naming the extra to install, instead of a traceback, when a library of ``heartbeat[web]`` is missing."""
+    """One line naming the extra to install, instead of a traceback, when a library of the ``web`` extra is missing."""
     import importlib.util
 
     from heartbeat.model.errors import HeartbeatError
+    from heartbeat.system.extras import Extra, install_hint
 
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
-        raise HeartbeatError(f"{', '.join(missing)} not installed: pip install 'heartbeat[web]'")
+        raise HeartbeatError(f"{', '.join(missing)} not installed (the web extra): {install_hint(Extra.WEB)}")
 
 
 def open_state(args: Any) -> OpenState:
@@ -393,13 +429,17 @@ def open_state(args: Any) -> OpenState:
 
     max_attempts, default_launcher = defaults.MAX_ATTEMPTS, defaults.DEFAULT_LAUNCHER
     allowed_hosts: tuple[str, ...] = ()
+    from heartbeat.reports.why import policy_for
+
+    policy = policy_for(None)
     path = find_config(args.config)
     if path is not None and (args.config or not args.state_dir):
         config = load_config(path)
         max_attempts, default_launcher = config.daemon.max_attempts, config.daemon.default_launcher
         allowed_hosts = config.http.allowed_hosts
+        policy = policy_for(config)
     store, state_dir = open_configured(args.state_dir, args.config)
-    return OpenState(store, state_dir, max_attempts, default_launcher, allowed_hosts)
+    return OpenState(store, state_dir, max_attempts, default_launcher, allowed_hosts, policy)
 
 
 def run_from_cli(args: Any) -> int:
@@ -421,7 +461,7 @@ def run_from_cli(args: Any) -> int:
         raise
     try:
         registry = make_registry(HeartbeatCollector(state.store, state_dir=state.state_dir,
-                                                    default_launcher=state.default_launcher))
+                                                    default_launcher=state.default_launcher, policy=state.policy))
         if args.textfile:
             write_textfile(args.textfile, registry)
         else:

@@ -12,8 +12,10 @@ from typing import Any
 from heartbeat.config.shape import Config, Listen, parse_listen
 from heartbeat.model import defaults
 from heartbeat.model.errors import BadInput, HeartbeatError
+from heartbeat.reports.why import policy_for
 from heartbeat.web.app import build_app
 from heartbeat.web.guard import _TOKEN_ENV, HostCheck, check_exposure
+from heartbeat.web.views import _open_line
 
 __all__ = ["DEFAULT_LISTEN", "serve", "start_in_thread", "start_for_daemon", "run_from_cli"]
 
@@ -248,14 +250,16 @@ def start_for_daemon(config: Config, vitals: Any, log: Any) -> Callable[[], None
         check_exposure(listen, token)
         app = build_app(open_store(config, claim=False), state_dir=config.state_dir, token=token,
                         hosts=HostCheck(listen, http.allowed_hosts), max_attempts=config.daemon.max_attempts,
-                        default_launcher=config.daemon.default_launcher, vitals=vitals)
+                        default_launcher=config.daemon.default_launcher, vitals=vitals, policy=policy_for(config))
 
         def error(message: str, left_out: int) -> None:
             log.error("http_error", error=message, left_out=left_out)
 
         server, _, url = start_in_thread(app, listen, on_error=error)
     except ImportError as exc:
-        log.error("http_failed", error=f"{exc}: install heartbeat[web] for [http]")
+        from heartbeat.system.extras import Extra, install_hint
+
+        log.error("http_failed", error=f"{exc}: [http] needs the web extra: {install_hint(Extra.WEB)}")
         return None
     except HeartbeatError as exc:
         log.error("http_failed", error=str(exc))
@@ -283,11 +287,11 @@ def run_from_cli(args: Any) -> int:
     listen = listen.in_dir(state_dir)
     hosts = HostCheck(listen, [*state.allowed_hosts, *(args.allow_host or ())])
     app = build_app(store, state_dir=state_dir, token=token, hosts=hosts, max_attempts=state.max_attempts,
-                    default_launcher=state.default_launcher)
+                    default_launcher=state.default_launcher, policy=state.policy)
 
     def ready(url: str) -> None:
-        print(f"heartbeat web: serving {state_dir} at {url} (read-only{', token required' if token else ''})",
-              file=sys.stderr, flush=True)
+        print(f"heartbeat web: serving {state_dir} at {url} (read-only{', token required' if token else ''})"
+              f"{_open_line(url, token, sys.stderr.isatty())}", file=sys.stderr, flush=True)
 
     def error(message: str, left_out: int) -> None:
         more = f" (and {left_out} more like it since)" if left_out else ""

@@ -5,16 +5,19 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from heartbeat.model import defaults
 from heartbeat.model.baton import Baton, Status, check_id
-from heartbeat.model.errors import BadInput
+from heartbeat.model.errors import BadInput, HeartbeatError
 from heartbeat.model.ledger import Event, EventKind
-from heartbeat.model.policy import waiting_text
+from heartbeat.model.policy import Policy, waiting_text
 from heartbeat.model.timeparse import format_duration
+from heartbeat.reports.why import State, why
 from heartbeat.system.layout import LOGS_DIR, StateLayout, log_name
 
 __all__ = ["LOG_TAIL_BYTES", "TIMELINE_EVENTS", "LogTail", "read_log_tail"]
@@ -146,17 +149,26 @@ def _iso(value: datetime | None) -> str:
     return value.isoformat(timespec="seconds") if value is not None else ""
 
 
-def _row(entry: Any, now: datetime, default_launcher: str) -> dict[str, Any]:
+def _row(entry: Any, now: datetime, default_launcher: str, policy: Any = None,
+         status_of: Callable[[str], Status | None] | None = None) -> dict[str, Any]:
     baton: Baton | None = entry.baton
     if baton is None:
         return {"id": entry.id, "status": "invalid", "error": str(entry.error), "age": "-", "step": "",
                 "attempt": "", "epoch": "", "owner": "", "blocked_on": "", "gate": "", "last_exit": "",
-                "launcher": "", "waiting": "", "title": "", "since": "", "since_at": "", "wake_at": "", "reason": ""}
+                "launcher": "", "waiting": "", "title": "", "since": "", "since_at": "", "wake_at": "", "reason": "",
+                "badge": "invalid", "state": "invalid", "why": ""}
     meta = baton.meta
     since = _state_since(baton)
+    held = why(baton, now, policy or Policy(), status_of)
+    # An active task's badge says how it is doing: a launch failing or a retry backing off is not
+    # "active" at a glance (as supervisord's BACKOFF/FATAL, systemd's auto-restart).
+    badge = held.state.value if meta.status is Status.ACTIVE and held.state in _BADGED else meta.status.value
     return {
         "id": entry.id,
         "status": meta.status.value,
+        "badge": badge,
+        "state": held.state.value,
+        "why": held.text if meta.status is Status.ACTIVE else "",
         "error": "",
         "title": baton.task,
         "since": _age(now, since),
@@ -169,12 +181,44 @@ def _row(entry: Any, now: datetime, default_launcher: str) -> dict[str, Any]:
         "attempt": meta.attempt,
         "epoch": meta.epoch,
         "owner": _owner_text(baton),
+        "owner_host": meta.owner.host if meta.owner is not None else "",
         "blocked_on": baton.blocked_on,
         "gate": _gate_text(baton),
         "last_exit": _last_exit(baton),
         "launcher": baton.launcher or default_launcher,
         "waiting": waiting_text(baton, now),
     }
+
+
+def _hosts_of(store: Any) -> dict[str, str]:
+    """Task id -> the host holding its lease on a shared store (empty when it cannot be read)."""
+    from heartbeat.ops.lease import lease_rows
+
+    try:
+        return {task_id: row.host for task_id, row in lease_rows(store).items()}
+    except HeartbeatError:
+        return {}
+
+
+def _daemon_alive(vitals: Any) -> bool:
+    """Whether the daemon that wrote ``vitals`` still runs: its pid alive and started when it said
+    (a reused pid is not it). Another host's daemon cannot be seen from here: counted alive."""
+    from heartbeat.launchers.liveness import this_host
+
+    if vitals.host and vitals.host != this_host():
+        return True
+    try:
+        import psutil
+
+        started = psutil.Process(vitals.pid).create_time()
+    except (psutil.Error, ValueError, OSError):
+        return False
+    return abs(started - vitals.started_at) < 30
+
+
+_BADGED = frozenset({State.LAUNCH_FAILING, State.BACKING_OFF, State.ESCALATING, State.RATE_LIMITED,
+                     State.WAITING_UPSTREAM})
+"""The states of an active task its badge names instead of "active"."""
 
 
 def _status_of(entry: Any) -> str:
@@ -264,3 +308,13 @@ class _Entry:
     id: str
     baton: Baton | None
     error: str
+
+
+def _open_line(url: str, token: str, terminal: bool) -> str:
+    """What to open: the URL with its token for the person at a terminal; elsewhere (a journal, a
+    log file others may read) the token is not written out."""
+    if not token or not url.startswith("http"):
+        return ""
+    if terminal:
+        return f"; open {url}?{urlencode({'token': token})}"
+    return f"; open {url}?token=TOKEN (the --token or $HEARTBEAT_WEB_TOKEN; not printed: stderr is no terminal)"

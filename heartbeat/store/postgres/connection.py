@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import psycopg
@@ -18,6 +19,10 @@ from heartbeat.model.errors import (
 _log = logging.getLogger("psycopg.pool")
 _log.addHandler(logging.NullHandler())
 _log.propagate = False  # its reconnect warnings would break the CLI's one-line errors
+
+
+_MISSING = re.compile(r'\b(role|database) "([^"]{1,63})" does not exist')
+"""libpq's words for a connection to a role or database the server does not have."""
 
 
 def _label(url: str) -> str:
@@ -95,7 +100,16 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _unreachable(exc: BaseException, url: str) -> StoreError:
-    return StoreUnreachable(f"cannot reach the database {_label(url)}: {_one_line(exc)}")
+    said = _one_line(exc)
+    missing = _MISSING.search(said)
+    if missing:  # the server answered: it is not out of reach, it has no such role or database yet
+        what, name = missing.group(1), missing.group(2)
+        fix = (f"createuser {name}" if what == "role" else
+               f"createdb -O {psycopg.conninfo.conninfo_to_dict(url).get('user') or 'ROLE'} {name}")
+        return StoreUnreachable(f"the database server of {_label(url)} has no {what} {name!r}: create it as "
+                                f"PostgreSQL's superuser (sudo -u postgres {fix}; docs/operating.md, PostgreSQL "
+                                f"store) ({said})")
+    return StoreUnreachable(f"cannot reach the database {_label(url)}: {said}")
 
 
 def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:

@@ -2,7 +2,7 @@
 
 Open it with ``[store] url = "postgresql://..."`` or ``$HEARTBEAT_STORE_URL`` (any libpq
 URL, a Unix socket too: ``postgresql://user@/db?host=/run/postgresql``). Needs the extra
-``heartbeat[postgres]`` (psycopg 3 and its pool); nothing imports this module unless a
+the ``postgres`` extra (psycopg 3 and its pool); nothing imports this module unless a
 URL is configured, so the file store's CLI never loads psycopg.
 
 A baton is one row of ``heartbeat_batons``: its TOML text kept verbatim (``body``, so
@@ -91,6 +91,8 @@ CHANNEL = "heartbeat_batons"
 """The LISTEN/NOTIFY channel; the payload is the id of the task written."""
 _DAEMON_LOCK = 0x68620002  # pg_advisory_lock key (with the host id's hash): one daemon per host id
 _LINKS_LOCK = 0x68620003  # pg_advisory_xact_lock key: writes that change `after`, one at a time
+
+
 
 
 _INSERT = (
