@@ -127,7 +127,9 @@ class Loop:
         self._downstreams: dict[str, set[str]] = {}
         """Upstream id -> the tasks held until it is done (an ``after``/``task:`` gate, or ``after``),
         from the last pass: the watcher's look at an upstream turned done looks at them at once."""
-        self._indexed: list[Entry] | None = None
+        self._statuses: EntryStatuses | None = None
+        """The tasks' statuses in the last scan that changed (built when first asked), kept with
+        ``_downstreams`` while the scans find the same entries."""
         self.counts: dict[str, int] = {}
         self.ticks = 0
         log = self.log
@@ -196,11 +198,12 @@ class Loop:
             # Between sweeps only the batons the watcher reported are stat'ed (see heartbeat.changes).
             only = self.changes.take(now.timestamp())
             entries = self.store.scan(only=only)
+            if self._statuses is None or not self.store.scan_unchanged:  # a quiet pass walks no list of every task
+                self._index(entries)
+            statuses = self._statuses
+            assert statuses is not None
             if self.lease is not None:
                 self.lease.after_scan(entries)
-            statuses = EntryStatuses(entries)
-            if entries is not self._indexed:
-                self._index_downstreams(entries)
             running_batons: list[Baton] = []
             wants: list[Want] = []
             gate_paths: dict[str, set[str]] = {}
@@ -339,14 +342,15 @@ class Loop:
             and self.watcher.add_gate_path(gate.local, task_id)
         return entry.baton, watch_new_gate
 
-    def _index_downstreams(self, entries: list[Entry]) -> None:
+    def _index(self, entries: list[Entry]) -> None:
+        """A scan found entries other than the last one's: who waits on whom, and their statuses, anew."""
+        self._statuses = EntryStatuses(entries)
         index: dict[str, set[str]] = {}
         for entry in entries:
             if entry.baton is not None:
                 for upstream in _waits_on(entry.baton):
                     index.setdefault(upstream, set()).add(entry.id)
         self._downstreams = index
-        self._indexed = entries
 
     def _measure_latency(self, baton: Baton) -> None:
         """Observe write→decision latency once per revision: from the write (its updated/touched
