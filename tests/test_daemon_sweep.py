@@ -191,6 +191,15 @@ class TestQuietPasses:
         finally:
             d.shutdown(timeout=5)
 
+    def test_tasks_without_an_owner_keep_no_stamp_ages(self, loop: Daemon) -> None:
+        """The monotonic ages of a task's stamps are kept only while it has an owner: thousands of
+        done, snoozed and blocked tasks hold none (on 4c852cf: 4 stamps each, ~480 bytes a task)."""
+        tasks.new_task(loop.store, "a", task="t", step="s", blocked_on="a human")
+        tasks.new_task(loop.store, "b", task="t", step="s")
+        tasks.finish(loop.store, "b")
+        loop.tick(now=at(0))
+        assert loop.observer.ages.memory == {}
+
     def test_a_downstream_is_looked_at_on_its_upstreams_done_after_quiet_passes(self, tmp_path: Path) -> None:
         """The index of who waits on whom outlives the quiet passes that do not rebuild it: the
         upstream's ``done`` (the watcher's look) still dispatches its downstream at once."""
