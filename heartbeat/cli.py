@@ -613,9 +613,16 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from heartbeat.daemon import run_from_cli
-    from heartbeat.web import start_for_daemon  # [http]: the daemon is given its page, it imports no face
 
-    return run_from_cli(args, page=start_for_daemon)
+    return run_from_cli(args, page=_daemon_page)  # [http]: the daemon is given its page, it imports no face
+
+
+def _daemon_page(config: Any, vitals: Any, log: Any) -> Any:
+    """:func:`heartbeat.web.start_for_daemon`, imported only when ``[http] listen`` asks for a page
+    (a daemon without one does not carry the web module's 1.7 MB)."""
+    from heartbeat.web import start_for_daemon
+
+    return start_for_daemon(config, vitals, log)
 
 
 def cmd_web(args: argparse.Namespace) -> int:
