@@ -18,6 +18,9 @@
    the agent (two interpreter starts), and supervisord restarting the same agent when
    ``supervisor`` is installed (``pip install supervisor``; skipped otherwise).
 
+``--ci`` is the short run scripts/test makes after the tests (under a minute): the idle
+costs in CPU time (not wall: CI's machine is shared) at 10,000 batons, each beside its floor.
+
 Targets (issue #3): quiet tick <= 3x stat floor; cold tick <= 1.5x parse floor; reaction
 p99 <= 250 ms; RSS <= 100 MB. Issue #13: idle CPU at 10,000 batons <= 1%; RSS at 10,000
 batons <= 60 MB; exit -> successor p50 <= 150 ms whatever the tick. Prints a markdown table.
@@ -39,6 +42,8 @@ import time
 import tomllib
 from datetime import timedelta
 from pathlib import Path
+
+import psutil
 
 from heartbeat.config.load import parse_config
 from heartbeat.daemon import Daemon
@@ -426,12 +431,81 @@ startretries=1000
             proc.wait(timeout=30)
 
 
+def _cpu_seconds(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+def bench_ci(count: int, seconds: float) -> list[tuple[str, str, str]]:
+    """CI's short run (``--ci``): the idle cost in CPU time, which a loaded machine does not
+    inflate the way it does wall time, each beside a floor measured in the same run.
+
+    In process: a quiet tick between sweeps (the watcher trusted, nothing changed) against one
+    ``os.stat`` pass over the batons. A real daemon (1 s tick) over ``seconds``: its CPU against
+    a bare ``os.stat`` loop once a second run beside it, and its peak RSS."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        state = root / "state"
+        state.mkdir(mode=0o700)
+        make_batons(state, count)
+        batons_dir = state / "batons"
+        config = parse_config(config_for(state), path=str(root / "in-process.toml"))
+        configure(fmt="json", level="warning", stream=open(os.devnull, "w"))  # noqa: SIM115
+        daemon = Daemon(config, dry_run=True)
+        daemon.loop.changes.watching()  # between sweeps, as a daemon whose watcher runs
+        for _ in range(3):
+            daemon.tick()
+        ticks = 50
+        start = time.process_time()
+        for _ in range(ticks):
+            daemon.tick()
+        quiet = (time.process_time() - start) / ticks
+        daemon.store.close()
+        start = time.process_time()
+        for _ in range(5):
+            stat_floor(batons_dir)
+        stat = (time.process_time() - start) / 5
+        rows.append((f"quiet tick between sweeps, {count:,} batons (CPU, in process)", f"{quiet * 1000:.3f} ms",
+                     f"{stat * 1000:.1f} ms: one os.stat pass"))
+        proc = start_daemon(root, state, "1s")
+        floor = subprocess.Popen([sys.executable, "-c", _STAT_LOOP, str(batons_dir)])
+        try:
+            wait_ticks(state, 4)  # start-up and the cold first tick are not idle
+            time.sleep(1)
+            daemon_p, floor_p = psutil.Process(proc.pid), psutil.Process(floor.pid)
+            before, floor_before, started = _cpu_seconds(daemon_p), _cpu_seconds(floor_p), time.monotonic()
+            time.sleep(seconds)
+            wall = time.monotonic() - started
+            used, floor_used = _cpu_seconds(daemon_p) - before, _cpu_seconds(floor_p) - floor_before
+            with open(f"/proc/{proc.pid}/status") as handle:
+                hwm = next(int(line.split()[1]) / 1024 for line in handle if line.startswith("VmHWM:"))
+        finally:
+            floor.kill()
+            floor.wait()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+        rows.append((f"idle daemon, {count:,} batons, 1 s tick ({seconds:.0f} s)",
+                     f"{100 * used / wall:.2f}% of a core ({1000 * used / wall:.1f} ms/s)",
+                     f"{100 * floor_used / wall:.2f}%: os.stat loop once a second"))
+        rows.append((f"peak RSS, {count:,} batons", f"{hwm:.1f} MB", ""))
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer repeats, 10 s of idle CPU")
+    parser.add_argument("--ci", action="store_true",
+                        help="CI's short run (under a minute): idle CPU time and RSS at 10,000 batons, with floors")
     parser.add_argument("--only", default="ticks,reaction,exit,cpu,rss",
                         help="comma-separated parts to run: ticks, reaction, exit, cpu, rss")
     args = parser.parse_args()
+    if args.ci:
+        print("| daemon bench (scripts/bench_daemon.py --ci) | heartbeat | floor, same run |")
+        print("|---|---|---|")
+        for row in bench_ci(10000, 15.0):
+            print(f"| {' | '.join(row)} |")
+        return 0
     only = set(args.only.split(","))
     repeat = 5 if args.quick else 15
     print("| measurement | heartbeat | floor | floor is | ratio | target |")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -260,3 +261,47 @@ class TestExpandArgv:
     def test_literal_braces_and_unknown_names(self) -> None:
         """`{{`/`}}` are literal braces; a name with no value expands to nothing."""
         assert expand_argv(["x", "{{id}}", "{{{id}}}", "{missing}"], {"id": 7}) == ["x", "{id}", "{7}", ""]
+
+
+class TestPolicyKnobs:
+    def test_every_policy_knob_is_set_from_the_config_by_its_name(self, tmp_path: Path) -> None:
+        """A ``[daemon]`` knob of the policy is one entry: the config's field and the policy's of the
+        same name; the loop copies them all (``DAEMON_KNOBS``), the launcher's and the constants aside."""
+        from dataclasses import fields
+
+        from heartbeat.daemon import Daemon
+        from heartbeat.daemon.core import DAEMON_KNOBS
+        from heartbeat.model import policy as pol
+
+        assert {f.name for f in fields(pol.Policy)} == {*DAEMON_KNOBS, "max_runtime", "non_retryable_exit_codes",
+                                                        "launch_timeout"}
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700)
+        config = parse_config(f"""
+[daemon]
+state_dir = {json.dumps(str(state))}
+default_launcher = "agent"
+stall_after = "7m"
+progress_after = "3h"
+max_attempts = 9
+max_idle_resumes = 4
+backoff_initial = "11s"
+backoff_max = "13m"
+on_spinning = "report"
+inactive_grace = "17s"
+max_limit_wait = "5h"
+max_cost_usd = 2.5
+[launchers.agent]
+type = "null"
+max_runtime = "2h"
+non_retryable_exit_codes = [3]
+""", path=str(tmp_path / "heartbeat.toml"))
+        d = Daemon(config, dry_run=True)
+        try:
+            policy = d.loop._make_policy("agent")
+        finally:
+            d.store.close()
+        assert policy == pol.Policy(stall_after=420, progress_after=10800, max_attempts=9, max_idle_resumes=4,
+                                    backoff_initial=11, backoff_max=780, on_spinning="report", inactive_grace=17,
+                                    max_limit_wait=18000, max_cost_usd=2.5, max_runtime=7200,
+                                    non_retryable_exit_codes=frozenset({3}))

@@ -41,6 +41,28 @@ class DeafStore(FileStore):
         return super().watch(filtered)
 
 
+class WalkedList(list[Any]):
+    """A scan's entries that count each walk over all of them (iterating, copying, ``set(...)``)."""
+
+    def __init__(self, entries: list[Any], store: WalkCountingStore) -> None:
+        super().__init__(entries)
+        self._store = store
+
+    def __iter__(self) -> Iterator[Any]:
+        self._store.walks += 1
+        return super().__iter__()
+
+
+class WalkCountingStore(DeafStore):
+    """A deaf file store whose scans count the passes that walked the whole list of tasks."""
+
+    deaf = False
+    walks = 0
+
+    def scan(self, only: Any = None) -> list[Any]:
+        return WalkedList(super().scan(only=only), self)
+
+
 @pytest.fixture
 def loop(tmp_path: Path) -> Iterator[Daemon]:
     state, config = in_process_config(tmp_path, daemon='sweep_every = "60s"')
@@ -145,6 +167,57 @@ class TestQuietPasses:
         assert swept["blocked"] == 3 and swept["done"] == 1
         assert all(counts == swept for counts in later)
         assert looks == []
+
+
+    def test_a_quiet_pass_walks_no_list_of_every_task(self, tmp_path: Path) -> None:
+        """Between sweeps, a pass over an unchanged store walks no list of every task: its cost
+        does not grow with the tasks at rest (on 4c852cf each pass re-indexed every task's
+        upstreams: 3 walks in 3 quiet passes, 12 ms of CPU a second at 10,000 batons)."""
+        state, config = in_process_config(tmp_path, daemon='sweep_every = "60s"')
+        store = WalkCountingStore(str(state))
+        d = Daemon(config, store=store)
+        d.watcher.start()
+        try:
+            tasks.new_task(store, "up", task="t", step="s", blocked_on="a human")
+            tasks.new_task(store, "down", task="t", step="s", after=["up"])
+            tasks.new_task(store, "done", task="t", step="s")
+            tasks.finish(store, "done")
+            d.tick(now=at(0))  # the sweep
+            d.tick(now=at(1))  # the daemon's own writes of the first pass, if any
+            store.walks = 0
+            counts = [d.tick(now=at(second)) for second in (2, 3, 4)]
+            assert store.walks == 0
+            assert counts[-1]["blocked"] == 2 and counts[-1]["done"] == 1  # up, and down on its after: gate
+        finally:
+            d.shutdown(timeout=5)
+
+    def test_tasks_without_an_owner_keep_no_stamp_ages(self, loop: Daemon) -> None:
+        """The monotonic ages of a task's stamps are kept only while it has an owner: thousands of
+        done, snoozed and blocked tasks hold none (on 4c852cf: 4 stamps each, ~480 bytes a task)."""
+        tasks.new_task(loop.store, "a", task="t", step="s", blocked_on="a human")
+        tasks.new_task(loop.store, "b", task="t", step="s")
+        tasks.finish(loop.store, "b")
+        loop.tick(now=at(0))
+        assert loop.observer.ages.memory == {}
+
+    def test_a_downstream_is_looked_at_on_its_upstreams_done_after_quiet_passes(self, tmp_path: Path) -> None:
+        """The index of who waits on whom outlives the quiet passes that do not rebuild it: the
+        upstream's ``done`` (the watcher's look) still dispatches its downstream at once."""
+        state, config = in_process_config(tmp_path, daemon='sweep_every = "60s"')
+        d = Daemon(config, store=WalkCountingStore(str(state)))
+        d.watcher.start()
+        try:
+            tasks.new_task(d.store, "up", task="t", step="s")
+            tasks.snooze(d.store, "up", at(86400))
+            tasks.new_task(d.store, "down", task="t", step="s", after=["up"])
+            for second in (0, 1, 2, 3):
+                d.tick(now=at(second))
+            assert not dispatched(d, "down")
+            tasks.finish(human(d), "up")
+            d.evaluate("up", now=at(4))
+            assert dispatched(d, "down")
+        finally:
+            d.shutdown(timeout=5)
 
 
 @contextmanager

@@ -19,6 +19,7 @@ and the edges inside them.
 from __future__ import annotations
 
 import ast
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -306,6 +307,24 @@ class TestDaemonComposition:
         daemon_modules = [m for m in graph if m == "heartbeat.daemon" or m.startswith("heartbeat.daemon.")]
         assert [m for m in daemon_modules if any(t.startswith("heartbeat.web") for t in graph[m])] == []
         assert "heartbeat.web.server" in graph["heartbeat.cli.serve"]
+
+    def test_a_daemon_without_a_page_loads_no_web_module(self, tmp_path: Path) -> None:
+        """``heartbeat run`` without ``[http] listen`` never imports ``heartbeat.web.app`` (on 4c852cf
+        the command line imported it to hand the daemon its page starter: 1.7 MB of RSS, with
+        ``secrets`` and ``hmac``, in every daemon)."""
+        import json
+        import subprocess
+
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700)
+        cfg = tmp_path / "heartbeat.toml"
+        cfg.write_text(f'[daemon]\nstate_dir = {json.dumps(str(state))}\n')
+        code = ("import sys\nfrom heartbeat.cli.commands import main\n"
+                f"status = main(['--config', {str(cfg)!r}, 'run', '--once', '--dry-run'])\n"
+                "print(status, 'heartbeat.web.app' in sys.modules)")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTBEAT_")}
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        assert r.stdout.split()[-2:] == ["0", "False"], (r.stdout, r.stderr[-2000:])
 
 
 if __name__ == "__main__":

@@ -17,6 +17,11 @@ is all the baton offers; a live agent's own age, read from the kernel on the boo
 after its dispatch), so a daemon restarted after a step neither stops it for ``max_runtime``
 nor calls it silent. A dead agent's run seen only once is *unobserved*: its length is not
 stated in the record (:meth:`Ages.observed`).
+
+Only a task with an owner has its ages read. A task without one (most of thousands: done,
+snoozed, blocked) keeps just the time of its last look (:meth:`Ages.unowned`): the write that
+gives it an owner (a dispatch, a claim) stamps ``touched_at`` and the owner's ``started_at``
+anew, so its stamps are new since that look either way.
 """
 
 from __future__ import annotations
@@ -50,9 +55,17 @@ class Ages:
 
     def __init__(self) -> None:
         self.memory: dict[str, TaskAges] = {}
+        self._unowned_looked: dict[str, float] = {}
+        """Tasks without an owner: the monotonic time of their last look (and nothing else)."""
 
     def forget(self, task_id: str) -> None:
         self.memory.pop(task_id, None)
+        self._unowned_looked.pop(task_id, None)
+
+    def unowned(self, task_id: str, mono: float) -> None:
+        """A look at a task without an owner: its ages are not read, only this look is remembered."""
+        self.memory.pop(task_id, None)
+        self._unowned_looked[task_id] = mono
 
     def observed(self, task_id: str, name: str) -> bool:
         """Whether the age of ``name`` rests on more than the wall clock (see the module docstring)."""
@@ -66,7 +79,7 @@ class Ages:
         most any of them can be (the live agent's own age)."""
         mem = self.memory.get(task_id)
         if mem is None:
-            mem = self.memory[task_id] = TaskAges()
+            mem = self.memory[task_id] = TaskAges(looked=self._unowned_looked.pop(task_id, None))
         ages: dict[str, float | None] = {}
         for name, value in stamps.items():
             if value is None:

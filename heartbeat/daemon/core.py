@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from heartbeat.config.shape import Config
+from heartbeat.config.shape import Config, DaemonConfig
 from heartbeat.daemon.act import Actor
 from heartbeat.daemon.changes import ChangeFeed
 from heartbeat.daemon.leased import LeasePart
@@ -49,7 +49,11 @@ from heartbeat.store.base import Entry
 from heartbeat.system import systemd
 from heartbeat.system.clock import StepWatch
 
-__all__ = ["LookMemory", "Loop", "Want"]
+__all__ = ["DAEMON_KNOBS", "LookMemory", "Loop", "Want"]
+
+
+DAEMON_KNOBS = tuple(f.name for f in fields(pol.Policy) if f.name in {g.name for g in fields(DaemonConfig)})
+"""The policy's knobs that ``[daemon]`` sets, by the same name in both."""
 
 
 @dataclass(slots=True)
@@ -137,7 +141,9 @@ class Loop:
         self._downstreams: dict[str, set[str]] = {}
         """Upstream id -> the tasks held until it is done (an ``after``/``task:`` gate, or ``after``),
         from the last pass: the watcher's look at an upstream turned done looks at them at once."""
-        self._indexed: list[Entry] | None = None
+        self._statuses: EntryStatuses | None = None
+        """The tasks' statuses in the last scan that changed (built when first asked), kept with
+        ``_downstreams`` while the scans find the same entries."""
         self.counts: dict[str, int] = {}
         self.ticks = 0
         log = self.log
@@ -187,105 +193,133 @@ class Loop:
         """Look at every task once; returns counts by status (and ``running``).
 
         ``now`` (tests) stands for the wall clock and the monotonic one alike; without it the
-        pass reads both from :attr:`clock`."""
+        pass reads both from :attr:`clock`. A pass: its start (:meth:`_begin_pass`), the look at
+        the store (:meth:`_scan`), the look and decision per task (:meth:`_look_at_tasks`), the
+        dispatches admitted together (:meth:`dispatch`), then its end (:meth:`_end_pass`)."""
         started = time.monotonic()
         reads = self.store.reads
-        sh = self.shared
-        with sh.lock:
-            if self._staged_config is not None:  # a SIGHUP during the previous pass
-                self.apply_config(self._staged_config)
-            self.check_clock()
-            sh.look_mono = self.clock.monotonic() if now is None else None
-            now = now or self.clock.now()
-            for launcher in self.shared.launchers.values():
-                launcher.reap()
+        with self.shared.lock:
+            now = self._begin_pass(now)
             if self.lease is not None and not self.lease.acting():  # displaced by a daemon of our host id
                 return {}
-            if self.lease is not None:  # a dead host's tasks: taken over here, then looked at in this pass
-                self.lease.before_pass()
-            # Between sweeps only the batons the watcher reported are stat'ed (see heartbeat.daemon.changes).
-            only = self.changes.take(now.timestamp())
-            entries = self.store.scan(only=only)
-            if self.lease is not None:
-                self.lease.after_scan(entries)
-            statuses = EntryStatuses(entries)
-            if entries is not self._indexed:
-                self._index_downstreams(entries)
-            running_batons: list[Baton] = []
-            wants: list[Want] = []
-            gate_paths: dict[str, set[str]] = {}
-            seen: set[str] = set()
-            if self.ticks == 0:
-                self.observer.load_block_seed()
-            # Fast path: nothing changed in the store since the last full pass and no quiet
-            # task's time has come, so only the tasks that were not quiet need a look.
-            part = self._partition
-            fast = part is not None and self.store.scan_unchanged and now < part.quiet_end
-            if fast:
-                assert part is not None
-                loop_entries, counts = part.active, dict(part.quiet_counts)
-            else:
-                loop_entries, counts = entries, {}
-            quiet_counts: dict[str, int] = {}
-            active: list[Entry] = []
-            quiet_end = pol.FOREVER
-            for entry in loop_entries:
-                mem = self.memory.get(entry.id)
-                if mem is not None and mem.quiet_entry is entry and mem.quiet_until is not None \
-                        and now < mem.quiet_until:
-                    counts[mem.quiet_status] = counts.get(mem.quiet_status, 0) + 1
-                    if not fast:
-                        seen.add(entry.id)
-                    # (on the fast path: a task that turned quiet since the last pass moves out of ``active``)
-                    quiet_counts[mem.quiet_status] = quiet_counts.get(mem.quiet_status, 0) + 1
-                    quiet_end = min(quiet_end, mem.quiet_until)
-                    continue
+            only, entries, statuses = self._scan(now)
+            counts, wants, running_batons, gate_paths = self._look_at_tasks(entries, statuses, now)
+            self.dispatch(wants, now)
+            self._end_pass(counts, running_batons, gate_paths)
+        self.watcher.update_gate_watches()
+        self._report_pass(counts, started, reads=self.store.reads - reads, tasks=len(entries), sweep=only is None)
+        return counts
+
+    def _begin_pass(self, now: datetime | None) -> datetime:
+        """A reload staged during the last pass, the clock's steps, this pass's time, the launchers' reaping."""
+        if self._staged_config is not None:  # a SIGHUP during the previous pass
+            self.apply_config(self._staged_config)
+        self.check_clock()
+        self.shared.look_mono = self.clock.monotonic() if now is None else None
+        now = now or self.clock.now()
+        for launcher in self.shared.launchers.values():
+            launcher.reap()
+        return now
+
+    def _scan(self, now: datetime) -> tuple[set[str] | None, list[Entry], EntryStatuses]:
+        """Look at the store: the tasks reported changed (None: a sweep), the scan's entries, their statuses."""
+        if self.lease is not None:  # a dead host's tasks: taken over here, then looked at in this pass
+            self.lease.before_pass()
+        # Between sweeps only the batons the watcher reported are stat'ed (see heartbeat.daemon.changes).
+        only = self.changes.take(now.timestamp())
+        entries = self.store.scan(only=only)
+        if self._statuses is None or not self.store.scan_unchanged:  # a quiet pass walks no list of every task
+            self._index(entries)
+        statuses = self._statuses
+        assert statuses is not None
+        if self.lease is not None:
+            self.lease.after_scan(entries)
+        if self.ticks == 0:
+            self.observer.load_block_seed()
+        return only, entries, statuses
+
+    def _look_at_tasks(self, entries: list[Entry], statuses: EntryStatuses, now: datetime) -> tuple[
+            dict[str, int], list[Want], list[Baton], dict[str, set[str]]]:
+        """Look at and decide on every task that is not quiet (acting on all but dispatches): the
+        counts by status, the dispatches wanted, the batons with a live agent, the gate files."""
+        sh = self.shared
+        running_batons: list[Baton] = []
+        wants: list[Want] = []
+        gate_paths: dict[str, set[str]] = {}
+        seen: set[str] = set()
+        # Fast path: nothing changed in the store since the last full pass and no quiet
+        # task's time has come, so only the tasks that were not quiet need a look.
+        part = self._partition
+        fast = part is not None and self.store.scan_unchanged and now < part.quiet_end
+        if fast:
+            assert part is not None
+            loop_entries, counts = part.active, dict(part.quiet_counts)
+        else:
+            loop_entries, counts = entries, {}
+        quiet_counts: dict[str, int] = {}
+        active: list[Entry] = []
+        quiet_end = pol.FOREVER
+        for entry in loop_entries:
+            mem = self.memory.get(entry.id)
+            if mem is not None and mem.quiet_entry is entry and mem.quiet_until is not None \
+                    and now < mem.quiet_until:
+                counts[mem.quiet_status] = counts.get(mem.quiet_status, 0) + 1
                 if not fast:
                     seen.add(entry.id)
-                active.append(entry)
-                try:
-                    status, want = self.look(entry, now, statuses)
-                except Exception as exc:  # one task's trouble must not stop the others being served
-                    self.log.exception("task_failed", task=entry.id, error=repr(exc))
-                    status, want = "error", None
-                counts[status] = counts.get(status, 0) + 1
-                if want is not None:
-                    wants.append(want)
-                baton = entry.baton
-                if baton is not None and entry.id in sh.running:
-                    running_batons.append(baton)  # (a quiet task never has a live agent)
-                if baton is not None and baton.meta.status is Status.BLOCKED and baton.meta.gate is not None \
-                        and baton.meta.gate.kind is GateKind.FILE and baton.meta.gate.local:
-                    gate_paths.setdefault(baton.meta.gate.local, set()).add(entry.id)
+                # (on the fast path: a task that turned quiet since the last pass moves out of ``active``)
+                quiet_counts[mem.quiet_status] = quiet_counts.get(mem.quiet_status, 0) + 1
+                quiet_end = min(quiet_end, mem.quiet_until)
+                continue
             if not fast:
-                known = set(self.memory) | set(self.observer.memory) | set(self.actor.stops) | set(sh.running)
-                for gone in known - seen:
-                    self._forget(gone)
-                self._partition = _Partition(active, quiet_counts, quiet_end)
-            else:
-                assert part is not None
-                for status, n in part.quiet_counts.items():
-                    quiet_counts[status] = quiet_counts.get(status, 0) + n
-                self._partition = _Partition(active, quiet_counts, min(quiet_end, part.quiet_end))
-            self.dispatch(wants, now)
-            from heartbeat.launchers.base import cap_running_logs  # an agent printing without end
+                seen.add(entry.id)
+            active.append(entry)
+            try:
+                status, want = self.look(entry, now, statuses)
+            except Exception as exc:  # one task's trouble must not stop the others being served
+                self.log.exception("task_failed", task=entry.id, error=repr(exc))
+                status, want = "error", None
+            counts[status] = counts.get(status, 0) + 1
+            if want is not None:
+                wants.append(want)
+            baton = entry.baton
+            if baton is not None and entry.id in sh.running:
+                running_batons.append(baton)  # (a quiet task never has a live agent)
+            if baton is not None and baton.meta.status is Status.BLOCKED and baton.meta.gate is not None \
+                    and baton.meta.gate.kind is GateKind.FILE and baton.meta.gate.local:
+                gate_paths.setdefault(baton.meta.gate.local, set()).add(entry.id)
+        if not fast:
+            known = set(self.memory) | set(self.observer.memory) | set(self.actor.stops) | set(sh.running)
+            for gone in known - seen:
+                self._forget(gone)
+            self._partition = _Partition(active, quiet_counts, quiet_end)
+        else:
+            assert part is not None
+            for status, n in part.quiet_counts.items():
+                quiet_counts[status] = quiet_counts.get(status, 0) + n
+            self._partition = _Partition(active, quiet_counts, min(quiet_end, part.quiet_end))
+        return counts, wants, running_batons, gate_paths
 
-            for task_id, epoch, size in cap_running_logs(self.shared.config.state_dir, self.shared.config.launchers,
-                                                         running_batons, sh.running):
-                self.log.warning("log_capped", task=task_id, epoch=epoch, size=size)
-            counts["running"] = len(sh.running)
-            self.counts = counts
-            self.watcher.set_gate_paths(gate_paths)
-            self.observer.block_seed = None
-            self.ticks += 1
-        self.watcher.update_gate_watches()
+    def _end_pass(self, counts: dict[str, int], running_batons: list[Baton], gate_paths: dict[str, set[str]]) -> None:
+        """Cap the logs of agents printing without end; the pass's counts and gate files kept."""
+        sh = self.shared
+        from heartbeat.launchers.base import cap_running_logs  # an agent printing without end
+
+        for task_id, epoch, size in cap_running_logs(sh.config.state_dir, sh.config.launchers,
+                                                     running_batons, sh.running):
+            self.log.warning("log_capped", task=task_id, epoch=epoch, size=size)
+        counts["running"] = len(sh.running)
+        self.counts = counts
+        self.watcher.set_gate_paths(gate_paths)
+        self.observer.block_seed = None
+        self.ticks += 1
+
+    def _report_pass(self, counts: dict[str, int], started: float, *, reads: int, tasks: int, sweep: bool) -> None:
+        """Tell systemd's watchdog, the vitals and the debug log that a pass finished."""
         systemd.notify("WATCHDOG=1", f"STATUS={systemd.status_line(counts)}")
         seconds = time.monotonic() - started
         self.vitals.tick_done(seconds)
         self._save_vitals()
-        self.log.debug("tick", tasks=len(entries), read=self.store.reads - reads, sweep=only is None,
-                       seconds=round(seconds, 4), **counts)
-        return counts
+        self.log.debug("tick", tasks=tasks, read=reads, sweep=sweep, seconds=round(seconds, 4), **counts)
 
     def check_clock(self) -> float | None:
         """Say in the log when the wall clock stepped (either way, by how much); the step, or None.
@@ -360,14 +394,15 @@ class Loop:
         else:
             self.log.debug("look_deferred", task=task_id, error=str(exc))
 
-    def _index_downstreams(self, entries: list[Entry]) -> None:
+    def _index(self, entries: list[Entry]) -> None:
+        """A scan found entries other than the last one's: who waits on whom, and their statuses, anew."""
+        self._statuses = EntryStatuses(entries)
         index: dict[str, set[str]] = {}
         for entry in entries:
             if entry.baton is not None:
                 for upstream in _waits_on(entry.baton):
                     index.setdefault(upstream, set()).add(entry.id)
         self._downstreams = index
-        self._indexed = entries
 
     def _measure_latency(self, baton: Baton) -> None:
         """Observe write→decision latency once per revision: from the write (its updated/touched
@@ -462,23 +497,15 @@ class Loop:
         return policy
 
     def _make_policy(self, launcher: str) -> pol.Policy:
+        """The policy of one launcher's tasks: every knob ``[daemon]`` has by its name (a new one
+        needs no line here), the launcher's own, and the constants."""
         d = self.shared.config.daemon
         lc = self.shared.config.launchers.get(launcher)
         return pol.Policy(
-            stall_after=d.stall_after,
-            hang_after=d.hang_after,
-            progress_after=d.progress_after,
-            max_attempts=d.max_attempts,
-            max_idle_resumes=d.max_idle_resumes,
-            backoff_initial=d.backoff_initial,
-            backoff_max=d.backoff_max,
+            **{name: getattr(d, name) for name in DAEMON_KNOBS},
             max_runtime=lc.max_runtime if lc else None,
             non_retryable_exit_codes=frozenset(lc.non_retryable_exit_codes) if lc else frozenset(),
-            on_spinning=d.on_spinning,
             launch_timeout=defaults.LAUNCH_TIMEOUT,
-            inactive_grace=d.inactive_grace,
-            max_limit_wait=d.max_limit_wait,
-            max_cost_usd=d.max_cost_usd,
         )
 
     def _lock_busy(self, task_id: str, mem: LookMemory, action: str, exc: Busy) -> None:

@@ -52,6 +52,10 @@ class BlockMemory:
     """The upstreams holding the task that do not exist, as last reported (once per change)."""
 
 
+_NO_AGES: dict[str, float | None] = {"started": None, "signal": None, "progress": None, "dispatched": None}
+"""The ages of a task without an owner: none is read (only an owned task's decisions use them)."""
+
+
 class Observer:
     """Observations of tasks, and the per-task :class:`BlockMemory` they need."""
 
@@ -179,15 +183,7 @@ class Observer:
             inactive_since, inactive_for = seen[2], max(0.0, mono - seen[3])
         else:
             mem.inactive_seen = None
-        started = (owner.started_at if owner is not None else None) or meta.dispatched_at
-        ages = self.ages.measure(baton.id, {
-            "started": started,
-            # proof of life: a write, a touch, or the agent's own output (its log's mtime)
-            "signal": max((t for t in (meta.touched_at, meta.dispatched_at, output, trail_at) if t is not None),
-                          default=None),
-            "progress": max((t for t in (meta.progress_at, started) if t is not None), default=None),
-            "dispatched": meta.dispatched_at,
-        }, now, mono, bound=process_age(owner, host=sh.host) if alive else None)
+        ages = self._ages(baton, owner, output, trail_at, alive, now, mono)
         pending: tuple[str, ...] = ()
         if baton.after and meta.status is Status.ACTIVE and owner is None:
             from heartbeat.tasks.handoff import pending_upstreams
@@ -200,6 +196,23 @@ class Observer:
                                output_at=output, running_for=ages["started"], silent_for=ages["signal"],
                                unchanged_for=ages["progress"], dispatched_for=ages["dispatched"],
                                inactive_for=inactive_for, tool_running=tool_running, trail_at=trail_at)
+
+    def _ages(self, baton: Baton, owner: Owner | None, output: datetime | None, trail_at: datetime | None,
+              alive: bool, now: datetime, mono: float) -> dict[str, float | None]:
+        """The ages of the stamps the decisions about an owned task read (:mod:`.ages`); none without an owner."""
+        meta = baton.meta
+        if owner is None:
+            self.ages.unowned(baton.id, mono)
+            return _NO_AGES
+        started = owner.started_at or meta.dispatched_at
+        return self.ages.measure(baton.id, {
+            "started": started,
+            # proof of life: a write, a touch, the agent's own output (its log's mtime) or a tool call (its trail)
+            "signal": max((t for t in (meta.touched_at, meta.dispatched_at, output, trail_at) if t is not None),
+                          default=None),
+            "progress": max((t for t in (meta.progress_at, started) if t is not None), default=None),
+            "dispatched": meta.dispatched_at,
+        }, now, mono, bound=process_age(owner, host=self.shared.host) if alive else None)
 
     def _report_missing(self, baton: Baton, pending: tuple[str, ...], statuses: Any, now: datetime,
                         mem: BlockMemory) -> None:
