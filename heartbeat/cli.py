@@ -932,7 +932,7 @@ def _hot_args(argv: Sequence[str]) -> Any:
     an agent more than its whole write (``scripts/bench_cli.py``). It reads only positionals, from
     the declarations build_parser uses (a name, at most one ``nargs="+"`` last), and gives every
     option its declared default; a call with any option, or anything it does not read, goes to
-    argparse. ``tests/test_cli.py`` checks that both give the same namespace, for any arguments.
+    argparse. ``tests/integration/test_cli.py`` checks that both give the same namespace, for any arguments.
     """
     if not argv or argv[0] not in AGENT_WRITES or any(arg.startswith("-") for arg in argv):
         return None

@@ -20,6 +20,20 @@ from heartbeat.store.files import FileStore
 from heartbeat.store.memory import MemoryStore
 
 ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ("unit", "integration", "system", "external", "soak")
+"""The folders of tests/, each a marker of the same name (pyproject.toml), set on its tests here."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its folder's layer, so ``-m "unit or integration"`` picks by layer too."""
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            layer = Path(item.path).resolve().relative_to(tests).parts[0]
+        except ValueError:
+            continue
+        if layer in LAYERS:
+            item.add_marker(getattr(pytest.mark, layer))
 
 
 @dataclass
@@ -90,7 +104,7 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: f
         time.sleep(interval)
 
 
-# -- PostgreSQL: one throwaway cluster per run, one fresh database per test (tests/pg.py) --
+# -- PostgreSQL: one throwaway cluster per run, one fresh database per test (tests/support/pg.py) --
 
 _pg_counter = iter(range(1, 1 << 30))
 
@@ -99,7 +113,7 @@ _pg_counter = iter(range(1, 1 << 30))
 def _throwaway_cluster() -> Iterator[Any]:
     """A throwaway PostgreSQL cluster on a Unix socket, removed at the end; the test fails (never
     skips) when none can start."""
-    from tests.pg import start_cluster
+    from tests.support.pg import start_cluster
 
     try:
         cluster = start_cluster()

@@ -2,7 +2,7 @@
 gc's archives (files in ``<state_dir>/archive/``, rows of ``heartbeat_archive``) are carried with
 the ``archived`` events that name them, in every direction, byte for byte, so ``heartbeat report``
 on the target is the source's. Before, the events went and the archives stayed behind: the
-report on the target stopped with "the archive ... ". A real throwaway cluster (tests/pg.py)."""
+report on the target stopped with "the archive ... ". A real throwaway cluster (tests/support/pg.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 from conftest import Result, clean_env
-from test_retention import sim
+from tests.integration.test_retention import sim
 
 from heartbeat.config import RetentionConfig
 from heartbeat.errors import BadInput, Conflict, StoreError

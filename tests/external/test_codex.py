@@ -1,7 +1,7 @@
 """The real ``codex`` (pinned 0.171.0) running whole sessions against the scripted model on 127.0.0.1.
 
 codex reaches the scripted Responses API through a provider given on its command line
-(``tests/scripted_model/responses.py``: ``codex_args``); no login, no network. It runs the
+(``tests/support/scripted_model/responses.py``: ``codex_args``); no login, no network. It runs the
 model's shell calls in its real ``workspace-write`` sandbox and fires the hooks
 ``heartbeat hooks install codex`` wrote. The model's own record (``model.jsonl``: each step
 it wrote, from the tool results codex sent back) is the independent witness of redone work.

@@ -26,7 +26,7 @@ from heartbeat import tasks
 from heartbeat.baton import Gate
 from heartbeat.ledger import Event
 from heartbeat.store.postgres import PostgresStore
-from tests.pg import Cluster
+from tests.support.pg import Cluster
 
 pytestmark = pytest.mark.slow
 
@@ -202,7 +202,7 @@ class TestPausedHost:
     def test_a_paused_hosts_agents_stop_before_the_takeover_and_resumed_it_writes_nothing(
             self, pair: tuple[Host, Host], tmp_path: Path) -> None:
         """A SIGSTOPped daemon's agents are stopped by their shims when its lease runs out, before the new
-        host's agents start (issue 19 item 4; tests/test_no_two_agents.py has the agents' own records);
+        host's agents start (issue 19 item 4; tests/external/test_no_two_agents.py has the agents' own records);
         resumed after its tasks were taken over, the daemon writes nothing for them; the new host's agents
         run on; a write at the old epoch is refused (exit 5)."""
         a, b = pair

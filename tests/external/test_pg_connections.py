@@ -30,7 +30,7 @@ from heartbeat.baton import Owner
 from heartbeat.liveness import identify, this_host
 from heartbeat.store.postgres import PostgresStore, upgrade
 from heartbeat.timeparse import utcnow
-from tests.pg import Cluster, start_cluster
+from tests.support.pg import Cluster, start_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -219,7 +219,7 @@ class TestRelayedOnPostgres:
             assert stale.returncode == 5, stale.stderr
             others = _hb({**env, "HEARTBEAT_STORE_URL": db_url + "&application_name=elsewhere"}, "touch", "r1")
             assert others.returncode == 0 and relayed().count("touch") == 1  # written by itself, not relayed
-            # The relayed call loads no database driver, no parser: the agent's fast path (tests/test_relay.py).
+            # The relayed call loads no database driver, no parser: the agent's fast path (tests/system/test_relay.py).
             timed = subprocess.run([sys.executable, "-X", "importtime", "-m", "heartbeat", "touch", "r1"],
                                    capture_output=True, text=True, env=env, timeout=120)
             assert timed.returncode == 0, timed.stderr

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import Result, clean_env
-from test_retention import _counters, sim
+from tests.integration.test_retention import _counters, sim
 
 from heartbeat.baton import Baton, Gate, Status
 from heartbeat.config import RetentionConfig
@@ -43,7 +43,7 @@ def write(store: PostgresStore, task: str, start: datetime, *, seed: int = 1, ep
 
 
 def fill_rich(store: PostgresStore) -> None:
-    """The file store's rich ledger (tests/test_retention.py), on PostgreSQL: forty tasks through every
+    """The file store's rich ledger (tests/integration/test_retention.py), on PostgreSQL: forty tasks through every
     report metric, done, failed and still active."""
     for n in range(40):
         finish = "done" if n % 5 else ("failed" if n % 10 else "active")
@@ -277,7 +277,7 @@ class TestTwoHosts:
         one archive row), the human-blocked task and the done upstream it lists in `after` stay, both
         hosts keep running gc (or skip it while the other holds the lock), and the report is unchanged.
         (c31a8a9's daemon never scheduled gc on a database.)"""
-        from test_leased_daemons import Host
+        from tests.external.test_leased_daemons import Host
 
         store = PostgresStore(pg_url)
         hosts: list[Host] = []

@@ -26,7 +26,7 @@ from heartbeat.store import open_store
 from heartbeat.store.files import FileStore
 from heartbeat.store.postgres import SCHEMA_VERSION, PostgresStore, upgrade
 from tests.conftest import ROOT, Result, clean_env, wait_for
-from tests.pg import Cluster
+from tests.support.pg import Cluster
 
 
 def _baton(task_id: str = "t", **fields: object) -> Baton:

@@ -2,7 +2,7 @@
 items 3, 5 and their share of 8).
 
 The daemon runs the pinned ``claude`` through the ``claude-code`` preset against the scripted
-model on 127.0.0.1 (``tests/scripted_model``), with a short ``stall_after``. The model's own
+model on 127.0.0.1 (``tests/support/scripted_model``), with a short ``stall_after``. The model's own
 record says what the agent really did.
 """
 
@@ -17,7 +17,7 @@ import pytest
 from agent_clis import agent_cli
 from daemon_harness import DaemonHarness, toml_list
 from scripted_model import ScriptedModel, Workload, scripted_model
-from test_real_sessions import README_ARGS, STEPS, claude_env
+from tests.external.test_real_sessions import README_ARGS, STEPS, claude_env
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 
 The daemon launches the pinned ``claude`` through the ``claude-code`` preset with the
 README's config; ``claude`` sends its Messages API requests to the scripted model on
-127.0.0.1 (``tests/scripted_model``), runs the tool calls it answers with (``Write``,
+127.0.0.1 (``tests/support/scripted_model``), runs the tool calls it answers with (``Write``,
 ``Bash``: the real ``heartbeat`` commands against the real state dir), fires its hooks and
 resumes its sessions. What the agent did is read from the model's own record (built from
 the tool results the CLI sent back), independent of heartbeat's ledger.
@@ -239,7 +239,7 @@ class TestTheDocsAsWritten:
         from heartbeat.store.files import FileStore
 
         claude = agent_cli("claude")
-        text = (Path(__file__).resolve().parent.parent / "docs" / "agents.md").read_text()
+        text = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
         section = text[text.index("### The config"):]
         config = re.search(r"```toml\n(.*?)```", section, re.S)
         commands = re.search(r"```sh\n(.*?)```", section, re.S)

@@ -1,6 +1,6 @@
 """A rolling upgrade: heartbeat N and N+1 side by side on one store, for real.
 
-PostgreSQL: a throwaway cluster; "N+1" is ``tests/newer_heartbeat.py``, the installed heartbeat plus one
+PostgreSQL: a throwaway cluster; "N+1" is ``tests/support/newer_heartbeat.py``, the installed heartbeat plus one
 additive migration (a column and a table) that it applies with ``db upgrade`` and requires to run. The
 installed heartbeat (N) keeps running daemons and agents on the upgraded database, until a migration
 raises ``min_reader`` above N: then N refuses in one line. The file store: ``format.toml`` in the state
@@ -34,10 +34,10 @@ from heartbeat.store.postgres import (
     schema_state,
     upgrade,
 )
-from tests.newer_heartbeat import NEXT, NEXT_MIGRATION
-from tests.test_leased_daemons import Host, hosts_of, new_tasks
+from tests.support.newer_heartbeat import NEXT, NEXT_MIGRATION
+from tests.external.test_leased_daemons import Host, hosts_of, new_tasks
 
-NEWER = str(Path(__file__).with_name("newer_heartbeat.py"))
+NEWER = str(Path(__file__).parents[1] / "support" / "newer_heartbeat.py")
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -47,7 +47,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _heartbeat(*args: str, url: str, cwd: Path, newer: str = "") -> subprocess.CompletedProcess[str]:
-    """The installed heartbeat (N), or with ``newer`` (``"next"``/``"raise"``) tests/newer_heartbeat.py (N+1)."""
+    """The installed heartbeat (N), or with ``newer`` (``"next"``/``"raise"``) tests/support/newer_heartbeat.py (N+1)."""
     if newer:
         argv = [sys.executable, NEWER, *(["--raise-min-reader"] if newer == "raise" else []), *args]
     else:
@@ -62,7 +62,7 @@ def _one_line(r: subprocess.CompletedProcess[str]) -> str:
 
 
 class NewerHost(Host):
-    """A daemon of heartbeat N+1 (tests/newer_heartbeat.py); its agents run the installed heartbeat, N."""
+    """A daemon of heartbeat N+1 (tests/support/newer_heartbeat.py); its agents run the installed heartbeat, N."""
 
     def start(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115
@@ -364,6 +364,6 @@ class TestFileStoreFormat:
 
 
 def test_newer_heartbeat_helper_is_what_it_claims(pg_url: str, tmp_path: Path) -> None:
-    """tests/newer_heartbeat.py is one version ahead: it refuses the current schema until its own upgrade."""
+    """tests/support/newer_heartbeat.py is one version ahead: it refuses the current schema until its own upgrade."""
     r = _heartbeat("status", url=pg_url, cwd=tmp_path, newer="next")
     assert r.returncode == 1 and f"this heartbeat uses {NEXT}" in r.stderr, r.stderr

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "heartbeat.service"
 SYSUSERS = ROOT / "systemd" / "heartbeat.sysusers.conf"
 DOCS = ROOT / "docs" / "systemd.md"

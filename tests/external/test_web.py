@@ -27,7 +27,7 @@ from heartbeat.web import (
     read_log_tail,
 )
 from tests.conftest import clean_env
-from tests.web_scenario import HOSTILE_BLOCK, HOSTILE_STEP, Scenario, WebServer, chromium, start_scenario, start_web
+from tests.support.web_scenario import HOSTILE_BLOCK, HOSTILE_STEP, Scenario, WebServer, chromium, start_scenario, start_web
 
 pytestmark = pytest.mark.slow
 
@@ -223,7 +223,7 @@ class TestToken:
 
     def test_daemon_refuses_http_without_token(self, tmp_path: Path) -> None:
         """`[http] listen` on loopback without a token: the daemon logs http_failed and keeps the clock."""
-        from tests.daemon_harness import DaemonHarness
+        from tests.support.daemon_harness import DaemonHarness
 
         h = DaemonHarness(tmp_path, extra='[http]\nlisten = "127.0.0.1:0"\n')
         try:

@@ -29,8 +29,8 @@ import pytest
 from heartbeat import defaults
 from heartbeat.metrics import Vitals
 from tests.conftest import clean_env
-from tests.daemon_harness import DaemonHarness
-from tests.web_scenario import chromium
+from tests.support.daemon_harness import DaemonHarness
+from tests.support.web_scenario import chromium
 
 pytestmark = pytest.mark.slow
 

@@ -15,9 +15,9 @@ from heartbeat import defaults
 from heartbeat.baton import Baton, Gate, GateKind, Meta, Status, dump_baton
 from heartbeat.ledger import Event, EventKind
 from heartbeat.timeparse import utcnow
-from tests.daemon_harness import DaemonHarness
-from tests.test_web import get, rows
-from tests.web_scenario import WebServer, chromium, start_web
+from tests.support.daemon_harness import DaemonHarness
+from tests.external.test_web import get, rows
+from tests.support.web_scenario import WebServer, chromium, start_web
 
 pytestmark = pytest.mark.slow
 

@@ -587,7 +587,7 @@ class TestScanOnly:
                                                                             state_dir: Path) -> None:
         """The daemon's own write (a dispatch) is in its next trusted scan even when the feed lags:
         a stale entry there read as "no agent yet" and freed a slot the agent still held (CI: six
-        agents under max_concurrent 5 in tests/test_resources.py's flood)."""
+        agents under max_concurrent 5 in tests/system/test_resources.py's flood)."""
         _new(file_store, "a")
         file_store.scan()
         with file_store.edit("a") as ed:

@@ -2,7 +2,7 @@
 and the real Claude Code CLI firing the installed hooks.
 
 The hook is run for real (``python -m heartbeat hook claude`` with the event on stdin). The
-scripted session in ``tests/data/claude_session_events.json`` holds events recorded from the
+scripted session in ``tests/support/data/claude_session_events.json`` holds events recorded from the
 real CLI where it sends them without a login, and built from the documented schema where it
 does not (each event says which).
 """
@@ -27,7 +27,7 @@ from heartbeat.hooks import allow_rules, handle_event, install_claude, uninstall
 from heartbeat.store.files import FileStore
 from heartbeat.timeparse import utcnow
 
-SESSION = json.loads((ROOT / "tests" / "data" / "claude_session_events.json").read_text())["events"]
+SESSION = json.loads((ROOT / "tests" / "support" / "data" / "claude_session_events.json").read_text())["events"]
 
 
 def event(name: str, cwd: Path | str, **fields: Any) -> dict[str, Any]:

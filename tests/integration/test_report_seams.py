@@ -177,7 +177,7 @@ class TestFromThePresets:
         """A recorded stream parsed by its preset, recorded as ``exited``, shows up in runs, tokens and cost."""
         from heartbeat.presets import parse_result
 
-        info = parse_result(preset, (Path(__file__).parent / "data" / log).read_bytes())
+        info = parse_result(preset, (Path(__file__).parents[1] / "support" / "data" / log).read_bytes())
         data = info.event_data()
         m = seam_metrics([ev("dispatched", 0), ev("exited", 5, code=0, **data)])
         assert m["runs"] == 1

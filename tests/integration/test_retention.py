@@ -31,7 +31,7 @@ from heartbeat.report import build_report
 from heartbeat.retention import RETENTION_KINDS, run_gc
 from heartbeat.store.files import FileStore
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 LATER = T0 + timedelta(days=400)
 

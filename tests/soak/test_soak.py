@@ -1,6 +1,6 @@
 """The chaos soak: its checker catches what it claims to, and the short soak finds nothing.
 
-The first classes feed the checker (``tests/soak_checker.py``) broken histories, real
+The first classes feed the checker (``tests/support/soak_checker.py``) broken histories, real
 processes and real files, so a soak that reports zero violations means something: each
 invariant is shown to fire. The last class runs ``scripts/soak.py --short`` for real.
 """

@@ -6,7 +6,7 @@ executable. Installs are serialised by a lock file, so parallel test processes s
 install. Without ``npm`` or without a reachable registry the calling test is skipped with the
 reason printed; CI reaches npm, so there they run.
 
-``python3 tests/agent_clis.py`` installs all three at once, in parallel, with any Python (no
+``python3 tests/support/agent_clis.py`` installs all three at once, in parallel, with any Python (no
 pytest needed): ``scripts/test`` starts it in the background first, so the downloads overlap the
 venv install, lint, type-check and the first tests; a test that needs a CLI still being
 installed waits on its lock.

@@ -1,6 +1,6 @@
 """A running daemon with tasks in every interesting state, for the status page's tests and screenshots.
 
-:func:`start_scenario` starts a real ``heartbeat run`` (tests/daemon_harness.py) that also
+:func:`start_scenario` starts a real ``heartbeat run`` (tests/support/daemon_harness.py) that also
 serves ``[http]`` on an ephemeral loopback port, creates tasks (one working through a
 long plan, one crashing until it escalates, one blocked on a human, one whose step and
 block are hostile HTML, one finished, one invalid baton), kills the working agent once
@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.daemon_harness import TOY, DaemonHarness, toml_list
+from tests.support.daemon_harness import TOY, DaemonHarness, toml_list
 
 HOSTILE_STEP = ('<script>document.title="pwned";document.documentElement.setAttribute("data-pwned","1")</script>'
                 '<img src=x onerror="document.title=\'pwned\'">')

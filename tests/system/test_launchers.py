@@ -48,7 +48,7 @@ from heartbeat.systemd import PLUMBING_ENV
 HOSTILE = "; rm -rf / $(touch pwned) `touch pwned2` $HOME ${PATH} %n\nsecond line 'q' \"dq\" \\"
 """A baton value that would do damage if it ever reached a shell or systemd's expansion."""
 
-SHIM_PATH = str(Path(__file__).resolve().parent.parent / "heartbeat" / "launchers" / "shim.py")
+SHIM_PATH = str(Path(__file__).resolve().parents[2] / "heartbeat" / "launchers" / "shim.py")
 
 # The toy agent: reports what it got, then behaves as TOY_MODE says.
 AGENT = textwrap.dedent('''

@@ -1,7 +1,7 @@
 """Limits are waits, not failures; a cost budget escalates (issue 16, item 5), with a real daemon.
 
 The agent is a stand-in for ``claude`` under the ``claude-code`` preset: a script that prints a
-run recorded from the real CLI (tests/data) and exits as it did. The real CLI against the
+run recorded from the real CLI (tests/support/data) and exits as it did. The real CLI against the
 scripted model is in tests/test_real_claude_limits.py.
 """
 
@@ -18,11 +18,11 @@ from web_scenario import start_web
 
 pytestmark = pytest.mark.slow
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "support" / "data"
 
 
 def fake_claude(root: Path, fixture: str, code: int) -> Path:
-    """An executable that prints ``tests/data/<fixture>`` as its run and exits ``code``."""
+    """An executable that prints ``tests/support/data/<fixture>`` as its run and exits ``code``."""
     path = root / f"fake-claude-{fixture.removesuffix('.log')}"
     path.write_text(f"#!/bin/sh\ncat {json.dumps(str(DATA / fixture))}\nexit {code}\n")
     path.chmod(0o755)

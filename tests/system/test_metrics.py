@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from heartbeat.daemon.vitals import LATENCY_BUCKETS, VITALS_FILE, Histogram, Vitals
 from heartbeat.metrics import FLEET_METRIC_NAMES, METRIC_NAMES, write_textfile
 from tests.conftest import ROOT, clean_env
-from tests.daemon_harness import TOY, DaemonHarness
+from tests.support.daemon_harness import TOY, DaemonHarness
 
 pytestmark = pytest.mark.slow
 
@@ -402,7 +402,7 @@ class TestAlertRules:
                 series |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
         doc = yaml.safe_load(self.RULES.read_text())
         used = {m for g in doc["groups"] for r in g["rules"] for m in re.findall(r"\bheartbeat_[a-z_]+", r["expr"])}
-        series |= set(FLEET_METRIC_NAMES)  # a PostgreSQL fleet's (tests/test_metrics_fleet.py scrapes them)
+        series |= set(FLEET_METRIC_NAMES)  # a PostgreSQL fleet's (tests/external/test_metrics_fleet.py scrapes them)
         assert used and used <= series, sorted(used - series)
 
 

@@ -192,7 +192,7 @@ class TestGoodputBench:
         """A tiny run of scripts/bench_goodput.py: both arms finish; only the naive one breaks constraints and blocks."""
         import subprocess
 
-        root = Path(__file__).resolve().parent.parent
+        root = Path(__file__).resolve().parents[2]
         proc = subprocess.run([sys.executable, str(root / "scripts" / "bench_goodput.py"), "--pipelines", "3",
                                "--rates", "0.2", "--json"], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr

@@ -1,7 +1,7 @@
 """The relay attacked from outside: what a hostile or unlucky client, a planted file or a stop can do to it.
 
 Real daemons (``heartbeat run`` in a subprocess), real Unix sockets and real CLI processes,
-as in ``tests/test_relay.py``; each test here failed on the relay as first built.
+as in ``tests/system/test_relay.py``; each test here failed on the relay as first built.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import DaemonHarness
-from test_relay import agent, agent_env, started
-from test_relay import claimed as claim_new
+from tests.system.test_relay import agent, agent_env, started
+from tests.system.test_relay import claimed as claim_new
 
 from heartbeat import relay
 

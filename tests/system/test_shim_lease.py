@@ -1,7 +1,7 @@
 """The shim's lease watch (issue 19 item 4), on the real shim script with real agents and signals:
 the agent runs while its lease file is renewed and is stopped (SIGTERM, then SIGKILL) once the
 deadlines in it pass; a hostile or missing file never extends a deadline nor hangs the shim.
-The two-host run with real daemons is tests/test_no_two_agents.py."""
+The two-host run with real daemons is tests/external/test_no_two_agents.py."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from heartbeat.config import LauncherConfig
 from heartbeat.launchers.exec import shim_command
 from heartbeat.launchers.shim import lease_clock, read_lease
 
-SHIM = str(Path(__file__).resolve().parent.parent / "heartbeat" / "launchers" / "shim.py")
+SHIM = str(Path(__file__).resolve().parents[2] / "heartbeat" / "launchers" / "shim.py")
 
 SLEEPER = "import time\nwhile True: time.sleep(1)\n"
 STUBBORN = ("import pathlib, signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from heartbeat.cli import build_parser
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DESIGN = ROOT / "docs" / "design.md"
 
 _REFERENCE = re.compile(r"`(tests/[\w/]+\.py)((?:::\w+)*)`")

@@ -14,7 +14,7 @@ import pytest
 from heartbeat.config import parse_config
 from heartbeat.pipeline import parse_pipeline
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 MAX_README_LINES = 300

@@ -16,7 +16,7 @@ import pytest
 from heartbeat.baton import Status
 from heartbeat.ledger import EventKind
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "heartbeat"
 KINDS = {kind.value for kind in EventKind}
 STATUSES = {status.value for status in Status}

@@ -12,7 +12,7 @@ never run). ``from package import name`` is an edge to ``package.name`` when tha
 else to the package's ``__init__``. The optional extras (psycopg, mcp, starlette, uvicorn,
 jinja2, prometheus_client) are outside heartbeat and so never in the graph.
 
-Run as a script (``python tests/test_layers.py``) it prints the strongly connected components
+Run as a script (``python tests/unit/test_layers.py``) it prints the strongly connected components
 and the edges inside them.
 """
 
@@ -23,7 +23,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "heartbeat"
 
 Graph = dict[str, set[str]]

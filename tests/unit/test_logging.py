@@ -213,7 +213,7 @@ class TestConsole:
                 "get_logger().info('hello', task='t1')\n")
         try:
             proc = subprocess.Popen([sys.executable, "-c", code], stdout=slave, stderr=subprocess.PIPE,
-                                    env=clean_env(NO_COLOR="1"), cwd=str(Path(__file__).parent.parent))
+                                    env=clean_env(NO_COLOR="1"), cwd=str(Path(__file__).parents[2]))
             os.close(slave)
             output = read_pty(master, b"t1").decode(errors="replace")
             assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
@@ -231,7 +231,7 @@ class TestConsole:
                 "configure()\n"
                 "get_logger().info('hello', task='t1')\n")
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(),
-                              timeout=60, cwd=str(Path(__file__).parent.parent))
+                              timeout=60, cwd=str(Path(__file__).parents[2]))
         assert proc.returncode == 0, proc.stderr
         event = json.loads(proc.stdout)
         assert event["event"] == "hello" and event["task"] == "t1"
@@ -240,7 +240,7 @@ class TestConsole:
 class TestStdlibBridge:
     def test_library_warnings_become_json(self) -> None:
         """A standard-library warning comes out as a JSON line with its logger name, a fixed
-        event name and its text as a field (APScheduler's own: tests/test_log_volume.py)."""
+        event name and its text as a field (APScheduler's own: tests/integration/test_log_volume.py)."""
         buf = io.StringIO()
         hlog.configure("json", stream=buf)
         stdlib_logging.getLogger("apscheduler.scheduler").warning("Run time of job %s was missed", "tick")

@@ -17,7 +17,7 @@ import pytest
 from heartbeat import defaults, pulse
 from heartbeat.launchers import shim
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "heartbeat"
 
 TIME_NAME = re.compile(r"TIMEOUT|GRACE|INTERVAL|WAIT|RETRY|SKEW|EVERY|SECONDS|DELAY|AFTER|TTL|PERIOD|LISTEN")

@@ -39,7 +39,7 @@ from heartbeat.presets import (
     valid_session_id,
 )
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "support" / "data"
 UUID1 = "0b6f7c8e-1f6d-4b43-9c55-1b7e9f2a3c4d"
 UUID2 = "7d1e1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b"
 CLAUDE_ARGS = ["--model", "sonnet", "--permission-mode", "acceptEdits", "--allowedTools", "Bash(git *),Edit,Read"]
@@ -149,7 +149,7 @@ class TestPresetConfig:
 
 
 class TestParseRecordedStreams:
-    """The parsers on streams recorded from the real CLIs (tests/data/README.md says which are derived)."""
+    """The parsers on streams recorded from the real CLIs (tests/support/data/README.md says which are derived)."""
 
     def test_claude_not_logged_in_is_a_non_retryable_error(self) -> None:
         """The real not-logged-in run: is_error, non-retryable, with its session id, turns and cost."""
@@ -643,7 +643,7 @@ env = {{ HOME = "{home}" }}
 
 
 def test_every_preset_is_tested_against_its_cli() -> None:
-    """Each preset names a CLI that tests/agent_clis.py pins (so its argv test runs)."""
+    """Each preset names a CLI that tests/support/agent_clis.py pins (so its argv test runs)."""
     from agent_clis import PACKAGES
 
     assert {PRESETS[name].program for name in PresetName} <= set(PACKAGES)
