@@ -20,7 +20,6 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 from conftest import Result, clean_env
-from tests.integration.test_retention import sim
 
 from heartbeat.config import RetentionConfig
 from heartbeat.errors import BadInput, Conflict, StoreError
@@ -30,6 +29,7 @@ from heartbeat.store.base import Archiving, Store
 from heartbeat.store.files import FileStore
 from heartbeat.store.postgres import PostgresStore
 from heartbeat.transfer import Counts, export_lines, import_lines, migrate
+from tests.integration.test_retention import sim
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 MID = T0 + timedelta(days=200)

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from heartbeat.metrics import FLEET_METRIC_NAMES, METRIC_NAMES
-from tests.support.daemon_harness import TOY
-from tests.support.pg import Cluster
 from tests.external.test_alert_rules import promtool
 from tests.external.test_leased_daemons import Host, new_tasks
+from tests.support.daemon_harness import TOY
+from tests.support.pg import Cluster
 from tests.system.test_metrics import SCRAPE_TOKEN, Samples, cli_metrics, parse, scrape, value
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,6 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import Result, clean_env
-from tests.integration.test_retention import _counters, sim
 
 from heartbeat.baton import Baton, Gate, Status
 from heartbeat.config import RetentionConfig
@@ -25,6 +24,7 @@ from heartbeat.report import build_report
 from heartbeat.retention import run_gc
 from heartbeat.store.base import Archiving
 from heartbeat.store.postgres import PostgresStore
+from tests.integration.test_retention import _counters, sim
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 LATER = T0 + timedelta(days=400)

@@ -17,6 +17,7 @@ import pytest
 from agent_clis import agent_cli
 from daemon_harness import DaemonHarness, toml_list
 from scripted_model import ScriptedModel, Workload, scripted_model
+
 from tests.external.test_real_sessions import README_ARGS, STEPS, claude_env
 
 pytestmark = pytest.mark.slow

@@ -34,8 +34,8 @@ from heartbeat.store.postgres import (
     schema_state,
     upgrade,
 )
-from tests.support.newer_heartbeat import NEXT, NEXT_MIGRATION
 from tests.external.test_leased_daemons import Host, hosts_of, new_tasks
+from tests.support.newer_heartbeat import NEXT, NEXT_MIGRATION
 
 NEWER = str(Path(__file__).parents[1] / "support" / "newer_heartbeat.py")
 

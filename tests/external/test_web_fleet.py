@@ -15,8 +15,8 @@ from heartbeat import defaults
 from heartbeat.baton import Baton, Gate, GateKind, Meta, Status, dump_baton
 from heartbeat.ledger import Event, EventKind
 from heartbeat.timeparse import utcnow
-from tests.support.daemon_harness import DaemonHarness
 from tests.external.test_web import get, rows
+from tests.support.daemon_harness import DaemonHarness
 from tests.support.web_scenario import WebServer, chromium, start_web
 
 pytestmark = pytest.mark.slow

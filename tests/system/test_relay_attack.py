@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import DaemonHarness
-from tests.system.test_relay import agent, agent_env, started
-from tests.system.test_relay import claimed as claim_new
 
 from heartbeat import relay
+from tests.system.test_relay import agent, agent_env, started
+from tests.system.test_relay import claimed as claim_new
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,6 @@
 """Launcher presets and sessions: the config expansion, the result parsers on recorded streams,
-the real CLIs' argument parsers, and the daemon settling a real ``claude`` run."""
+session plans and reset times. The real CLIs' argument parsers are in
+tests/external/test_presets_real_clis.py, the daemon's sessions in tests/system/test_presets_daemon.py."""
 
 from __future__ import annotations
 
@@ -7,17 +8,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_clis import agent_cli
 from conftest import Result, clean_env
-from daemon_harness import DaemonHarness, toml_list
+from daemon_harness import toml_list
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -352,294 +349,26 @@ class TestPlanSession:
 # -- the real CLIs ---------------------------------------------------------------------------
 
 
-def run_cli(argv: list[str], home: Path, cwd: Path, *, timeout: float,
-            extra_env: dict[str, str] | None = None,
-            stop_when: Callable[[str, str], object] | None = None) -> tuple[int | None, str, str]:
-    """Run a real agent CLI with a private HOME and no login, the brief on stdin, for at most ``timeout`` s.
-
-    ``stop_when(stdout, stderr)`` ends it early, like the timeout, once its output so far shows
-    what the test waits for (a CLI retrying an unreachable network would otherwise run out the
-    whole timeout). Returns (exit code, or None when it had to be stopped, stdout, stderr)."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
-           **(extra_env or {})}
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=str(cwd), env=env, start_new_session=True)
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    chunks: tuple[list[bytes], list[bytes]] = ([], [])
-    readers = [threading.Thread(target=lambda f=f, into=into: into.extend(iter(lambda: f.read1(65536), b"")),
-                                daemon=True) for f, into in ((proc.stdout, chunks[0]), (proc.stderr, chunks[1]))]
-    for reader in readers:
-        reader.start()
-    try:
-        proc.stdin.write(b"the brief\n")
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
-
-    def text(i: int) -> str:
-        return b"".join(chunks[i]).decode(errors="replace")
-
-    deadline = time.monotonic() + timeout
-    code: int | None = None
-    while (code := proc.poll()) is None and time.monotonic() < deadline:
-        if stop_when is not None and stop_when(text(0), text(1)) and (code := proc.poll()) is None:
-            break
-        time.sleep(0.05)
-    if code is None:
-        os.killpg(proc.pid, 9)
-        proc.wait()
-    for reader in readers:
-        reader.join()
-    return code, text(0), text(1)
 
 
-def codex_retrying(out: str, err: str) -> bool:
-    """codex named its thread and is retrying the unreachable model API: the argv was taken."""
-    return bool(parse_codex(out.encode()).session_id) and '"Reconnecting' in out
 
 
-def gemini_retrying(out: str, err: str) -> bool:
-    """gemini named its session, recorded the prompt and is retrying the unreachable API."""
-    return bool(parse_gemini(out.encode()).session_id) and '"role":"user"' in out and "Retrying" in err
 
 
-@pytest.fixture
-def cli_home(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
-    yield home, work
 
 
-class TestRealCLIsAcceptThePresetArgv:
-    """The exact argv each preset builds gets past the real CLI's argument parser (pinned releases, no login)."""
-
-    def test_claude_fresh_then_resume(self, cli_home: tuple[Path, Path], tmp_path: Path) -> None:
-        """claude reaches "Not logged in" with a result line for the fresh argv, then for --resume of that session."""
-        home, work = cli_home
-        lc = launcher(f'preset = "claude-code"\nprogram = "{agent_cli("claude")}"\nargs = {toml_list(CLAUDE_ARGS)}')
-        for resume in (False, True):
-            argv = build_argv(lc, request(work, resume=resume))
-            code, out, err = run_cli(argv, home, work, timeout=90)
-            assert code == 1, (argv, code, err[-500:])
-            assert "unknown option" not in err and "error:" not in err.lower(), err[-500:]
-            info = parse_claude(out.encode())
-            assert info.found and info.non_retryable and info.session_id == UUID1, out[-800:]
-            assert not info.resume_failed  # the resumed session exists: the fresh run created it
-
-    def test_claude_refuses_a_reused_session_id(self, cli_home: tuple[Path, Path]) -> None:
-        """Why "fresh" means a new UUID per dispatch: the real claude refuses --session-id of an existing session."""
-        home, work = cli_home
-        lc = launcher(f'preset = "claude-code"\nprogram = "{agent_cli("claude")}"')
-        argv = build_argv(lc, request(work))
-        assert run_cli(argv, home, work, timeout=90)[0] == 1
-        code, _out, err = run_cli(argv, home, work, timeout=90)
-        assert code == 1 and "already in use" in err
-
-    def test_codex_fresh_then_resume(self, cli_home: tuple[Path, Path]) -> None:
-        """codex starts a thread for the fresh argv, and `exec ... resume ID -` continues that same thread."""
-        home, work = cli_home
-        lc = launcher(f'preset = "codex"\nprogram = "{agent_cli("codex")}"\nargs = {toml_list(CODEX_ARGS)}')
-        code, out, err = run_cli(build_argv(lc, request(work, session="")), home, work, timeout=15,
-                                 stop_when=codex_retrying)
-        assert code is None, (code, err[-500:])  # it got going and retried the network until stopped
-        thread = parse_codex(out.encode()).session_id
-        assert thread, out[:500] + err[-500:]
-        code, out, err = run_cli(build_argv(lc, request(work, session=thread, resume=True)), home, work, timeout=15,
-                                 stop_when=codex_retrying)
-        assert code is None, (code, err[-500:])
-        assert "unexpected argument" not in err
-        assert parse_codex(out.encode()).session_id == thread
-
-    def test_codex_rejects_exec_options_after_resume(self, cli_home: tuple[Path, Path]) -> None:
-        """Why the preset puts args before `resume`: the real codex refuses --sandbox after it (exit 2)."""
-        home, work = cli_home
-        argv = [str(agent_cli("codex")), "exec", "--json", "resume", "--sandbox", "read-only", UUID1, "-"]
-        code, _out, err = run_cli(argv, home, work, timeout=15)
-        assert code == 2 and "unexpected argument '--sandbox'" in err
-
-    def test_gemini_without_auth_stops_at_the_auth_check(self, cli_home: tuple[Path, Path]) -> None:
-        """Without an auth method gemini exits 41 past its argument parser: non-retryable."""
-        home, work = cli_home
-        lc = launcher(f'preset = "gemini"\nprogram = "{agent_cli("gemini")}"\nargs = {toml_list(GEMINI_ARGS)}')
-        code, out, err = run_cli(build_argv(lc, request(work)), home, work, timeout=90)
-        assert code == 41 and "Unknown argument" not in err, (code, err[-500:])
-        assert parse_gemini((out + err).encode()).non_retryable
-
-    def test_gemini_fresh_then_resume(self, cli_home: tuple[Path, Path]) -> None:
-        """With an (unusable) API key, gemini starts the pinned session for the fresh argv, then resumes it."""
-        home, work = cli_home
-        lc = launcher(f'preset = "gemini"\nprogram = "{agent_cli("gemini")}"\nargs = {toml_list(GEMINI_ARGS)}')
-        key = {"GEMINI_API_KEY": "not-a-key"}
-        for resume in (False, True):
-            code, out, err = run_cli(build_argv(lc, request(work, resume=resume)), home, work, timeout=25,
-                                     extra_env=key, stop_when=gemini_retrying)
-            assert "Unknown argument" not in err and "trusted directory" not in err, err[-500:]
-            info = parse_gemini((out + err).encode())
-            assert info.session_id == UUID1 and not info.resume_failed, (code, out[:500], err[-500:])
 
 
 # -- the daemon ------------------------------------------------------------------------------
 
-FAKE_CLAUDE = """#!{python}
-import json, os, sys
-argv = sys.argv[1:]
-brief = sys.stdin.read()
-record = os.environ["FAKE_RECORD"]
-with open(record, "a") as f:
-    f.write(json.dumps({{"argv": argv, "brief": brief}}) + "\\n")
-runs = sum(1 for _ in open(record))
-mode = os.environ["FAKE_MODES"].split(",")[min(runs, len(os.environ["FAKE_MODES"].split(","))) - 1]
-flag = "--resume" if "--resume" in argv else "--session-id"
-session = argv[argv.index(flag) + 1]
-result = {{"type": "result", "subtype": "success", "is_error": False, "result": "ok", "session_id": session,
-          "num_turns": 2, "total_cost_usd": 0.01, "terminal_reason": "completed"}}
-if mode == "crash":
-    print("Killed mid-turn", flush=True)
-    sys.exit(1)
-if mode == "error0":
-    result.update(is_error=True, result="API Error: Connection error.", terminal_reason="api_error")
-    print(json.dumps(result))
-    sys.exit(0)
-if mode == "noconv" and flag == "--resume":
-    result.update(subtype="error_during_execution", is_error=True, result=None,
-                  errors=["No conversation found with session ID: " + session])
-    print(json.dumps(result))
-    sys.exit(1)
-print(json.dumps(result))
-sys.exit(1)
-"""
 
 
-def fake_claude_daemon(tmp_path: Path, modes: str, *, session: str = "resume", max_resumes: int = 3,
-                       max_attempts: int = 10) -> DaemonHarness:
-    tmp_path.chmod(0o700)
-    fake = tmp_path / "fake-claude"
-    fake.write_text(FAKE_CLAUDE.format(python=sys.executable))
-    fake.chmod(0o755)
-    record = tmp_path / "record.jsonl"
-    extra = f"""
-[launchers.claude]
-preset = "claude-code"
-program = "{fake}"
-session = "{session}"
-max_resumes_per_session = {max_resumes}
-stop_grace = "500ms"
-env = {{ FAKE_RECORD = "{record}", FAKE_MODES = "{modes}" }}
-"""
-    # stall_after is long: a loaded machine must not turn a slow start into a "never wrote" stop.
-    return DaemonHarness(tmp_path, extra=extra, max_attempts=max_attempts, stall_after="60s")
 
 
-def runs(h: DaemonHarness) -> list[dict[str, Any]]:
-    path = h.root / "record.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-class TestDaemonSessions:
-    """The daemon picks fresh or resumed sessions, records the one used, and settles by the result line."""
-
-    def test_resume_after_a_crash_then_fresh_past_the_limit(self, tmp_path: Path) -> None:
-        """crash → resume the same session with the note → crash → (max 1 resume) a fresh session."""
-        h = fake_claude_daemon(tmp_path, "crash,crash,crash", max_resumes=1)
-        try:
-            h.start()
-            h.new("s1", "--launcher", "claude")
-            h.wait(lambda: len(runs(h)) >= 3 and len(h.events("s1", "exited")) >= 3, "three runs")
-            first, second, third = runs(h)[:3]
-            assert first["argv"][-2] == "--session-id"
-            session = first["argv"][-1]
-            assert valid_session_id(session)
-            assert second["argv"][-2:] == ["--resume", session]
-            assert str(second["brief"]).startswith("You are resuming this session after it ended: exit 1")
-            assert "re-read the brief" in str(second["brief"])
-            assert third["argv"][-2] == "--session-id" and third["argv"][-1] != session
-            assert not str(third["brief"]).startswith("You are resuming")
-            dispatched = h.events("s1", "dispatched")[:3]
-            assert [e.data["session_resumed"] for e in dispatched] == [False, True, False]
-            assert [e.data["session"] for e in dispatched][:2] == [session, session]
-        finally:
-            h.close()
-
-    def test_fresh_mode_never_resumes(self, tmp_path: Path) -> None:
-        """session = "fresh": every dispatch, retries included, gets a new --session-id."""
-        h = fake_claude_daemon(tmp_path, "crash,crash", session="fresh")
-        try:
-            h.start()
-            h.new("s2", "--launcher", "claude")
-            h.wait(lambda: len(runs(h)) >= 2, "two runs")
-            a, b = runs(h)[:2]
-            assert a["argv"][-2] == b["argv"][-2] == "--session-id"
-            assert a["argv"][-1] != b["argv"][-1]
-        finally:
-            h.close()
-
-    def test_a_resume_that_finds_no_conversation_falls_back_to_fresh(self, tmp_path: Path) -> None:
-        """"No conversation found" on --resume clears meta.session: the next dispatch starts a fresh session."""
-        h = fake_claude_daemon(tmp_path, "crash,noconv,crash")
-        try:
-            h.start()
-            h.new("s3", "--launcher", "claude")
-            h.wait(lambda: len(runs(h)) >= 3, "three runs")
-            first, second, third = runs(h)[:3]
-            assert second["argv"][-2] == "--resume"
-            assert third["argv"][-2] == "--session-id"
-            assert third["argv"][-1] != first["argv"][-1]
-            exited = h.events("s3", "exited")[1]
-            assert exited.data["resume_failed"] is True
-        finally:
-            h.close()
-
-    def test_is_error_with_exit_0_is_a_failed_attempt(self, tmp_path: Path) -> None:
-        """A result line with is_error after exit 0 counts as a failed attempt (backoff), not a shift end."""
-        h = fake_claude_daemon(tmp_path, "error0,crash", session="fresh")
-        try:
-            h.start()
-            h.new("s4", "--launcher", "claude")
-            exited = h.wait(lambda: h.events("s4", "exited"), "the exit")[0]
-            assert exited.data["code"] == 0 and exited.data["kind"] == "failed"
-            assert exited.data["is_error"] is True and exited.data["result"] == "API Error: Connection error."
-            assert exited.data["cost_usd"] == 0.01 and exited.data["num_turns"] == 2
-            h.wait(lambda: len(runs(h)) >= 2, "the retry")
-            dispatched = h.events("s4", "dispatched")[1]
-            assert "retry after a failed attempt" in dispatched.data["reason"]
-            assert "Connection error" in dispatched.data["reason"]
-        finally:
-            h.close()
 
 
-class TestDaemonWithRealClaude:
-    """A real daemon dispatching the real ``claude`` (not logged in) through the claude-code preset."""
-
-    def test_not_logged_in_blocks_the_task_on_a_human(self, tmp_path: Path) -> None:
-        """The task ends blocked (human gate) with the "Not logged in" reason; the exited event carries the session."""
-        tmp_path.chmod(0o700)
-        home = tmp_path / "home"
-        home.mkdir()
-        extra = f"""
-[launchers.claude]
-preset = "claude-code"
-program = "{agent_cli("claude")}"
-args = ["--model", "sonnet"]
-inherit_env = ["PATH", "LANG"]
-env = {{ HOME = "{home}" }}
-"""
-        h = DaemonHarness(tmp_path, extra=extra, stall_after="120s")  # claude never writes the baton itself
-        try:
-            h.start()
-            h.new("real", "--launcher", "claude")
-            b = h.wait(lambda: (x := h.baton("real")).meta.status.value == "blocked" and x, "the block", timeout=120)
-            assert "Not logged in · Please run /login" in b.blocked_on and "a human is needed" in b.blocked_on
-            assert b.meta.gate is not None and b.meta.gate.kind.value == "human"
-            exited = h.events("real", "exited")[0]
-            assert exited.data["code"] == 1 and exited.data["kind"] == "non-retryable"
-            assert exited.data["session_id"] == b.meta.session and valid_session_id(b.meta.session)
-            assert exited.data["num_turns"] == 1 and exited.data["cost_usd"] == 0
-            assert exited.data["non_retryable"] is True and exited.data["input_tokens"] == 0
-            assert h.events("real", "dispatched")[0].data["session"] == b.meta.session
-            assert len(h.events("real", "dispatched")) == 1
-        finally:
-            h.close()
 
 
 def test_every_preset_is_tested_against_its_cli() -> None:
@@ -649,46 +378,6 @@ def test_every_preset_is_tested_against_its_cli() -> None:
     assert {PRESETS[name].program for name in PresetName} <= set(PACKAGES)
 
 
-class TestCompactionHeavySessions:
-    """The daemon counts the ledger's ``compacting`` events of the session it would resume."""
-
-    def test_a_session_compacted_three_times_is_not_resumed(self, tmp_path: Path) -> None:
-        """Two compactions of the session: resumed; a third (of that session, not another): a fresh one."""
-        from datetime import datetime, timezone
-
-        from heartbeat import tasks
-        from heartbeat.daemon import Daemon
-        from heartbeat.ledger import Event
-        from heartbeat.store.files import FileStore
-
-        tmp_path.chmod(0o700)
-        state = tmp_path / "state"
-        state.mkdir(mode=0o700)
-        config = parse_config(f'[daemon]\nstate_dir = "{state}"\ndefault_launcher = "a"\n\n'
-                              '[launchers.a]\ntype = "null"\nsession = "resume"\n', path=str(tmp_path / "hb.toml"))
-        store = FileStore(str(state))
-        d = Daemon(config, store=store)
-        try:
-            tasks.new_task(store, "c", task="t", step="s")
-            with store.edit("c", actor="test") as ed:
-                meta = ed.baton.meta
-                meta.session, meta.attempt, meta.dispatches, meta.last_exit = UUID1, 1, 1, 1
-            now = datetime.now(timezone.utc)
-
-            def compacted(session: str) -> None:
-                store.record([Event(task="c", kind="compacting", ts=now, data={"session_id": session})])
-
-            compacted(UUID1)
-            compacted(UUID1)
-            compacted(UUID2)
-            plan = d.actor.session_plan(store.load("c"), config.launchers["a"])
-            assert plan.resume and plan.session == UUID1
-            compacted(UUID1)
-            plan = d.actor.session_plan(store.load("c"), config.launchers["a"])
-            assert not plan.resume and plan.session != UUID1 and "compacted 3 times" in plan.why
-        finally:
-            d.shutdown()
-            store.close()
 
 
 NOW = datetime(2026, 12, 1, 16, 20, tzinfo=timezone.utc)
