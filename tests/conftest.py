@@ -73,13 +73,23 @@ def memory_store() -> MemoryStore:
 
 @pytest.fixture
 def hb(state_dir: Path) -> Callable[..., Result]:
-    """Run ``heartbeat ARGS...`` for real against ``state_dir``; ``env=`` adds variables."""
+    """Run ``heartbeat ARGS...`` for real (a subprocess) against ``state_dir``; ``env=`` adds variables.
+    A file whose tests need no process of their own overrides it with ``cli`` (in this process)."""
+    return _subprocess_cli(state_dir)
 
+
+@pytest.fixture
+def hb_process(state_dir: Path) -> Callable[..., Result]:
+    """``hb`` as a subprocess, for the tests of a file that overrides ``hb`` with ``cli``."""
+    return _subprocess_cli(state_dir)
+
+
+def _subprocess_cli(state_dir: Path) -> Callable[..., Result]:
     def run(*args: str, env: Mapping[str, str] | None = None, input: str | None = None,
             timeout: float = 60) -> Result:
         proc = subprocess.run(
             [sys.executable, "-m", "heartbeat", *args],
-            env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir), **(env or {})),
+            env=clean_env(**{"HEARTBEAT_STATE_DIR": str(state_dir), **(env or {})}),
             input=input,
             capture_output=True,
             text=True,
@@ -87,6 +97,23 @@ def hb(state_dir: Path) -> Callable[..., Result]:
             cwd=str(state_dir.parent),
         )
         return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    return run
+
+
+@pytest.fixture
+def cli(state_dir: Path) -> Callable[..., Result]:
+    """``heartbeat ARGS...`` in this process (tests/support/inprocess_cli.py), with what ``hb`` gives
+    a subprocess: ``state_dir``, a clean environment plus ``env=``, the state dir's parent as the
+    working directory, ``input=`` on stdin; every process-wide setting is put back afterwards. The
+    default for CLI behaviour; ``hb`` where the process is the point."""
+    from inprocess_cli import run as run_in_process
+
+    def run(*args: str, env: Mapping[str, str] | None = None, input: str | None = None,
+            timeout: float = 60) -> Result:
+        code, out, err = run_in_process(args, env=clean_env(**{"HEARTBEAT_STATE_DIR": str(state_dir), **(env or {})}),
+                                        cwd=str(state_dir.parent), input=input)
+        return Result(code, out, err)
 
     return run
 

@@ -14,6 +14,14 @@ from heartbeat.baton import Baton, Gate, GateKind, Meta, Status
 from heartbeat.brief import estimate_tokens, render_brief
 from heartbeat.store.files import FileStore
 
+
+@pytest.fixture
+def hb(cli: Callable[..., Result]) -> Callable[..., Result]:
+    """The CLI in this process (``cli``, tests/conftest.py): these tests need no process of their own;
+    the few that do take ``hb_process``."""
+    return cli
+
+
 HEADINGS = ("## Intent", "## Constraints", "## Where things stand", "## Context", "## Pointers",
             "## Keeping the baton")
 

@@ -26,6 +26,13 @@ from heartbeat.errors import BadInput
 Hb = Callable[..., Result]
 
 
+@pytest.fixture
+def hb(cli: Callable[..., Result]) -> Callable[..., Result]:
+    """The CLI in this process (``cli``, tests/conftest.py): these tests need no process of their own;
+    the few that do take ``hb_process``."""
+    return cli
+
+
 def _baton(state_dir: Path, task_id: str) -> dict[str, Any]:
     return tomllib.loads((state_dir / "batons" / f"{task_id}.toml").read_text())
 
@@ -125,8 +132,9 @@ class TestNewShowStatus:
         r = hb("show", "fix")
         assert r.code == 0 and tomllib.loads(r.out) == doc
 
-    def test_new_claim_prints_epoch_1(self, hb: Hb, state_dir: Path) -> None:
+    def test_new_claim_prints_epoch_1(self, hb_process: Hb, state_dir: Path) -> None:
         """`new --claim` creates the task owned by the caller's parent and prints epoch 1."""
+        hb = hb_process  # the owner is the command's parent process: a process of its own
         r = hb("new", "c", "--task", "t", "--step", "s", "--claim")
         assert (r.code, r.out) == (0, "1\n")
         owner = _baton(state_dir, "c")["meta"]["owner"]
@@ -317,9 +325,10 @@ class TestFencing:
 
 
 class TestClaimRelease:
-    def test_claim_of_a_task_held_by_a_live_agent(self, hb: Hb, state_dir: Path,
+    def test_claim_of_a_task_held_by_a_live_agent(self, hb_process: Hb, state_dir: Path,
                                                   sleeper: subprocess.Popen[bytes]) -> None:
         """`claim` of a task held by another live process is exit 5, unless --force (which bumps the epoch)."""
+        hb = hb_process  # the owner is the command's parent process: a process of its own
         assert hb("new", "h", "--task", "t", "--step", "s").code == 0
         assert hb("claim", "h", "--pid", str(sleeper.pid)).out == "1\n"
         path = state_dir / "batons" / "h.toml"

@@ -31,6 +31,15 @@ from heartbeat.config import (
 from heartbeat.errors import ConfigError
 
 Hb = Callable[..., Result]
+
+
+@pytest.fixture
+def hb(cli: Callable[..., Result]) -> Callable[..., Result]:
+    """The CLI in this process (``cli``, tests/conftest.py): these tests need no process of their own;
+    the few that do take ``hb_process``."""
+    return cli
+
+
 EXAMPLE = ROOT / "config" / "heartbeat.example.toml"
 
 

@@ -21,6 +21,14 @@ from heartbeat.policy import Action, Observation, Policy, decide
 from heartbeat.store.files import FileStore
 from heartbeat.verify import verify
 
+
+@pytest.fixture
+def hb(cli: Callable[..., Result]) -> Callable[..., Result]:
+    """The CLI in this process (``cli``, tests/conftest.py): these tests need no process of their own;
+    the few that do take ``hb_process``."""
+    return cli
+
+
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 CHECKS = {
     "marker": CommandConfig("marker", ("test", "-f", "{workdir}/ok"), 10.0),

@@ -27,6 +27,14 @@ from heartbeat.hooks import allow_rules, handle_event, install_claude, uninstall
 from heartbeat.store.files import FileStore
 from heartbeat.timeparse import utcnow
 
+
+@pytest.fixture
+def hb(cli: Callable[..., Result]) -> Callable[..., Result]:
+    """The CLI in this process (``cli``, tests/conftest.py): these tests need no process of their own;
+    the few that do take ``hb_process``."""
+    return cli
+
+
 SESSION = json.loads((ROOT / "tests" / "support" / "data" / "claude_session_events.json").read_text())["events"]
 
 
@@ -602,10 +610,6 @@ class TestInstall:
         assert hb("hooks", "install", "codex", "--user", env={"CODEX_HOME": str(codex_home)}).code == 0
         assert "Stop" in _settings(codex_home / "hooks.json")["hooks"]
         assert not (tmp_path / "AGENTS.md").exists()  # the hook runs from tmp_path: no project was named
-
-
-
-
 
 
 class TestHooksConfig:

@@ -18,6 +18,15 @@ from heartbeat.ledger import Event, Ledger, MemoryLedger, SqliteLedger
 from heartbeat.store.files import FileStore
 
 Hb = Callable[..., Result]
+
+
+@pytest.fixture
+def hb(cli: Callable[..., Result]) -> Callable[..., Result]:
+    """The CLI in this process (``cli``, tests/conftest.py): these tests need no process of their own;
+    the few that do take ``hb_process``."""
+    return cli
+
+
 T0 = datetime(2026, 11, 29, 6, 0, 5, tzinfo=UTC)  # five seconds into a minute
 
 

@@ -30,6 +30,13 @@ from heartbeat.timeparse import utcnow
 from tests.unit.test_report_replay import expect
 
 
+@pytest.fixture
+def hb(cli: Callable[..., Result]) -> Callable[..., Result]:
+    """The CLI in this process (``cli``, tests/conftest.py): these tests need no process of their own;
+    the few that do take ``hb_process``."""
+    return cli
+
+
 class Seconds:
     """Matches a measured duration: a float, not negative, under two minutes (timing varies by machine)."""
 
@@ -320,20 +327,6 @@ def drop_block_by_hand(path: Path) -> None:
 
 
 # -- the replay, on synthesized ledgers with exact times ------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 class TestRendering:

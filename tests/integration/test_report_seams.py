@@ -24,6 +24,14 @@ from heartbeat.seams import SEAM_KEYS, seam_metrics
 from heartbeat.store.files import FileStore
 from heartbeat.timeparse import utcnow
 
+
+@pytest.fixture
+def hb(cli: Callable[..., Result]) -> Callable[..., Result]:
+    """The CLI in this process (``cli``, tests/conftest.py): these tests need no process of their own;
+    the few that do take ``hb_process``."""
+    return cli
+
+
 T0 = utcnow() - timedelta(hours=2)
 
 

@@ -31,6 +31,14 @@ from heartbeat.report import build_report
 from heartbeat.retention import RETENTION_KINDS, run_gc
 from heartbeat.store.files import FileStore
 
+
+@pytest.fixture
+def hb(cli: Callable[..., Result]) -> Callable[..., Result]:
+    """The CLI in this process (``cli``, tests/conftest.py): these tests need no process of their own;
+    the few that do take ``hb_process``."""
+    return cli
+
+
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 LATER = T0 + timedelta(days=400)

@@ -22,6 +22,13 @@ from heartbeat.world import GIT_HEAD_KEY
 
 
 @pytest.fixture
+def hb(cli: Callable[..., Result]) -> Callable[..., Result]:
+    """The CLI in this process (``cli``, tests/conftest.py): these tests need no process of their own;
+    the few that do take ``hb_process``."""
+    return cli
+
+
+@pytest.fixture
 def work(tmp_path: Path) -> Path:
     work = tmp_path / "work"
     work.mkdir()

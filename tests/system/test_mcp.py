@@ -24,6 +24,13 @@ from heartbeat.mcp_server import TOOL_NAMES
 from heartbeat.store.files import FileStore
 
 
+@pytest.fixture
+def hb(cli: Callable[..., Result]) -> Callable[..., Result]:
+    """The CLI in this process (``cli``, tests/conftest.py): these tests need no process of their own;
+    the few that do take ``hb_process``."""
+    return cli
+
+
 def run_client(state_dir: Path, body: Callable[[Client], Awaitable[Any]], **env: str) -> Any:
     params = StdioServerParameters(command=sys.executable, args=["-m", "heartbeat", "mcp"],
                                    env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir), **env))
