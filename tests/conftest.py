@@ -14,12 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import hypothesis_profiles
 import pytest
 
 from heartbeat.store.files import FileStore
 from heartbeat.store.memory import MemoryStore
 
 ROOT = Path(__file__).resolve().parent.parent
+hypothesis_profiles.register()
+
 LAYERS = ("unit", "integration", "system", "external", "soak")
 """The folders of tests/, each a marker of the same name (pyproject.toml), set on its tests here."""
 

@@ -19,6 +19,7 @@ import pytest
 from conftest import ROOT, Result, clean_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
 from heartbeat import cli, defaults
 from heartbeat.errors import BadInput
@@ -604,7 +605,7 @@ class TestHotPath:
         assert fast is not None
         assert vars(fast) == vars(cli.build_parser().parse_args(argv))
 
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=examples(300), deadline=None)
     @given(st.sampled_from([*cli.AGENT_WRITES, "show", "new"]),
            st.lists(st.sampled_from(["t", "", "step=a", "done", "a b", "=", "--epoch", "3", "-x", "--", "--check",
                                      "--state-dir", "--expect-revision", "--config=c", "ü"]), max_size=6))

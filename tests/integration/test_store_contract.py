@@ -18,16 +18,11 @@ from heartbeat.store.memory import MemoryStore
 T0 = datetime(2026, 11, 29, 6, 0, tzinfo=UTC)
 
 
-@pytest.fixture(params=["file", "memory", "postgres"])
+@pytest.fixture(params=["file", "memory"])
 def store(request: pytest.FixtureRequest, state_dir: Path) -> Iterator[Store]:
-    """Each test in this file runs once per store implementation."""
-    s: Store
-    if request.param == "postgres":
-        from heartbeat.store.postgres import PostgresStore
-
-        s = PostgresStore(request.getfixturevalue("pg_url"))
-    else:
-        s = FileStore(str(state_dir)) if request.param == "file" else MemoryStore()
+    """Each test in this file runs once per store implementation; on PostgreSQL (a real server) in
+    tests/external/test_store_contract_postgres.py."""
+    s: Store = FileStore(str(state_dir)) if request.param == "file" else MemoryStore()
     yield s
     s.close()
 

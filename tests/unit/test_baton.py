@@ -14,6 +14,7 @@ import pytest
 import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
 from heartbeat.baton import (
     LIST_FIELDS,
@@ -36,9 +37,9 @@ PATH = "/state/batons/t.toml"
 
 # Hypothesis runs are bounded so the whole file stays within a few seconds on a loaded
 # 2-core CI machine; the strategies are cached, so examples are cheap to draw.
-ROUND_TRIP = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-STORE_ROUND_TRIP = settings(max_examples=40, deadline=None,
+ROUND_TRIP = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+STORE_ROUND_TRIP = settings(max_examples=examples(40), deadline=None,
                             suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 

@@ -17,6 +17,7 @@ from conftest import Result, clean_env
 from daemon_harness import toml_list
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
 from heartbeat import defaults
 from heartbeat.config import LauncherConfig, parse_config
@@ -270,7 +271,7 @@ class TestHostileOutput:
         assert info.usage == {} and "\n" not in info.reason and "\x1b" not in info.reason
         assert len(info.reason) <= 300
 
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=examples(300), deadline=None)
     @given(st.binary(max_size=2000) | st.lists(st.sampled_from(
         [b'{"type":"result"', b'"is_error":true}', b"\n", b'{"type":"thread.started","thread_id":1}',
          b'{"type":"init","session_id":"' + UUID1.encode() + b'"}', b"\xff\xfe", b"[[[[", b'{"error":{}}']),
