@@ -13,6 +13,14 @@ import pytest
 from conftest import Result
 from daemon_harness import DaemonHarness
 
+
+@pytest.fixture
+def hb(cli: Callable[..., Result]) -> Callable[..., Result]:
+    """The CLI in this process (``cli``, tests/conftest.py): these tests need no process of their own;
+    the few that do take ``hb_process``."""
+    return cli
+
+
 PIPELINE = """\
 [stages.build]
 task = "Add the response cache"
@@ -205,10 +213,12 @@ class TestGoodputBench:
 
 
 class TestPipelineFile:
-    def test_a_fifo_or_a_missing_file_is_refused_not_waited_on(self, hb: Callable[..., Result],
+    def test_a_fifo_or_a_missing_file_is_refused_not_waited_on(self, hb_process: Callable[..., Result],
                                                                  tmp_path: Path) -> None:
         """``--from`` a FIFO is exit 2 at once (no hang); a missing file is exit 2 naming it."""
         import os
+
+        hb = hb_process  # a command blocked on the FIFO would block this process: a process, with a timeout
 
         fifo = tmp_path / "p.toml"
         os.mkfifo(fifo)
