@@ -18,6 +18,14 @@ from daemon_harness import TOY, DaemonHarness
 from heartbeat.store.files import FileStore
 
 
+@pytest.fixture
+def hb(cli: Callable[..., Result]) -> Callable[..., Result]:
+    """The CLI in this process (``cli``, tests/conftest.py): these tests need no process of their own;
+    the few that do take ``hb_process``."""
+    return cli
+
+
+
 def _one_line(r: Result, code: int, *fragments: str) -> None:
     assert r.code == code, (r.code, r.out, r.err)
     lines = r.err.strip().splitlines()

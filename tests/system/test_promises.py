@@ -27,6 +27,14 @@ from heartbeat.ledger import Event, SqliteLedger
 from heartbeat.store.files import FileStore
 
 
+@pytest.fixture
+def hb(cli: Callable[..., Result]) -> Callable[..., Result]:
+    """The CLI in this process (``cli``, tests/conftest.py): these tests need no process of their own;
+    the few that do take ``hb_process``."""
+    return cli
+
+
+
 def _first_write(path: str, barrier: Any, results: Any) -> None:
     """One process's first ledger write, released together with the others."""
     barrier.wait()
