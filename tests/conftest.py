@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import hypothesis_profiles
 import pytest
 
 from heartbeat.store.files import FileStore
 from heartbeat.store.memory import MemoryStore
+from tests.support import hypothesis_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
 hypothesis_profiles.register()
@@ -110,7 +110,7 @@ def cli(state_dir: Path) -> Callable[..., Result]:
     a subprocess: ``state_dir``, a clean environment plus ``env=``, the state dir's parent as the
     working directory, ``input=`` on stdin; every process-wide setting is put back afterwards. The
     default for CLI behaviour; ``hb`` where the process is the point."""
-    from inprocess_cli import run as run_in_process
+    from tests.support.inprocess_cli import run as run_in_process
 
     def run(*args: str, env: Mapping[str, str] | None = None, input: str | None = None,
             timeout: float = 60) -> Result:

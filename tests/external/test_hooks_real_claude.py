@@ -14,7 +14,10 @@ from typing import Any
 from conftest import Result, clean_env
 
 from heartbeat.hooks import install_claude
+from tests.integration import test_hooks as hooks
 from tests.integration.test_hooks import FOREIGN, seam_events
+
+work, task = hooks.work, hooks.task  # the fixtures of tests/integration/test_hooks.py, used here too
 
 
 class TestRealClaude:
