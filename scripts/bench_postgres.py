@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/bench_postgres.py [--tasks 10000] [--url postgresql://...]
 
-Without ``--url`` it starts a throwaway cluster (tests/pg.py: initdb in a temp dir, a Unix
+Without ``--url`` it starts a throwaway cluster (tests/support/pg.py: initdb in a temp dir, a Unix
 socket only) and removes it at the end. With 10,000 batons (half done, 30% snoozed, 20%
 blocked, as scripts/bench_daemon.py):
 
@@ -160,7 +160,7 @@ def main() -> int:
     cluster = None
     url = args.url
     if url is None:
-        from tests.pg import start_cluster
+        from tests.support.pg import start_cluster
 
         cluster = start_cluster()
         url = cluster.create_db("bench")

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The real ``claude`` under heartbeat against a strong ralph-style loop, on one scripted workload.
 
-Both arms run the pinned ``claude`` CLI (``tests/agent_clis.py``) with the README's args
+Both arms run the pinned ``claude`` CLI (``tests/support/agent_clis.py``) with the README's args
 (``--model sonnet --permission-mode acceptEdits``) against the scripted model on 127.0.0.1
-(``tests/scripted_model``), in a workdir of their own, with the same brain: it writes each step's
+(``tests/support/scripted_model``), in a workdir of their own, with the same brain: it writes each step's
 file with ``Write``, makes step 3's external call (``pay --invoice 3``: an effect no file shows)
 first, and at step 5 also writes ``config/prod.yaml`` unless a constraint it has seen forbids it.
 
@@ -58,7 +58,7 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from agent_clis import install  # noqa: E402
 from daemon_harness import DaemonHarness, toml_list  # noqa: E402

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Coverage-guided fuzzing of heartbeat's parsers with atheris (libFuzzer for Python).
 
-The hypothesis tests in ``tests/test_fuzz.py`` run in CI; this harness is for longer,
+The hypothesis tests in ``tests/unit/test_fuzz.py`` run in CI; this harness is for longer,
 coverage-guided runs that instrument tomllib and heartbeat together, so inputs that
 reach new branches of either are kept and mutated further. Every target holds the same
 contract as the tests: any input gives a value or a ``HeartbeatError``; anything else

@@ -49,7 +49,7 @@ Agents may also leave a ``setsid`` grandchild behind (``chaos_agent.py``, behavi
 ``setsid-child``), which must not outlive its agent's shift.
 
 Then it stops the chaos (agents turn calm, every file gate opens), lets the daemon drain,
-and checks the end state. The checker (``tests/soak_checker.py``) samples the process
+and checks the end state. The checker (``tests/support/soak_checker.py``) samples the process
 table every 50 ms and the batons every 200 ms, and reads the ledger with sqlite3 at the
 end; see its docstring for the invariants. Prints a summary; exit 0 when no invariant was
 violated, 1 otherwise (the state dir is then kept for inspection).
@@ -83,7 +83,7 @@ from typing import IO, Any
 import tomli_w
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from soak_checker import (  # noqa: E402  (tests/ is not a package)
     Checker,

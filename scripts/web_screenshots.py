@@ -3,7 +3,7 @@
     .venv/bin/python scripts/web_screenshots.py [OUT_DIR]    # default: docs/
 
 Writes web-tasks.png, web-blocked.png, web-task.png, web-task-escalated.png and
-web-report.png (1280x900), from the same scenario the tests use (tests/web_scenario.py).
+web-report.png (1280x900), from the same scenario the tests use (tests/support/web_scenario.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.web_scenario import chromium, start_scenario, start_web  # noqa: E402
+from tests.support.web_scenario import chromium, start_scenario, start_web  # noqa: E402
 
 PAGES = {
     "web-tasks.png": "",

@@ -18,8 +18,25 @@ import pytest
 
 from heartbeat.store.files import FileStore
 from heartbeat.store.memory import MemoryStore
+from tests.support import hypothesis_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
+hypothesis_profiles.register()
+
+LAYERS = ("unit", "integration", "system", "external", "soak")
+"""The folders of tests/, each a marker of the same name (pyproject.toml), set on its tests here."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its folder's layer, so ``-m "unit or integration"`` picks by layer too."""
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            layer = Path(item.path).resolve().relative_to(tests).parts[0]
+        except ValueError:
+            continue
+        if layer in LAYERS:
+            item.add_marker(getattr(pytest.mark, layer))
 
 
 @dataclass
@@ -59,13 +76,23 @@ def memory_store() -> MemoryStore:
 
 @pytest.fixture
 def hb(state_dir: Path) -> Callable[..., Result]:
-    """Run ``heartbeat ARGS...`` for real against ``state_dir``; ``env=`` adds variables."""
+    """Run ``heartbeat ARGS...`` for real (a subprocess) against ``state_dir``; ``env=`` adds variables.
+    A file whose tests need no process of their own overrides it with ``cli`` (in this process)."""
+    return _subprocess_cli(state_dir)
 
+
+@pytest.fixture
+def hb_process(state_dir: Path) -> Callable[..., Result]:
+    """``hb`` as a subprocess, for the tests of a file that overrides ``hb`` with ``cli``."""
+    return _subprocess_cli(state_dir)
+
+
+def _subprocess_cli(state_dir: Path) -> Callable[..., Result]:
     def run(*args: str, env: Mapping[str, str] | None = None, input: str | None = None,
             timeout: float = 60) -> Result:
         proc = subprocess.run(
             [sys.executable, "-m", "heartbeat", *args],
-            env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir), **(env or {})),
+            env=clean_env(**{"HEARTBEAT_STATE_DIR": str(state_dir), **(env or {})}),
             input=input,
             capture_output=True,
             text=True,
@@ -73,6 +100,23 @@ def hb(state_dir: Path) -> Callable[..., Result]:
             cwd=str(state_dir.parent),
         )
         return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    return run
+
+
+@pytest.fixture
+def cli(state_dir: Path) -> Callable[..., Result]:
+    """``heartbeat ARGS...`` in this process (tests/support/inprocess_cli.py), with what ``hb`` gives
+    a subprocess: ``state_dir``, a clean environment plus ``env=``, the state dir's parent as the
+    working directory, ``input=`` on stdin; every process-wide setting is put back afterwards. The
+    default for CLI behaviour; ``hb`` where the process is the point."""
+    from tests.support.inprocess_cli import run as run_in_process
+
+    def run(*args: str, env: Mapping[str, str] | None = None, input: str | None = None,
+            timeout: float = 60) -> Result:
+        code, out, err = run_in_process(args, env=clean_env(**{"HEARTBEAT_STATE_DIR": str(state_dir), **(env or {})}),
+                                        cwd=str(state_dir.parent), input=input)
+        return Result(code, out, err)
 
     return run
 
@@ -90,7 +134,7 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: f
         time.sleep(interval)
 
 
-# -- PostgreSQL: one throwaway cluster per run, one fresh database per test (tests/pg.py) --
+# -- PostgreSQL: one throwaway cluster per run, one fresh database per test (tests/support/pg.py) --
 
 _pg_counter = iter(range(1, 1 << 30))
 
@@ -99,7 +143,7 @@ _pg_counter = iter(range(1, 1 << 30))
 def _throwaway_cluster() -> Iterator[Any]:
     """A throwaway PostgreSQL cluster on a Unix socket, removed at the end; the test fails (never
     skips) when none can start."""
-    from tests.pg import start_cluster
+    from tests.support.pg import start_cluster
 
     try:
         cluster = start_cluster()

@@ -157,7 +157,7 @@ def _hot_args(argv: Sequence[str]) -> Any:
     an agent more than its whole write (``scripts/bench_cli.py``). It reads only positionals, from
     the declarations build_parser uses (a name, at most one ``nargs="+"`` last), and gives every
     option its declared default; a call with any option, or anything it does not read, goes to
-    argparse. ``tests/test_cli.py`` checks that both give the same namespace, for any arguments. Which
+    argparse. ``tests/integration/test_cli.py`` checks that both give the same namespace, for any arguments. Which
     calls it reads at all, :func:`heartbeat.hotpath.argv.agent_call` says, as for every hot path.
     """
     call = agent_call(list(argv))

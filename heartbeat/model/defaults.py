@@ -201,7 +201,7 @@ CLAUDE_HOOK_CONTEXT_LIMIT = 10_000
 """The longest ``additionalContext`` (in UTF-16 code units, JavaScript's string length) one hook
 may give Claude Code and have the model receive it whole: past it, claude 2.1.332 puts a ~2 KB
 preview and a file path in its place (measured against the real CLI: 10,000 passes, 10,001 is
-previewed; tests/test_hook_context.py)."""
+previewed; tests/external/test_hook_context.py)."""
 
 HOOK_BRIEF_BUDGET = 2000
 """Tokens (UTF-8 bytes / 4) of the brief the SessionStart hook gives: at most 8,000 bytes, so

@@ -3,7 +3,7 @@
 Nothing here touches the disk, a process or the clock: the daemon observes the world,
 calls :func:`decide` for each task and :func:`admit` once per tick to apply capacity and
 the dispatch budget, then acts. That keeps the heart of the product testable with a
-table of cases (``tests/test_policy.py``) and no sleeping.
+table of cases (``tests/unit/test_policy.py``) and no sleeping.
 
 Vocabulary (DESIGN.md, "Ownership, progress, attempts"):
 

@@ -65,7 +65,7 @@ PRESETS: dict[PresetName, Preset] = {
                "token usage goes into the exited event",
     ),
 }
-"""Every preset, checked against the pinned releases in ``tests/agent_clis.py``."""
+"""Every preset, checked against the pinned releases in ``tests/support/agent_clis.py``."""
 
 
 def preset_argv(preset: Preset, program: str, args: tuple[str, ...], *, resume: bool) -> tuple[str, ...]:

@@ -3,7 +3,7 @@
 A store keeps batons and their ledger. Everything above it (the CLI, the API, the
 daemon, the report) talks to this interface only, so the file store, the in-memory
 store and a PostgreSQL store are interchangeable. The rules every implementation must
-keep, and that ``tests/test_store_contract.py`` checks against each one:
+keep, and that ``tests/integration/test_store_contract.py`` checks against each one:
 
 - a write is atomic: a reader sees the old baton or the new one, never a mix;
 - writes to one baton are serialized, and each bumps ``meta.revision`` by one;
@@ -145,7 +145,7 @@ class Store(Protocol):
 
 
 # -- capabilities: what only some stores can do. Code outside store/ asks with isinstance,
-# never with getattr/hasattr (tests/test_layers.py::TestStoreCut checks that).
+# never with getattr/hasattr (tests/unit/test_layers.py::TestStoreCut checks that).
 
 
 @runtime_checkable

@@ -24,7 +24,7 @@ Every refusal is an :class:`~heartbeat.model.errors.UnsafePath` whose one line n
 (:mod:`heartbeat.launchers.shim`): it runs as a plain script that imports nothing from heartbeat
 (the agent's ``PYTHONPATH`` must not reach it), so it writes its exit file with the same steps by
 hand (exclusive no-follow temp file relative to its held log directory, fsync, rename, directory
-fsync, the temp removed on failure). ``tests/test_one_home.py`` fails on any other ``os.replace``
+fsync, the temp removed on failure). ``tests/unit/test_one_home.py`` fails on any other ``os.replace``
 or ``os.rename`` outside this module.
 """
 
