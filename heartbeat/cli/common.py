@@ -113,10 +113,12 @@ def _missing_upstreams(baton: Any, ids: set[str]) -> list[str]:
 
 def _refuse_foreign(args: argparse.Namespace) -> None:
     """An agent the daemon launched changes only its own task (see :func:`heartbeat.tasks.write.refuse_foreign`)."""
-    from heartbeat.tasks.write import FENCED_COMMANDS, refuse_foreign
+    from heartbeat.tasks.write import FENCED_COMMANDS, refuse_agent_fields, refuse_foreign
 
     if getattr(args, "command", None) in FENCED_COMMANDS and isinstance(getattr(args, "id", None), str):
         refuse_foreign(args.id)
+        if args.command == "set":
+            refuse_agent_fields(args.id, (str(p).partition("=")[0] for p in getattr(args, "pairs", None) or ()))
 
 
 def _cycle(baton: Any, batons: dict[str, Any]) -> list[str]:

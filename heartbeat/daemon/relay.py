@@ -281,23 +281,33 @@ class RelayServer:
         as the message (version 1) or the output (version 2); not counted as a write."""
         from heartbeat.tasks.rail import relayed
 
+        later: list[Callable[[], None]] = []
+        store: Store | None = None
         if self._shared is not None:
-            out = relayed(self._shared, argv[1:], env, self._irreversible)
+            out = relayed(self._shared, argv[1:], env, self._irreversible, later)
         else:
             try:
                 store = self._open_store()
             except HeartbeatError:
-                _reply(conn, 0, "", "" if version2 else None)  # (the agent's own hook decides nothing either)
+                out = None
+            else:
+                out = relayed(store, argv[1:], env, self._irreversible, later)
+        try:
+            if out is None:  # not decided here: the agent's own hook decides (never an allow by default)
+                self.log.debug("rail_declined", task=argv[1])
+                _reply(conn, DECLINED, "", "" if version2 else None)
                 return
-            try:
-                out = relayed(store, argv[1:], env, self._irreversible)
-            finally:
+            self.log.debug("rail_relayed", task=argv[1], refused=bool(out))
+            if not out:  # allowed: the call starts, and its trail says so (the hook process leaves it to us)
+                _trail_start(self._state_dir, argv, env)
+            _reply(conn, 0, "" if version2 else out, out if version2 else None)
+            for record in later:  # after the answer: a slow ledger never delays a refusal
+                with contextlib.suppress(Exception):
+                    record()
+        finally:
+            if store is not None:
                 with contextlib.suppress(Exception):
                     store.close()
-        self.log.debug("rail_relayed", task=argv[1], refused=bool(out))
-        if not out:  # allowed: the call starts, and its trail says so (the hook process leaves it to us)
-            _trail_start(self._state_dir, argv, env)
-        _reply(conn, 0, "" if version2 else out, out if version2 else None)
 
 
 def _trail_start(state_dir: str, argv: list[str], env: dict[str, str]) -> None:

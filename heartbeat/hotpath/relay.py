@@ -204,16 +204,20 @@ def forward_rail(event: bytes, environ: Mapping[str, str] | None = None) -> int 
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         code = _exchange(sock, path, argv, request, greeting(env.get("HEARTBEAT_STORE_URL", "")), message_fd=1,
-                         lost="heartbeat hook: the daemon's rail did not answer ({reason}); the call goes on")
+                         lost="heartbeat hook: the daemon's rail did not answer ({reason}); the hook decides",
+                         reply_timeout=defaults.RAIL_REPLY_TIMEOUT)
     except KeyboardInterrupt:
         return 0
     finally:
         sock.close()
-    return None if code is None else 0  # (a hook exits 0 whatever happened)
+    # No whole answer (or a decline): the hook decides in its own process, as with no daemon; a lost
+    # answer is never an allow.
+    return 0 if code == 0 else None
 
 
 def _exchange(sock: _socket.socket, path: str, argv: list[str], request: bytes, expected: bytes, *,
-              read: bool = False, message_fd: int = 2, lost: str = "") -> int | None:
+              read: bool = False, message_fd: int = 2, lost: str = "",
+              reply_timeout: float = defaults.RELAY_REPLY_TIMEOUT) -> int | None:
     """Greeting, request and answer over ``sock``; see :func:`forward`. A greeting other than
     ``expected`` (another version, another database) gets nothing sent: the caller writes itself.
     A ``read`` (:func:`is_read`) that gets no whole answer, or an error (an older daemon that
@@ -228,7 +232,7 @@ def _exchange(sock: _socket.socket, path: str, argv: list[str], request: bytes, 
         return None
     # From here on the daemon may write: never fall back to a write of our own.
     try:
-        sock.settimeout(defaults.RELAY_REPLY_TIMEOUT)
+        sock.settimeout(reply_timeout)
         sock.sendall(request)
         reply = _read_all(sock, MAX_REQUEST + 65536)  # a message may echo the arguments, as the CLI prints it
         if reply == DECLINED_REPLY:

@@ -43,6 +43,7 @@ A file holding a value JSON cannot (``1e400``, ``NaN``) is refused untouched."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -99,6 +100,8 @@ class HookResult:
 
     stdout: str = ""
     code: int = 0
+    after: tuple[Callable[[], None], ...] = ()
+    """What is recorded once the answer is out (a refusal's ``rail_refused``): never before it."""
 
 
 def _str(event: Mapping[str, Any], key: str) -> str:
@@ -285,11 +288,12 @@ def _rail(event: Mapping[str, Any], baton: Baton, store: Store, *, env: Mapping[
         return HookResult()
     launcher = (baton.meta.owner.launcher if baton.meta.owner else "") or baton.launcher
     globs = defaults.IRREVERSIBLE if irreversible is None else irreversible(launcher)
+    later: list[Callable[[], None]] = []
     decision = check(event, baton, store, caller_epoch=epoch, irreversible=globs, session_id=session_id,
-                     prefix=prefix, now=now)
+                     prefix=prefix, now=now, later=later)
     if decision.allow:
         return HookResult()
-    return HookResult(json.dumps(deny_output(decision.reason), ensure_ascii=False) + "\n")
+    return HookResult(json.dumps(deny_output(decision.reason), ensure_ascii=False) + "\n", after=tuple(later))
 
 
 def context_length(text: str) -> int:
@@ -417,13 +421,47 @@ def run_hook(
         if result.stdout:
             stdout.write(result.stdout)
             stdout.flush()
+        _after_the_answer(result.after)
         return result.code
     except HeartbeatError as exc:
         print(f"heartbeat hook: {exc}", file=stderr)
+        _refuse_unchecked(event if "event" in locals() else {}, env, stdout, str(exc))
     except Exception as exc:  # a hook must never break the agent it serves
         text = " ".join(str(exc).split())[:300]
         print(f"heartbeat hook: internal error: {type(exc).__name__}: {text}", file=stderr)
+        _refuse_unchecked(event if "event" in locals() else {}, env, stdout, f"{type(exc).__name__}: {text}")
     return 0
+
+
+def _refuse_unchecked(event: Mapping[str, Any], env: Mapping[str, str], stdout: IO[str], why: str) -> None:
+    """A bound agent's ``PreToolUse`` the rail could not decide (its store failing, a broken event) is
+    refused, not let through: the rail fails closed for the sessions it holds (a person's unbound
+    session is never held up)."""
+    if _str(event, "hook_event_name") != "PreToolUse" or not env.get("HEARTBEAT_TASK"):
+        return
+    from heartbeat.tasks.rail import deny_output
+
+    reason = f"heartbeat refused this call: the rail could not check it ({' '.join(why.split())[:200]}). Try again."
+    with contextlib.suppress(OSError, ValueError):
+        stdout.write(json.dumps(deny_output(reason), ensure_ascii=False) + "\n")
+        stdout.flush()
+
+
+def _after_the_answer(callbacks: Sequence[Callable[[], None]]) -> None:
+    """Run what records a refusal once the answer is printed, bounded: a locked ledger costs the agent at
+    most ``HOOK_RECORD_WAIT`` seconds, past which the record is given up (the refusal stands)."""
+    if not callbacks:
+        return
+    import threading
+
+    def run() -> None:
+        for callback in callbacks:
+            with contextlib.suppress(Exception):
+                callback()
+
+    worker = threading.Thread(target=run, name="heartbeat-hook-record", daemon=True)
+    worker.start()
+    worker.join(defaults.HOOK_RECORD_WAIT)
 
 
 def _unserved(state_dir: str | None, config: str | None, env: Mapping[str, str]) -> str:

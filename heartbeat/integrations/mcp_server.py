@@ -186,6 +186,9 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
     def set_(id: str, fields: dict[str, str], expect_revision: int | None = None,
              epoch: int | None = None) -> dict[str, Any]:
         with tool_errors():
+            from heartbeat.tasks.write import refuse_agent_fields
+
+            refuse_agent_fields(id, fields)
             baton = tasks.set_fields(store(), id, fields, expect_revision=_in_range("expect_revision", expect_revision),
                                      epoch=fence(id, epoch),
                                      actor=_actor())

@@ -421,3 +421,12 @@ RAIL_COMMAND_CHARS = 64 * 1024
 LIBRARY_REPEAT_QUIET = 60.0
 """Seconds a library's repeating warning (APScheduler's ``scheduler_job_skipped`` for a job stuck on
 an unreachable database, every beat) stays quiet per job after it was logged."""
+
+RAIL_REPLY_TIMEOUT = 10.0
+"""Seconds a bound agent's hook waits for the daemon's rail to answer a ``PreToolUse`` before it
+decides in its own process: well inside the agent CLI's hook timeout (``HOOK_TIMEOUT``), so a slow
+daemon never turns a refusal into the CLI's timeout (which lets the call go on)."""
+
+HOOK_RECORD_WAIT = 5.0
+"""Seconds a hook waits, after printing a refusal, for the ledger to take its ``rail_refused`` record
+before it exits without it (a locked ledger must not keep the agent's CLI past its hook timeout)."""

@@ -31,6 +31,7 @@ import fnmatch
 import os
 import re
 import shlex
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -68,6 +69,8 @@ class ToolCall:
     command: str = ""
     paths: tuple[str, ...] = ()
     cwd: str = ""
+    cut: bool = False
+    """A command or path was longer than the rail reads (``RAIL_COMMAND_CHARS``): what lies past it is unread."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,10 @@ def _text(value: object) -> str:
     return value[: defaults.RAIL_COMMAND_CHARS] if isinstance(value, str) else ""
 
 
+def _too_long(value: object) -> bool:
+    return isinstance(value, str) and len(value) > defaults.RAIL_COMMAND_CHARS
+
+
 def tool_call(event: Mapping[str, Any]) -> ToolCall:
     """The call of a ``PreToolUse`` event (Claude Code's ``tool_name``/``tool_input``, codex's the same):
     a shell tool's ``command`` (text, or an argv list), the ``file_path`` of Write/Edit/MultiEdit, the
@@ -132,6 +139,7 @@ def tool_call(event: Mapping[str, Any]) -> ToolCall:
     command = tool_input.get("command", tool_input.get("cmd", ""))
     if isinstance(command, list) and all(isinstance(a, str) for a in command):
         command = shlex.join(command)
+    cut = _too_long(command) or any(_too_long(tool_input.get(k)) for k in _PATH_KEYS)
     command = _text(command)
     paths = [p for p in (_text(tool_input.get(k)) for k in _PATH_KEYS) if p]
     patch = command if tool == "apply_patch" or "*** Begin Patch" in command else _text(tool_input.get("patch"))
@@ -141,7 +149,7 @@ def tool_call(event: Mapping[str, Any]) -> ToolCall:
             command = ""
     if tool not in _SHELL_TOOLS and tool != "apply_patch" and not command.strip():
         command = ""
-    return ToolCall(tool=tool, command=command, paths=tuple(paths), cwd=_text(event.get("cwd")))
+    return ToolCall(tool=tool, command=command, paths=tuple(paths), cwd=_text(event.get("cwd")), cut=cut)
 
 
 def view_of(baton: Baton, caller_epoch: int, irreversible: Sequence[str]) -> RailView:
@@ -151,6 +159,19 @@ def view_of(baton: Baton, caller_epoch: int, irreversible: Sequence[str]) -> Rai
     return RailView(task=baton.id, status=baton.meta.status, epoch=baton.meta.epoch, caller_epoch=caller_epoch,
                     workdir=baton.workdir, blocked_on=" ".join(baton.blocked_on.split())[:200], gate=gate,
                     guards=tuple(baton.guards), irreversible=tuple(baton.irreversible or irreversible))
+
+
+def _own_programs() -> tuple[str, ...]:
+    """The paths of this install's ``heartbeat`` command (the one its hooks and briefs run)."""
+    from heartbeat.presets.common import heartbeat_argv
+
+    first = heartbeat_argv()[0]
+    return (first,) if os.path.basename(first) == "heartbeat" else ()
+
+
+_FENCE_VARIABLE = re.compile(r"\bHEARTBEAT_(?:TASK|EPOCH|STATE_DIR|STORE_URL|CONFIG|RELAY)\s*=|"
+                             r"(?:\bunset|\s-u)\s+HEARTBEAT_\w+")
+"""A shell command that sets or drops one of the variables that bind an agent to its task and fence it."""
 
 
 def own_command(call: ToolCall) -> bool:
@@ -164,9 +185,12 @@ def own_command(call: ToolCall) -> bool:
         argv = shlex.split(call.command)
     except ValueError:
         return False
-    if argv[:1] and os.path.basename(argv[0]) == "heartbeat":
+    # Only heartbeat itself: the bare command (found on PATH as the agent's brief spells it), this
+    # install's own script, or this interpreter's -m. A program the agent wrote and named
+    # ``heartbeat`` (./heartbeat, /tmp/x/heartbeat) is not heartbeat, and passes nothing.
+    if argv[:1] and (argv[0] == "heartbeat" or argv[0] in _own_programs()):
         rest = argv[1:]
-    elif len(argv) >= 3 and os.path.basename(argv[0]).startswith("python") and argv[1:3] == ["-m", "heartbeat"]:
+    elif len(argv) >= 3 and argv[0] == sys.executable and argv[1:3] == ["-m", "heartbeat"]:
         rest = argv[3:]
     else:
         return False
@@ -208,8 +232,11 @@ def _relative(path: str, cwd: str, workdir: str) -> str | None:
     """``path`` relative to the workdir (None when it lies outside it)."""
     if not workdir:
         return None
-    absolute = os.path.normpath(os.path.join(cwd or workdir, os.path.expanduser(path)))
-    rel = os.path.relpath(absolute, os.path.normpath(workdir))
+    try:
+        absolute = os.path.normpath(os.path.join(cwd or workdir, os.path.expanduser(path)))
+        rel = os.path.relpath(absolute, os.path.normpath(workdir))
+    except ValueError:  # (a NUL in it: no tool can open such a path)
+        return None
     return None if rel == ".." or rel.startswith("../") else rel
 
 
@@ -217,8 +244,11 @@ def _resolved(path: str, cwd: str, workdir: str) -> str | None:
     """A Write/Edit target through its symlinks, relative to the workdir's real path (None: outside, or unchanged)."""
     if not workdir:
         return None
-    real = os.path.realpath(os.path.join(cwd or workdir, os.path.expanduser(path)))
-    rel = os.path.relpath(real, os.path.realpath(workdir))
+    try:
+        real = os.path.realpath(os.path.join(cwd or workdir, os.path.expanduser(path)))
+        rel = os.path.relpath(real, os.path.realpath(workdir))
+    except (ValueError, OSError):
+        return None
     return None if rel == ".." or rel.startswith("../") else rel
 
 
@@ -231,7 +261,8 @@ def _protected(call: ToolCall, view: RailView, guard: Guard) -> str:
         if rel is None:
             continue
         for glob in guard.protect:
-            if fnmatch.fnmatchcase(rel, glob) or fnmatch.fnmatchcase(rel, glob.rstrip("/") + "/*"):
+            bare = glob.rstrip("/")
+            if fnmatch.fnmatchcase(rel, glob) or fnmatch.fnmatchcase(rel, bare) or fnmatch.fnmatchcase(rel, bare + "/*"):
                 return rel
     return ""
 
@@ -264,6 +295,16 @@ def decide(call: ToolCall, view: RailView, *, verified: Verified | None = None,
             then = "Stop here and end your turn: there is nothing more to do under this task."
         return Decision(False, Rule.NOT_ACTIVE, f"heartbeat refused this call: task {task!r} is {why}. {then}",
                         data={"status": view.status.value})
+    if call.command and _FENCE_VARIABLE.search(call.command):
+        return Decision(False, Rule.FORBIDDEN,
+                        f"heartbeat refused this call: it changes the variables that bind you to task {task!r} "
+                        "(HEARTBEAT_TASK, HEARTBEAT_EPOCH, ...); they are not yours to change. Go on without it.",
+                        matched="HEARTBEAT_*=")
+    if call.cut and (view.guards or view.irreversible):
+        return Decision(False, Rule.FORBIDDEN,
+                        f"heartbeat refused this call: its command or path is longer than the rail reads "
+                        f"({defaults.RAIL_COMMAND_CHARS} characters), and task {task!r} has guards to check. "
+                        "Split it into shorter calls.", matched="too long")
     for guard in view.guards:
         path = _protected(call, view, guard) if guard.protect else ""
         if path:
@@ -299,34 +340,65 @@ def _verified(result: VerifyResult) -> Verified:
 
 
 def check(event: Mapping[str, Any], baton: Baton, store: Store, *, caller_epoch: int, irreversible: Sequence[str],
-          session_id: str = "", prefix: str = "heartbeat", now: datetime | None = None) -> Decision:
+          session_id: str = "", prefix: str = "heartbeat", now: datetime | None = None,
+          later: list[Callable[[], None]] | None = None) -> Decision:
     """Decide ``event``'s tool call for ``baton``'s task: run ``verify`` when the decision needs it
     (recording a ``verified`` event) and record a refusal (``rail_refused``)."""
     call = tool_call(event)
     view = view_of(baton, caller_epoch, irreversible)
     decision = decide(call, view, prefix=prefix)
     if decision.needs_verify:
+        from heartbeat.model.errors import HeartbeatError
         from heartbeat.tasks.verify import verify
 
-        result = verify(store, baton.id, epoch=caller_epoch, actor="rail", now=now)
-        decision = decide(call, view, verified=_verified(result), prefix=prefix)
+        try:
+            result = verify(store, baton.id, epoch=caller_epoch, actor="rail", now=now)
+        except (HeartbeatError, OSError, ValueError) as exc:  # no verify, no irreversible call
+            decision = Decision(False, Rule.STALE, f"heartbeat refused this irreversible call ({decision.matched!r}): "
+                                f"verify could not run ({_short(str(exc))}). Try again later.", matched=decision.matched)
+        else:
+            decision = decide(call, view, verified=_verified(result), prefix=prefix)
     if not decision.allow and decision.rule is not None:
-        from heartbeat.model.timeparse import utcnow
+        def record() -> None:
+            _record_refusal(store, baton, call, decision, caller_epoch=caller_epoch, session_id=session_id, now=now)
 
-        store.record([Event(task=baton.id, kind=EventKind.RAIL_REFUSED, ts=now or utcnow(), epoch=caller_epoch,
-                            revision=baton.meta.revision, actor="hook",
-                            data={"rule": decision.rule.value, "tool": call.tool[:80],
-                                  "target": _short(call.command or " ".join(call.paths), 200),
-                                  "session_id": session_id, **({"matched": decision.matched[:200]}
-                                                               if decision.matched else {}), **decision.data})])
+        if later is None:
+            record()
+        else:  # the caller answers the agent first: a slow ledger never delays (or undoes) a refusal
+            later.append(record)
     return decision
 
 
+def _clean(text: str) -> str:
+    """``text`` as the ledger can hold it (a lone surrogate, which JSON lets a model send, escaped)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _record_refusal(store: Store, baton: Baton, call: ToolCall, decision: Decision, *, caller_epoch: int,
+                    session_id: str, now: datetime | None) -> None:
+    """Record ``rail_refused``, best effort: the refusal stands whether or not the ledger takes it
+    (a locked or full ledger must not turn a refusal into an allow)."""
+    from heartbeat.model.errors import HeartbeatError
+    from heartbeat.model.timeparse import utcnow
+
+    try:
+        store.record([Event(task=baton.id, kind=EventKind.RAIL_REFUSED, ts=now or utcnow(), epoch=caller_epoch,
+                            revision=baton.meta.revision, actor="hook",
+                            data={"rule": decision.rule.value if decision.rule else "", "tool": _clean(call.tool[:80]),
+                                  "target": _clean(_short(call.command or " ".join(call.paths), 200)),
+                                  "session_id": _clean(session_id), **({"matched": decision.matched[:200]}
+                                                               if decision.matched else {}), **decision.data})])
+    except (HeartbeatError, OSError, ValueError):
+        pass
+
+
 def relayed(store: Store, args: Sequence[str], env: Mapping[str, str],
-            irreversible: Callable[[str], Sequence[str]] | None) -> str:
+            irreversible: Callable[[str], Sequence[str]] | None,
+            later: list[Callable[[], None]] | None = None) -> str | None:
     """The daemon's relay answering an agent's ``PreToolUse`` (``args``: the task and the event's JSON,
     ``env``: the agent's ``HEARTBEAT_TASK``/``HEARTBEAT_EPOCH``): the hook's stdout, the deny line or
-    nothing. Anything amiss (an unknown task, a malformed event) answers nothing, as the hook would."""
+    nothing. Not an agent's event answers nothing, as the hook would; a decision that could not be
+    made here (the store failing) is None: the agent's own hook decides, never an allow by default."""
     import json
 
     from heartbeat.model.errors import HeartbeatError
@@ -336,17 +408,20 @@ def relayed(store: Store, args: Sequence[str], env: Mapping[str, str],
         return ""
     try:
         event = json.loads(args[1])
-        if not isinstance(event, dict) or event.get("hook_event_name") != "PreToolUse":
-            return ""
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(event, dict) or event.get("hook_event_name") != "PreToolUse":
+        return ""
+    try:
         baton = store.load(args[0])
         mine = epoch_from_env(baton.id, env)
         launcher = (baton.meta.owner.launcher if baton.meta.owner else "") or baton.launcher
         globs = defaults.IRREVERSIBLE if irreversible is None else irreversible(launcher)
         session = event.get("session_id")
         decision = check(event, baton, store, caller_epoch=baton.meta.epoch if mine is None else mine,
-                         irreversible=globs, session_id=session if isinstance(session, str) else "")
-    except (HeartbeatError, ValueError, RecursionError):
-        return ""
+                         irreversible=globs, session_id=session if isinstance(session, str) else "", later=later)
+    except (HeartbeatError, ValueError, RecursionError, OSError):
+        return None
     return "" if decision.allow else json.dumps(deny_output(decision.reason), ensure_ascii=False)
 
 

@@ -11,7 +11,7 @@ errors, wherever it ran. On a database store the relay also carries an agent's `
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -118,7 +118,7 @@ def epoch_from_env(task_id: str, env: Mapping[str, str] | None = None) -> int | 
 
 
 FENCED_COMMANDS = frozenset({"set", "add", "touch", "claim", "release", "snooze", "block", "unblock", "done",
-                             "fail", "retry"})
+                             "fail", "retry", "pause", "resume"})
 """The commands that change an existing task: an agent the daemon launched runs them on its own task only."""
 
 
@@ -137,6 +137,23 @@ def refuse_foreign(task_id: str, env: Mapping[str, str] | None = None) -> None:
 
         raise NotYourTask(f"refused: this agent was launched for task {owner!r} (HEARTBEAT_TASK, HEARTBEAT_EPOCH) "
                           "and writes only that task's baton", task=task_id)
+
+
+AGENT_FIXED_FIELDS = ("workdir", "launcher")
+"""Fields an agent the daemon launched may not set on its own task: the workdir is what its ``--protect``
+guards are relative to, the launcher picks its irreversible globs; a person sets them."""
+
+
+def refuse_agent_fields(task_id: str, names: Iterable[str], env: Mapping[str, str] | None = None) -> None:
+    """Refuse an agent the daemon launched setting :data:`AGENT_FIXED_FIELDS` (moving its workdir would
+    step around every guard of its constraints)."""
+    env = os.environ if env is None else env
+    if not (env.get("HEARTBEAT_TASK") and env.get("HEARTBEAT_EPOCH")):
+        return
+    fixed = sorted({n for n in names if n in AGENT_FIXED_FIELDS})
+    if fixed:
+        raise BadInput(f"refused: an agent cannot set {', '.join(fixed)} of its task (its guards and irreversible "
+                       "commands depend on them); a person can", task=task_id)
 
 
 def actor_from_env(env: Mapping[str, str]) -> str:
@@ -163,6 +180,8 @@ def answer(store: Store, write: Write | None, env: Mapping[str, str]) -> tuple[i
 
             return 0, "", dump_baton(store.load(write.id))
         refuse_foreign(write.id, env)
+        if write.command == "set":
+            refuse_agent_fields(write.id, (p.partition("=")[0] for p in write.pairs), env)
         if write.command == "done" and any(g.check for g in store.load(write.id).guarantees):
             return DECLINED, "", ""
         apply(store, write, epoch=epoch_from_env(write.id, env), actor=actor_from_env(env))
