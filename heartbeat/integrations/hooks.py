@@ -229,11 +229,13 @@ def handle_event(
 
     if name == "SessionStart":
         source = _str(event, "source") or "startup"
+        baton, claimed = _person_claims(store, baton, env, prefix=command_prefix(state_dir_arg, config_arg))
+        epoch = _epoch(baton, env)
         record(EventKind.SESSION_STARTED, source=source)
         from heartbeat.reports.brief import unnoted_for
 
         unnoted = unnoted_for(trail_dir, store, baton, epoch=epoch)
-        context = session_context(baton, source, env, max_attempts=max_attempts, epoch=epoch, now=now,
+        context = claimed + session_context(baton, source, env, max_attempts=max_attempts, epoch=epoch, now=now,
                                   prefix=command_prefix(state_dir_arg, config_arg),
                                   unnoted=unnoted.lines() if unnoted else ())
         out = {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": context}}
@@ -273,6 +275,55 @@ def handle_event(
               "finished), then stop.")
     record(EventKind.STOP_BLOCKED, note_age_s=round((now - last_write).total_seconds(), 3) if last_write else None)
     return HookResult(json.dumps({"decision": "block", "reason": reason}, ensure_ascii=False) + "\n")
+
+
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "fish"})
+"""What the CLI runs a hook command through: the session is the first ancestor that is none of these."""
+
+
+def _session_process() -> tuple[int, float] | None:
+    """``(pid, create_time)`` of the agent CLI that runs this hook: the nearest ancestor that is not a shell."""
+    import psutil
+
+    try:
+        proc = psutil.Process(os.getppid())
+        while proc.name() in _SHELLS and proc.ppid() > 1:
+            proc = psutil.Process(proc.ppid())
+        return proc.pid, proc.create_time()
+    except (psutil.Error, ValueError):
+        return None
+
+
+def _person_claims(store: Store, baton: Baton, env: Mapping[str, str], *, prefix: str) -> tuple[Baton, str]:
+    """A session a person bound by hand (``$HEARTBEAT_TASK`` without ``$HEARTBEAT_EPOCH``: the daemon sets
+    both for its agents) claims its task for the session's process, so the daemon dispatches no second
+    agent onto it while the session runs. A task another live agent holds is left to it: the context's
+    first line says so and how to take it. Returns the baton and that line ("" when nothing to say)."""
+    from heartbeat.launchers.liveness import this_host
+    from heartbeat.model.baton import Owner
+    from heartbeat.model.errors import Conflict, NotActive
+    from heartbeat.model.timeparse import utcnow
+    from heartbeat.tasks.verbs import claim
+
+    if not _bound(baton, env) or env.get("HEARTBEAT_EPOCH"):
+        return baton, ""
+    found = _session_process()
+    if found is None:
+        return baton, ""
+    held = baton.meta.owner
+    if held is not None and held.pid == found[0] and held.host == this_host():
+        return baton, ""  # this session's own claim (a resume, a compaction, a clear)
+    owner = Owner(pid=found[0], create_time=found[1], host=this_host(), how="claim", started_at=utcnow())
+    try:
+        baton = claim(store, baton.id, owner, actor=_ACTOR)
+    except NotActive:
+        return baton, ""
+    except Conflict as exc:
+        return baton, (f"heartbeat: this session did NOT claim task {baton.id!r}: {exc.message}. "
+                       f"Another agent works it; to take it over run `{prefix} claim {baton.id} --force --pid {found[0]}`.\n\n")
+    return baton, (f"heartbeat: this session claimed task {baton.id!r} (epoch {baton.meta.epoch}, pid {found[0]}): "
+                   f"the daemon dispatches no agent onto it while this session runs; `{prefix} release {baton.id}` "
+                   "hands it back.\n\n")
 
 
 def _rail(event: Mapping[str, Any], baton: Baton, store: Store, *, env: Mapping[str, str], epoch: int,
