@@ -214,9 +214,10 @@ def handle_event(
         return HookResult()  # a tool call's end is kept in its trail before the store is opened (run_hook)
     if name == "PreToolUse" and not env.get("HEARTBEAT_TASK"):
         return HookResult()  # the rail holds only a session bound to a task
-    baton = _find_task(store, task, _str(event, "cwd"), env)
-    if baton is None:
+    found = _find_task(store, task, _str(event, "cwd"), env)
+    if found is None:
         return HookResult()
+    baton: Baton = found  # (rebound when a person's session claims the task)
     session_id = _str(event, "session_id")
     epoch = _epoch(baton, env)
     if name == "PreToolUse":
@@ -319,8 +320,8 @@ def _person_claims(store: Store, baton: Baton, env: Mapping[str, str], *, prefix
     except NotActive:
         return baton, ""
     except Conflict as exc:
-        return baton, (f"heartbeat: this session did NOT claim task {baton.id!r}: {exc.message}. "
-                       f"Another agent works it; to take it over run `{prefix} claim {baton.id} --force --pid {found[0]}`.\n\n")
+        return baton, (f"heartbeat: this session did NOT claim task {baton.id!r}: {exc.message}. Another agent "
+                       f"works it; to take it over run `{prefix} claim {baton.id} --force --pid {found[0]}`.\n\n")
     return baton, (f"heartbeat: this session claimed task {baton.id!r} (epoch {baton.meta.epoch}, pid {found[0]}): "
                    f"the daemon dispatches no agent onto it while this session runs; `{prefix} release {baton.id}` "
                    "hands it back.\n\n")

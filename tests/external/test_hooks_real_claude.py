@@ -88,7 +88,7 @@ class TestRealClaude:
         env.update(HOME=str(home), HEARTBEAT_TASK=task)
         proc = subprocess.Popen([str(claude), "-p", "--output-format", "stream-json", "--verbose"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(work), env=env)
-        out, err = proc.communicate("hello", timeout=180)
+        out, _ = proc.communicate("hello", timeout=180)
         lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         [response] = [line for line in lines if line.get("subtype") == "hook_response"
                       and line.get("hook_event") == "SessionStart"]
