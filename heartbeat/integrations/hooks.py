@@ -301,13 +301,15 @@ def _person_claims(store: Store, baton: Baton, env: Mapping[str, str], *, prefix
     agent onto it while the session runs. A task another live agent holds is left to it: the context's
     first line says so and how to take it. Returns the baton and that line ("" when nothing to say)."""
     from heartbeat.launchers.liveness import this_host
-    from heartbeat.model.baton import Owner
+    from heartbeat.model.baton import Owner, Status
     from heartbeat.model.errors import Conflict, NotActive
     from heartbeat.model.timeparse import utcnow
     from heartbeat.tasks.verbs import claim
 
     if not _bound(baton, env) or env.get("HEARTBEAT_EPOCH"):
         return baton, ""
+    if baton.meta.status not in (Status.ACTIVE, Status.SNOOZED):
+        return baton, ""  # a paused task stays paused: a session starting is no resume
     found = _session_process()
     if found is None:
         return baton, ""
@@ -322,6 +324,9 @@ def _person_claims(store: Store, baton: Baton, env: Mapping[str, str], *, prefix
     except Conflict as exc:
         return baton, (f"heartbeat: this session did NOT claim task {baton.id!r}: {exc.message}. Another agent "
                        f"works it; to take it over run `{prefix} claim {baton.id} --force --pid {found[0]}`.\n\n")
+    except HeartbeatError as exc:  # (a busy or lost database): the brief still comes, and says so
+        return baton, (f"heartbeat: this session could not claim task {baton.id!r} ({exc.message}); the daemon may "
+                       f"dispatch an agent onto it: run `{prefix} claim {baton.id} --pid {found[0]}`.\n\n")
     return baton, (f"heartbeat: this session claimed task {baton.id!r} (epoch {baton.meta.epoch}, pid {found[0]}): "
                    f"the daemon dispatches no agent onto it while this session runs; `{prefix} release {baton.id}` "
                    "hands it back.\n\n")

@@ -99,3 +99,15 @@ def test_a_task_another_live_agent_holds_is_not_taken(
     assert f"claim t1 --force --pid {pid}" in context
     baton = json.dumps(show(config))
     assert f'"pid": {holder.pid}' in baton and f'"pid": {pid}' not in baton
+
+
+def test_a_paused_task_stays_paused(setup: tuple[Path, Path, list[subprocess.Popen[str]]]) -> None:
+    """A session starting is no resume: an operator's pause holds, and nothing is claimed."""
+    config, work, procs = setup
+    r = subprocess.run([*HB, "--config", str(config), "pause", "t1", "--by", "ops"], capture_output=True, text=True,
+                       env=clean_env())
+    assert r.returncode == 0, r.stderr
+    _, context = session_start(config, work, procs)
+    assert context.startswith("heartbeat: this session works on task 't1'"), context
+    baton = show(config)
+    assert json.dumps(baton).count('"paused"') >= 1 and '"how": "claim"' not in json.dumps(baton), baton
