@@ -43,7 +43,7 @@ def shell_blocks(text: str) -> list[str]:
 
 
 def script(blocks: list[str]) -> str:
-    parts = []
+    parts = ["trap 'kill $(jobs -p) 2>/dev/null' EXIT\n"]  # a block that fails leaves no stand-in agent behind
     for n, block in enumerate(blocks, 1):
         if MARKER in block:
             continue
