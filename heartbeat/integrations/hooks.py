@@ -217,9 +217,10 @@ def handle_event(
         return HookResult()  # a tool call's end is kept in its trail before the store is opened (run_hook)
     if name == "PreToolUse" and not env.get("HEARTBEAT_TASK"):
         return HookResult()  # the rail holds only a session bound to a task
-    baton = _find_task(store, task, _str(event, "cwd"), env)
-    if baton is None:
+    found = _find_task(store, task, _str(event, "cwd"), env)
+    if found is None:
         return HookResult()
+    baton: Baton = found  # (rebound when a person's session claims the task)
     session_id = _str(event, "session_id")
     epoch = _epoch(baton, env)
     if name == "PreToolUse":
@@ -232,11 +233,13 @@ def handle_event(
 
     if name == "SessionStart":
         source = _str(event, "source") or "startup"
+        baton, claimed = _person_claims(store, baton, env, prefix=command_prefix(state_dir_arg, config_arg))
+        epoch = _epoch(baton, env)
         record(EventKind.SESSION_STARTED, source=source)
         from heartbeat.reports.brief import unnoted_for
 
         unnoted = unnoted_for(trail_dir, store, baton, epoch=epoch)
-        context = session_context(baton, source, env, max_attempts=max_attempts, epoch=epoch, now=now,
+        context = claimed + session_context(baton, source, env, max_attempts=max_attempts, epoch=epoch, now=now,
                                   prefix=command_prefix(state_dir_arg, config_arg),
                                   unnoted=unnoted.lines() if unnoted else ())
         out = {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": context}}
@@ -276,6 +279,60 @@ def handle_event(
               "finished), then stop.")
     record(EventKind.STOP_BLOCKED, note_age_s=round((now - last_write).total_seconds(), 3) if last_write else None)
     return HookResult(json.dumps({"decision": "block", "reason": reason}, ensure_ascii=False) + "\n")
+
+
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "fish"})
+"""What the CLI runs a hook command through: the session is the first ancestor that is none of these."""
+
+
+def _session_process() -> tuple[int, float] | None:
+    """``(pid, create_time)`` of the agent CLI that runs this hook: the nearest ancestor that is not a shell."""
+    import psutil
+
+    try:
+        proc = psutil.Process(os.getppid())
+        while proc.name() in _SHELLS and proc.ppid() > 1:
+            proc = psutil.Process(proc.ppid())
+        return proc.pid, proc.create_time()
+    except (psutil.Error, ValueError):
+        return None
+
+
+def _person_claims(store: Store, baton: Baton, env: Mapping[str, str], *, prefix: str) -> tuple[Baton, str]:
+    """A session a person bound by hand (``$HEARTBEAT_TASK`` without ``$HEARTBEAT_EPOCH``: the daemon sets
+    both for its agents) claims its task for the session's process, so the daemon dispatches no second
+    agent onto it while the session runs. A task another live agent holds is left to it: the context's
+    first line says so and how to take it. Returns the baton and that line ("" when nothing to say)."""
+    from heartbeat.launchers.liveness import this_host
+    from heartbeat.model.baton import Owner, Status
+    from heartbeat.model.errors import Conflict, NotActive
+    from heartbeat.model.timeparse import utcnow
+    from heartbeat.tasks.verbs import claim
+
+    if not _bound(baton, env) or env.get("HEARTBEAT_EPOCH"):
+        return baton, ""
+    if baton.meta.status not in (Status.ACTIVE, Status.SNOOZED):
+        return baton, ""  # a paused task stays paused: a session starting is no resume
+    found = _session_process()
+    if found is None:
+        return baton, ""
+    held = baton.meta.owner
+    if held is not None and held.pid == found[0] and held.host == this_host():
+        return baton, ""  # this session's own claim (a resume, a compaction, a clear)
+    owner = Owner(pid=found[0], create_time=found[1], host=this_host(), how="claim", started_at=utcnow())
+    try:
+        baton = claim(store, baton.id, owner, actor=_ACTOR)
+    except NotActive:
+        return baton, ""
+    except Conflict as exc:
+        return baton, (f"heartbeat: this session did NOT claim task {baton.id!r}: {exc.message}. Another agent "
+                       f"works it; to take it over run `{prefix} claim {baton.id} --force --pid {found[0]}`.\n\n")
+    except HeartbeatError as exc:  # (a busy or lost database): the brief still comes, and says so
+        return baton, (f"heartbeat: this session could not claim task {baton.id!r} ({exc.message}); the daemon may "
+                       f"dispatch an agent onto it: run `{prefix} claim {baton.id} --pid {found[0]}`.\n\n")
+    return baton, (f"heartbeat: this session claimed task {baton.id!r} (epoch {baton.meta.epoch}, pid {found[0]}): "
+                   f"the daemon dispatches no agent onto it while this session runs; `{prefix} release {baton.id}` "
+                   "hands it back.\n\n")
 
 
 def _rail(event: Mapping[str, Any], baton: Baton, store: Store, *, env: Mapping[str, str], epoch: int,

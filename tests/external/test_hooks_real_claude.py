@@ -71,6 +71,38 @@ class TestRealClaude:
         assert t["seams"]["compactions"] == 1
         assert t["seams"]["session_starts"] == {"startup": 1, "resume": 1}
 
+    def test_a_bound_person_session_claims_its_task(
+            self, hb: Callable[..., Result], state_dir: Path, work: Path, task: str, tmp_path: Path) -> None:
+        """issue 26 item 10: `HEARTBEAT_TASK=t1 claude` (a person's session, no HEARTBEAT_EPOCH) claims the
+        task at SessionStart for the claude process itself, so the daemon, which dispatches no agent onto
+        a task a live process holds, does not start a second, headless one; the context says so."""
+        from agent_clis import agent_cli
+
+        from heartbeat.store.files import FileStore
+
+        claude = agent_cli("claude")
+        home = tmp_path / "home"
+        home.mkdir()
+        assert hb("--state-dir", str(state_dir), "hooks", "install", "claude", "--dir", str(work)).code == 0
+        env = {k: v for k, v in clean_env().items() if not k.startswith(("ANTHROPIC_", "CLAUDE", "HEARTBEAT_"))}
+        env.update(HOME=str(home), HEARTBEAT_TASK=task)
+        proc = subprocess.Popen([str(claude), "-p", "--output-format", "stream-json", "--verbose"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(work), env=env)
+        out, _ = proc.communicate("hello", timeout=180)
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        [response] = [line for line in lines if line.get("subtype") == "hook_response"
+                      and line.get("hook_event") == "SessionStart"]
+        context = json.loads(response["stdout"])["hookSpecificOutput"]["additionalContext"]
+        assert context.startswith(f"heartbeat: this session claimed task {task!r} (epoch 1, pid {proc.pid})"), context
+        store = FileStore(str(state_dir))
+        try:
+            [claimed] = [e for e in store.ledger.events(task) if e.kind == "claimed"]
+            baton = store.load(task)
+        finally:
+            store.close()
+        assert claimed.actor == "hook" and claimed.data["pid"] == proc.pid
+        assert baton.meta.epoch == 1 and baton.meta.owner is not None and baton.meta.owner.pid == proc.pid
+
     def test_settings_written_by_install_are_accepted(self, work: Path, tmp_path: Path, state_dir: Path) -> None:
         """Claude Code reads the merged settings without a settings error (hooks listed under their events)."""
         from agent_clis import agent_cli
