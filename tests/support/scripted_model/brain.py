@@ -551,7 +551,7 @@ def _refused_or_none(result: Result | None) -> bool:
 
 
 _REFUSAL = re.compile(r"requires approval|permission|not allowed|denied|haven't granted|was blocked|can't be checked"
-                      r"|PreToolUse:\w+ hook", re.IGNORECASE)  # (a hook's deny: "PreToolUse:Write hook error: ...")
+                      r"|PreToolUse:\w+ hook|blocked by PreToolUse hook", re.IGNORECASE)  # (a hook's deny: "PreToolUse:Write hook error: ...")
 
 
 def _refused(result: Result) -> bool:
