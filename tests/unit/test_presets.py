@@ -22,6 +22,7 @@ from hypothesis_profiles import examples
 from heartbeat.config.load import parse_config
 from heartbeat.config.shape import LauncherConfig
 from heartbeat.launchers.base import LaunchRequest, build_argv
+from heartbeat.presets.common import codex_trusted_hash
 from heartbeat.model import defaults
 from heartbeat.model.errors import ConfigError
 from heartbeat.presets.claude import parse_claude
@@ -79,12 +80,37 @@ class TestPresetConfig:
     def test_codex_expands_to_exec_json_stdin_with_a_default_runtime(self, tmp_path: Path) -> None:
         """codex: exec --json --skip-git-repo-check ARGS -, resume puts `resume ID -` after the exec options."""
         lc = launcher(f'preset = "codex"\nprogram = "/opt/codex"\nargs = {toml_list(CODEX_ARGS)}')
+        rail = ("-c", "{codex_rail_pre}", "-c", "{codex_rail_post}", "-c", "{codex_rail_trust}")
         assert lc.command == ("/opt/codex", "exec", "--json", "--skip-git-repo-check", "-c",
-                              "sandbox_workspace_write.writable_roots=['{state_dir}']", *CODEX_ARGS, "-")
+                              "sandbox_workspace_write.writable_roots=['{state_dir}']", *rail, *CODEX_ARGS, "-")
         assert lc.max_runtime == defaults.CODEX_MAX_RUNTIME
-        assert build_argv(lc, request(tmp_path, resume=True)) == [
-            "/opt/codex", "exec", "--json", "--skip-git-repo-check", "-c",
-            f"sandbox_workspace_write.writable_roots=['{tmp_path}']", *CODEX_ARGS, "resume", UUID1, "-"]
+        argv = build_argv(lc, request(tmp_path, resume=True))
+        assert argv[:6] == ["/opt/codex", "exec", "--json", "--skip-git-repo-check", "-c",
+                            f"sandbox_workspace_write.writable_roots=['{tmp_path}']"]
+        assert argv[12:] == [*CODEX_ARGS, "resume", UUID1, "-"]
+        pre, post, trust = argv[7:12:2]  # the rail and the trail as this run's hooks, trusted for it only
+        assert pre.startswith("hooks.PreToolUse=[") and post.startswith("hooks.PostToolUse=[")
+        assert "hook codex # heartbeat-hook" in pre and pre.partition("=")[2] == post.partition("=")[2]
+        import tomllib
+
+        state = tomllib.loads(trust)["hooks"]["state"]
+        assert set(state) == {"/<session-flags>/config.toml:pre_tool_use:0:0",
+                              "/<session-flags>/config.toml:post_tool_use:0:0"}
+        hook = tomllib.loads(pre)["hooks"]["PreToolUse"][0]["hooks"][0]
+        assert state["/<session-flags>/config.toml:pre_tool_use:0:0"]["trusted_hash"] == codex_trusted_hash(
+            "pre_tool_use", hook["command"], hook["timeout"])
+
+    @pytest.mark.parametrize("args", [
+        ["--disable", "hooks"], ["--disable=codex_hooks"], ["-c", "features.hooks=false"],
+        ["--config", "features.codex_hooks = false"], ["-cfeatures.hooks=false"], ["--config=hooks={}"],
+        ["-c", "hooks.PreToolUse=[]"],
+    ])
+    def test_codex_args_that_switch_its_hooks_off_are_refused(self, args: list[str]) -> None:
+        """Turning codex's hooks off (or replacing the hooks the rail lives in) is one line naming the args."""
+        with pytest.raises(ConfigError) as err:
+            launcher(f'preset = "codex"\nargs = {toml_list(["-m", "gpt-5", *args])}')
+        assert err.value.field == "launchers.a.args" and "hooks off" in err.value.message
+        assert launcher(f'preset = "codex"\nargs = {toml_list(["-c", "features.hooks=true", "--disable", "x"])}')
 
     def test_gemini_expands_and_merges_its_non_retryable_codes(self) -> None:
         """gemini: --output-format stream-json --session-id; exit 41/42/52 are non-retryable, with the user's."""
@@ -132,7 +158,8 @@ class TestPresetConfig:
         out = r.out
         codex = "/opt/nowhere/codex"
         assert "type: exec (preset codex)" in out and f"program: {codex}" in out
-        writable = ["-c", "sandbox_workspace_write.writable_roots=['{state_dir}']"]
+        writable = ["-c", "sandbox_workspace_write.writable_roots=['{state_dir}']",
+                    "-c", "{codex_rail_pre}", "-c", "{codex_rail_post}", "-c", "{codex_rail_trust}"]
         assert json.dumps([codex, "exec", "--json", "--skip-git-repo-check", *writable, *CODEX_ARGS, "-"]) in out
         assert json.dumps([codex, "exec", "--json", "--skip-git-repo-check", *writable, *CODEX_ARGS, "resume",
                            "{session}", "-"]) in out
