@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow
 RAIL = "heartbeat refused"
 
 
-def hooks_list(codex: Path, env: dict[str, str], cwd: Path, overrides: list[str]) -> list[dict[str, Any]]:
+def hooks_list(codex: Path, env: dict[str, str], cwd: Path,  # noqa: F811
+               overrides: list[str]) -> list[dict[str, Any]]:
     """codex's own account of its hooks and their trust (``hooks/list`` of ``codex app-server``)."""
     requests = [{"id": 1, "method": "initialize", "params": {"clientInfo": {"name": "hb-test", "version": "1"}}},
                 {"method": "initialized"}, {"id": 2, "method": "hooks/list", "params": {"cwds": [str(cwd)]}}]
@@ -49,7 +50,7 @@ def hooks_list(codex: Path, env: dict[str, str], cwd: Path, overrides: list[str]
 def test_codex_trusts_the_presets_own_hooks_for_the_run(codex: Path, root: Path) -> None:  # noqa: F811
     """codex 0.171 lists the preset's two ``-c`` hooks as trusted: the hash heartbeat computes is codex's
     ``currentHash`` (a codex that hashes differently fails here, not silently in a run)."""
-    from heartbeat.presets.common import codex_rail_overrides
+    from heartbeat.presets.common import codex_rail_overrides, codex_trusted_hash
 
     overrides = [a for v in codex_rail_overrides().values() for a in ("-c", v)]
     hooks = hooks_list(codex, codex_env(root), root / "work", overrides)
@@ -61,6 +62,13 @@ def test_codex_trusts_the_presets_own_hooks_for_the_run(codex: Path, root: Path)
         {"matcher": "*", "hooks": [{"type": "command", "command": ours["preToolUse"]["command"], "timeout": 30}]}]}}))
     user = [h for h in hooks_list(codex, codex_env(root), root / "work", overrides) if h["source"] == "user"]
     assert [h["trustStatus"] for h in user] == ["untrusted"], user
+    # the person's own trust in config.toml stays in force beside the run's (codex merges the layers)
+    trusted = codex_trusted_hash("pre_tool_use", ours["preToolUse"]["command"], 30)
+    (root / "home" / ".codex" / "config.toml").write_text(
+        f'[hooks.state.{json.dumps(user[0]["key"])}]\ntrusted_hash = "{trusted}"\n')
+    listed = hooks_list(codex, codex_env(root), root / "work", overrides)
+    assert [h["trustStatus"] for h in listed if h["source"] == "user"] == ["trusted"], listed
+    assert [h["trustStatus"] for h in listed if h["source"] == "sessionFlags"] == ["trusted", "trusted"], listed
 
 
 def test_a_block_set_while_codex_works_stops_its_next_tool_call(codex: Path, root: Path,  # noqa: F811

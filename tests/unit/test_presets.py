@@ -22,12 +22,11 @@ from hypothesis_profiles import examples
 from heartbeat.config.load import parse_config
 from heartbeat.config.shape import LauncherConfig
 from heartbeat.launchers.base import LaunchRequest, build_argv
-from heartbeat.presets.common import codex_trusted_hash
 from heartbeat.model import defaults
 from heartbeat.model.errors import ConfigError
 from heartbeat.presets.claude import parse_claude
 from heartbeat.presets.codex import parse_codex
-from heartbeat.presets.common import PresetName, ResultInfo, parse_reset, read_log_tail, valid_session_id
+from heartbeat.presets.common import PresetName, ResultInfo, codex_trusted_hash, parse_reset, read_log_tail, valid_session_id
 from heartbeat.presets.gemini import parse_gemini
 from heartbeat.presets.registry import PRESETS, plan_session, resume_note
 
