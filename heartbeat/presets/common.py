@@ -403,15 +403,20 @@ def codex_trusted_hash(event_label: str, command: str, timeout: int) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def codex_rail_overrides() -> dict[str, str]:
+def _toml_string(text: str) -> str:
+    """``text`` as a TOML basic string: JSON's escapes, which TOML shares, and DEL, which JSON leaves raw."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def codex_rail_overrides(command: str = "") -> dict[str, str]:
     """The codex preset's ``-c`` values for every run (its ``{codex_rail_*}`` placeholders): the rail
     (``PreToolUse``) and the trail's end (``PostToolUse``) as hooks of this invocation's ``-c`` layer, and
     the trust record of exactly those two hooks. codex runs a non-managed hook only when its trust entry
     holds the hook's current hash; giving it with the run trusts heartbeat's own two hooks for this run
     only: no file of the person's is written and every other hook keeps codex's review."""
-    command = rail_hook_command("codex")
+    command = command or rail_hook_command("codex")
     timeout = defaults.HOOK_TIMEOUT
-    hook = f"[{{matcher=\"*\",hooks=[{{type=\"command\",command={json.dumps(command)},timeout={timeout}}}]}}]"
+    hook = f"[{{matcher=\"*\",hooks=[{{type=\"command\",command={_toml_string(command)},timeout={timeout}}}]}}]"
     trust = ",".join(f"{json.dumps(f'{CODEX_SESSION_FLAGS}:{label}:0:0')}="
                      f"{{trusted_hash={json.dumps(codex_trusted_hash(label, command, timeout))}}}"
                      for label in ("pre_tool_use", "post_tool_use"))

@@ -26,7 +26,15 @@ from heartbeat.model import defaults
 from heartbeat.model.errors import ConfigError
 from heartbeat.presets.claude import parse_claude
 from heartbeat.presets.codex import parse_codex
-from heartbeat.presets.common import PresetName, ResultInfo, codex_trusted_hash, parse_reset, read_log_tail, valid_session_id
+from heartbeat.presets.common import (
+    PresetName,
+    ResultInfo,
+    codex_rail_overrides,
+    codex_trusted_hash,
+    parse_reset,
+    read_log_tail,
+    valid_session_id,
+)
 from heartbeat.presets.gemini import parse_gemini
 from heartbeat.presets.registry import PRESETS, plan_session, resume_note
 
@@ -98,6 +106,20 @@ class TestPresetConfig:
         hook = tomllib.loads(pre)["hooks"]["PreToolUse"][0]["hooks"][0]
         assert state["/<session-flags>/config.toml:pre_tool_use:0:0"]["trusted_hash"] == codex_trusted_hash(
             "pre_tool_use", hook["command"], hook["timeout"])
+
+    @pytest.mark.parametrize("command", ['/opt/my "hb"/bin/heartbeat hook codex', "C:\\hb\\heartbeat\x7f",
+                                         "/home/zoë/😀/heartbeat hook codex", "a\nb\tc"])
+    def test_codex_rail_overrides_carry_any_command_as_toml(self, command: str) -> None:
+        """Quotes, backslashes, DEL, non-BMP characters and newlines in heartbeat's path reach codex
+        as the very command the trust hash is of."""
+        import tomllib
+
+        values = codex_rail_overrides(command)
+        hook = tomllib.loads(values["codex_rail_pre"])["hooks"]["PreToolUse"][0]["hooks"][0]
+        assert hook["command"] == command
+        state = tomllib.loads(values["codex_rail_trust"])["hooks"]["state"]
+        assert state["/<session-flags>/config.toml:pre_tool_use:0:0"]["trusted_hash"] == codex_trusted_hash(
+            "pre_tool_use", command, hook["timeout"])
 
     @pytest.mark.parametrize("args", [
         ["--disable", "hooks"], ["--disable=codex_hooks"], ["-c", "features.hooks=false"],
