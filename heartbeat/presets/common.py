@@ -428,7 +428,7 @@ BARE_ARGS = {"claude-code": ("--bare",)}
 """Agent CLI flags that switch the hooks (and so the rail) off: ``check-config`` refuses a launcher with them."""
 
 CODEX_HOOKS_OFF = re.compile(r"^\s*features\.(?:codex_)?hooks\s*=\s*false\s*$"
-                             r"|^\s*hooks\s*(?:=|\.\s*(?:PreToolUse|PostToolUse|state)\s*=)")
+                             r"|^\s*hooks\s*(?:=|\.\s*(?:PreToolUse|PostToolUse|state)\b)")
 """A codex ``-c`` value that turns hooks off (``features.hooks=false``, its old name ``codex_hooks``) or
 replaces what the rail's hooks or their trust are (a later ``-c`` of the same key wins)."""
 

@@ -124,14 +124,15 @@ class TestPresetConfig:
     @pytest.mark.parametrize("args", [
         ["--disable", "hooks"], ["--disable=codex_hooks"], ["-c", "features.hooks=false"],
         ["--config", "features.codex_hooks = false"], ["-cfeatures.hooks=false"], ["--config=hooks={}"],
-        ["-c", "hooks.PreToolUse=[]"],
+        ["-c", "hooks.PreToolUse=[]"], ["-c", 'hooks.state."/<session-flags>/config.toml:pre_tool_use:0:0"={}'],
     ])
     def test_codex_args_that_switch_its_hooks_off_are_refused(self, args: list[str]) -> None:
         """Turning codex's hooks off (or replacing the hooks the rail lives in) is one line naming the args."""
         with pytest.raises(ConfigError) as err:
             launcher(f'preset = "codex"\nargs = {toml_list(["-m", "gpt-5", *args])}')
         assert err.value.field == "launchers.a.args" and "hooks off" in err.value.message
-        assert launcher(f'preset = "codex"\nargs = {toml_list(["-c", "features.hooks=true", "--disable", "x"])}')
+        fine = ["-c", "features.hooks=true", "--disable", "x", "-c", "hooks_dir=1"]
+        assert launcher(f'preset = "codex"\nargs = {toml_list(fine)}')
 
     def test_gemini_expands_and_merges_its_non_retryable_codes(self) -> None:
         """gemini: --output-format stream-json --session-id; exit 41/42/52 are non-retryable, with the user's."""
