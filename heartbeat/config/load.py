@@ -526,11 +526,11 @@ class _Parser:
         args = doc.get("args", [])
         if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
             raise self.error(f"{p}args", "expected a list of strings (flags for the agent CLI; no shell is involved)")
-        from heartbeat.presets.common import BARE_ARGS
+        from heartbeat.presets.common import hooks_off_arg
 
-        off = [a for a in args if a in BARE_ARGS.get(name, ())]
+        off = hooks_off_arg(name, args)
         if off:
-            raise self.error(f"{p}args", f"{off[0]} switches {preset.program}'s hooks off, and with them the rail "
+            raise self.error(f"{p}args", f"{off} switches {preset.program}'s hooks off, and with them the rail "
                                          "(heartbeat's PreToolUse check): remove it")
         for arg in args:
             unknown = placeholders_in(arg) - LAUNCHER_PLACEHOLDERS

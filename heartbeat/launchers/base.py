@@ -161,10 +161,11 @@ def placeholder_values(req: LaunchRequest) -> dict[str, object]:
 
 
 def _preset_values(req: LaunchRequest) -> dict[str, object]:
-    """What only a preset's own argv holds: the rail's hook settings (``{rail_settings}``)."""
-    from heartbeat.presets.common import RAIL_SETTINGS, claude_rail_settings
+    """What only a preset's own argv holds: the rail's hooks (claude's ``{rail_settings}``, codex's
+    ``{codex_rail_*}``)."""
+    from heartbeat.presets.common import RAIL_SETTINGS, claude_rail_settings, codex_rail_overrides
 
-    return {RAIL_SETTINGS: claude_rail_settings()}
+    return {RAIL_SETTINGS: claude_rail_settings(), **codex_rail_overrides()}
 
 
 def build_argv(config: LauncherConfig, req: LaunchRequest) -> list[str]:

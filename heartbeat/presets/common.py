@@ -25,7 +25,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone, tzinfo
 from enum import StrEnum
@@ -384,9 +384,72 @@ def claude_rail_settings() -> str:
 RAIL_SETTINGS = "rail_settings"
 """The placeholder a preset's own argv holds for :func:`claude_rail_settings` (not one a config may use)."""
 
+CODEX_RAIL = ("codex_rail_pre", "codex_rail_post", "codex_rail_trust")
+"""The placeholders of the codex preset's three ``-c`` values (:func:`codex_rail_overrides`)."""
+
+CODEX_SESSION_FLAGS = "/<session-flags>/config.toml"
+"""The source codex 0.171 names its ``-c`` layer by in a hook's trust key (``hooks/list`` of ``codex app-server``)."""
+
+
+def codex_trusted_hash(event_label: str, command: str, timeout: int) -> str:
+    """codex 0.171's trust hash of one command hook (``currentHash`` in ``hooks/list``): SHA-256 of the
+    canonical JSON (sorted keys, compact) of ``{event_name, matcher, hooks: [the normalized handler]}``;
+    pinned against the real codex in ``tests/external/test_codex_rail.py``."""
+    import hashlib
+
+    identity = {"event_name": event_label, "matcher": "*",
+                "hooks": [{"type": "command", "command": command, "timeout": timeout, "async": False}]}
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _toml_string(text: str) -> str:
+    """``text`` as a TOML basic string: JSON's escapes, which TOML shares, and DEL, which JSON leaves raw."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def codex_rail_overrides(command: str = "") -> dict[str, str]:
+    """The codex preset's ``-c`` values for every run (its ``{codex_rail_*}`` placeholders): the rail
+    (``PreToolUse``) and the trail's end (``PostToolUse``) as hooks of this invocation's ``-c`` layer, and
+    the trust record of exactly those two hooks. codex runs a non-managed hook only when its trust entry
+    holds the hook's current hash; giving it with the run trusts heartbeat's own two hooks for this run
+    only: no file of the person's is written and every other hook keeps codex's review."""
+    command = command or rail_hook_command("codex")
+    timeout = defaults.HOOK_TIMEOUT
+    hook = f"[{{matcher=\"*\",hooks=[{{type=\"command\",command={_toml_string(command)},timeout={timeout}}}]}}]"
+    trust = ",".join(f"{json.dumps(f'{CODEX_SESSION_FLAGS}:{label}:0:0')}="
+                     f"{{trusted_hash={json.dumps(codex_trusted_hash(label, command, timeout))}}}"
+                     for label in ("pre_tool_use", "post_tool_use"))
+    pre, post, state = CODEX_RAIL
+    return {pre: f"hooks.PreToolUse={hook}", post: f"hooks.PostToolUse={hook}", state: f"hooks.state={{{trust}}}"}
+
 
 BARE_ARGS = {"claude-code": ("--bare",)}
 """Agent CLI flags that switch the hooks (and so the rail) off: ``check-config`` refuses a launcher with them."""
+
+CODEX_HOOKS_OFF = re.compile(r"^\s*features\.(?:codex_)?hooks\s*=\s*false\s*$"
+                             r"|^\s*hooks\s*(?:=|\.\s*(?:PreToolUse|PostToolUse|state)\b)")
+"""A codex ``-c`` value that turns hooks off (``features.hooks=false``, its old name ``codex_hooks``) or
+replaces what the rail's hooks or their trust are (a later ``-c`` of the same key wins)."""
+
+
+def hooks_off_arg(preset: str, args: Sequence[str]) -> str:
+    """The first of a launcher's ``args`` that would switch the agent CLI's hooks (the rail) off, or ``""``."""
+    for i, arg in enumerate(args):
+        if arg in BARE_ARGS.get(preset, ()):
+            return arg
+        if preset != "codex":
+            continue
+        value = args[i + 1] if arg in ("-c", "--config", "--disable") and i + 1 < len(args) else ""
+        for flag in ("--config=", "--disable="):
+            if arg.startswith(flag):
+                arg, value = flag[:-1], arg[len(flag):]
+        if arg.startswith("-c") and len(arg) > 2 and not arg.startswith("--"):
+            arg, value = "-c", arg[2:]
+        if (arg == "--disable" and value.strip() in ("hooks", "codex_hooks")) or \
+                (arg in ("-c", "--config") and CODEX_HOOKS_OFF.search(value)):
+            return f"{arg} {value}"
+    return ""
 
 
 @dataclass(frozen=True)

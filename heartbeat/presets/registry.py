@@ -39,16 +39,19 @@ PRESETS: dict[PresetName, Preset] = {
     PresetName.CODEX: Preset(
         name=PresetName.CODEX,
         program="codex",
-        fixed=("exec", "--json", "--skip-git-repo-check", "-c", CODEX_STATE_WRITABLE),
+        fixed=("exec", "--json", "--skip-git-repo-check", "-c", CODEX_STATE_WRITABLE, "-c", "{codex_rail_pre}",
+               "-c", "{codex_rail_post}", "-c", "{codex_rail_trust}"),
         fresh=("-",),
         resume=("resume", "{session}", "-"),
         parse=parse_codex,
         pins_session=False,
         max_runtime=defaults.CODEX_MAX_RUNTIME,
         output="the JSONL events (the state dir is added to the workspace-write sandbox's writable roots so the "
-               "agent can keep its note): thread.started's thread_id is the session; turn.completed is success, "
-               "turn.failed or a final error is a failed attempt (an authentication error blocks the task "
-               "on a human); token usage goes into the exited event",
+               "agent can keep its note; three -c add the rail and the trail: `heartbeat hook codex` as this run's "
+               "PreToolUse and PostToolUse hooks, with their trust entry for this run only): thread.started's "
+               "thread_id is the session; turn.completed is success, turn.failed or a final error is a failed "
+               "attempt (an authentication error blocks the task on a human); token usage goes into the exited "
+               "event",
     ),
     PresetName.GEMINI: Preset(
         name=PresetName.GEMINI,

@@ -26,7 +26,15 @@ from heartbeat.model import defaults
 from heartbeat.model.errors import ConfigError
 from heartbeat.presets.claude import parse_claude
 from heartbeat.presets.codex import parse_codex
-from heartbeat.presets.common import PresetName, ResultInfo, parse_reset, read_log_tail, valid_session_id
+from heartbeat.presets.common import (
+    PresetName,
+    ResultInfo,
+    codex_rail_overrides,
+    codex_trusted_hash,
+    parse_reset,
+    read_log_tail,
+    valid_session_id,
+)
 from heartbeat.presets.gemini import parse_gemini
 from heartbeat.presets.registry import PRESETS, plan_session, resume_note
 
@@ -79,12 +87,52 @@ class TestPresetConfig:
     def test_codex_expands_to_exec_json_stdin_with_a_default_runtime(self, tmp_path: Path) -> None:
         """codex: exec --json --skip-git-repo-check ARGS -, resume puts `resume ID -` after the exec options."""
         lc = launcher(f'preset = "codex"\nprogram = "/opt/codex"\nargs = {toml_list(CODEX_ARGS)}')
+        rail = ("-c", "{codex_rail_pre}", "-c", "{codex_rail_post}", "-c", "{codex_rail_trust}")
         assert lc.command == ("/opt/codex", "exec", "--json", "--skip-git-repo-check", "-c",
-                              "sandbox_workspace_write.writable_roots=['{state_dir}']", *CODEX_ARGS, "-")
+                              "sandbox_workspace_write.writable_roots=['{state_dir}']", *rail, *CODEX_ARGS, "-")
         assert lc.max_runtime == defaults.CODEX_MAX_RUNTIME
-        assert build_argv(lc, request(tmp_path, resume=True)) == [
-            "/opt/codex", "exec", "--json", "--skip-git-repo-check", "-c",
-            f"sandbox_workspace_write.writable_roots=['{tmp_path}']", *CODEX_ARGS, "resume", UUID1, "-"]
+        argv = build_argv(lc, request(tmp_path, resume=True))
+        assert argv[:6] == ["/opt/codex", "exec", "--json", "--skip-git-repo-check", "-c",
+                            f"sandbox_workspace_write.writable_roots=['{tmp_path}']"]
+        assert argv[12:] == [*CODEX_ARGS, "resume", UUID1, "-"]
+        pre, post, trust = argv[7:12:2]  # the rail and the trail as this run's hooks, trusted for it only
+        assert pre.startswith("hooks.PreToolUse=[") and post.startswith("hooks.PostToolUse=[")
+        assert "hook codex # heartbeat-hook" in pre and pre.partition("=")[2] == post.partition("=")[2]
+        import tomllib
+
+        state = tomllib.loads(trust)["hooks"]["state"]
+        assert set(state) == {"/<session-flags>/config.toml:pre_tool_use:0:0",
+                              "/<session-flags>/config.toml:post_tool_use:0:0"}
+        hook = tomllib.loads(pre)["hooks"]["PreToolUse"][0]["hooks"][0]
+        assert state["/<session-flags>/config.toml:pre_tool_use:0:0"]["trusted_hash"] == codex_trusted_hash(
+            "pre_tool_use", hook["command"], hook["timeout"])
+
+    @pytest.mark.parametrize("command", ['/opt/my "hb"/bin/heartbeat hook codex', "C:\\hb\\heartbeat\x7f",
+                                         "/home/zoë/😀/heartbeat hook codex", "a\nb\tc"])
+    def test_codex_rail_overrides_carry_any_command_as_toml(self, command: str) -> None:
+        """Quotes, backslashes, DEL, non-BMP characters and newlines in heartbeat's path reach codex
+        as the very command the trust hash is of."""
+        import tomllib
+
+        values = codex_rail_overrides(command)
+        hook = tomllib.loads(values["codex_rail_pre"])["hooks"]["PreToolUse"][0]["hooks"][0]
+        assert hook["command"] == command
+        state = tomllib.loads(values["codex_rail_trust"])["hooks"]["state"]
+        assert state["/<session-flags>/config.toml:pre_tool_use:0:0"]["trusted_hash"] == codex_trusted_hash(
+            "pre_tool_use", command, hook["timeout"])
+
+    @pytest.mark.parametrize("args", [
+        ["--disable", "hooks"], ["--disable=codex_hooks"], ["-c", "features.hooks=false"],
+        ["--config", "features.codex_hooks = false"], ["-cfeatures.hooks=false"], ["--config=hooks={}"],
+        ["-c", "hooks.PreToolUse=[]"], ["-c", 'hooks.state."/<session-flags>/config.toml:pre_tool_use:0:0"={}'],
+    ])
+    def test_codex_args_that_switch_its_hooks_off_are_refused(self, args: list[str]) -> None:
+        """Turning codex's hooks off (or replacing the hooks the rail lives in) is one line naming the args."""
+        with pytest.raises(ConfigError) as err:
+            launcher(f'preset = "codex"\nargs = {toml_list(["-m", "gpt-5", *args])}')
+        assert err.value.field == "launchers.a.args" and "hooks off" in err.value.message
+        fine = ["-c", "features.hooks=true", "--disable", "x", "-c", "hooks_dir=1"]
+        assert launcher(f'preset = "codex"\nargs = {toml_list(fine)}')
 
     def test_gemini_expands_and_merges_its_non_retryable_codes(self) -> None:
         """gemini: --output-format stream-json --session-id; exit 41/42/52 are non-retryable, with the user's."""
@@ -132,7 +180,8 @@ class TestPresetConfig:
         out = r.out
         codex = "/opt/nowhere/codex"
         assert "type: exec (preset codex)" in out and f"program: {codex}" in out
-        writable = ["-c", "sandbox_workspace_write.writable_roots=['{state_dir}']"]
+        writable = ["-c", "sandbox_workspace_write.writable_roots=['{state_dir}']",
+                    "-c", "{codex_rail_pre}", "-c", "{codex_rail_post}", "-c", "{codex_rail_trust}"]
         assert json.dumps([codex, "exec", "--json", "--skip-git-repo-check", *writable, *CODEX_ARGS, "-"]) in out
         assert json.dumps([codex, "exec", "--json", "--skip-git-repo-check", *writable, *CODEX_ARGS, "resume",
                            "{session}", "-"]) in out

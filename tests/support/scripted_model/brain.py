@@ -550,8 +550,9 @@ def _refused_or_none(result: Result | None) -> bool:
     return result is not None and _refused(result)
 
 
+# a hook's deny: claude's "PreToolUse:Write hook error: ...", codex's "Command blocked by PreToolUse hook: ..."
 _REFUSAL = re.compile(r"requires approval|permission|not allowed|denied|haven't granted|was blocked|can't be checked"
-                      r"|PreToolUse:\w+ hook", re.IGNORECASE)  # (a hook's deny: "PreToolUse:Write hook error: ...")
+                      r"|PreToolUse:\w+ hook|blocked by PreToolUse hook", re.IGNORECASE)
 
 
 def _refused(result: Result) -> bool:

@@ -61,7 +61,12 @@ def _result(call_id: str, output: Any) -> Result:
     text = output if isinstance(output, str) else "\n".join(_texts(output))
     code = _EXIT.search(text)
     _, sep, body = text.partition("\nOutput:\n")
-    return Result(call_id=call_id, text=body if sep else text, is_error=bool(code and code.group(1) != "0"))
+    # codex 0.171 answers a call its PreToolUse hook denied with the hook's reason and no exit code
+    refused = text.startswith(_HOOK_DENIED)
+    return Result(call_id=call_id, text=body if sep else text, is_error=refused or bool(code and code.group(1) != "0"))
+
+
+_HOOK_DENIED = "Command blocked by PreToolUse hook"
 
 
 def conversation(req: dict[str, Any], session: str = "") -> Conversation:
