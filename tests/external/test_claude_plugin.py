@@ -17,6 +17,8 @@ from tests.integration.test_hooks import seam_events
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = "mcp__plugin_heartbeat_heartbeat__"
 """How claude 2.1.332 names the plugin's MCP tools: ``mcp__plugin_<plugin>_<server>__<tool>``."""
+SERVER = "plugin:heartbeat:heartbeat"
+"""And the server, in ``claude mcp list``."""
 
 
 def _claude(claude: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -38,14 +40,9 @@ class TestClaudePlugin:
     session is briefed by the plugin's SessionStart hook and offered the plugin's MCP tools; ``claude plugin
     marketplace remove heartbeat`` takes all of it away in one step."""
 
-    def test_install_brief_and_remove_in_one_step(self, tmp_path: Path) -> None:
+    def installed(self, tmp_path: Path) -> tuple[Path, Path, Path, dict[str, str]]:
+        """The claude CLI, the state dir (task t1), its workdir and the env of a HOME with the plugin installed."""
         from agent_clis import agent_cli
-        from scripted_model import Workload, scripted_model
-        from scripted_model.brain import Brain, Conversation, Reply
-
-        class Idle(Brain):
-            def decide(self, conv: Conversation) -> Reply:
-                return Reply(text="Nothing to do.")
 
         claude = agent_cli("claude")
         state = tmp_path / "st"
@@ -64,15 +61,25 @@ class TestClaudePlugin:
                         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")
         env = {k: v for k, v in env.items() if not k.startswith(("ANTHROPIC_", "CLAUDE"))
                or k == "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"}
-        before = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--ignored"],
-                                capture_output=True, text=True).stdout
-
         added = _claude(claude, env, "plugin", "marketplace", "add", "--json", str(REPO))
         assert added.returncode == 0, added.stdout + added.stderr
         assert json.loads(added.stdout.splitlines()[-1])["marketplace"] == "heartbeat"
         installed = _claude(claude, env, "plugin", "install", "--json", "heartbeat@heartbeat")
         assert installed.returncode == 0, installed.stdout + installed.stderr
         assert json.loads(installed.stdout.splitlines()[-1])["outcome"] == "ok"
+        return claude, state, work, env
+
+    def test_install_brief_and_remove_in_one_step(self, tmp_path: Path) -> None:
+        from scripted_model import Workload, scripted_model
+        from scripted_model.brain import Brain, Conversation, Reply
+
+        class Idle(Brain):
+            def decide(self, conv: Conversation) -> Reply:
+                return Reply(text="Nothing to do.")
+
+        before = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--ignored"],
+                                capture_output=True, text=True).stdout
+        claude, state, work, env = self.installed(tmp_path)
 
         with scripted_model(tmp_path / "model", Workload(steps=("s",)), wires=("anthropic",)) as model:
             model.brain.__class__ = Idle
@@ -81,23 +88,25 @@ class TestClaudePlugin:
             [response] = [line for line in lines if line.get("subtype") == "hook_response"
                           and line.get("hook_event") == "SessionStart"]
             assert response["exit_code"] == 0, response
-            # what reached the model: the brief in the messages, heartbeat's MCP tools among the tools
+            # what reached the model: the brief in the messages
             assert model.bodies and any("Make the fallback path survive a restart" in json.dumps(b)
                                         for b in model.bodies)
-            # claude 2.1.332 defers MCP tools: their names reach the model in a system message, not in `tools`
-            assert f"{TOOLS}status" in json.dumps(model.bodies) and f"{TOOLS}set" in json.dumps(model.bodies)
+            # the plugin's MCP server: `claude mcp list` starts it and says it answered (whether a -p run
+            # offers its tools depends on it starting before the first request, so not asserted there)
+            servers = _claude(claude, env, "mcp", "list")
+            assert f"{SERVER}: heartbeat mcp - ✔ Connected" in servers.stdout, servers.stdout + servers.stderr
             session = lines[-1]["session_id"]
             assert ("session_started", "startup") in [(k, d.get("source")) for k, d in seam_events(state)
                                                       if d.get("session_id") == session]
 
             removed = _claude(claude, env, "plugin", "marketplace", "remove", "heartbeat")
             assert removed.returncode == 0, removed.stdout + removed.stderr
-            settings = json.loads((home / ".claude" / "settings.json").read_text())
+            settings = json.loads((Path(env["HOME"]) / ".claude" / "settings.json").read_text())
             assert "heartbeat" not in json.dumps(settings), settings
             listed = json.loads(_claude(claude, env, "plugin", "list", "--json").stdout)
             assert not [p for p in listed if "heartbeat" in p["id"]], listed
             # the CLI keeps the copy it ran from until its own clean-up, marked as orphaned, and runs none of it
-            cached = home / ".claude" / "plugins" / "cache" / "heartbeat"
+            cached = Path(env["HOME"]) / ".claude" / "plugins" / "cache" / "heartbeat"
             assert all((v / ".orphaned_at").exists() for v in cached.glob("*/*")) if cached.exists() else True
 
             model.bodies.clear()
@@ -106,6 +115,36 @@ class TestClaudePlugin:
         assert model.bodies and not any("Make the fallback path survive a restart" in json.dumps(b)
                                         for b in model.bodies)
         assert TOOLS not in json.dumps(model.bodies)
+        assert SERVER not in _claude(claude, env, "mcp", "list").stdout
         assert not [d for _, d in seam_events(state) if d.get("session_id") == after[-1]["session_id"]]
         assert subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--ignored"],
                               capture_output=True, text=True).stdout == before  # the repository is only read
+
+    def test_a_bound_sessions_own_commands_need_no_rule(self, tmp_path: Path) -> None:
+        """A plugin carries no permission rules: the hook approves the bound task's own command (here
+        ``heartbeat set t1``, as the brief spells it) and nothing else, so headless ``claude -p``, which
+        refuses every Bash command no rule allows, runs the one and refuses the other."""
+        from scripted_model import Workload, scripted_model
+        from scripted_model.brain import Brain, Call, Conversation, Reply
+
+        claude, state, work, env = self.installed(tmp_path)
+        mine = 'heartbeat set t1 step="Written through the plugin"'
+        other = "touch elsewhere"
+
+        class Writes(Brain):
+            def decide(self, conv: Conversation) -> Reply:
+                done = {c.command for c in conv.calls}
+                for command in (mine, other):
+                    if command not in done:
+                        return Reply(calls=(Call(id=f"c{len(done)}", kind="shell", command=command),))
+                return Reply(text="Noted.")
+
+        with scripted_model(tmp_path / "model", Workload(steps=("s",)), wires=("anthropic",)) as model:
+            model.brain.__class__ = Writes
+            lines = _session(claude, work, {**env, "ANTHROPIC_BASE_URL": model.url, "ANTHROPIC_API_KEY": "sk-scripted",
+                                            "HEARTBEAT_TASK": "t1"})
+        show = subprocess.run([sys.executable, "-m", "heartbeat", "--state-dir", str(state), "show", "t1", "--json"],
+                              env=clean_env(), capture_output=True, text=True, timeout=60)
+        assert json.loads(show.stdout)["step"] == "Written through the plugin", show.stdout + show.stderr
+        denied = [d.get("tool_input", {}).get("command") for d in lines[-1].get("permission_denials", [])]
+        assert denied == [other] and not (work / "elsewhere").exists(), lines[-1]
