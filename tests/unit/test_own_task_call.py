@@ -68,3 +68,26 @@ def test_the_plugins_mcp_tools_are_heartbeats_own() -> None:
     """The rail lets a refused agent read why and write its note through the plugin's tools too."""
     assert own_command(tool_call(mcp("mcp__plugin_heartbeat_heartbeat__show", id="t1")))
     assert not own_command(tool_call(mcp("mcp__plugin_other_heartbeat__show", id="t1")))
+
+
+def test_the_plugin_files_agree_with_the_package() -> None:
+    """plugins/heartbeat/ is written by hand: its hooks are those ``hooks install claude`` wires, with the
+    same timeout, and its version (in the plugin and the marketplace) is the package's."""
+    import json
+    import tomllib
+    from pathlib import Path
+
+    from heartbeat.integrations.hooks import HOOK_EVENTS
+    from heartbeat.model import defaults
+
+    root = Path(__file__).resolve().parents[2]
+    plugin = root / "plugins" / "heartbeat"
+    hooks = json.loads((plugin / "hooks" / "hooks.json").read_text())["hooks"]
+    assert tuple(hooks) == HOOK_EVENTS
+    assert all(g == [{"hooks": [{"type": "command", "command": "heartbeat hook claude",
+                                 "timeout": defaults.HOOK_TIMEOUT}]}] for g in hooks.values())
+    assert json.loads((plugin / ".mcp.json").read_text())["mcpServers"]["heartbeat"]["args"] == ["mcp"]
+    version = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+    [listed] = json.loads((root / ".claude-plugin" / "marketplace.json").read_text())["plugins"]
+    assert json.loads((plugin / ".claude-plugin" / "plugin.json").read_text())["version"] == version
+    assert listed["version"] == version and listed["source"] == "./plugins/heartbeat"
