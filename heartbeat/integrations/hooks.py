@@ -102,6 +102,8 @@ class HookResult:
     code: int = 0
     after: tuple[Callable[[], None], ...] = ()
     """What is recorded once the answer is out (a refusal's ``rail_refused``): never before it."""
+    refused: bool = False
+    """A ``PreToolUse`` the rail refused: the call does not start."""
 
 
 def _str(event: Mapping[str, Any], key: str) -> str:
@@ -338,8 +340,9 @@ def _person_claims(store: Store, baton: Baton, env: Mapping[str, str], *, prefix
 def _rail(event: Mapping[str, Any], baton: Baton, store: Store, *, env: Mapping[str, str], epoch: int,
           session_id: str, now: datetime, irreversible: Callable[[str], Sequence[str]] | None,
           prefix: str) -> HookResult:
-    """``PreToolUse`` in a bound session: the rail's answer (nothing printed: the call goes on)."""
-    from heartbeat.tasks.rail import check, deny_output
+    """``PreToolUse`` in a bound session: the rail's answer (nothing printed: the call goes on, as the
+    CLI's permissions say; the task's own heartbeat commands approved)."""
+    from heartbeat.tasks.rail import allow_output, check, deny_output, own_task_call
 
     if not _bound(baton, env):
         return HookResult()
@@ -348,9 +351,12 @@ def _rail(event: Mapping[str, Any], baton: Baton, store: Store, *, env: Mapping[
     later: list[Callable[[], None]] = []
     decision = check(event, baton, store, caller_epoch=epoch, irreversible=globs, session_id=session_id,
                      prefix=prefix, now=now, later=later)
+    if decision.allow and own_task_call(event, baton.id, prefix):
+        return HookResult(json.dumps(allow_output(baton.id), ensure_ascii=False) + "\n")
     if decision.allow:
         return HookResult()
-    return HookResult(json.dumps(deny_output(decision.reason), ensure_ascii=False) + "\n", after=tuple(later))
+    return HookResult(json.dumps(deny_output(decision.reason), ensure_ascii=False) + "\n", refused=True,
+                      after=tuple(later))
 
 
 def context_length(text: str) -> int:
@@ -473,7 +479,7 @@ def run_hook(
         result = handle_event(event, store, task=task, hooks=hooks, env=env, state_dir_arg=state_dir or "",
                               config_arg=config or "", max_attempts=max_attempts, trail_dir=where,
                               irreversible=None if loaded is None else loaded.irreversible)
-        if name == "PreToolUse" and not result.stdout:
+        if name == "PreToolUse" and not result.refused:
             _trail_hook(event, env, state_dir, task)  # the rail let it through: the call starts
         if result.stdout:
             stdout.write(result.stdout)

@@ -18,6 +18,8 @@ function over plain data, which refuses the call, with one line the model reads,
 heartbeat's own commands that read or hand back the task (``heartbeat show|brief|verify|set|
 add|touch|block|snooze|done|status``, one plain command, and the ``heartbeat`` MCP server's
 tools) are always allowed: the refused agent must still be able to read why and write its note.
+Those on the session's own task, spelt as its brief spells them, the hook also approves
+(:func:`own_task_call`): the Claude Code plugin carries no permission rules.
 Every refusal is recorded as a ``rail_refused`` event (the rule, the tool, what it named).
 
 A command glob matches the whole command (its words joined by single spaces) or any one of the
@@ -113,7 +115,11 @@ class Decision:
 ALLOW = Decision(True)
 
 _OWN_COMMANDS = frozenset({"show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done", "status"})
+_TASK_COMMANDS = _OWN_COMMANDS - {"status"}
 _OWN_OPTIONS = ("--state-dir", "--config")
+_OWN_MCP = ("mcp__heartbeat__", "mcp__plugin_heartbeat_heartbeat__")
+"""heartbeat's MCP tools: registered by ``hooks install claude --mcp``, and by the plugin (claude 2.1.332
+names a plugin's tools ``mcp__plugin_<plugin>_<server>__<tool>``)."""
 _SHELL_META = re.compile(r"[;&|`$<>\n\r(){}]")
 _CHAIN = re.compile(r"\s*(?:&&|\|\||[;|\n])\s*")
 _PATCH_FILE = re.compile(r"^\*\*\* (?:Add|Update|Delete) File: (.+)$", re.MULTILINE)
@@ -177,7 +183,7 @@ _FENCE_VARIABLE = re.compile(r"\bHEARTBEAT_(?:TASK|EPOCH|STATE_DIR|STORE_URL|CON
 def own_command(call: ToolCall) -> bool:
     """Whether ``call`` is one of heartbeat's own agent commands (or its MCP server's tools), written as
     one plain command: nothing chained, redirected or substituted."""
-    if call.tool.startswith("mcp__heartbeat__"):
+    if call.tool.startswith(_OWN_MCP):
         return True
     if not call.command or _SHELL_META.search(call.command):
         return False
@@ -197,6 +203,32 @@ def own_command(call: ToolCall) -> bool:
     while len(rest) >= 2 and rest[0] in _OWN_OPTIONS:
         rest = rest[2:]
     return bool(rest) and rest[0] in _OWN_COMMANDS
+
+
+def own_task_call(event: Mapping[str, Any], task: str, prefix: str) -> bool:
+    """Whether ``event``'s call is one of heartbeat's agent commands on ``task`` itself, exactly as the
+    brief writes it (``prefix``, a command of :data:`_TASK_COMMANDS`, ``task``; one plain shell command,
+    no other global option), or a heartbeat MCP tool given ``id`` ``task``: what the hook of a session
+    bound to ``task`` approves without asking, the per-task rules of ``claude_allow_rules`` as an answer."""
+    call = tool_call(event)
+    if call.tool.startswith(_OWN_MCP):
+        raw = event.get("tool_input")
+        return isinstance(raw, Mapping) and raw.get("id") == task and bool(task)
+    if call.tool not in _SHELL_TOOLS or not call.command or _SHELL_META.search(call.command):
+        return False
+    try:
+        argv, spelt = shlex.split(call.command), shlex.split(prefix)
+    except ValueError:
+        return False
+    rest = argv[len(spelt):]
+    return (argv[:len(spelt)] == spelt and len(rest) >= 2 and rest[0] in _TASK_COMMANDS and rest[1] == task
+            and not any(_global_option(w) for w in rest))
+
+
+def _global_option(word: str) -> bool:
+    """``--state-dir``/``--config`` in any spelling argparse takes (``--state=X``, ``--conf``)."""
+    name = word.split("=", 1)[0]
+    return len(name) > 2 and name.startswith("--") and any(o.startswith(name) for o in _OWN_OPTIONS)
 
 
 def _commands(command: str) -> list[str]:
@@ -423,6 +455,12 @@ def relayed(store: Store, args: Sequence[str], env: Mapping[str, str],
     except (HeartbeatError, ValueError, RecursionError, OSError):
         return None
     return "" if decision.allow else json.dumps(deny_output(decision.reason), ensure_ascii=False)
+
+
+def allow_output(task: str) -> dict[str, Any]:
+    """The hook's answer that approves a call :func:`own_task_call` recognised (no permission prompt)."""
+    return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "allow",
+                                   "permissionDecisionReason": f"heartbeat: task {task!r}'s own command"}}
 
 
 def deny_output(reason: str) -> dict[str, Any]:

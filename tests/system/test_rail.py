@@ -251,7 +251,8 @@ class TestTheHook:
         assert hb("block", "t1", "--on", "Dana's review").code == 0
         out = self.run(hb, pre_tool_use(work, "Bash", command="make"), bound)
         assert out is not None and "Dana's review" in out["hookSpecificOutput"]["permissionDecisionReason"]
-        assert self.run(hb, pre_tool_use(work, "Bash", command="heartbeat show t1"), bound) is None
+        own = self.run(hb, pre_tool_use(work, "Bash", command="heartbeat show t1"), bound)
+        assert own is not None and own["hookSpecificOutput"]["permissionDecision"] == "allow"  # reads why
 
     def test_a_constraint_added_mid_run_holds_from_the_next_call(self, hb: Callable[..., Result], work: Path,
                                                                  bound: dict[str, str]) -> None:
