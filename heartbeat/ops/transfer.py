@@ -47,7 +47,7 @@ from typing import IO, Any
 
 from heartbeat.model import defaults
 from heartbeat.model.baton import check_id, dump_baton
-from heartbeat.model.errors import BadInput, Conflict, HeartbeatError
+from heartbeat.model.errors import BadInput, Conflict, HeartbeatError, InvalidBaton
 from heartbeat.model.ledger import Event, EventKind
 from heartbeat.store.archive import ARCHIVE_NAME
 from heartbeat.store.base import Archiving, FileBacked, SharedStore, Store, TextImport
@@ -111,7 +111,11 @@ def baton_text(store: Store, task_id: str) -> str:
     if isinstance(store, SharedStore):
         return store.baton_text(task_id)
     if isinstance(store, FileBacked):
-        return read_regular(store.path_of(task_id), defaults.MAX_BATON_BYTES + 1).decode("utf-8")
+        path = store.path_of(task_id)
+        data = read_regular(path, defaults.MAX_BATON_BYTES + 1)
+        if len(data) > defaults.MAX_BATON_BYTES:  # never a cut baton in an export
+            raise InvalidBaton(f"is larger than {defaults.MAX_BATON_BYTES} bytes", path=path)
+        return data.decode("utf-8")
     return dump_baton(store.load(task_id))
 
 
