@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 from heartbeat.config.check import problems
 from heartbeat.daemon.vitals import Vitals
+from heartbeat.model.errors import UnsafePath
 from heartbeat.model.timeparse import format_duration
+from heartbeat.system.safefile import read_regular
 
 __all__ = ["Finding", "findings", "run_from_cli"]
 
@@ -107,10 +109,9 @@ def _hooks() -> Finding:
     """Whether this project's (or this user's) Claude Code settings run heartbeat's hooks."""
     for where in (os.path.join(os.getcwd(), ".claude", "settings.json"),
                   os.path.expanduser("~/.claude/settings.json")):
-        try:
-            with open(where, encoding="utf-8", errors="replace") as handle:
-                text = handle.read(1 << 20)
-        except OSError:
+        try:  # the workdir's file: a FIFO there must not hang the doctor
+            text = read_regular(where, 1 << 20, follow=True).decode("utf-8", errors="replace")
+        except (OSError, UnsafePath):
             continue
         if "heartbeat" in text and "hook" in text:
             return Finding(True, f"hooks: wired in {where}")

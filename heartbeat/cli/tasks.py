@@ -293,14 +293,13 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         raise BadInput(f"unknown pipeline action {args.action!r}: use `heartbeat pipeline new NAME --from FILE.toml`")
     if not args.from_:
         raise BadInput("--from FILE.toml is required")
-    import stat
+    from heartbeat.model.errors import UnsafePath
+    from heartbeat.system.safefile import read_regular
 
     try:
-        fd = os.open(args.from_, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not hang us
-        with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise BadInput(f"{args.from_}: not a regular file")
-            text = handle.read(1024 * 1024 + 1).decode("utf-8")
+        text = read_regular(args.from_, 1024 * 1024 + 1, follow=True).decode("utf-8")  # a FIFO must not hang us
+    except UnsafePath:
+        raise BadInput(f"{args.from_}: not a regular file") from None
     except OSError as exc:
         raise BadInput(f"{args.from_}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

@@ -35,8 +35,9 @@ from heartbeat.config.shape import (
 )
 from heartbeat.model import defaults
 from heartbeat.model.baton import HOST_PATTERN, ID_PATTERN, load_toml
-from heartbeat.model.errors import BadInput, ConfigError
+from heartbeat.model.errors import BadInput, ConfigError, UnsafePath
 from heartbeat.model.timeparse import parse_duration
+from heartbeat.system.safefile import open_regular
 
 __all__ = [
     "find_config",
@@ -106,20 +107,16 @@ def refuse_unknown_names(config: Config | None, *, launchers: Iterable[str] = ()
 def load_config(path: str) -> Config:
     """Read, check and parse a config file."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_regular(path, follow=True)  # a FIFO is refused at once, never waited on
     except FileNotFoundError:
         raise ConfigError("no such file", path=path) from None
+    except UnsafePath as exc:
+        raise ConfigError("is a directory, not a config file" if "a directory" in exc.message
+                          else "is not a regular file", path=path) from None
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
-    kind = stat.S_IFMT(os.fstat(fd).st_mode)
-    if kind != stat.S_IFREG:  # before fdopen, which would name the descriptor, not the file
-        os.close(fd)
-        raise ConfigError("is a directory, not a config file" if kind == stat.S_IFDIR else "is not a regular file",
-                          path=path)
     with os.fdopen(fd, "rb") as handle:
         st = os.fstat(handle.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError("is not a regular file", path=path)
         mode = stat.S_IMODE(st.st_mode)
         if mode & 0o022:
             raise ConfigError(

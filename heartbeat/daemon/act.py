@@ -618,12 +618,12 @@ class Actor:
         lc = sh.config.launchers.get(owner.launcher) if owner is not None else None
         if lc is None or not lc.preset or owner is None or owner.how != OwnerKind.DISPATCH or sh.dry_run:
             return None
-        from heartbeat.presets.common import read_log_tail
         from heartbeat.presets.registry import parse_result
         from heartbeat.presets.runcost import costed
+        from heartbeat.system.safefile import read_log_ends
 
         log = sh.layout.log(baton.id, baton.meta.epoch)
-        return costed(lc.preset, log, parse_result(lc.preset, read_log_tail(log)))
+        return costed(lc.preset, log, parse_result(lc.preset, read_log_ends(log)))
 
     def session_plan(self, baton: Baton, lc: LauncherConfig | None) -> SessionPlan:
         """The session of the next dispatch (:func:`heartbeat.presets.registry.plan_session`)."""

@@ -33,7 +33,7 @@ from heartbeat.daemon.core import Loop
 from heartbeat.daemon.leased import lease_part, renew_interval
 from heartbeat.daemon.observe import Observer
 from heartbeat.daemon.pokes import Pokes
-from heartbeat.daemon.shared import Shared, logger, open_store
+from heartbeat.daemon.shared import Shared, logger, open_daemon_store
 from heartbeat.daemon.vitals import Vitals
 from heartbeat.daemon.watch import Watcher
 from heartbeat.launchers.liveness import this_host
@@ -45,7 +45,7 @@ from heartbeat.system import systemd
 from heartbeat.system.clock import SYSTEM, Clock, Metronome, OffsetFileClock, clock_from_env
 from heartbeat.system.layout import StateLayout
 
-__all__ = ["Daemon", "PageStarter", "hold_daemon_lock", "logger", "open_store", "run_from_cli"]
+__all__ = ["Daemon", "PageStarter", "hold_daemon_lock", "logger", "open_daemon_store", "run_from_cli"]
 
 
 class PageStarter(Protocol):
@@ -71,7 +71,7 @@ class Daemon:
                  clock: Clock = SYSTEM, page: PageStarter | None = None) -> None:
         if config.daemon.host and not os.environ.get("HEARTBEAT_HOST", "").strip():
             os.environ["HEARTBEAT_HOST"] = config.daemon.host  # this_host(), the launchers and the agents agree
-        store = store if store is not None else open_store(config, claim=not dry_run, decisions=True)
+        store = store if store is not None else open_daemon_store(config, claim=not dry_run, decisions=True)
         if isinstance(store, FileBacked):  # a held baton lock must not stall every task
             store.lock_wait = defaults.DAEMON_LOCK_WAIT
         log = log if log is not None else logger()
@@ -349,7 +349,7 @@ class Daemon:
                 vitals.relayed += 1
                 vitals.relayed_refused += code != 0
 
-        relay = RelayServer(config.state_dir, lambda: open_store(config, claim=False), self.log,
+        relay = RelayServer(config.state_dir, lambda: open_daemon_store(config, claim=False), self.log,
                             on_write=count, shared=shared, store_url=url, max_attempts=config.daemon.max_attempts,
                             irreversible=config.irreversible)
         if relay.start():
@@ -406,7 +406,7 @@ class Daemon:
 
         try:
             config = self.shared.config
-            store = open_store(config, claim=False)  # its own: the tick's store caches scans, not thread-safe
+            store = open_daemon_store(config, claim=False)  # its own: the tick's store caches scans, not thread-safe
             try:
                 result = run_gc(store, config.retention, now=self.clock.now())
             finally:
@@ -470,7 +470,7 @@ def run_from_cli(args: Any, *, page: PageStarter | None = None) -> int:
             logger().info("stop_during_start", pid=os.getpid(), reason="stopping before anything starts")
             return 0
         # A database down at boot is waited for (logged, SIGTERM still stops us), not an exit.
-        store = wait_for_store(lambda: open_store(config, claim=not args.dry_run, decisions=True), logger())
+        store = wait_for_store(lambda: open_daemon_store(config, claim=not args.dry_run, decisions=True), logger())
         if store is None:
             return 0
         daemon = Daemon(config, store=store, dry_run=args.dry_run, clock=clock, page=page)

@@ -30,7 +30,7 @@ from heartbeat.store.base import SharedStore, Store
 from heartbeat.system.clock import SYSTEM, Clock
 from heartbeat.system.layout import StateLayout
 
-__all__ = ["Shared", "logger", "open_store"]
+__all__ = ["Shared", "logger", "open_daemon_store"]
 
 
 class Shared:
@@ -94,17 +94,18 @@ class Shared:
             self.log.error("ledger_write_failed", task=event.task, kind=event.kind, error=str(exc))
 
 
-def open_store(config: Config, *, claim: bool = True, decisions: bool = False) -> Store:
-    """The configured store; a database store also claims the database for this daemon (``claim``).
+def open_daemon_store(config: Config, *, claim: bool = True, decisions: bool = False) -> Store:
+    """The configured store as the daemon holds it (:func:`heartbeat.store.open_store` plus what a
+    daemon adds): a database store also claims the database for this daemon (``claim``), never waits
+    on a refusing database, and passes its URL on to the agents.
     ``decisions``: the loop's own store, whose scans keep only what decisions read of each baton
     (:func:`heartbeat.model.baton.decision_view`: a 10,000-baton state dir in far less memory)."""
     from heartbeat.model.baton import decision_view
-    from heartbeat.store import URL_ENV, store_url
-    from heartbeat.store import open_store as open_any
+    from heartbeat.store import URL_ENV, open_store, store_url
 
     url = store_url(config.store.url)
     # (refused_wait 0: the daemon's own statements never wait on a refusing database; its leases must not)
-    store = open_any(config.state_dir, url, scan_view=decision_view if decisions else None, refused_wait=0.0)
+    store = open_store(config.state_dir, url, scan_view=decision_view if decisions else None, refused_wait=0.0)
     if url:
         from heartbeat.store.files import ensure_private_dir
 

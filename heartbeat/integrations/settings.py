@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from heartbeat.integrations.hooks import HOOK_EVENTS
 from heartbeat.model import defaults
-from heartbeat.model.errors import BadInput
+from heartbeat.model.errors import BadInput, UnsafePath
+from heartbeat.system.safefile import read_regular
 
 if TYPE_CHECKING:
     from heartbeat.integrations.installs import InstallRecord
@@ -111,23 +111,14 @@ def _read_bytes(path: str, what: str) -> bytes | None:
     anything else there (a directory, a FIFO, a device) or a file past the size limit is refused
     with one line. Opened without blocking: a FIFO would wait for a writer for ever."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        raw = read_regular(path, _MAX_SETTINGS_BYTES + 1, follow=True)
     except FileNotFoundError:
         return None
-    except IsADirectoryError:
-        raise BadInput(f"{path}: is a directory, not {what}") from None
+    except UnsafePath as exc:
+        kind = "a directory" if "a directory" in exc.message else "not a regular file"
+        raise BadInput(f"{path}: {kind}, not {what}; left untouched") from None
     except OSError as exc:
         raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):  # (before fdopen, which refuses a directory naming only the descriptor)
-        os.close(fd)
-        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-        raise BadInput(f"{path}: {kind}, not {what}; left untouched")
-    with os.fdopen(fd, "rb") as handle:
-        try:
-            raw = handle.read(_MAX_SETTINGS_BYTES + 1)
-        except OSError as exc:
-            raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
     if len(raw) > _MAX_SETTINGS_BYTES:
         raise BadInput(f"{path}: larger than {_MAX_SETTINGS_BYTES} bytes; left untouched")
     return raw

@@ -45,11 +45,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import IO, Any
 
+from heartbeat.model import defaults
 from heartbeat.model.baton import check_id, dump_baton
-from heartbeat.model.errors import BadInput, Conflict, HeartbeatError
+from heartbeat.model.errors import BadInput, Conflict, HeartbeatError, InvalidBaton
 from heartbeat.model.ledger import Event, EventKind
 from heartbeat.store.archive import ARCHIVE_NAME
 from heartbeat.store.base import Archiving, FileBacked, SharedStore, Store, TextImport
+from heartbeat.system.safefile import read_regular
 
 __all__ = ["FORMAT", "Counts", "export_lines", "import_lines", "migrate", "open_exact"]
 
@@ -109,8 +111,11 @@ def baton_text(store: Store, task_id: str) -> str:
     if isinstance(store, SharedStore):
         return store.baton_text(task_id)
     if isinstance(store, FileBacked):
-        with open(store.path_of(task_id), encoding="utf-8") as f:
-            return f.read()
+        path = store.path_of(task_id)
+        data = read_regular(path, defaults.MAX_BATON_BYTES + 1)
+        if len(data) > defaults.MAX_BATON_BYTES:  # never a cut baton in an export
+            raise InvalidBaton(f"is larger than {defaults.MAX_BATON_BYTES} bytes", path=path)
+        return data.decode("utf-8")
     return dump_baton(store.load(task_id))
 
 

@@ -24,7 +24,6 @@ import json
 import math
 import os
 import re
-import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone, tzinfo
@@ -45,7 +44,6 @@ __all__ = [
     "SessionPlan",
     "parse_reset",
     "unknown_reset_zone",
-    "read_log_tail",
     "valid_session_id",
     "AGENT_COMMANDS",
     "AGENT_READS",
@@ -468,66 +466,6 @@ class Preset:
     non_retryable_exit_codes: tuple[int, ...] = ()
     output: str = ""
     """What the exit handling reads, for ``--explain``."""
-
-
-def read_log_tail(path: str, *, head: int = defaults.RESULT_HEAD_BYTES, tail: int = defaults.RESULT_TAIL_BYTES,
-                  line: int = defaults.RESULT_LINE_BYTES) -> bytes:
-    """The first ``head`` and the last ``tail`` bytes of the agent's log (all of a small one), or ``b""``.
-
-    The tail starts at the start of its first line when that is at most ``line`` bytes further
-    back: a final result line longer than the tail (a long final answer) is read whole. The log
-    is written by the agent: a FIFO, a symlink or a device in its place is not read (non-blocking
-    open, no symlinks followed, regular files only), and nothing more than ``head + tail + line``
-    bytes is ever read. A cut first line is dropped by the parser.
-    """
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return b""
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return b""
-        if st.st_size <= head + tail:
-            return _read(fd, head + tail)
-        start = _line_start(fd, st.st_size - tail, line)
-        os.lseek(fd, 0, os.SEEK_SET)
-        if start <= head:
-            return _read(fd, st.st_size)
-        first = _read(fd, head)
-        os.lseek(fd, start, os.SEEK_SET)
-        return first + b"\n" + _read(fd, st.st_size - start)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
-
-
-def _line_start(fd: int, offset: int, limit: int) -> int:
-    """The offset of the line holding byte ``offset`` (just after the newline before it), looking
-    back at most ``limit`` bytes; ``offset`` itself when the line starts further back."""
-    pos = offset
-    while pos > 0 and offset - pos < limit:
-        size = min(1 << 16, pos, limit - (offset - pos))
-        os.lseek(fd, pos - size, os.SEEK_SET)
-        chunk = _read(fd, size)
-        found = chunk.rfind(b"\n")
-        if found >= 0:
-            return pos - size + found + 1
-        pos -= size
-    return 0 if pos == 0 else offset
-
-
-def _read(fd: int, size: int) -> bytes:
-    chunks = []
-    while size > 0:
-        chunk = os.read(fd, min(size, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
 
 
 @dataclass(frozen=True)

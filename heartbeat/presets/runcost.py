@@ -12,7 +12,7 @@ cache tokens, which dominate an agent's spend). :func:`costed` prices those toke
 that ``max_cost_usd`` fires on runs that are always cut; a run whose output says nothing
 priceable is recorded as of unknown cost, never as free.
 
-The log is the agent's: it is read the way :func:`heartbeat.presets.common.read_log_tail` reads it
+The log is the agent's: it is read the way :func:`heartbeat.system.safefile.read_log_ends` reads it
 (no symlink, no FIFO, regular files only), in chunks, a line longer than
 :data:`~heartbeat.model.defaults.RESULT_LINE_BYTES` skipped (counted as unpriced when it is an
 assistant message) without ever being held whole.
@@ -23,12 +23,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from heartbeat.model import defaults
+from heartbeat.model.errors import UnsafePath
 from heartbeat.presets.common import PresetName, ResultInfo
+from heartbeat.system.safefile import open_regular
 
 __all__ = ["StreamUsage", "costed", "price_of", "stream_usage"]
 
@@ -87,12 +88,10 @@ def _lines(path: str, limit: int) -> Iterator[bytes | None]:
     """The lines of the file at ``path`` (a regular file, never through a symlink); None for each
     line longer than ``limit``, whose first bytes are then yielded on their own as ``b"\\0" + head``."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+        fd = open_regular(path)
+    except (OSError, UnsafePath):
         return
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return
         carry = b""
         skipping = False
         while chunk := os.read(fd, _CHUNK):

@@ -35,10 +35,10 @@ from datetime import datetime
 from typing import IO, Any
 
 from heartbeat.model.baton import Baton, parse_baton
-from heartbeat.model.errors import GcBusy, HeartbeatError, StoreError
+from heartbeat.model.errors import GcBusy, HeartbeatError, StoreError, UnsafePath
 from heartbeat.model.ledger import Event, EventKind
 from heartbeat.store.base import Archiving
-from heartbeat.system.safefile import write_file_atomic
+from heartbeat.system.safefile import open_regular, read_fd, write_file_atomic
 from heartbeat.system.world import sha256
 
 __all__ = ["RETENTION_KINDS", "ARCHIVE_NAME", "EPOCH_FILE", "archive_name", "make_record", "pack", "same_history",
@@ -150,12 +150,12 @@ def read_archived(store: Any) -> dict[str, tuple[Baton | None, list[Event]]]:
 def read_archive(path: str) -> Iterator[dict[str, Any]]:
     """The records of one archive file, in order; :class:`StoreError` when it is not a whole, regular gzip of JSON lines."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_regular(path)
+    except UnsafePath as exc:
+        raise StoreError(f"the archive {exc.message}", path=path) from None
     except OSError as exc:
         raise StoreError(f"cannot open the archive: {exc.strerror}", path=path) from None
     with os.fdopen(fd, "rb") as raw:
-        if not stat.S_ISREG(os.fstat(raw.fileno()).st_mode):
-            raise StoreError("the archive is not a regular file", path=path)
         yield from records_of(raw, path)
 
 
@@ -194,16 +194,11 @@ def file_gc_lock(path: str) -> Iterator[None]:
 def read_baton_bytes(path: str) -> bytes | None:
     """A baton file's bytes (never through a symlink, never a FIFO); None when there is no regular file."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        fd = open_regular(path)
+    except (OSError, UnsafePath):
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        chunks = []
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return read_fd(fd, os.fstat(fd).st_size + 1)  # all of it, also what was appended since the fstat
     finally:
         os.close(fd)
 

@@ -18,7 +18,6 @@ is gone.
 from __future__ import annotations
 
 import bisect
-import errno
 import fcntl
 import os
 import stat
@@ -65,6 +64,7 @@ from heartbeat.system.safefile import (
     fsync_dir,
     open_parent,
     open_regular,
+    read_fd,
     read_regular,
     replace_temp,
     write_file_atomic,
@@ -72,9 +72,6 @@ from heartbeat.system.safefile import (
 )
 
 __all__ = ["FileStore", "check_format", "ensure_private_dir", "format_text"]
-
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
 
 def ensure_private_dir(path: str, *, what: str = "state dir") -> None:
     """Create ``path`` 0700 if missing; refuse it if others can write to it or it is not ours.
@@ -284,36 +281,27 @@ class FileStore:
     def _read(self, task_id: str) -> tuple[Baton, os.stat_result]:
         path = self.path_of(task_id)
         try:
-            fd = os.open(path, _READ_FLAGS)
+            fd = open_regular(path)
         except FileNotFoundError:
             raise NotFound(f"no such task (looked for {path})", task=task_id) from None
+        except UnsafePath as exc:
+            if "symbolic link" in exc.message:
+                raise UnsafePath("is a symbolic link; heartbeat does not follow links in its state dir",
+                                 path=path) from None
+            raise UnsafePath("is not a regular file (a FIFO, device or directory)", path=path) from None
         except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise UnsafePath(
-                    "is a symbolic link; heartbeat does not follow links in its state dir", path=path
-                ) from None
             raise UnreadableBaton(f"unreadable: {exc.strerror}", path=path) from None
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise UnsafePath("is not a regular file (a FIFO, device or directory)", path=path)
             if st.st_size > defaults.MAX_BATON_BYTES:
                 raise InvalidBaton(
                     f"is {st.st_size} bytes; a baton may be at most {defaults.MAX_BATON_BYTES} bytes", path=path
                 )
-            chunks = []
-            remaining = defaults.MAX_BATON_BYTES + 1
-            while remaining > 0:
-                chunk = os.read(fd, min(remaining, 1 << 16))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                remaining -= len(chunk)
+            data = read_fd(fd, defaults.MAX_BATON_BYTES + 1)
         except OSError as exc:
             raise UnreadableBaton(f"unreadable: {exc.strerror}", path=path) from None
         finally:
             os.close(fd)
-        data = b"".join(chunks)
         if len(data) > defaults.MAX_BATON_BYTES:
             raise InvalidBaton(f"grew past {defaults.MAX_BATON_BYTES} bytes while being read", path=path)
         mine = self._written.get(task_id)

@@ -27,6 +27,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from heartbeat.model import defaults
+from heartbeat.model.errors import UnsafePath
+from heartbeat.system.safefile import read_regular
 
 __all__ = ["Clock", "Metronome", "OffsetFileClock", "ShiftedClock", "StepWatch", "SystemClock", "SYSTEM",
            "clock_from_env"]
@@ -90,9 +92,8 @@ class OffsetFileClock:
 
     def _read(self) -> float | None:
         try:
-            with open(self.path, "rb") as handle:
-                value = float(handle.read(64).decode("ascii").strip())
-        except (OSError, ValueError, UnicodeDecodeError):
+            value = float(read_regular(self.path, 64, follow=True).decode("ascii").strip())
+        except (OSError, UnsafePath, ValueError, UnicodeDecodeError):
             return None
         return value if abs(value) < 1e9 else None  # (also refuses nan and inf)
 

@@ -9,7 +9,9 @@ goes through this module:
 - :func:`open_regular` opens with ``O_NONBLOCK | O_NOFOLLOW`` (a FIFO opens at once, a
   symlink is refused by the kernel), then ``fstat``\\ s the descriptor and refuses anything
   but a regular file; it first ``lstat``\\ s the path so a device is not even opened;
-- :func:`read_regular` reads one such file, bounded;
+- :func:`read_regular` reads one such file, bounded; :func:`read_log_ends` reads the two
+  ends of a log, bounded; :func:`read_tail_below` reads the end of a file below a trusted root
+  through no symlink, creating nothing;
 - :func:`open_dir` walks a directory below a trusted root one component at a time with
   ``O_DIRECTORY | O_NOFOLLOW`` relative to the previous one, creating missing ones 0700,
   so a symlinked ``logs`` or ``logs/<id>`` is refused *before* anything is written;
@@ -26,6 +28,14 @@ Every refusal is an :class:`~heartbeat.model.errors.UnsafePath` whose one line n
 hand (exclusive no-follow temp file relative to its held log directory, fsync, rename, directory
 fsync, the temp removed on failure). ``tests/unit/test_one_home.py`` fails on any other ``os.replace``
 or ``os.rename`` outside this module.
+
+**The exceptions** to "every read of a file someone could plant goes through here", each pinned
+by count in ``tests/unit/test_one_home.py``: :mod:`heartbeat.launchers.shim` (the plain script
+above: ``/proc`` and its lease file, no-follow and non-blocking by hand), :mod:`heartbeat.hotpath.pulse`
+(an agent's touch imports nothing more; the same flags by hand), :mod:`heartbeat.launchers.liveness`
+(``/proc/<pid>/stat``, written by the kernel), :mod:`heartbeat.cli.state` (``heartbeat import FILE``
+streams a file the human names, a pipe such as ``<(zcat export.gz)`` included), and
+:mod:`heartbeat.ops.demo` and :mod:`heartbeat.toyagent` (their own files in their own temp dir).
 """
 
 from __future__ import annotations
@@ -38,9 +48,11 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import BinaryIO
 
+from heartbeat.model import defaults
 from heartbeat.model.errors import UnsafePath
 
-__all__ = ["NOFOLLOW_READ", "open_regular", "read_regular", "check_not_special", "open_dir", "write_temp",
+__all__ = ["NOFOLLOW_READ", "open_regular", "read_regular", "read_fd", "read_log_ends", "read_tail_below",
+           "check_not_special", "open_dir", "write_temp",
            "replace_temp", "write_atomic", "write_file_atomic", "open_atomic", "open_parent", "fsync_dir", "kind_of"]
 
 NOFOLLOW_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -71,7 +83,8 @@ def check_not_special(path: str, *, dir_fd: int | None = None) -> bool:
     return True
 
 
-def open_regular(path: str, flags: int = os.O_RDONLY, mode: int = 0o600, *, dir_fd: int | None = None) -> int:
+def open_regular(path: str, flags: int = os.O_RDONLY, mode: int = 0o600, *, dir_fd: int | None = None,
+                 follow: bool = False) -> int:
     """A descriptor of the regular file ``path``, opened without blocking and without following a link.
 
     ``flags`` may add ``O_WRONLY``/``O_RDWR``/``O_APPEND``/``O_CREAT``; ``O_NONBLOCK``,
@@ -79,9 +92,11 @@ def open_regular(path: str, flags: int = os.O_RDONLY, mode: int = 0o600, *, dir_
     once the file is known to be regular (where it means nothing). Raises
     :class:`UnsafePath` (naming ``path``) for a symlink or anything not a regular file, and
     the ``OSError`` of the open otherwise (``FileNotFoundError`` for a missing file).
+    With ``follow`` (a path a human named: a config, a ``--from`` file) a symlink is followed
+    to the file it names, which must still be regular.
     """
     try:
-        st = os.lstat(path, dir_fd=dir_fd)
+        st = os.stat(path, dir_fd=dir_fd) if follow else os.lstat(path, dir_fd=dir_fd)
     except FileNotFoundError:
         if not flags & os.O_CREAT:
             raise
@@ -89,7 +104,8 @@ def open_regular(path: str, flags: int = os.O_RDONLY, mode: int = 0o600, *, dir_
         if not stat.S_ISREG(st.st_mode):
             raise _refuse(path, st.st_mode)  # a device is not even opened: opening one can have effects
     try:
-        fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        nofollow = 0 if follow else os.O_NOFOLLOW
+        fd = os.open(path, flags | os.O_NONBLOCK | nofollow | os.O_CLOEXEC, mode, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafePath("is a symbolic link; heartbeat does not follow it", path=path) from None
@@ -107,20 +123,92 @@ def open_regular(path: str, flags: int = os.O_RDONLY, mode: int = 0o600, *, dir_
     return fd
 
 
-def read_regular(path: str, limit: int, *, dir_fd: int | None = None) -> bytes:
+def read_regular(path: str, limit: int, *, dir_fd: int | None = None, follow: bool = False) -> bytes:
     """Up to ``limit`` bytes of the regular file ``path`` (see :func:`open_regular` for what is refused)."""
-    fd = open_regular(path, dir_fd=dir_fd)
+    fd = open_regular(path, dir_fd=dir_fd, follow=follow)
     try:
-        chunks = []
-        while limit > 0:
-            chunk = os.read(fd, min(limit, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            limit -= len(chunk)
-        return b"".join(chunks)
+        return read_fd(fd, limit)
     finally:
         os.close(fd)
+
+
+def read_fd(fd: int, limit: int) -> bytes:
+    """Up to ``limit`` bytes from ``fd``'s offset on (fewer at its end)."""
+    chunks = []
+    while limit > 0:
+        chunk = os.read(fd, min(limit, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        limit -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_log_ends(path: str, *, head: int = defaults.RESULT_HEAD_BYTES, tail: int = defaults.RESULT_TAIL_BYTES,
+                  line: int = defaults.RESULT_LINE_BYTES) -> bytes:
+    """The first ``head`` and the last ``tail`` bytes of the regular file ``path`` (all of a small
+    one, the two parts joined by a newline), or ``b""`` when there is no regular file to read.
+
+    The tail starts at the start of its first line when that is at most ``line`` bytes further
+    back: a final line longer than the tail is read whole. Nothing more than
+    ``head + tail + line`` bytes is ever read, whatever the file's size. For an agent's log, where
+    the result a preset parses is at one end or the other; a cut first line is dropped by the parser.
+    """
+    try:
+        fd = open_regular(path)
+    except (OSError, UnsafePath):
+        return b""
+    try:
+        size = os.fstat(fd).st_size
+        if size <= head + tail:
+            return read_fd(fd, head + tail)
+        start = _line_start(fd, size - tail, line)
+        os.lseek(fd, 0, os.SEEK_SET)
+        if start <= head:
+            return read_fd(fd, size)
+        first = read_fd(fd, head)
+        os.lseek(fd, start, os.SEEK_SET)
+        return first + b"\n" + read_fd(fd, size - start)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def _line_start(fd: int, offset: int, limit: int) -> int:
+    """The offset of the line holding byte ``offset`` (just after the newline before it), looking
+    back at most ``limit`` bytes; ``offset`` itself when the line starts further back."""
+    pos = offset
+    while pos > 0 and offset - pos < limit:
+        size = min(1 << 16, pos, limit - (offset - pos))
+        os.lseek(fd, pos - size, os.SEEK_SET)
+        chunk = read_fd(fd, size)
+        found = chunk.rfind(b"\n")
+        if found >= 0:
+            return pos - size + found + 1
+        pos -= size
+    return 0 if pos == 0 else offset
+
+
+def read_tail_below(root: str, parts: tuple[str, ...], name: str, limit: int) -> tuple[bytes, int]:
+    """The last ``limit`` bytes of ``root/parts.../name`` and the file's size, reached through no
+    symlink: ``root`` is trusted, each directory below it is opened ``O_NOFOLLOW`` relative to the
+    one before (nothing is created or changed on the way), the file as :func:`open_regular` does.
+
+    Raises ``FileNotFoundError`` when a part is missing, :class:`UnsafePath` for a symlink or a
+    file that is not regular, and the ``OSError`` of a directory that is a link or not one.
+    """
+    fds = [os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+    try:
+        for part in parts:
+            fds.append(os.open(part, _DIR_FLAGS, dir_fd=fds[-1]))
+        fd = open_regular(name, dir_fd=fds[-1])
+        fds.append(fd)
+        size = os.fstat(fd).st_size
+        return os.pread(fd, limit, max(0, size - limit)), size
+    finally:
+        for opened in reversed(fds):
+            os.close(opened)
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -52,7 +52,7 @@ from heartbeat.web.views import (
     _row,
     _status_of,
     _templates,
-    read_log_tail,
+    log_tail_of,
 )
 
 __all__ = ["build_app"]
@@ -198,7 +198,7 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
                 return page(request, "error.html", 400, title="bad epoch",
                             message=f"epoch {asked[:40]!r}: expected 1 to {max(current, 1)}")
             epoch = int(asked)
-        log = read_log_tail(state_dir, task_id, epoch) if epoch > 0 else None
+        log = log_tail_of(state_dir, task_id, epoch) if epoch > 0 else None
         now = utcnow()
         return page(request, "task.html", title=task_id, task_id=task_id, baton=baton, error=error,
                     row=_row(_Entry(task_id, baton, error), now, default_launcher, policy),

@@ -241,14 +241,14 @@ def start_for_daemon(config: Config, vitals: Any, log: Any) -> Callable[[], None
     function that stops it, or None when it did not start (logged as ``http_failed``: the clock runs
     either way). The command line hands it to the daemon
     (:class:`heartbeat.daemon.service.PageStarter`), which imports no face."""
-    from heartbeat.daemon.shared import open_store
+    from heartbeat.daemon.shared import open_daemon_store
 
     http = config.http
     try:
         token = http.token or os.environ.get(_TOKEN_ENV, "")
         listen = parse_listen(http.listen, what="[http] listen").in_dir(config.state_dir)
         check_exposure(listen, token)
-        app = build_app(open_store(config, claim=False), state_dir=config.state_dir, token=token,
+        app = build_app(open_daemon_store(config, claim=False), state_dir=config.state_dir, token=token,
                         hosts=HostCheck(listen, http.allowed_hosts), max_attempts=config.daemon.max_attempts,
                         default_launcher=config.daemon.default_launcher, vitals=vitals, policy=policy_for(config))
 

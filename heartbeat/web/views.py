@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -13,14 +11,15 @@ from urllib.parse import urlencode
 
 from heartbeat.model import defaults
 from heartbeat.model.baton import Baton, Status, check_id
-from heartbeat.model.errors import BadInput, HeartbeatError
+from heartbeat.model.errors import BadInput, HeartbeatError, UnsafePath
 from heartbeat.model.ledger import Event, EventKind
 from heartbeat.model.policy import Policy, waiting_text
 from heartbeat.model.timeparse import format_duration
 from heartbeat.reports.why import State, why
 from heartbeat.system.layout import LOGS_DIR, StateLayout, log_name
+from heartbeat.system.safefile import read_tail_below
 
-__all__ = ["LOG_TAIL_BYTES", "TIMELINE_EVENTS", "LogTail", "read_log_tail"]
+__all__ = ["LOG_TAIL_BYTES", "TIMELINE_EVENTS", "LogTail", "log_tail_of"]
 
 LOG_TAIL_BYTES = 64 * 1024
 """How much of the end of an agent's log the task page shows."""
@@ -48,51 +47,33 @@ class LogTail:
     problem: str = ""
 
 
-def read_log_tail(state_dir: str, task_id: str, epoch: int, limit: int = LOG_TAIL_BYTES) -> LogTail:
-    """The last ``limit`` bytes of ``<state_dir>/logs/<task>/<epoch>.log``.
+def log_tail_of(state_dir: str, task_id: str, epoch: int, limit: int = LOG_TAIL_BYTES) -> LogTail:
+    """The last ``limit`` bytes of ``<state_dir>/logs/<task>/<epoch>.log``, or why they are not shown.
 
-    The agent owns that file, and could have put anything in its place: no component
-    of the path is followed if it is a symlink (``O_NOFOLLOW`` at each step, relative
-    to the directory before it), the file is opened ``O_NONBLOCK`` (a FIFO can never
-    hang the page) and read only when ``fstat`` says it is a regular file, and the read
-    is bounded whatever the file's size.
+    The agent owns that file, and could have put anything in its place: it is read by
+    :func:`~heartbeat.system.safefile.read_tail_below` (no symlink followed at any step, a FIFO
+    never waited on, regular files only, the read bounded whatever the file's size).
     """
     check_id(task_id)
     tail = LogTail(path=StateLayout(state_dir).log(task_id, epoch))
-    fds: list[int] = []
     try:
-        try:
-            fds.append(os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
-            for part in (LOGS_DIR, task_id):
-                fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1]))
-            fd = os.open(log_name(epoch), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1])
-            fds.append(fd)
-        except FileNotFoundError:
-            tail.problem = "no log yet"
-            return tail
-        except OSError as exc:
-            tail.problem = f"not shown: {exc.strerror or exc} (a symlink or not a directory is never followed)"
-            return tail
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            tail.problem = "not shown: not a regular file"
-            return tail
-        tail.size = st.st_size
-        start = max(0, st.st_size - limit)
-        data = os.pread(fd, limit, start)
-        if start > 0:
-            tail.truncated = True
-            newline = data.find(b"\n")
-            if 0 <= newline < len(data) - 1:
-                data = data[newline + 1:]  # begin at a whole line
-        tail.text = data.decode("utf-8", errors="replace")
+        data, tail.size = read_tail_below(state_dir, (LOGS_DIR, task_id), log_name(epoch), limit)
+    except FileNotFoundError:
+        tail.problem = "no log yet"
+        return tail
+    except UnsafePath as exc:
+        tail.problem = f"not shown: {exc.message}"
         return tail
     except OSError as exc:
-        tail.problem = f"not shown: {exc.strerror or exc}"
+        tail.problem = f"not shown: {exc.strerror or exc} (a symlink or not a directory is never followed)"
         return tail
-    finally:
-        for opened in reversed(fds):
-            os.close(opened)
+    if tail.size > limit:
+        tail.truncated = True
+        newline = data.find(b"\n")
+        if 0 <= newline < len(data) - 1:
+            data = data[newline + 1:]  # begin at a whole line
+    tail.text = data.decode("utf-8", errors="replace")
+    return tail
 
 
 # -- what the pages show --------------------------------------------------------------------

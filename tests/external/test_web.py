@@ -19,7 +19,7 @@ import pytest
 from heartbeat.config.shape import Listen, parse_listen
 from heartbeat.model.errors import BadInput
 from heartbeat.web.guard import HostCheck, check_exposure, is_loopback
-from heartbeat.web.views import LOG_TAIL_BYTES, read_log_tail
+from heartbeat.web.views import LOG_TAIL_BYTES, log_tail_of
 from tests.conftest import clean_env
 from tests.support.web_scenario import HOSTILE_BLOCK, HOSTILE_STEP, Scenario, WebServer, chromium, start_scenario, start_web
 
@@ -314,7 +314,7 @@ class TestLogTail:
         """A log larger than the limit yields only its last whole lines, within the limit."""
         d = self.logs(tmp_path)
         (d / "3.log").write_text("".join(f"line {i}\n" for i in range(100_000)))
-        tail = read_log_tail(str(tmp_path), "t", 3)
+        tail = log_tail_of(str(tmp_path), "t", 3)
         assert tail.truncated and len(tail.text.encode()) <= LOG_TAIL_BYTES
         assert tail.text.startswith("line ") and tail.text.endswith("line 99999\n")
 
@@ -324,7 +324,7 @@ class TestLogTail:
         secret = tmp_path / "secret"
         secret.write_text("TOPSECRET")
         (d / "1.log").symlink_to(secret)
-        tail = read_log_tail(str(tmp_path), "t", 1)
+        tail = log_tail_of(str(tmp_path), "t", 1)
         assert tail.text == "" and "not shown" in tail.problem
 
     def test_symlinked_task_dir_is_not_followed(self, tmp_path: Path) -> None:
@@ -334,7 +334,7 @@ class TestLogTail:
         (other / "1.log").write_text("TOPSECRET")
         (tmp_path / "logs").mkdir()
         (tmp_path / "logs" / "t").symlink_to(other)
-        tail = read_log_tail(str(tmp_path), "t", 1)
+        tail = log_tail_of(str(tmp_path), "t", 1)
         assert tail.text == "" and "not shown" in tail.problem
 
     def test_fifo_never_hangs(self, tmp_path: Path) -> None:
@@ -342,13 +342,13 @@ class TestLogTail:
         d = self.logs(tmp_path)
         os.mkfifo(d / "1.log")
         result: list[object] = []
-        reader = threading.Thread(target=lambda: result.append(read_log_tail(str(tmp_path), "t", 1)), daemon=True)
+        reader = threading.Thread(target=lambda: result.append(log_tail_of(str(tmp_path), "t", 1)), daemon=True)
         started = time.monotonic()
         reader.start()
         reader.join(timeout=10)
-        assert result, f"read_log_tail hung on a FIFO for {time.monotonic() - started:.1f}s"
+        assert result, f"log_tail_of hung on a FIFO for {time.monotonic() - started:.1f}s"
         assert "not a regular file" in result[0].problem  # type: ignore[attr-defined]
 
     def test_missing_log(self, tmp_path: Path) -> None:
         """No log yet is said so."""
-        assert read_log_tail(str(tmp_path), "t", 1).problem == "no log yet"
+        assert log_tail_of(str(tmp_path), "t", 1).problem == "no log yet"

@@ -92,6 +92,18 @@ class TestDoctor:
         assert f"ok    state dir {state}: user {os.geteuid()} can read and write it" in lines
         assert any(line.startswith(f"FAIL  daemon: not running (pid {dead.pid} stopped ") for line in lines), lines
 
+    def test_a_fifo_planted_as_the_projects_claude_settings_does_not_hang_it(self, tmp_path: Path) -> None:
+        """A workdir's ``.claude/settings.json`` that is a FIFO is passed over at once (it used to be
+        opened with a blocking ``open()``, which waits for a writer for ever)."""
+        path = config(tmp_path, '[launchers.a]\ncommand = ["/bin/true"]\n')
+        (tmp_path / ".claude").mkdir()
+        os.mkfifo(tmp_path / ".claude" / "settings.json")
+        code = f"from heartbeat.cli.main import main; raise SystemExit(main(['--config', {str(path)!r}, 'doctor']))"
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20,
+                           env=clean_env(), cwd=str(tmp_path))
+        assert r.returncode == 0, r
+        assert "hooks:" in r.stdout, r.stdout
+
     def test_all_well(self, tmp_path: Path) -> None:
         r = check(config(tmp_path, '[launchers.a]\ncommand = ["/bin/true"]\n'), command="doctor")
         assert r.returncode == 0, r

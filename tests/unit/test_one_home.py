@@ -126,3 +126,76 @@ class TestWholeFileWritesHaveOneHome:
     def test_the_scan(self, source: str, count: int) -> None:
         """The scan finds os's renames, not str.replace or anything else named so."""
         assert len(list(renames(ast.parse(source)))) == count
+
+
+READ_BY_HAND = {
+    "heartbeat/launchers/shim.py": 4,
+    "heartbeat/hotpath/pulse.py": 2,
+    "heartbeat/launchers/liveness.py": 1,
+    "heartbeat/cli/state.py": 1,
+    "heartbeat/ops/demo.py": 2,
+    "heartbeat/toyagent.py": 1,
+}
+"""Modules that open a file for reading by hand, beside safefile.py, and how many times: the shim
+(a plain script that imports nothing from heartbeat: ``/proc`` and its lease file), the pulse (an
+agent's touch imports nothing more), the liveness check (``/proc/<pid>/stat``, the kernel's), ``heartbeat
+import FILE`` (a file the human names, streamed, a pipe such as ``<(zcat export.gz)`` included), the demo
+and the toy agent (their own files in their own temp dir). Documented in safefile.py's docstring and
+docs/design.md."""
+
+_WRITE_FLAGS = ("WRONLY", "RDWR", "CREAT", "DIR")
+"""Words in an ``os.open`` flags expression that make it a write, a lock or a directory, not a read."""
+
+
+def _argument(call: ast.Call, index: int, keyword: str) -> ast.expr | None:
+    if len(call.args) > index:
+        return call.args[index]
+    return next((k.value for k in call.keywords if k.arg == keyword), None)
+
+
+def reads(tree: ast.Module) -> Iterator[int]:
+    """Lines of ``os.open`` calls whose flags neither write, create nor open a directory, and of
+    builtin ``open`` calls whose mode (when a literal) neither writes nor appends."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "open" and isinstance(func.value, ast.Name) \
+                and func.value.id == "os":
+            flags = _argument(node, 1, "flags")
+            if flags is None or not any(word in ast.unparse(flags) for word in _WRITE_FLAGS):
+                yield node.lineno
+        elif isinstance(func, ast.Name) and func.id == "open":
+            mode = _argument(node, 1, "mode")
+            if not (isinstance(mode, ast.Constant) and isinstance(mode.value, str) and set(mode.value) & set("wax+")):
+                yield node.lineno
+
+
+class TestReadsOfPlantedFilesHaveOneHome:
+    def test_no_read_by_hand_outside_safefile(self) -> None:
+        """No module but safefile.py (and the pinned exceptions) opens a file for reading by hand: a
+        FIFO, a symlink or a huge file where heartbeat reads is refused the same way everywhere."""
+        found = {name: len(list(reads(tree))) for name, tree in _sources() if name != "heartbeat/system/safefile.py"}
+        unexpected = {name: count for name, count in found.items() if count and name not in READ_BY_HAND}
+        assert not unexpected, unexpected
+        assert {name: found.get(name, 0) for name in READ_BY_HAND} == READ_BY_HAND
+
+    def test_the_exceptions_are_documented(self) -> None:
+        """Each hand-rolled reader left is named in safefile.py's docstring and in docs/design.md."""
+        from heartbeat.system import safefile
+
+        design = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+        for name in READ_BY_HAND:
+            module = name.removesuffix(".py").replace("/", ".")
+            assert module in (safefile.__doc__ or ""), module
+            assert name in design, name
+
+    @pytest.mark.parametrize(("source", "count"), [
+        ("os.open(p, os.O_RDONLY | os.O_NONBLOCK)", 1), ("os.open(p, _READ, dir_fd=d)", 1),
+        ("open(p)", 1), ("open(p, 'rb')", 1), ("open(p, encoding='utf-8')", 1), ("open(p, mode)", 1),
+        ("os.open(p, os.O_WRONLY | os.O_CREAT)", 0), ("os.open(p, os.O_RDWR)", 0), ("os.open(d, _DIR_FLAGS)", 0),
+        ("open(p, 'w')", 0), ("open(p, mode='ab')", 0), ("gzip.open(p)", 0), ("os.fdopen(fd, 'rb')", 0),
+    ])
+    def test_the_scan(self, source: str, count: int) -> None:
+        """The scan finds reads by ``os.open`` and ``open``, not writes, locks, directories or other opens."""
+        assert len(list(reads(ast.parse(source)))) == count

@@ -32,11 +32,11 @@ from heartbeat.presets.common import (
     codex_rail_overrides,
     codex_trusted_hash,
     parse_reset,
-    read_log_tail,
     valid_session_id,
 )
 from heartbeat.presets.gemini import parse_gemini
 from heartbeat.presets.registry import PRESETS, plan_session, resume_note
+from heartbeat.system.safefile import read_log_ends
 
 DATA = Path(__file__).resolve().parents[1] / "support" / "data"
 UUID1 = "0b6f7c8e-1f6d-4b43-9c55-1b7e9f2a3c4d"
@@ -335,23 +335,23 @@ class TestReadLogTail:
         """Of a log larger than head + tail, exactly those two pieces are read."""
         path = tmp_path / "1.log"
         path.write_bytes(b"H" * 100 + b"M" * 10_000 + b"T" * 100)
-        data = read_log_tail(str(path), head=100, tail=100, line=0)
+        data = read_log_ends(str(path), head=100, tail=100, line=0)
         assert data == b"H" * 100 + b"\n" + b"T" * 100
         lines = b"H" * 100 + b"\n" + b"M" * 10_000 + b"\n" + b"L" * 500 + b"T" * 100
         path.write_bytes(lines)
-        data = read_log_tail(str(path), head=100, tail=100, line=1000)
+        data = read_log_ends(str(path), head=100, tail=100, line=1000)
         assert data == b"H" * 100 + b"\n" + b"L" * 500 + b"T" * 100  # the tail's first line, whole
 
     def test_a_fifo_or_a_symlink_is_not_read(self, tmp_path: Path) -> None:
         """A FIFO in the log's place returns nothing at once (no writer, no hang); a symlink is not followed."""
         fifo = tmp_path / "fifo.log"
         os.mkfifo(fifo)
-        assert read_log_tail(str(fifo)) == b""
+        assert read_log_ends(str(fifo)) == b""
         target = tmp_path / "secret"
         target.write_text('{"type":"result","is_error":true}\n')
         (tmp_path / "link.log").symlink_to(target)
-        assert read_log_tail(str(tmp_path / "link.log")) == b""
-        assert read_log_tail(str(tmp_path / "missing.log")) == b""
+        assert read_log_ends(str(tmp_path / "link.log")) == b""
+        assert read_log_ends(str(tmp_path / "missing.log")) == b""
 
 
 class TestPlanSession:

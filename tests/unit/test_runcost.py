@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from heartbeat.presets.claude import parse_claude
-from heartbeat.presets.common import PresetName, ResultInfo, read_log_tail
+from heartbeat.presets.common import PresetName, ResultInfo
 from heartbeat.presets.registry import parse_result
 from heartbeat.presets.runcost import costed, price_of, stream_usage
+from heartbeat.system.safefile import read_log_ends
 
 DATA = Path(__file__).resolve().parents[1] / "support" / "data"
 SESSION = "0b6f7c8e-1f6d-4b43-9c55-1b7e9f2a3c4d"
@@ -43,7 +44,7 @@ class TestALongResultLineIsReadWhole:
         log = tmp_path / "1.log"
         log.write_text("\n".join([*lines[:-1], *(_assistant(f"msg_{i}") for i in range(50)),
                                   json.dumps(result)]) + "\n")
-        info = parse_result("claude-code", read_log_tail(str(log)))
+        info = parse_result("claude-code", read_log_ends(str(log)))
         assert info.found and info.is_error and info.cost_usd == 3.0
         assert info.session_id == SESSION
 
@@ -51,7 +52,7 @@ class TestALongResultLineIsReadWhole:
         """The tail reaches back at most RESULT_LINE_BYTES: a longer line is cut, as before, never held."""
         log = tmp_path / "1.log"
         log.write_bytes(b"{" + b"x" * 3000 + b"\n")
-        data = read_log_tail(str(log), head=100, tail=500, line=1000)
+        data = read_log_ends(str(log), head=100, tail=500, line=1000)
         assert len(data) <= 100 + 1 + 500
         assert parse_claude(data) == ResultInfo()
 
@@ -72,7 +73,7 @@ class TestCutRunsAreCharged:
         """costed() of a SIGTERMed run (no result line): cost_usd from the usage, cost_source usage."""
         log = tmp_path / "1.log"
         log.write_text("\n".join([_init(), _assistant("msg_a"), _assistant("msg_b", cache_read=100_000)]) + "\n")
-        info = costed("claude-code", str(log), parse_result("claude-code", read_log_tail(str(log))))
+        info = costed("claude-code", str(log), parse_result("claude-code", read_log_ends(str(log))))
         assert info.cost_usd == pytest.approx(0.12 + 100_000 * 0.30 / 1e6)
         assert info.event_data()["cost_source"] == "usage"
 
@@ -81,7 +82,7 @@ class TestCutRunsAreCharged:
         its two messages of claude-opus-5-5 (an opus the table does not list: opus's highest price) are
         charged, about 24.7k input tokens at $15 per million."""
         log = str(DATA / "claude_sigterm.log")
-        info = parse_result("claude-code", read_log_tail(log))
+        info = parse_result("claude-code", read_log_ends(log))
         assert not info.found and info.cost_usd is None
         charged = costed("claude-code", log, info)
         assert charged.cost_source == "usage" and 0.37 < (charged.cost_usd or 0) < 0.39
@@ -96,7 +97,7 @@ class TestCutRunsAreCharged:
         """No usage at all, or a model no price names: ``cost: unknown`` in the exited event's data."""
         log = tmp_path / "1.log"
         log.write_text(_init() + "\n" + _assistant("msg_a", model="gpt-9") + "\n")
-        info = costed("claude-code", str(log), parse_result("claude-code", read_log_tail(str(log))))
+        info = costed("claude-code", str(log), parse_result("claude-code", read_log_ends(str(log))))
         assert info.cost_usd is None and info.event_data()["cost"] == "unknown"
         codex = parse_result("codex", (DATA / "codex_success.log").read_bytes())
         assert costed(PresetName.CODEX, "/nonexistent", codex).event_data()["cost"] == "unknown"

@@ -1,4 +1,5 @@
-"""The one way heartbeat writes a file whole (``heartbeat.system.safefile.write_*``), and the state dir's layout."""
+"""The one way heartbeat writes a file whole (``heartbeat.system.safefile.write_*``), its reads of planted files, and the
+state dir's layout."""
 
 from __future__ import annotations
 
@@ -9,8 +10,17 @@ from pathlib import Path
 import pytest
 
 from heartbeat.launchers import shim
+from heartbeat.model.errors import UnsafePath
 from heartbeat.system.layout import StateLayout
-from heartbeat.system.safefile import open_atomic, open_parent, write_atomic, write_file_atomic, write_temp
+from heartbeat.system.safefile import (
+    open_atomic,
+    open_parent,
+    read_regular,
+    read_tail_below,
+    write_atomic,
+    write_file_atomic,
+    write_temp,
+)
 
 
 class TestAtomicWrites:
@@ -100,6 +110,37 @@ class TestAtomicWrites:
         with pytest.raises(OSError):
             write_file_atomic(str(tmp_path / "link" / "f"), b"x", follow=False)
         assert list(real.iterdir()) == []
+
+
+class TestReads:
+    def test_follow_reads_through_a_link_to_a_file_and_refuses_one_to_a_fifo(self, tmp_path: Path) -> None:
+        """``follow=True`` (a path a human named) reads through a symlink to a regular file, and refuses
+        a symlink to a FIFO at once instead of waiting for a writer; without it the link itself is refused."""
+        (tmp_path / "real.toml").write_bytes(b"x = 1\n")
+        (tmp_path / "link.toml").symlink_to(tmp_path / "real.toml")
+        os.mkfifo(tmp_path / "fifo")
+        (tmp_path / "to-fifo").symlink_to(tmp_path / "fifo")
+        assert read_regular(str(tmp_path / "link.toml"), 100, follow=True) == b"x = 1\n"
+        with pytest.raises(UnsafePath, match="symbolic link"):
+            read_regular(str(tmp_path / "link.toml"), 100)
+        with pytest.raises(UnsafePath, match="a FIFO"):
+            read_regular(str(tmp_path / "to-fifo"), 100, follow=True)
+
+    def test_the_tail_below_a_root_follows_no_link_and_creates_nothing(self, tmp_path: Path) -> None:
+        """The end of ``root/a/b/name``, bounded, with its size; a symlinked directory on the way is
+        refused and a missing one is not created."""
+        (tmp_path / "a" / "b").mkdir(parents=True)
+        (tmp_path / "a" / "b" / "f.log").write_bytes(b"0123456789")
+        assert read_tail_below(str(tmp_path), ("a", "b"), "f.log", 4) == (b"6789", 10)
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        (outside / "f.log").write_bytes(b"secret")
+        (tmp_path / "a" / "c").symlink_to(outside)
+        with pytest.raises(OSError):
+            read_tail_below(str(tmp_path), ("a", "c"), "f.log", 4)
+        with pytest.raises(FileNotFoundError):
+            read_tail_below(str(tmp_path), ("a", "missing"), "f.log", 4)
+        assert not (tmp_path / "a" / "missing").exists()
 
 
 class TestStateLayout:
