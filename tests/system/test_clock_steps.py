@@ -13,7 +13,10 @@ Two ways to step a clock without touching the machine's:
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import os
+import signal
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -60,10 +63,19 @@ def serving(tmp_path: Path, daemon: str, launchers: str = "") -> tuple[Daemon, S
 
 @pytest.fixture
 def stop_after() -> Iterator[list[Daemon]]:
+    """Daemons stopped at the end, and the agents they left running (a daemon's stop leaves its agents
+    alone, by design: the test must not leave them spinning after it)."""
     started: list[Daemon] = []
     yield started
     for d in started:
         d.shutdown(timeout=10)
+        for entry in FileStore(d.store.state_dir).scan():
+            owner = entry.baton.meta.owner if entry.baton is not None else None
+            if owner is not None and owner.pid:
+                with contextlib.suppress(OSError):
+                    group = os.getpgid(owner.pid)
+                    if group != os.getpgid(0):  # (never this test's own group)
+                        os.killpg(group, signal.SIGKILL)
 
 
 class TestTheTickGoesOn:
