@@ -421,3 +421,9 @@ RAIL_COMMAND_CHARS = 64 * 1024
 LIBRARY_REPEAT_QUIET = 60.0
 """Seconds a library's repeating warning (APScheduler's ``scheduler_job_skipped`` for a job stuck on
 an unreachable database, every beat) stays quiet per job after it was logged."""
+
+LOGS_FOLLOW_POLL = 0.5
+"""Seconds between reads of an agent's log by ``heartbeat logs -f`` once it has printed all there was."""
+
+STATUS_WATCH_INTERVAL = 2.0
+"""Seconds between redraws of ``heartbeat status --watch`` when no interval is given."""

@@ -38,9 +38,16 @@ def json_text(value: Any) -> str:
 def show_text(store: Any, state_dir: str, task_id: str, *, as_json: bool = False) -> str:
     """``heartbeat show ID [--json]``'s standard output."""
     from heartbeat.model.baton import dump_baton
+    from heartbeat.model.errors import NotFound
     from heartbeat.reports.brief import unnoted_for
 
-    baton = store.load(task_id)
+    try:
+        baton = store.load(task_id)
+    except NotFound:
+        gone = archived_where(store, task_id)
+        if gone:
+            raise NotFound(gone, task=task_id) from None
+        raise
     unnoted = unnoted_for(state_dir, store, baton)
     if as_json:
         return json_text({**baton.to_dict(), **({"unnoted": unnoted.to_json()} if unnoted else {})})
@@ -49,6 +56,25 @@ def show_text(store: Any, state_dir: str, task_id: str, *, as_json: bool = False
         text += (f"\n# Since the last note, the run of epoch {unnoted.epoch} did (not in the note):\n"
                  + "".join(f"# {line}\n" for line in unnoted.lines()))
     return text
+
+
+def archived_where(store: Any, task_id: str) -> str:
+    """Where an archived task went, from its latest ``archived`` event (gc's or ``rm``'s); ``""``
+    when the ledger has none."""
+    import os
+
+    from heartbeat.model.ledger import EventKind
+
+    marks = [e for e in store.ledger.events(task_id) if e.kind == EventKind.ARCHIVED]
+    if not marks:
+        return ""
+    mark = marks[-1]
+    name = str(mark.data.get("archive", ""))
+    layout = getattr(store, "layout", None)  # the file store's; PostgreSQL keeps its archives in a table
+    where = (f"{os.path.join(layout.archive_dir, name)} (`zcat` it)" if layout is not None
+             else f"the database's archive {name} (table heartbeat_archive)")
+    return (f"archived by {mark.actor or '-'} at {mark.ts.isoformat(timespec='seconds')} into {where}, "
+            f"with its baton and {mark.data.get('rows', '?')} ledger rows")
 
 
 def brief_text(store: Any, state_dir: str, task_id: str, *, as_json: bool = False, max_attempts: int | None = None,
