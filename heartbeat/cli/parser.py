@@ -319,7 +319,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                 "one `archived` event stays; refused for a running task or one others depend on")
     p.add_argument("--by", help="who (default: your login name)")
     command("help", cmd_help, "this list, or `help COMMAND`: that command's options", task=False)
-    command("status", "watch.cmd_status", "one row per task", task=False, json_=True)
+    p = command("status", "watch.cmd_status", "one row per task", task=False, json_=True)
+    p.add_argument("--watch", nargs="?", type=float, const=_watch_default(), metavar="SECONDS",
+                   help="redraw every SECONDS (default 2) until Ctrl-C")
     p = command("pipeline", "tasks.cmd_pipeline", "create a chain or DAG of tasks from a TOML file", task=False)
     p.add_argument("action", choices=["new"], help="new")
     p.add_argument("name", help="the pipeline's name: its tasks are NAME.STAGE")
@@ -384,6 +386,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     if only is not None and only not in sub.choices:
         return build_parser()  # not a command: the full parser says so, and lists the commands
     return parser
+
+
+def _watch_default() -> float:
+    from heartbeat.model import defaults
+
+    return defaults.STATUS_WATCH_INTERVAL
 
 
 def _version() -> str:

@@ -12,6 +12,41 @@ from heartbeat.cli.common import _age, _cycle, _missing_upstreams, _print_json, 
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """``heartbeat status [--json] [--watch [N]]``: one row per task; ``--watch`` redraws every N
+    seconds (clearing a terminal first) until Ctrl-C."""
+    if getattr(args, "watch", None) is None:
+        return _status_once(args)
+    import sys
+    import time
+
+    from heartbeat.model.timeparse import utcnow
+
+    import math
+
+    if not (math.isfinite(args.watch) and 0 < args.watch <= 86400):
+        raise BadInput(f"--watch takes a number of seconds above 0 (at most a day), got {args.watch:g}")
+    try:
+        while True:
+            if sys.stdout.isatty():
+                sys.stdout.write("\x1b[H\x1b[2J")
+            print(f"every {args.watch:g}s: {utcnow().isoformat(timespec='seconds')}  (Ctrl-C to stop)\n")
+            _status_once(args)
+            sys.stdout.flush()
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _shown_step(baton: Any) -> str:
+    """The step a row shows: a done task's last finished step (what it ended on), else its step."""
+    from heartbeat.model.baton import Status
+
+    if baton.meta.status == Status.DONE and baton.done:
+        return str(baton.done[-1])
+    return str(baton.step)
+
+
+def _status_once(args: argparse.Namespace) -> int:
     from heartbeat.model.policy import waiting_text
     from heartbeat.model.timeparse import utcnow
     from heartbeat.reports.why import FAILING_STATES, why
@@ -36,7 +71,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         rows.append({
             "id": entry.id,
             "status": meta.status.value,
-            "step": entry.baton.step,
+            "step": _shown_step(entry.baton),
             "attempt": meta.attempt,
             "epoch": meta.epoch,
             "revision": meta.revision,

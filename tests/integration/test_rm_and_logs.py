@@ -93,3 +93,15 @@ class TestLogs:
         assert results["link"].code == 2 and "symbolic link" in results["link"].err, results["link"].err
         assert "not yours" not in results["link"].out
         assert results["fifo"].code == 2 and "FIFO" in results["fifo"].err, results["fifo"].err
+
+
+class TestFinishedStep:
+    def test_a_done_task_shows_the_step_it_ended_on_not_its_first(self, cli: Cli) -> None:
+        assert cli("new", "t", "--task", "x", "--step", "write the parser", "--plan", "write the parser",
+                   "--plan", "ship it").code == 0
+        assert cli("add", "t", "done", "write the parser", "ship it").code == 0
+        assert cli("done", "t").code == 0
+        [row] = json.loads(cli("status", "--json").out)["tasks"]
+        assert row["step"] == "ship it", row
+        line = cli("status").out.splitlines()[1]
+        assert line.endswith("(done 2 of 2) ship it"), line
