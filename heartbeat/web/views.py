@@ -200,6 +200,17 @@ def _hosts_of(store: Any) -> dict[str, str]:
         return {}
 
 
+def _lost_hosts(store: Any) -> set[str]:
+    """The hosts of a shared store past their lease_ttl unrenewed: their shims stopped their
+    agents, so a task they hold runs nothing (empty when the hosts cannot be read)."""
+    from heartbeat.ops.lease import list_hosts
+
+    try:
+        return {h.host for h in list_hosts(store) if h.state == "lost"}
+    except HeartbeatError:
+        return set()
+
+
 def _daemon_alive(vitals: Any) -> bool:
     """Whether the daemon that wrote ``vitals`` still runs: its pid alive and started when it said
     (a reused pid is not it). Another host's daemon cannot be seen from here: counted alive."""
