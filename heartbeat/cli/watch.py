@@ -16,12 +16,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     seconds (clearing a terminal first) until Ctrl-C."""
     if getattr(args, "watch", None) is None:
         return _status_once(args)
+    import math
     import sys
     import time
 
     from heartbeat.model.timeparse import utcnow
-
-    import math
 
     if not (math.isfinite(args.watch) and 0 < args.watch <= 86400):
         raise BadInput(f"--watch takes a number of seconds above 0 (at most a day), got {args.watch:g}")

@@ -44,7 +44,7 @@ def show_text(store: Any, state_dir: str, task_id: str, *, as_json: bool = False
     try:
         baton = store.load(task_id)
     except NotFound:
-        gone = archived_where(store, task_id)
+        gone = archived_where(store, state_dir, task_id)
         if gone:
             raise NotFound(gone, task=task_id) from None
         raise
@@ -58,21 +58,22 @@ def show_text(store: Any, state_dir: str, task_id: str, *, as_json: bool = False
     return text
 
 
-def archived_where(store: Any, task_id: str) -> str:
+def archived_where(store: Any, state_dir: str, task_id: str) -> str:
     """Where an archived task went, from its latest ``archived`` event (gc's or ``rm``'s); ``""``
     when the ledger has none."""
     import os
 
     from heartbeat.model.ledger import EventKind
+    from heartbeat.store.base import SharedStore
+    from heartbeat.system.layout import StateLayout
 
     marks = [e for e in store.ledger.events(task_id) if e.kind == EventKind.ARCHIVED]
     if not marks:
         return ""
     mark = marks[-1]
     name = str(mark.data.get("archive", ""))
-    layout = getattr(store, "layout", None)  # the file store's; PostgreSQL keeps its archives in a table
-    where = (f"{os.path.join(layout.archive_dir, name)} (`zcat` it)" if layout is not None
-             else f"the database's archive {name} (table heartbeat_archive)")
+    where = (f"the database's archive {name} (table heartbeat_archive)" if isinstance(store, SharedStore)
+             else f"{os.path.join(StateLayout(state_dir).archive_dir, name)} (`zcat` it)")
     return (f"archived by {mark.actor or '-'} at {mark.ts.isoformat(timespec='seconds')} into {where}, "
             f"with its baton and {mark.data.get('rows', '?')} ledger rows")
 
