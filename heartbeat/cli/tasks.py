@@ -405,6 +405,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
             if not args.follow:
                 return 0
             time.sleep(defaults.LOGS_FOLLOW_POLL)
+            if os.fstat(fd).st_size < os.lseek(fd, 0, os.SEEK_CUR):  # the daemon cut it (max_log_bytes)
+                sys.stderr.write(f"heartbeat: {where}: cut to its tail by the daemon (the rest is in "
+                                 f"{name}.1); following from its start\n")
+                os.lseek(fd, 0, os.SEEK_SET)
     except KeyboardInterrupt:
         out.flush()
         return 0

@@ -70,3 +70,23 @@ def test_logs_follow_prints_what_is_appended_until_interrupted(hb: Hb, state_dir
     finally:
         code = following.interrupt()
     assert code == 0 and following.text == "before\nafter\n", (code, following.text)
+
+
+def test_logs_follow_starts_over_when_the_daemon_cuts_the_log(hb: Hb, state_dir: Path) -> None:
+    """The daemon keeps a long log's tail in <epoch>.log.1 and truncates the live file in place
+    (max_log_bytes): -f goes on from its start instead of waiting past its old end for ever."""
+    assert hb("new", "t", "--task", "x", "--step", "s", "--claim", "--pid", str(os.getpid())).code == 0
+    epoch = json.loads(hb("show", "t", "--json").out)["meta"]["epoch"]
+    log = state_dir / "logs" / "t" / f"{epoch}.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("a long line before the cut\n")
+    following = _Output(state_dir, "logs", "t", "-f")
+    try:
+        wait_for(lambda: "before the cut" in following.text, timeout=30, message="what the log held")
+        with log.open("r+") as handle:  # as cap_log does: truncated in place, then written on (shorter)
+            handle.truncate(0)
+            handle.write("new\n")
+        wait_for(lambda: "new" in following.text, timeout=30, message="the line written after the cut")
+    finally:
+        code = following.interrupt()
+    assert code == 0 and following.text == "a long line before the cut\nnew\n", (code, following.text)
