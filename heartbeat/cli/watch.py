@@ -22,6 +22,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from heartbeat.model.timeparse import utcnow
 
+    if args.json:
+        raise BadInput("--watch redraws a table for a person: without --json (a program polls `status --json`)")
     if not (math.isfinite(args.watch) and 0 < args.watch <= 86400):
         raise BadInput(f"--watch takes a number of seconds above 0 (at most a day), got {args.watch:g}")
     try:

@@ -105,3 +105,12 @@ class TestFinishedStep:
         assert row["step"] == "ship it", row
         line = cli("status").out.splitlines()[1]
         assert line.endswith("(done 2 of 2) ship it"), line
+
+
+class TestWatchOptions:
+    def test_a_bad_interval_or_json_is_one_line_and_exit_2(self, cli: Cli) -> None:
+        """--watch loops until Ctrl-C (tests/system/test_watch_and_follow.py); what it refuses returns at once."""
+        for args, said in ((("--watch", "0"), "above 0"), (("--watch", "nan"), "above 0"),
+                           (("--watch", "1e9"), "at most a day"), (("--watch", "--json"), "without --json")):
+            r = cli("status", *args)
+            assert r.code == 2 and said in r.err and r.err.count("\n") == 1, (args, r.err)
