@@ -38,19 +38,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
 
 
-def _shown_step(baton: Any) -> str:
-    """The step a row shows: a done task's last finished step (what it ended on), else its step."""
-    from heartbeat.model.baton import Status
-
-    if baton.meta.status == Status.DONE and baton.done:
-        return str(baton.done[-1])
-    return str(baton.step)
-
-
 def _status_once(args: argparse.Namespace) -> int:
     from heartbeat.model.policy import waiting_text
     from heartbeat.model.timeparse import utcnow
-    from heartbeat.reports.why import FAILING_STATES, why
+    from heartbeat.reports.why import FAILING_STATES, shown_step, why
 
     store = _store(args, read=True)
     entries = store.scan()
@@ -72,7 +63,7 @@ def _status_once(args: argparse.Namespace) -> int:
         rows.append({
             "id": entry.id,
             "status": meta.status.value,
-            "step": _shown_step(entry.baton),
+            "step": shown_step(entry.baton),
             "attempt": meta.attempt,
             "epoch": meta.epoch,
             "revision": meta.revision,

@@ -17,7 +17,7 @@ from heartbeat.model.errors import BadInput, HeartbeatError
 from heartbeat.model.ledger import Event, EventKind
 from heartbeat.model.policy import Policy, waiting_text
 from heartbeat.model.timeparse import format_duration
-from heartbeat.reports.why import State, why
+from heartbeat.reports.why import State, shown_step, why
 from heartbeat.system.layout import LOGS_DIR, StateLayout, log_name
 
 __all__ = ["LOG_TAIL_BYTES", "TIMELINE_EVENTS", "LogTail", "read_log_tail"]
@@ -176,7 +176,7 @@ def _row(entry: Any, now: datetime, default_launcher: str, policy: Any = None,
         "wake_at": _iso(meta.snooze_until) if meta.status is Status.SNOOZED else "",
         "reason": "",
         "age": _age(now, meta.touched_at or meta.updated_at),
-        "step": baton.step,
+        "step": shown_step(baton),
         "next_step": baton.next_step,
         "attempt": meta.attempt,
         "epoch": meta.epoch,
