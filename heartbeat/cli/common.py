@@ -33,12 +33,24 @@ def _store(args: argparse.Namespace, *, read: bool = False) -> Any:
     from heartbeat.store import open_store
 
     state_dir, url = _where(args)
-    if read and not (url or os.environ.get("HEARTBEAT_STORE_URL")) and not os.path.isdir(state_dir):
+    if read and not (url or os.environ.get("HEARTBEAT_STORE_URL")) and _missing(state_dir):
         from heartbeat.model.errors import StoreError
 
         raise StoreError("no such state dir (a read never creates one: check --state-dir, "
                          "$HEARTBEAT_STATE_DIR or the config's state_dir)", path=state_dir)
     return open_store(state_dir, url)
+
+
+def _missing(path: str) -> bool:
+    """Whether ``path`` is surely no directory; one this user cannot look up is not (the store says why)."""
+    import stat
+
+    try:
+        return not stat.S_ISDIR(os.stat(path).st_mode)
+    except PermissionError:
+        return False
+    except OSError:
+        return True
 
 
 def _epoch(args: argparse.Namespace) -> int | None:

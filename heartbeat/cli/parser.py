@@ -315,13 +315,21 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--reason")
     p = command("resume", "tasks.cmd_resume", "make a paused task active again")
     p.add_argument("--by", help="who (default: your login name)")
+    p = command("rm", "tasks.cmd_rm", "archive a task and forget it: its baton and ledger go into archive/ (as gc's), "
+                "one `archived` event stays; refused for a running task or one others depend on")
+    p.add_argument("--by", help="who (default: your login name)")
     command("help", cmd_help, "this list, or `help COMMAND`: that command's options", task=False)
-    command("status", "watch.cmd_status", "one row per task", task=False, json_=True)
+    p = command("status", "watch.cmd_status", "one row per task", task=False, json_=True)
+    p.add_argument("--watch", nargs="?", type=float, const=_watch_default(), metavar="SECONDS",
+                   help="redraw every SECONDS (default 2) until Ctrl-C")
     p = command("pipeline", "tasks.cmd_pipeline", "create a chain or DAG of tasks from a TOML file", task=False)
     p.add_argument("action", choices=["new"], help="new")
     p.add_argument("name", help="the pipeline's name: its tasks are NAME.STAGE")
     p.add_argument("--from", dest="from_", required=True, metavar="FILE.toml", help="one [stages.STAGE] per stage")
     command("log", "tasks.cmd_log", "the ledger's events for one task", json_=True)
+    p = command("logs", "tasks.cmd_logs", "the agent's own output: logs/ID/EPOCH.log of the current epoch")
+    p.add_argument("--epoch", type=_int64, help="this epoch's output instead of the current one's")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing what is appended, until Ctrl-C")
     p = command("brief", "tasks.cmd_brief", "what the next agent reads first: intent, constraints, state, context, pointers",
                 json_=True)
     p.add_argument("--budget", type=_int64, help="tokens (UTF-8 bytes / 4) the brief may use (default 4000)")
@@ -378,6 +386,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     if only is not None and only not in sub.choices:
         return build_parser()  # not a command: the full parser says so, and lists the commands
     return parser
+
+
+def _watch_default() -> float:
+    from heartbeat.model import defaults
+
+    return defaults.STATUS_WATCH_INTERVAL
 
 
 def _version() -> str:

@@ -1,5 +1,5 @@
 """The commands on one task: new, set, add, touch, claim, release, snooze, block, unblock, done, fail, retry,
-show, log, brief, verify, and pipeline."""
+pause, resume, rm, show, log, logs, brief, verify, and pipeline."""
 
 from __future__ import annotations
 
@@ -258,7 +258,22 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rm(args: argparse.Namespace) -> int:
+    """``heartbeat rm ID``: archived as gc archives (baton and ledger into ``archive/``), then gone
+    from the store; one ``archived`` event by the person stays."""
+    from heartbeat.model.baton import check_id
+    from heartbeat.model.timeparse import utcnow
+    from heartbeat.ops.retention import remove_task
 
+    check_id(args.id)
+    store = _store(args, read=True)
+    try:
+        result = remove_task(store, args.id, now=utcnow(), actor=args.by or _login())
+    finally:
+        store.close()
+    print(f"removed {args.id}: archived ({result.archived_rows} ledger rows and the baton) into "
+          f"{result.archive_file}")
+    return 0
 
 
 
@@ -338,6 +353,66 @@ def cmd_log(args: argparse.Namespace) -> int:
         print(f"{e.ts.isoformat(timespec='seconds')}  {e.kind:<11} epoch={e.epoch} rev={e.revision} "
               f"by={e.actor or '-'}  {data}".rstrip())
     return 0
+
+
+LOG_CHUNK = 1 << 16
+"""Bytes read from an agent's log at a time: a huge log is streamed, never held whole."""
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """``heartbeat logs ID [--epoch N] [-f]``: the agent's own output, ``logs/<id>/<epoch>.log``
+    (the current epoch unless given), read through no symlink and never blocking on a FIFO;
+    ``-f`` keeps printing what is appended, polling, until interrupted."""
+    import time
+
+    from heartbeat.model import defaults
+    from heartbeat.model.baton import check_id
+    from heartbeat.model.errors import NotFound, UnsafePath
+    from heartbeat.system.layout import LOGS_DIR
+    from heartbeat.system.safefile import open_dir, open_regular
+
+    check_id(args.id)
+    if args.epoch is not None and args.epoch < 0:
+        raise BadInput("--epoch must not be negative")
+    state_dir = _where(args)[0]
+    epoch = args.epoch
+    if epoch is None:
+        epoch = _store(args, read=True).load(args.id).meta.epoch
+    name = f"{epoch}.log"
+    where = os.path.join(state_dir, LOGS_DIR, args.id, name)
+    try:
+        dir_fd = open_dir(state_dir, LOGS_DIR, args.id, create=False)
+        try:
+            fd = open_regular(name, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+    except FileNotFoundError:
+        raise NotFound(f"no output of epoch {epoch} (no {where}: no agent was launched in it, or gc pruned it)",
+                       task=args.id) from None
+    except UnsafePath as exc:
+        raise UnsafePath(f"{exc.message} (nothing was read)", path=where) from None
+    except OSError as exc:
+        raise BadInput(f"{where}: {exc.strerror}") from None
+    out = sys.stdout.buffer
+    try:
+        while True:
+            chunk = os.read(fd, LOG_CHUNK)
+            if chunk:
+                out.write(chunk)
+                continue
+            out.flush()
+            if not args.follow:
+                return 0
+            time.sleep(defaults.LOGS_FOLLOW_POLL)
+            if os.fstat(fd).st_size < os.lseek(fd, 0, os.SEEK_CUR):  # the daemon cut it (max_log_bytes)
+                sys.stderr.write(f"heartbeat: {where}: cut to its tail by the daemon (the rest is in "
+                                 f"{name}.1); following from its start\n")
+                os.lseek(fd, 0, os.SEEK_SET)
+    except KeyboardInterrupt:
+        out.flush()
+        return 0
+    finally:
+        os.close(fd)
 
 
 def cmd_brief(args: argparse.Namespace) -> int:

@@ -12,9 +12,36 @@ from heartbeat.cli.common import _age, _cycle, _missing_upstreams, _print_json, 
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """``heartbeat status [--json] [--watch [N]]``: one row per task; ``--watch`` redraws every N
+    seconds (clearing a terminal first) until Ctrl-C."""
+    if getattr(args, "watch", None) is None:
+        return _status_once(args)
+    import math
+    import sys
+    import time
+
+    from heartbeat.model.timeparse import utcnow
+
+    if args.json:
+        raise BadInput("--watch redraws a table for a person: without --json (a program polls `status --json`)")
+    if not (math.isfinite(args.watch) and 0 < args.watch <= 86400):
+        raise BadInput(f"--watch takes a number of seconds above 0 (at most a day), got {args.watch:g}")
+    try:
+        while True:
+            if sys.stdout.isatty():
+                sys.stdout.write("\x1b[H\x1b[2J")
+            print(f"every {args.watch:g}s: {utcnow().isoformat(timespec='seconds')}  (Ctrl-C to stop)\n")
+            _status_once(args)
+            sys.stdout.flush()
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _status_once(args: argparse.Namespace) -> int:
     from heartbeat.model.policy import waiting_text
     from heartbeat.model.timeparse import utcnow
-    from heartbeat.reports.why import FAILING_STATES, why
+    from heartbeat.reports.why import FAILING_STATES, shown_step, why
 
     store = _store(args, read=True)
     entries = store.scan()
@@ -36,7 +63,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         rows.append({
             "id": entry.id,
             "status": meta.status.value,
-            "step": entry.baton.step,
+            "step": shown_step(entry.baton),
             "attempt": meta.attempt,
             "epoch": meta.epoch,
             "revision": meta.revision,

@@ -430,3 +430,9 @@ daemon never turns a refusal into the CLI's timeout (which lets the call go on).
 HOOK_RECORD_WAIT = 5.0
 """Seconds a hook waits, after printing a refusal, for the ledger to take its ``rail_refused`` record
 before it exits without it (a locked ledger must not keep the agent's CLI past its hook timeout)."""
+
+LOGS_FOLLOW_POLL = 0.5
+"""Seconds between reads of an agent's log by ``heartbeat logs -f`` once it has printed all there was."""
+
+STATUS_WATCH_INTERVAL = 2.0
+"""Seconds between redraws of ``heartbeat status --watch`` when no interval is given."""

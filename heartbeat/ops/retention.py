@@ -59,6 +59,7 @@ __all__ = [
     "RETENTION_KINDS",
     "GcResult",
     "run_gc",
+    "remove_task",
     "read_archived",
     "EPOCH_FILE",
 ]
@@ -238,8 +239,44 @@ class _Candidate:
     record: dict[str, Any]
 
 
+def remove_task(store: Store, task_id: str, *, now: datetime, actor: str) -> GcResult:
+    """``heartbeat rm ID``: one task archived now, whatever its status, as gc archives a done one
+    (its baton and every ledger event into a new archive, read back before anything goes; one
+    ``archived`` event by ``actor`` stays). Refused in one line, nothing changed, when an agent
+    holds it or a task staying in the store depends on it."""
+    from heartbeat.model.errors import BadInput, NotFound
+
+    if not isinstance(store, Archiving):
+        raise StoreError("rm works on a store that archives (the file store, PostgreSQL): this one does not "
+                         "(nothing was changed)")
+    result = GcResult(dry_run=False, now=now)
+    with store.gc_lock():
+        entries = {e.id: e for e in store.scan()}
+        entry = entries.get(task_id)
+        if entry is None:
+            raise NotFound("no such task (nothing was removed)", task=task_id)
+        if entry.baton is None or entry.error is not None:
+            raise BadInput(f"{task_id}: the baton is unreadable ({entry.error}): fix or move it by hand; "
+                           "nothing was removed")
+        owner = entry.baton.meta.owner
+        if owner is not None:
+            raise BadInput(f"{task_id} is running (pid {owner.pid} on {owner.host or 'this host'}): "
+                           f"`heartbeat pause {task_id}` or wait for it to end, then rm; nothing was removed")
+        needed = _needed_upstreams(entries.values(), {task_id})
+        if task_id in needed:
+            raise BadInput(f"{task_id}: task {needed[task_id]} depends on it: rm that one first; "
+                           "nothing was removed")
+        result.ledger_rows_before = store.ledger.count()
+        _archive(store, store.ledger, [entry.baton], result, now=now, dry_run=False, actor=actor)
+        result.ledger_rows_after = store.ledger.count()
+    if task_id not in result.archived:
+        why = next((w for t, w in result.skipped if t == task_id), "not archived")
+        raise StoreError(f"{task_id}: {why}; nothing was removed (run rm again)")
+    return result
+
+
 def _archive(store: Archiving, ledger: Ledger, batons: list[Baton], result: GcResult, *, now: datetime,
-             dry_run: bool) -> set[str]:
+             dry_run: bool, actor: str = "gc") -> set[str]:
     if not batons:
         return set()
     candidates: list[_Candidate] = []
@@ -264,7 +301,7 @@ def _archive(store: Archiving, ledger: Ledger, batons: list[Baton], result: GcRe
     result.archive_file, result.archive_file_bytes = store.write_archive(name, [c.record for c in candidates])
     done: set[str] = set()
     for c in candidates:
-        summary = Event(task=c.task, kind=EventKind.ARCHIVED, ts=now, actor="gc", data={
+        summary = Event(task=c.task, kind=EventKind.ARCHIVED, ts=now, actor=actor, data={
             "archive": name,
             "rows": len(c.events),
             "baton_sha256": c.record["baton_sha256"],

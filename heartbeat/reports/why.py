@@ -20,7 +20,7 @@ from heartbeat.model import policy as pol
 from heartbeat.model.baton import Baton, OwnerKind, Status
 from heartbeat.tasks.handoff import pending_upstreams
 
-__all__ = ["State", "Why", "why", "policy_for", "FAILING_STATES", "HELD_STATES"]
+__all__ = ["State", "Why", "why", "policy_for", "shown_step", "FAILING_STATES", "HELD_STATES"]
 
 
 class State(StrEnum):
@@ -59,6 +59,14 @@ class Why:
 
     state: State
     text: str
+
+
+def shown_step(baton: Baton) -> str:
+    """The step a task's row shows (``status``, the page): a done task's last finished step, what it
+    ended on, rather than the step it was made with; else its step."""
+    if baton.meta.status is Status.DONE and baton.done:
+        return str(baton.done[-1])
+    return str(baton.step)
 
 
 def policy_for(config: Config | None) -> pol.Policy:

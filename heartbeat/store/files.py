@@ -82,6 +82,12 @@ def ensure_private_dir(path: str, *, what: str = "state dir") -> None:
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
         st = os.stat(path)
+    except PermissionError as exc:
+        if _reachable(path):  # it is missing and its parent will not take it
+            raise StoreError(f"cannot create {what}: {exc.strerror}: create it as its owner-to-be "
+                             f"(mkdir -m 700 {path}) or point --state-dir elsewhere", path=path) from None
+        raise StoreError(f"cannot reach {what}: {exc.strerror} (a directory on its path is closed to this user: "
+                         f"run heartbeat as the state dir's owner, or see: namei -l {path})", path=path) from None
     except OSError as exc:
         raise StoreError(f"cannot create {what}: {exc.strerror}", path=path) from None
     if not stat.S_ISDIR(st.st_mode):
@@ -103,6 +109,20 @@ def ensure_private_dir(path: str, *, what: str = "state dir") -> None:
             f"(e.g. sudo -u {owner} heartbeat ...), or if this user should own it: chown {os.geteuid()} {path}",
             path=path,
         )
+    if not os.access(path, os.R_OK | os.X_OK):  # ours (or root's), yet closed to us: every read would fail later
+        fix = f"chmod u+rwx {path}" if st.st_uid == os.geteuid() else "run heartbeat as root (sudo heartbeat ...)"
+        raise UnsafePath(f"{what} is not readable by this user (mode {mode:04o}); fix it with: {fix}", path=path)
+
+
+def _reachable(path: str) -> bool:
+    """Whether this user can look ``path`` up (it may be missing): every directory above it is open."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 _FORMAT_LIMIT = 4096  # bytes of format.toml read: a few lines, whatever was put there

@@ -48,6 +48,7 @@ from heartbeat.web.views import (
     _hosts_of,
     _iso,
     _list_params,
+    _lost_hosts,
     _matches,
     _row,
     _status_of,
@@ -146,8 +147,10 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         shown = [_row(e, now, default_launcher, policy, statuses.get)
                  for e in matched[(page_no - 1) * per:page_no * per]]
         hosts = _hosts_of(store) if fleet else {}
+        lost = _lost_hosts(store) if fleet and shown else set()
         for row in shown:  # the host holding each task (a fleet's), as `heartbeat status` shows it
             row["host"] = hosts.get(row["id"], "") or row.get("owner_host", "")
+            row["host_lost"] = bool(row["host"]) and row["host"] in lost
         for row in shown:  # only this page's escalations are read from the ledger
             if row["status"] == Status.ESCALATED.value:
                 found = store.ledger.events(row["id"], kinds=[EventKind.ESCALATED])

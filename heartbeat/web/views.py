@@ -15,7 +15,7 @@ from heartbeat.model.errors import BadInput, HeartbeatError, UnsafePath
 from heartbeat.model.ledger import Event, EventKind
 from heartbeat.model.policy import Policy, waiting_text
 from heartbeat.model.timeparse import format_duration
-from heartbeat.reports.why import State, why
+from heartbeat.reports.why import State, shown_step, why
 from heartbeat.system.layout import LOGS_DIR, StateLayout, log_name
 from heartbeat.system.safefile import read_tail_below
 
@@ -157,7 +157,7 @@ def _row(entry: Any, now: datetime, default_launcher: str, policy: Any = None,
         "wake_at": _iso(meta.snooze_until) if meta.status is Status.SNOOZED else "",
         "reason": "",
         "age": _age(now, meta.touched_at or meta.updated_at),
-        "step": baton.step,
+        "step": shown_step(baton),
         "next_step": baton.next_step,
         "attempt": meta.attempt,
         "epoch": meta.epoch,
@@ -179,6 +179,17 @@ def _hosts_of(store: Any) -> dict[str, str]:
         return {task_id: row.host for task_id, row in lease_rows(store).items()}
     except HeartbeatError:
         return {}
+
+
+def _lost_hosts(store: Any) -> set[str]:
+    """The hosts of a shared store past their lease_ttl unrenewed: their shims stopped their
+    agents, so a task they hold runs nothing (empty when the hosts cannot be read)."""
+    from heartbeat.ops.lease import list_hosts
+
+    try:
+        return {h.host for h in list_hosts(store) if h.state == "lost"}
+    except HeartbeatError:
+        return set()
 
 
 def _daemon_alive(vitals: Any) -> bool:

@@ -187,6 +187,50 @@ class TestHostColumn:
         assert "<th>Host</th>" not in fleet_dom  # one host: no column
 
 
+class TestLostHost:
+    def test_a_lost_host_runs_nothing_on_the_page_and_its_tasks_say_lost(
+            self, tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> None:
+        """A host that held 4/4 and stopped renewing (its shims stopped its agents) is lost with 0
+        running on /hosts, as `heartbeat hosts` says, and the list marks its task's host lost
+        (issue 26, item 5); a live host's task is not marked."""
+        import psycopg
+
+        from heartbeat.model.baton import Owner
+        from heartbeat.store.postgres.store import PostgresStore
+        from heartbeat.tasks import verbs as tasks
+
+        store = PostgresStore(pg_url)
+        try:
+            for task_id, host in (("on-lost", "host-a"), ("on-live", "host-b")):
+                tasks.new_task(store, task_id, task=task_id, step="s")
+                with store.edit(task_id) as ed:
+                    ed.baton.meta.owner = Owner(pid=4242, host=host, how="dispatch", launcher="toy")
+        finally:
+            store.close()
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("INSERT INTO heartbeat_hosts (host, pid, labels, capacity, running, lease_ttl, renewed_at) "
+                         "VALUES ('host-a', 4242, '{}', 4, 4, 30, now() - interval '5 minutes'), "
+                         "('host-b', 77, '{}', 4, 1, 30, now())")
+        root = tmp_path_factory.mktemp("losthost")
+        root.chmod(0o700)
+        h = DaemonHarness(root)
+        server = start_web(h, env={"HEARTBEAT_STORE_URL": pg_url})
+        try:
+            hosts = chromium(server.at("hosts"))
+            lost = re.search(r'<tr data-host="host-a">.*?</tr>', hosts, re.S)
+            assert lost and 'data-state="lost"' in lost.group(0) and ">0/4<" in lost.group(0), lost
+            assert "4/4" not in hosts
+            dom = chromium(server.at())
+            on_lost = re.search(r'<tr data-task="on-lost">.*?</tr>', dom, re.S)
+            on_live = re.search(r'<tr data-task="on-live">.*?</tr>', dom, re.S)
+            assert on_lost and 'data-state="lost"' in on_lost.group(0), on_lost
+            assert on_live and 'data-state="lost"' not in on_live.group(0), on_live
+            cli = h.cli("hosts", env={"HEARTBEAT_STORE_URL": pg_url})
+            assert cli.returncode == 0 and re.search(r"host-a\s+lost\s+4242\s+0/4", cli.stdout), cli.stdout
+        finally:
+            server.stop()
+
+
 def start_file_web(tmp_path_factory: pytest.TempPathFactory) -> str:
     root = tmp_path_factory.mktemp("onehost")
     root.chmod(0o700)
