@@ -472,7 +472,8 @@ def run_hook(
             return 0
         store, hooks, max_attempts, where, loaded = _open(state_dir, config, env)
         if store is None:
-            print(f"heartbeat hook: {_unserved(state_dir, config, env)}", file=stderr)
+            if name not in _TOOL_EVENTS:  # (a tool call is not the moment to say it: every call would)
+                print(f"heartbeat hook: {_unserved(state_dir, config, env)}", file=stderr)
             if name == "PreToolUse":
                 _trail_hook(event, env, state_dir, task)  # nothing to decide on: the call goes on
             return 0

@@ -50,7 +50,7 @@ def checkout() -> tuple[str, bool]:
         root = url.removeprefix("file://")
         if os.path.isfile(os.path.join(root, "pyproject.toml")):
             return root, editable
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # run from the tree itself
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from the tree itself
     return (here, True) if os.path.isfile(os.path.join(here, "pyproject.toml")) else ("", False)
 
 

@@ -19,7 +19,8 @@ import pytest
 from daemon_harness import DaemonHarness, toml_list
 from scripted_model import Workload, scripted_model, step_file
 from scripted_model.responses import codex_args
-from test_codex import NO_TMP, STEPS, codex, codex_env, root  # noqa: F401 (fixtures)
+
+from tests.external.test_codex import NO_TMP, STEPS, codex, codex_env, root  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import TOY
-from test_leased_daemons import Host, new_tasks
 
 from heartbeat.model.baton import Baton, Meta, Owner, OwnerKind, Status
 from heartbeat.model.policy import TAKEN_OVER, Action, Observation, Policy, decide
 from heartbeat.model.timeparse import utcnow
 from heartbeat.reports.why import State, why
+from tests.external.test_leased_daemons import Host, new_tasks
 
 pytestmark = pytest.mark.slow
 

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from daemon_harness import in_process_config
-from test_clock_steps import RecordingLog
 
 from heartbeat.daemon import Daemon
 from heartbeat.model.errors import StoreUnreachable
 from heartbeat.store.files import FileStore
 from heartbeat.store.postgres.store import PostgresStore
 from heartbeat.tasks import verbs as tasks
+from tests.system.test_clock_steps import RecordingLog
 
 
 class _Outage:

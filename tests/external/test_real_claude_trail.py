@@ -20,7 +20,8 @@ import pytest
 from agent_clis import agent_cli
 from daemon_harness import DaemonHarness, toml_list
 from scripted_model import ScriptedModel, Workload, scripted_model
-from test_real_sessions import README_ARGS, STEPS, claude_env
+
+from tests.external.test_real_sessions import README_ARGS, STEPS, claude_env
 
 pytestmark = pytest.mark.slow
 

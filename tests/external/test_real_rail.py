@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from agent_clis import agent_cli
 from scripted_model import ScriptedModel, Workload, scripted_model, step_file
-from test_real_sessions import README_ARGS, STEPS, Session
+
+from tests.external.test_real_sessions import README_ARGS, STEPS, Session
 
 pytestmark = pytest.mark.slow
 

@@ -19,13 +19,13 @@ from pathlib import Path
 
 from conftest import wait_for
 from daemon_harness import NULL_AGENT, in_process_config
-from test_resources import fill, small_tmpfs
-from test_shim_lease import SHIM
 
 from heartbeat.daemon import Daemon
 from heartbeat.launchers.base import read_exit_file
 from heartbeat.store.files import FileStore
 from heartbeat.tasks import verbs as tasks
+from tests.system.test_resources import fill, small_tmpfs
+from tests.system.test_shim_lease import SHIM
 
 SLEEPY = f"""[launchers.sleepy]
 type = "exec"

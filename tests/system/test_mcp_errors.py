@@ -8,7 +8,8 @@ from typing import Any
 
 from conftest import Result
 from mcp import Client
-from test_mcp import run_client, text_of
+
+from tests.system.test_mcp import run_client, text_of
 
 
 def test_arguments_that_do_not_match_the_schema_are_one_line(hb: Callable[..., Result], state_dir: Path) -> None:

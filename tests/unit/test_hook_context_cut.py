@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_hook_context import CONSTRAINTS, big_task, load
-
 from heartbeat.integrations.hooks import context_length, session_context
 from heartbeat.model import defaults
 from heartbeat.store.files import FileStore
+from tests.external.test_hook_context import CONSTRAINTS, big_task, load
 
 
 def test_a_long_intent_is_cut_and_the_constraints_and_step_kept(tmp_path: Path) -> None:
