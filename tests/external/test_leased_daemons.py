@@ -549,7 +549,7 @@ class TestFrozenWriter:
         b.start()
         code = textwrap.dedent(f"""
             import os, signal, sys
-            from heartbeat import defaults
+            from heartbeat.model import defaults
             defaults.PG_IDLE_IN_TRANSACTION_TIMEOUT = 2.0
             from heartbeat.store.postgres.store import PostgresStore
             store = PostgresStore({a.url!r})

@@ -343,12 +343,22 @@ class TestClientVersion2:
 
     def test_an_answer_cut_short_is_an_error_never_a_partial_baton(self, short_root: Path,
                                                                    capfd: pytest.CaptureFixture[str]) -> None:
-        """An answer announcing more standard output than arrived is exit 1 saying so; nothing is printed."""
+        """An answer announcing more standard output than arrived prints nothing of it: a read (``show``)
+        is then run in the agent's own process (None: nothing was written, so nothing can land twice),
+        a write's is exit 1 saying so."""
         from heartbeat.hotpath import relay
 
         fake = FakeDaemon(short_root / "s", relay.greeting(self.URL), b"0 100\nstep = ")
         try:
-            assert relay.forward(["show", "t1"], self.env(short_root / "s")) == 1
+            assert relay.forward(["show", "t1"], self.env(short_root / "s")) is None
+        finally:
+            fake.close()
+        out, err = capfd.readouterr()
+        assert out == "" and err == ""
+        (short_root / "s" / "daemon.sock").unlink()
+        fake = FakeDaemon(short_root / "s", relay.greeting(self.URL), b"0 100\nstep = ")
+        try:
+            assert relay.forward(["set", "t1", "step=x"], self.env(short_root / "s")) == 1
         finally:
             fake.close()
         out, err = capfd.readouterr()
