@@ -42,6 +42,7 @@ only on a store that offers leases (:func:`for_store`).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -122,6 +123,9 @@ class Lease:
         self._lock_state = "held"
         self._taking = False
         self._lock = threading.Lock()
+        self._renewing = threading.Lock()
+        """Held by the renewal in flight: one at a time (the loop's :meth:`acting` and the renewal job
+        both renew; two at once doubled a loaded host's renewal work and so its delay)."""
         self._supervised: dict[str, tuple[int | None, Owner | None]] = {}
         """Task id -> (epoch, owner) of this host's agents; (None, None) for a task claimed and not yet dispatched."""
         self._renewed_at: float | None = None
@@ -165,14 +169,25 @@ class Lease:
 
     # -- renewal -------------------------------------------------------------------------
 
-    def renew(self, running: int | None = None) -> bool:
+    def renew(self, running: int | None = None, *, unless_since: float | None = None) -> bool:
         """One statement: renew this host's row and the lease of every task it supervises.
 
         Returns True when the database answered and the host's row is still this daemon's. A
         supervised task whose lease did not renew has moved on (taken over): its agent is
         stopped, nothing written for it. A host row that another daemon took makes this one
-        stand down (:meth:`_stand_down`).
+        stand down (:meth:`_stand_down`). One renewal at a time: a caller that saw the last
+        renewal start at ``unless_since`` waits for the one in flight and renews only if none
+        succeeded since.
         """
+        with self._renewing:
+            if unless_since is not None:
+                with self._lock:
+                    at = self._renewed_at
+                if at is not None and at > unless_since:
+                    return not self.stood_down
+            return self._renew(running)
+
+    def _renew(self, running: int | None) -> bool:
         if self.stood_down:
             return False
         self._keep_lock()
@@ -259,7 +274,7 @@ class Lease:
         with self._lock:
             at = self._renewed_at
         if at is None or time.monotonic() - at > self.interval:
-            self.renew()
+            self.renew(unless_since=-math.inf if at is None else at)
         return not self.stood_down and not self._take[0]
 
     # -- the host's identity ---------------------------------------------------------------
@@ -424,7 +439,7 @@ class Lease:
         with self._lock:
             at = self._renewed_at
         if at is None or time.monotonic() - at > self.interval:
-            self.renew()
+            self.renew(unless_since=-math.inf if at is None else at)
         return self.healthy()
 
     def claim(self, ids: Sequence[str], limit: int | None = None) -> list[str]:

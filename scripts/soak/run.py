@@ -240,6 +240,13 @@ class Soak(DaemonControl, Workload, Faults, Plants, Rivals, Judge):
         for task in list(self.checker.garbage):
             self.restore_garbage(task, force=True)
         if self.config_broken:
+            # A broken SIGHUP still unanswered (a daemon in its first pass answers it seconds
+            # later) would read the good config written here and answer "reloaded": wait for it.
+            deadline = time.monotonic() + 10.0
+            while self.hup_expect and self.daemon_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+                self.read_log()
+                self.check_hups()
             self.write_config()
             if self.daemon_alive():
                 self.hup(broken=False)

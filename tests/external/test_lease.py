@@ -227,6 +227,45 @@ class TestRenew:
         (row,) = list_hosts(a.store)
         assert (row.host, row.state, row.running) == ("host-a", "live", 2)
 
+    def test_a_pass_that_finds_a_renewal_in_flight_waits_for_it_instead_of_renewing_beside_it(
+            self, hosts: dict[str, _Host]) -> None:
+        """The loop's acting() while the renewal job's statement is slow (a busy CPU): it waits for that
+        renewal and renews no second time beside it (the unfixed loop started its own renewal each pass
+        on a loaded host, two at once, each rewriting every agent's lease file: the delay doubled)."""
+        a = hosts["host-a"]
+        a.lease.renew()
+        real = a.store.renew_leases
+        inside = threading.Event()
+        release = threading.Event()
+        calls: list[str] = []
+        at_once = [0, 0]  # (in flight now, most ever)
+
+        def slow(renewal: Any) -> Any:
+            at_once[0] += 1
+            at_once[1] = max(at_once)
+            calls.append(threading.current_thread().name)
+            try:
+                inside.set()
+                release.wait(10)
+                return real(renewal)
+            finally:
+                at_once[0] -= 1
+
+        a.store.renew_leases = slow  # type: ignore[method-assign]
+        time.sleep(a.lease.interval * 2)  # the last renewal is older than the interval: a pass renews first
+        job = threading.Thread(target=a.lease.renew, name="job")
+        job.start()
+        assert inside.wait(10)
+        acted: list[bool] = []
+        loop = threading.Thread(target=lambda: acted.append(a.lease.acting()), name="loop")
+        loop.start()
+        loop.join(timeout=0.5)  # long enough for an unfixed second renewal to be under way
+        release.set()
+        job.join(timeout=10)
+        loop.join(timeout=10)
+        assert acted == [True]
+        assert (calls, at_once[1]) == (["job"], 1)
+
     def test_a_lease_taken_over_does_not_renew_and_its_agent_is_stopped(self, hosts: dict[str, _Host],
                                                                        pg_url: str) -> None:
         """After another host took the task over, the old host's renewal misses it, stops its agent and

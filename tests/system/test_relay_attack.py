@@ -234,12 +234,15 @@ class TestSameErrors:
             conn.sendall(relay.GREETING)
             got.append(conn.recv(65536))
 
-        thread = threading.Thread(target=greet_and_hold, daemon=True)
-        thread.start()
         env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTBEAT_")}
         env.update(HEARTBEAT_STATE_DIR=str(state), HEARTBEAT_TASK="i1", HEARTBEAT_EPOCH="1")
+        # SIGINT as a terminal gives it: a suite started as a background job (`sh -c 'pytest &'`)
+        # passes SIGINT on ignored, and a Python started so never sees the Ctrl-C.
         proc = subprocess.Popen([sys.executable, "-m", "heartbeat", "set", "i1", "step=x"], env=env,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        thread = threading.Thread(target=greet_and_hold, daemon=True)  # (after the fork: no thread in it)
+        thread.start()
         try:
             thread.join(timeout=30)
             assert got and b"step=x" in got[0]
