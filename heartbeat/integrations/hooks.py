@@ -53,7 +53,7 @@ from datetime import datetime
 from typing import IO, TYPE_CHECKING, Any
 
 from heartbeat.model import defaults
-from heartbeat.model.errors import BadInput, HeartbeatError
+from heartbeat.model.errors import BadInput, HeartbeatError, NotFound
 from heartbeat.model.ledger import EventKind
 
 if TYPE_CHECKING:
@@ -489,7 +489,8 @@ def run_hook(
         return result.code
     except HeartbeatError as exc:
         print(f"heartbeat hook: {exc}", file=stderr)
-        _refuse_unchecked(event if "event" in locals() else {}, env, stdout, str(exc))
+        if not isinstance(exc, NotFound):  # (no such task: nothing the rail holds)
+            _refuse_unchecked(event if "event" in locals() else {}, env, stdout, str(exc))
     except Exception as exc:  # a hook must never break the agent it serves
         text = " ".join(str(exc).split())[:300]
         print(f"heartbeat hook: internal error: {type(exc).__name__}: {text}", file=stderr)

@@ -357,11 +357,11 @@ class TestHostileClients:
 
             base_sockets, base_threads = sockets(), threads()
             ticks = events(h, "tick")
-            valid = relay.encode_request(["add", "h1", "done", "item"], env)
-            assert valid is not None
-            sends = [b"", b"5\n\xff\xfe\0ab", b"100\nabc", b"x" * 40, b"%d\n" % (relay.MAX_REQUEST + 1), valid]
-            for _ in range(40):
-                for payload in [None, *sends]:
+            hostile = [b"", b"5\n\xff\xfe\0ab", b"100\nabc", b"x" * 40, b"%d\n" % (relay.MAX_REQUEST + 1)]
+            for i in range(40):  # (distinct items: `add ID done X` appends no duplicate)
+                valid = relay.encode_request(["add", "h1", "done", f"item {i}"], env)
+                assert valid is not None
+                for payload in [None, *hostile, valid]:
                     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                         sock.settimeout(10)
                         sock.connect(path)
@@ -376,7 +376,7 @@ class TestHostileClients:
                                 pass
                         except ConnectionResetError:
                             pass  # dropped with bytes of ours unread
-            assert h.baton("h1").done == ["item"] * 40
+            assert h.baton("h1").done == [f"item {i}" for i in range(40)]
             # Sockets exactly (a client thread left behind holds its connection); threads with room
             # for the scheduler's pool, which starts workers lazily (up to 10) when ticks overlap
             # on a loaded machine (CI once saw the count stay above a baseline taken too early).
