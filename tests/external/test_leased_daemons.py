@@ -513,9 +513,11 @@ class TestOneHostId:
             a.wait(lambda: a.proc is not None and a.proc.poll() is not None, "the displaced daemon exiting",
                    timeout=30)
             assert a.proc.returncode == 1
+            # m1's agent is stopped: by this daemon's fence (fenced_agent_stopped), or already by its own
+            # shim, whose lease watch stops an agent whose host's lease lapsed before the daemon wakes
             stopped = a.lines("fenced_agent_stopped")
-            assert [e["task"] for e in stopped] == ["m1"] and stopped[0]["gone"] is True, json.dumps(
-                [e for e in a.log()[resumed:] if e.get("event") not in ("tick",)])[:3000]
+            assert [e["task"] for e in stopped] in (["m1"], []) and all(e["gone"] is True for e in stopped), \
+                json.dumps([e for e in a.log()[resumed:] if e.get("event") not in ("tick",)])[:3000]
             now = a.live_agents()
             assert "m1" not in now and now.get("m2") == old["m2"]
             acted = [e for e in a.log()[resumed:] if e.get("event") in ("dispatched", "launched", "exited", "raced")
