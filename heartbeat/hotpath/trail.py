@@ -213,15 +213,28 @@ def _cut(path: str, max_bytes: int) -> None:
 def record_start(path: str, event: Mapping[str, Any], *, now: float | None = None) -> None:
     """A ``PreToolUse``: the call starts (its outcome unknown until its ``end``)."""
     tool, what = describe(event)
-    append(path, {"ev": "start", "t": round(time.time() if now is None else now, 3),
-                  "id": _key(event, tool, what), "tool": tool, "what": what})
+    key = _key(event, tool, what)
+    if not _seen(path, "start", event, key):
+        append(path, {"ev": "start", "t": round(time.time() if now is None else now, 3),
+                      "id": key, "tool": tool, "what": what})
 
 
 def record_end(path: str, event: Mapping[str, Any], *, now: float | None = None) -> None:
     """A ``PostToolUse`` (or ``PostToolUseFailure``): the call returned, ok or with an error."""
     tool, what = describe(event)
-    append(path, {"ev": "end", "t": round(time.time() if now is None else now, 3),
-                  "id": _key(event, tool, what), "ok": _ok(event)})
+    key = _key(event, tool, what)
+    if not _seen(path, "end", event, key):
+        append(path, {"ev": "end", "t": round(time.time() if now is None else now, 3), "id": key, "ok": _ok(event)})
+
+
+def _seen(path: str, ev: str, event: Mapping[str, Any], key: str) -> bool:
+    """Whether this very call (its CLI's ``tool_use_id``) was already recorded: two hook sources (the
+    preset's ``--settings`` and a ``hooks install`` in the workdir) fire for one call, and count once."""
+    call_id = event.get("tool_use_id") or event.get("call_id")
+    if not (isinstance(call_id, str) and call_id):
+        return False
+    lines, _ = _lines(path, defaults.TRAIL_DEDUP_TAIL)
+    return any(line.get("ev") == ev and line.get("id") == key for line in lines)
 
 
 def record_session(path: str, source: str, *, now: float | None = None) -> None:

@@ -487,10 +487,12 @@ def run_hook(
             stdout.flush()
         _after_the_answer(result.after)
         return result.code
+    except NotFound as exc:  # no such task: nothing the rail holds, nothing to say at every tool call
+        if _str(event if "event" in locals() else {}, "hook_event_name") not in _TOOL_EVENTS:
+            print(f"heartbeat hook: {exc}", file=stderr)
     except HeartbeatError as exc:
         print(f"heartbeat hook: {exc}", file=stderr)
-        if not isinstance(exc, NotFound):  # (no such task: nothing the rail holds)
-            _refuse_unchecked(event if "event" in locals() else {}, env, stdout, str(exc))
+        _refuse_unchecked(event if "event" in locals() else {}, env, stdout, str(exc))
     except Exception as exc:  # a hook must never break the agent it serves
         text = " ".join(str(exc).split())[:300]
         print(f"heartbeat hook: internal error: {type(exc).__name__}: {text}", file=stderr)

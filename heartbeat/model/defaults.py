@@ -436,3 +436,6 @@ LOGS_FOLLOW_POLL = 0.5
 
 STATUS_WATCH_INTERVAL = 2.0
 """Seconds between redraws of ``heartbeat status --watch`` when no interval is given."""
+
+TRAIL_DEDUP_TAIL = 8 * 1024
+"""Bytes at a trail's end read to see whether a tool call (by its ``tool_use_id``) was recorded already."""

@@ -518,8 +518,11 @@ class TestOneHostId:
             stopped = a.lines("fenced_agent_stopped")
             assert [e["task"] for e in stopped] in (["m1"], []) and all(e["gone"] is True for e in stopped), \
                 json.dumps([e for e in a.log()[resumed:] if e.get("event") not in ("tick",)])[:3000]
+            # m2's agent is the displacing daemon's to keep, unless its lease file (this daemon's, whose
+            # renewals stopped) lapsed first: then its shim stopped it too, as on any host frozen past
+            # its ttl. Never is an agent of a moved-on task left running.
             now = a.live_agents()
-            assert "m1" not in now and now.get("m2") == old["m2"]
+            assert "m1" not in now and now.get("m2") in (old["m2"], None)
             acted = [e for e in a.log()[resumed:] if e.get("event") in ("dispatched", "launched", "exited", "raced")
                      or (e.get("event") == "decision" and e.get("action") != "nothing")]
             assert acted == [], json.dumps(acted)[:2000]
