@@ -91,6 +91,7 @@ TASK_TEXT = ("Fix the empty responses in the fallback path. Do these steps in or
 PROMPT = (TASK_TEXT + " First read fix_plan.md (the plan: check each step's box when it is done) and NOTES.md "
           "(constraints and BLOCKED/UNBLOCKED lines from the person: obey them; stop if the last is BLOCKED). "
           "Keep both up to date.")
+LOOP_NOTES = ("fix_plan.md", "NOTES.md")
 RATE_LIMIT = {"status": 429, "retry_after": 2, "times": 2}
 TIMEOUT = 900.0
 
@@ -111,6 +112,7 @@ class Arm:
     input_tokens: int = 0
     output_tokens: int = 0
     steps_done: list[str] = field(default_factory=list)
+    zombie_what: list[str] = field(default_factory=list)
 
 
 class Schedule:
@@ -197,9 +199,12 @@ class Schedule:
                                          and self.blocked_at <= e["t"] < until)
         if self.taken_at is not None:
             zombies = self.zombie_sessions(self.taken_at)
-            arm.zombie_effects = sum(1 for e in record if e["event"] in ("step_done", "touched", "effect")
-                                     and not e.get("error") and e["t"] >= self.taken_at
-                                     and e.get("session") in zombies)
+            # (the loop's own notes, fix_plan.md and NOTES.md, are its note, not side effects: as heartbeat's are)
+            arm.zombie_what = [e.get("step") or e.get("command") or e.get("path", "") for e in record
+                               if e["event"] in ("step_done", "touched", "effect") and not e.get("error")
+                               and e["t"] >= self.taken_at and e.get("session") in zombies
+                               and Path(e.get("path", "")).name not in LOOP_NOTES]
+            arm.zombie_effects = len(arm.zombie_what)
         served = [r for r in self.model.requests() if r.get("path", "").startswith("/v1/messages")]
         arm.requests = len(served)
         arm.input_tokens = sum(int(r.get("input_tokens", 0)) for r in served)
