@@ -15,7 +15,8 @@ What it does, each request, from the conversation alone:
 2. Work: for the first step of :attr:`Workload.steps` not done, any silent working turns
    (``sleep`` through the shell tool, no note), then the step's work with the edit tool
    (``Write``) to ``steps/NN.txt``, plus :attr:`Workload.touches` of that step unless a
-   constraint it has seen says "Do not touch PATH".
+   constraint it has seen says "Do not touch PATH" (any other wording it loses: a careless
+   model), or a refusal of that write named PATH (then it leaves the file alone and goes on).
 3. Keep the note with the brief's exact commands: ``heartbeat add ID done "STEP"`` and
    ``heartbeat set ID step="NEXT" next_step="AFTER"``; at the end ``heartbeat done ID
    --note "..."`` and a last text.
@@ -411,7 +412,14 @@ class Brain:
         for probe in controls.probes:
             if probe not in issued:
                 return _shell("Probe", probe)
-        refused = [c for c in conv.calls if c.kind == "write" and _refused_or_none(conv.results.get(c.id))]
+        extras = {os.path.join(cwd, x): x for x in self.workload.touches.values()}
+        # A refusal that names an extra file's path reminds the model of the constraint it lost: it
+        # leaves the file alone and goes on (a real model reads "protected by ..." the same way).
+        guarded = {extras[c.path] for c in conv.calls if c.kind == "write" and c.path in extras
+                   and _refused_or_none(conv.results.get(c.id)) and extras[c.path] in conv.results[c.id].text}
+        forbidden |= guarded
+        refused = [c for c in conv.calls if c.kind == "write" and _refused_or_none(conv.results.get(c.id))
+                   and not (c.path in extras and extras[c.path] in guarded)]
         if refused:
             # A real agent stuck on something outside its control says so, with the brief's command.
             why = f"the CLI refused to write {os.path.relpath(refused[0].path, cwd)}"
@@ -470,7 +478,7 @@ class Brain:
                     else:
                         return _shell("Make the step's external call", effect, text=f"Calling out for {step}.")
             extra = self.workload.touches.get(step)
-            if extra and os.path.join(cwd, extra) not in issued:
+            if extra and (os.path.join(cwd, extra) not in issued or extra in guarded):
                 if extra in forbidden:
                     self.record.write("skipped_touch", call=f"skip-{index}-{conv.session}", step=step, path=extra)
                 else:
