@@ -122,8 +122,10 @@ _OWN_MCP = ("mcp__heartbeat__", "mcp__plugin_heartbeat_heartbeat__")
 names a plugin's tools ``mcp__plugin_<plugin>_<server>__<tool>``)."""
 _SHELL_META = re.compile(r"[;&|`$<>\n\r(){}]")
 _CHAIN = re.compile(r"\s*(?:&&|\|\||[;|\n])\s*")
-_PATCH_FILE = re.compile(r"^\*\*\* (?:Add|Update|Delete) File: (.+)$", re.MULTILINE)
-_PATH_KEYS = ("file_path", "path", "notebook_path")
+_PATCH_FILE = re.compile(r"^\*\*\* (?:(?:Add|Update|Delete) File|Move to): (.+)$", re.MULTILINE)
+_PATH_KEYS = ("file_path", "path", "notebook_path", "destination", "source", "target", "file", "new_path",
+              "old_path")
+"""The keys a write tool (Claude Code's, codex's, an MCP server's) names its files under."""
 _SHELL_TOOLS = frozenset({"Bash", "shell", "local_shell", "exec_command", "container.exec", "unified_exec"})
 
 
@@ -148,7 +150,11 @@ def tool_call(event: Mapping[str, Any]) -> ToolCall:
     cut = _too_long(command) or any(_too_long(tool_input.get(k)) for k in _PATH_KEYS)
     command = _text(command)
     paths = [p for p in (_text(tool_input.get(k)) for k in _PATH_KEYS) if p]
-    patch = command if tool == "apply_patch" or "*** Begin Patch" in command else _text(tool_input.get("patch"))
+    listed = tool_input.get("paths")
+    if isinstance(listed, list):
+        paths += [_text(p) for p in listed[:64] if isinstance(p, str) and p]
+    patch = (command if tool == "apply_patch" or "*** Begin Patch" in command else "") or \
+        _text(tool_input.get("patch")) or _text(tool_input.get("input"))
     if patch:
         paths += [m.strip() for m in _PATCH_FILE.findall(patch)]
         if tool == "apply_patch":

@@ -131,3 +131,23 @@ class TestALostRelayAnswer:
     def test_the_hook_waits_less_for_the_rail_than_its_cli_waits_for_the_hook(self) -> None:
         """A slow daemon is left before the agent CLI's hook timeout lets the call go on by itself."""
         assert defaults.RAIL_REPLY_TIMEOUT < defaults.HOOK_TIMEOUT
+
+
+class TestWriteTargets:
+    @pytest.mark.parametrize(("what", "event"), [
+        ("an apply_patch that moves a file onto it",
+         {"tool_name": "apply_patch", "tool_input": {"command": "*** Begin Patch\n*** Update File: a.txt\n"
+                                                                "*** Move to: config/prod.toml\n*** End Patch"}}),
+        ("a patch under tool_input.input", {"tool_name": "apply_patch",
+                                            "tool_input": {"input": "*** Begin Patch\n*** Add File: config/prod.toml"}}),
+        ("an MCP move's destination", {"tool_name": "mcp__fs__move_file",
+                                       "tool_input": {"source": "x", "destination": "config/prod.toml"}}),
+        ("an MCP tool's list of paths", {"tool_name": "mcp__fs__write_many",
+                                         "tool_input": {"paths": ["ok.txt", "config/prod.toml"]}}),
+    ])
+    def test_every_named_target_is_read(self, what: str, event: dict) -> None:
+        """Write targets the rail did not read (the attack's finding 7) are protected like a Write's."""
+        from heartbeat.tasks.rail import tool_call
+
+        call = tool_call({"hook_event_name": "PreToolUse", "cwd": WORK, **event})
+        assert decide(call, view()).rule is Rule.PROTECTED, what
