@@ -298,7 +298,7 @@ out, task = sys.argv[1], os.environ.get("HEARTBEAT_TASK", "")
 with open(out, "a") as handle:
     handle.write(f"start {task or '-'} {started}\\n")
 if task:  # move the step, so the exit is a shift end and the successor is due at once
-    from heartbeat import tasks
+    from heartbeat.tasks import verbs as tasks
     from heartbeat.store import open_store
     store = open_store(os.environ["HEARTBEAT_STATE_DIR"])
     tasks.set_fields(store, task, {"step": f"step {os.environ['HEARTBEAT_EPOCH']}"},

@@ -488,8 +488,14 @@ def run_hook(
         _after_the_answer(result.after)
         return result.code
     except NotFound as exc:  # no such task: nothing the rail holds, nothing to say at every tool call
-        if _str(event if "event" in locals() else {}, "hook_event_name") not in _TOOL_EVENTS:
+        seen = event if "event" in locals() else {}
+        if _str(seen, "hook_event_name") not in _TOOL_EVENTS:
             print(f"heartbeat hook: {exc}", file=stderr)
+        elif _str(seen, "hook_event_name") == "PreToolUse":
+            try:  # the call goes on: its trail says it started
+                _trail_hook(seen, env, state_dir, task)
+            except (HeartbeatError, OSError) as failed:  # (a FIFO planted as the trail: one line)
+                print(f"heartbeat hook: {failed}", file=stderr)
     except HeartbeatError as exc:
         print(f"heartbeat hook: {exc}", file=stderr)
         _refuse_unchecked(event if "event" in locals() else {}, env, stdout, str(exc))

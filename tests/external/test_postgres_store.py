@@ -66,7 +66,7 @@ class TestCrashConsistency:
         flag = tmp_path / "in-transaction"
         child = _child(f"""
             import time
-            from heartbeat.store import postgres
+            from heartbeat.store.postgres import store as postgres
             original = postgres.append_events
             def append_then_hang(conn, events):
                 original(conn, events)

@@ -258,6 +258,6 @@ class TestWithoutTheSdk:
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                               env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir)), stdin=subprocess.DEVNULL)
         assert proc.returncode == 2
-        root = Path(__file__).resolve().parent.parent
+        root = Path(__file__).resolve().parents[2]
         assert proc.stderr == (f"heartbeat: mcp needs the MCP SDK 2.x (the mcp extra): {sys.executable} -m pip "
                                f"install -e '{root}[mcp]'\n")
