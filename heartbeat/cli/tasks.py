@@ -245,6 +245,9 @@ def cmd_needs(args: argparse.Namespace) -> int:
     check_id(args.id)
     store = _store(args, read=not (args.pin or args.drop))
     if args.pin or args.drop:
+        from heartbeat.tasks.write import refuse_agent_force
+
+        refuse_agent_force(args.id, what="pin or drop a need")
         needs.pin(store, args.id, pin_parts=needs.parse_parts(args.pin or [], field="--pin") if args.pin else [],
                   drop_parts=needs.parse_parts(args.drop or [], field="--drop") if args.drop else [],
                   by=args.by or _login())

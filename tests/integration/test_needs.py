@@ -133,6 +133,10 @@ class TestForce:
         assert result.err.count("\n") == 1
         assert json.loads(ok(hb("show", "up", "--json")).out)["meta"]["status"] == "active"
         assert _events(hb, "up", "done_forced") == []
+        dropped = hb("needs", "down", "--drop", "rejected", env=env)  # nor step around it by dropping it
+        assert dropped.code == 2 and "an agent cannot pin or drop a need" in dropped.err
+        assert _events(hb, "down", "need_dropped") == []
+        assert hb("done", "up", env=env).code == 4
 
 
 class TestLearned:
