@@ -509,7 +509,11 @@ def finish(store: Store, task_id: str, *, note: str = "", epoch: int | None = No
         ed.baton.meta.snooze_until = None
         ed.event(EventKind.DONE, note=note)
         ed.event(handoff.HANDED_OFF, **handoff.build_package(store, ed.baton, note=note))
-    needs.learn(store, [task_id], actor=actor)  # with learn_from "missing", an empty part teaches too
+    # A new handoff can teach only with learn_from "missing" (its empty parts): re-derived parts are
+    # learned when the downstream records them, and a clean handoff only ever lowers a count.
+    config = needs.configured_handoff()
+    if config.learn and "missing" in config.learn_from:
+        needs.learn(store, [task_id], config, actor=actor)
     return ed.baton
 
 
