@@ -251,6 +251,16 @@ MAX_COMPACTIONS_PER_SESSION = 3
 """With ``session = "resume"``: a session compacted this often (``compacting`` events in the
 ledger) is not resumed; its context is more summary than work, and the brief is better."""
 
+ANSWER_MAX_RUNTIME = 900.0
+"""Seconds an upstream's resumed session may spend answering a question before it is stopped
+(the launcher's own ``max_runtime`` when shorter) and the question goes to a person."""
+
+ANSWER_HANG = 300.0
+"""Seconds an answering run's output may stay silent before it is stopped as hung."""
+
+ANSWER_MAX_CHARS = 4000
+"""Characters of an answering run's final text kept as the answer (the rest is cut, and said so)."""
+
 CODEX_MAX_RUNTIME = 7200.0
 """The ``codex`` preset's ``max_runtime``: without a network Codex retries forever."""
 

@@ -74,6 +74,12 @@ class EventKind(StrEnum):
     COMPACTED = "compacted"
     TAKEN_OVER = "taken_over"
     RAIL_REFUSED = "rail_refused"
+    ANSWER_STARTED = "answer_started"
+    """The daemon resumed an upstream's session to answer a downstream's question (on the upstream)."""
+    ANSWER_RUN = "answer_run"
+    """That answering run ended: its ``outcome`` (answered, answered_from_result, failed, stopped, lost)."""
+    QUESTION_READDRESSED = "question_readdressed"
+    """A question to an upstream was given to a person instead (on the asker; ``reason``: one line)."""
 
 
 @dataclass
