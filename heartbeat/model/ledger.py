@@ -74,6 +74,9 @@ class EventKind(StrEnum):
     COMPACTED = "compacted"
     TAKEN_OVER = "taken_over"
     RAIL_REFUSED = "rail_refused"
+    ASKED = "asked"
+    ANSWERED = "answered"
+    QUESTION_ESCALATED = "question_escalated"
 
 
 @dataclass
