@@ -449,3 +449,16 @@ STATUS_WATCH_INTERVAL = 2.0
 
 TRAIL_DEDUP_TAIL = 8 * 1024
 """Bytes at a trail's end read to see whether a tool call (by its ``tool_use_id``) was recorded already."""
+
+QUESTION_WAIT = 1800.0
+"""Seconds a question across the seam may wait unanswered before it escalates to a person
+(``[daemon] question_wait``; 0: never)."""
+
+MAX_QUESTIONS = 64
+"""Questions one baton may hold (``[[questions]]``, answered ones included)."""
+
+MAX_QUESTION_CHARS = 4000
+"""The longest question, in characters; a longer one is refused with one line."""
+
+MAX_ANSWER_CHARS = 16000
+"""The longest answer, in characters; a longer one is refused with one line."""
