@@ -411,6 +411,7 @@ class _Parser:
             inactive_grace=self.duration(doc, "inactive_grace", p, defaults.INACTIVE_GRACE, positive=False),
             max_limit_wait=self.duration(doc, "max_limit_wait", p, defaults.MAX_LIMIT_WAIT),
             max_cost_usd=self.money(doc, "max_cost_usd", p, defaults.MAX_COST_USD),
+            question_wait=self.duration(doc, "question_wait", p, defaults.QUESTION_WAIT, positive=False),
             sweep_every=self.duration(doc, "sweep_every", p, defaults.SWEEP_EVERY, positive=False),
             relay=self.boolean(doc, "relay", p, True),
             log_format=self.string(doc, "log_format", p, "auto", ("auto", "json", "console")),

@@ -102,6 +102,8 @@ class DaemonConfig:
     """The longest a task waits for a rate or usage limit to reset before it is escalated."""
     max_cost_usd: float = defaults.MAX_COST_USD
     """What one task's runs may cost in all before it is escalated (0: no budget)."""
+    question_wait: float = defaults.QUESTION_WAIT
+    """How long a question across the seam waits unanswered before it escalates to a person (0: never)."""
     sweep_every: float = defaults.SWEEP_EVERY
     relay: bool = True
     log_format: str = "auto"

@@ -27,6 +27,7 @@ from heartbeat.daemon.act import Actor
 from heartbeat.daemon.changes import ChangeFeed
 from heartbeat.daemon.leased import LeasePart
 from heartbeat.daemon.observe import EntryStatuses, Observer, StatusLookup
+from heartbeat.daemon.overdue import OverdueQuestions
 from heartbeat.daemon.shared import Shared
 from heartbeat.daemon.vitals import VITALS_FILE, Vitals
 from heartbeat.daemon.watch import Watcher
@@ -115,6 +116,7 @@ class Loop:
         lease: LeasePart | None,
         changes: ChangeFeed,
         vitals: Vitals,
+        overdue: OverdueQuestions,
         on_step: Callable[[float], None],
     ) -> None:
         self.shared = shared
@@ -127,6 +129,8 @@ class Loop:
         self.watcher = watcher
         self.lease = lease
         """Leases on a store shared by daemons on many hosts (:mod:`.leased`); None on the file store."""
+        self.overdue = overdue
+        """Escalates the questions across the seam nobody answered within ``question_wait``."""
         self.changes = changes
         """Which tasks the watcher reported since the last pass, and when a pass sweeps every baton."""
         self.steps = StepWatch(self.clock)
@@ -205,6 +209,7 @@ class Loop:
             only, entries, statuses = self._scan(now)
             counts, wants, running_batons, gate_paths = self._look_at_tasks(entries, statuses, now)
             self.dispatch(wants, now)
+            self.overdue.pass_(entries, now)
             self._end_pass(counts, running_batons, gate_paths)
         self.watcher.update_gate_watches()
         self._report_pass(counts, started, reads=self.store.reads - reads, tasks=len(entries), sweep=only is None)

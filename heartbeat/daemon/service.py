@@ -32,6 +32,7 @@ from heartbeat.daemon.changes import ChangeFeed
 from heartbeat.daemon.core import Loop
 from heartbeat.daemon.leased import lease_part, renew_interval
 from heartbeat.daemon.observe import Observer
+from heartbeat.daemon.overdue import OverdueQuestions
 from heartbeat.daemon.pokes import Pokes
 from heartbeat.daemon.shared import Shared, logger, open_daemon_store
 from heartbeat.daemon.vitals import Vitals
@@ -103,7 +104,8 @@ class Daemon:
         changes = ChangeFeed(config.daemon.sweep_every)
         self.watcher = Watcher(self.shared, changes, on_missed=self._tick_soon)
         self.loop = Loop(self.shared, observer=self.observer, actor=self.actor, watcher=self.watcher,
-                         lease=self.lease, changes=changes, vitals=vitals, on_step=self._rearm)
+                         lease=self.lease, changes=changes, vitals=vitals,
+                         overdue=OverdueQuestions(self.shared, self.actor), on_step=self._rearm)
 
     # -- life cycle --------------------------------------------------------------------
 

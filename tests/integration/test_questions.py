@@ -306,3 +306,85 @@ class TestCli:
         assert hb("answer", "critic", "q1", "because").code == 0
         _one_line(hb("answer", "critic", "q1", "again"), 5, "answered already")
         _one_line(hb("answer", "critic", "q7", "huh"), 2, "no question 'q7'")
+
+
+class TestDaemon:
+    """An in-process daemon ticked with an explicit `now`."""
+
+    @pytest.fixture
+    def daemon(self, tmp_path: Path):  # type: ignore[no-untyped-def]
+        from daemon_harness import NULL_AGENT, in_process_config
+
+        from heartbeat.daemon import Daemon
+
+        notes = tmp_path / "notified"
+        notify = (f'\n[notify.ops]\ncommand = ["sh", "-c", "printf \'%s|%s\\\\n\' \\"$0\\" \\"$1\\" >> {notes}", '
+                  f'"{{id}}", "{{reason}}"]\n')
+        state, config = in_process_config(tmp_path, daemon='question_wait = "30m"', launchers=NULL_AGENT + notify)
+        d = Daemon(config, store=FileStore(str(state)))
+        d.notes = notes  # type: ignore[attr-defined]
+        yield d
+        d.shutdown(timeout=5)
+
+    def _asked(self, d) -> None:  # type: ignore[no-untyped-def]
+        """build done, critic dispatched after it (epoch 1) and asking build why."""
+        tasks.new_task(d.store, "build", task="Build it", step="build", now=T0)
+        tasks.finish(d.store, "build", checks={})
+        tasks.new_task(d.store, "critic", task="Review it", step="review", after=["build"], now=T0)
+        with d.store.edit("critic") as ed:
+            ed.baton.meta.status, ed.baton.meta.gate, ed.baton.blocked_on = Status.ACTIVE, None, ""
+            ed.baton.meta.epoch = 1
+        qs.ask(d.store, "critic", "Why sqlite?", epoch=1, now=T0)
+
+    def test_a_held_task_is_not_dispatched_until_answered(self, daemon) -> None:  # type: ignore[no-untyped-def]
+        """Blocked on its question the task waits; answered, the next tick dispatches it."""
+        from conftest import wait_for
+
+        self._asked(daemon)
+        daemon.tick(now=T0 + timedelta(seconds=1))
+        assert not daemon.store.ledger.events("critic", kinds=[EventKind.DISPATCHED])
+        qs.answer(daemon.store, "critic", "q1", "One file.", by="person", now=T0 + timedelta(seconds=2))
+        daemon.tick(now=T0 + timedelta(seconds=3))
+        wait_for(lambda: daemon.store.ledger.events("critic", kinds=[EventKind.DISPATCHED]), message="dispatch")
+
+    def test_an_answer_written_by_hand_opens_the_gate(self, daemon) -> None:  # type: ignore[no-untyped-def]
+        """The daemon's gate sees an answer that came without `answer` (a hand edit) and lifts the gate."""
+        self._asked(daemon)
+        with daemon.store.edit("critic") as ed:
+            q = ed.baton.questions[0]
+            q.answer, q.answered_by, q.answered_at = "by hand", "person", T0
+        daemon.tick(now=T0 + timedelta(seconds=3))
+        unblocked = daemon.store.ledger.events("critic", kinds=[EventKind.UNBLOCKED])
+        assert unblocked and unblocked[-1].data["gate"] == "question:q1"
+
+    def test_an_unanswered_question_escalates_once(self, daemon) -> None:  # type: ignore[no-untyped-def]
+        """Past question_wait: question_escalated, re-addressed to a person, the notifier run once."""
+        from conftest import wait_for
+
+        self._asked(daemon)
+        daemon.tick(now=T0 + timedelta(minutes=29))
+        assert not daemon.store.ledger.events("critic", kinds=[EventKind.QUESTION_ESCALATED])
+        daemon.tick(now=T0 + timedelta(minutes=30))
+        daemon.tick(now=T0 + timedelta(minutes=31))
+        (event,) = daemon.store.ledger.events("critic", kinds=[EventKind.QUESTION_ESCALATED])
+        assert event.data["qid"] == "q1" and event.data["upstream"] == "build"
+        q = daemon.store.load("critic").questions[0]
+        assert q.to is QuestionTo.PERSON and q.escalated_at == T0 + timedelta(minutes=30)
+        assert daemon.store.load("critic").meta.status is Status.BLOCKED
+        notes = wait_for(lambda: daemon.notes.exists() and daemon.notes.read_text(), message="the notifier")
+        assert notes == "critic|question q1 to build unanswered for 30m: Why sqlite?\n"
+
+    def test_question_wait_zero_never_escalates(self, tmp_path: Path) -> None:
+        """question_wait = "0s" turns escalation off."""
+        from daemon_harness import in_process_config
+
+        from heartbeat.daemon import Daemon
+
+        state, config = in_process_config(tmp_path, daemon='question_wait = "0s"')
+        d = Daemon(config, store=FileStore(str(state)))
+        try:
+            self._asked(d)
+            d.tick(now=T0 + timedelta(days=3))
+            assert not d.store.ledger.events("critic", kinds=[EventKind.QUESTION_ESCALATED])
+        finally:
+            d.shutdown(timeout=5)
