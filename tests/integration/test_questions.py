@@ -388,3 +388,56 @@ class TestDaemon:
             assert not d.store.ledger.events("critic", kinds=[EventKind.QUESTION_ESCALATED])
         finally:
             d.shutdown(timeout=5)
+
+
+class TestWherePeopleAndAgentsLook:
+    def test_status_shows_the_wait_with_its_age(self, seam: FileStore, hb) -> None:  # type: ignore[no-untyped-def]
+        """`status` says "waiting on q1 to build, Nm"; `--json` lists the open question."""
+        with seam.edit("critic") as ed:
+            ed.baton.after = ["build"]
+        hb("ask", "critic", "Why sqlite?", env=AGENT)
+        with seam.edit("critic") as ed:  # asked twelve minutes ago
+            ed.baton.questions[0].asked_at -= timedelta(minutes=12)
+        text = hb("status").out
+        (line,) = [line for line in text.splitlines() if "critic" in line]
+        assert "blocked" in line and "[waiting on q1 to build, 12m" in line, text
+        import json
+
+        rows = {r["id"]: r for r in json.loads(hb("status", "--json").out)["tasks"]}
+        (q,) = rows["critic"]["questions"]
+        assert (q["id"], q["upstream"], q["waiting"], q["escalated"]) == ("q1", "build", True, False)
+        assert rows["critic"]["why"].startswith("waiting on q1 to build, 12m")
+
+    def test_show_lists_the_questions(self, seam: FileStore, hb) -> None:  # type: ignore[no-untyped-def]
+        """`show` (TOML and --json) holds every question with its answer."""
+        import json
+
+        hb("ask", "critic", "Why sqlite?", env=AGENT)
+        hb("answer", "critic", "q1", "One file.")
+        assert '[[questions]]\nid = "q1"' in hb("show", "critic").out
+        (q,) = json.loads(hb("show", "critic", "--json").out)["questions"]
+        assert (q["text"], q["answer"], q["answered_by"]) == ("Why sqlite?", "One file.", "person")
+
+    def test_the_next_brief_carries_the_exchange(self, seam: FileStore, hb) -> None:  # type: ignore[no-untyped-def]
+        """The asker's brief says what it asked and what came back, and offers `heartbeat ask`."""
+        hb("ask", "critic", "Why sqlite and not postgres?", env=AGENT)
+        hb("ask", "critic", "Who owns the schema?", "--to", "person", env=AGENT)
+        hb("answer", "critic", "q1", "One file, no server to run.", env=UP_AGENT)
+        brief = hb("brief", "critic").out
+        assert "## Questions you asked across the seam" in brief
+        assert "- You asked build (q1): Why sqlite and not postgres? - build answered: One file, no server to run." \
+            in brief
+        assert "- You asked a person (q2): Who owns the schema? - not answered yet (waiting on a person)" in brief
+        assert '`heartbeat ask critic "..."`' in brief
+
+    def test_the_hooks_context_carries_it_too(self, seam: FileStore) -> None:
+        """SessionStart's (and compaction's) context holds the exchange and the `ask` command, even when cut short."""
+        from heartbeat.integrations.hooks import session_context
+
+        qs.ask(seam, "critic", "Why sqlite?", epoch=1)
+        qs.answer(seam, "critic", "q1", "One file.", by="upstream:build")
+        with seam.edit("critic") as ed:
+            ed.baton.done = [f"step {i} " + "x" * 300 for i in range(40)]  # more than the hook's budget
+        text = session_context(seam.load("critic"), "compact", {})
+        assert "You asked build (q1): Why sqlite? - build answered: One file." in text
+        assert '`heartbeat ask critic "..."`' in text
