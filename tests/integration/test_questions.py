@@ -441,3 +441,58 @@ class TestWherePeopleAndAgentsLook:
         text = session_context(seam.load("critic"), "compact", {})
         assert "You asked build (q1): Why sqlite? - build answered: One file." in text
         assert '`heartbeat ask critic "..."`' in text
+
+
+def _page(store: FileStore, state_dir: Path, path: str) -> tuple[int, str]:
+    """GET ``path`` from the status page's ASGI app in this process (no server, no browser)."""
+    import asyncio
+
+    from heartbeat.web.app import build_app
+
+    app = build_app(store, state_dir=str(state_dir))
+    sent: list[dict] = []  # type: ignore[type-arg]
+
+    async def receive() -> dict:  # type: ignore[type-arg]
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:  # type: ignore[type-arg]
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "query_string": b"",
+             "headers": [(b"host", b"localhost")], "scheme": "http", "server": ("127.0.0.1", 80), "root_path": "",
+             "http_version": "1.1", "client": ("127.0.0.1", 1)}
+    asyncio.run(app(scope, receive, send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, body.decode()
+
+
+class TestPage:
+    def test_the_list_shows_open_questions_with_the_answer_command(self, seam: FileStore, hb,  # type: ignore[no-untyped-def]
+                                                                   state_dir: Path) -> None:
+        """/ lists each open question (hostile text escaped) with `heartbeat answer ...`; the task row says it waits."""
+        hb("ask", "critic", "<script>alert(1)</script> why?", env=AGENT)
+        status, html = _page(seam, state_dir, "/")
+        assert status == 200
+        block = html.split('<table id="questions">', 1)[1].split("</table>", 1)[0]
+        assert 'data-task="critic" data-qid="q1"' in block
+        assert "&lt;script&gt;alert(1)&lt;/script&gt; why?" in block and "<script>alert" not in html
+        assert 'heartbeat answer critic q1 &#34;...&#34;' in block or 'heartbeat answer critic q1 "..."' in block
+        assert '<span class="asking">waiting on q1 to build, ' in html
+
+    def test_escalated_and_answered_on_the_task_page(self, seam: FileStore, hb,  # type: ignore[no-untyped-def]
+                                                     state_dir: Path) -> None:
+        """/tasks/ID lists its questions: an escalated one badged, an answered one with its answer and who gave it."""
+        hb("ask", "critic", "Why sqlite?", env=AGENT)
+        hb("ask", "critic", "Who owns it?", "--to", "person", env=AGENT)
+        qs.escalate(seam, "critic", "q1")
+        hb("answer", "critic", "q2", "Ana does.", "--by", "ana")
+        status, html = _page(seam, state_dir, "/tasks/critic")
+        assert status == 200
+        block = html.split('<table id="questions">', 1)[1].split("</table>", 1)[0]
+        q1 = block.split('data-qid="q1"', 1)[1].split("</tr>", 1)[0]
+        q2 = block.split('data-qid="q2"', 1)[1].split("</tr>", 1)[0]
+        assert 'data-state="escalated"' in q1 and "heartbeat answer critic q1" in q1
+        assert "Ana does." in q2 and "person:ana" in q2
+        status, listing = _page(seam, state_dir, "/")
+        assert 'data-state="escalated">escalated</span>' in listing.split('<table id="questions">', 1)[1]
