@@ -40,7 +40,7 @@ from heartbeat.daemon.shared import Shared
 from heartbeat.launchers.base import ExitStatus, read_exit_file
 from heartbeat.model import defaults
 from heartbeat.model.baton import QID_PATTERN, Baton, GateKind, Owner, Question, QuestionTo, Status
-from heartbeat.model.errors import Conflict, HeartbeatError, NotFound
+from heartbeat.model.errors import BadInput, Conflict, HeartbeatError, NotFound
 from heartbeat.model.ledger import Event, EventKind
 from heartbeat.tasks import questions as qs
 
@@ -59,6 +59,7 @@ def answer_prompt(upstream: str, asker: str, question: Question, *, prefix: str 
         f"Your task {upstream!r} is done: answer from what you did and decided in this session; do not redo "
         "or change any work (heartbeat refuses every other tool call of a done task). Answer with\n\n"
         f"    {prefix} answer {asker} {question.id} \"YOUR ANSWER\"\n\n"
+        "(one plain command: the rail refuses one holding ; & | $ ` ( ) { } < > or a newline, even in quotes), "
         f"or end your turn with the answer as your last message: heartbeat hands it to {asker!r}.\n"
     )
 
@@ -288,36 +289,45 @@ class AnswerPart:
     def settle(self, run: AnswerRun, status: ExitStatus, now: datetime) -> None:
         """The run ended: its answer stands, its final text becomes the answer, or a person is asked."""
         sh = self.shared
-        self.runs.pop(run.key, None)
         info = self._result(run)
-        try:
+        try:  # (the store out of reach: raised, the run kept, settled by a later pass)
             baton = sh.store.load(run.asker)
             question = next((q for q in baton.questions if q.id == run.qid), None)
         except NotFound:
             question = None
-        how = f"exit {status.code}" if status.code is not None else f"killed by signal {status.signal}" \
-            if status.signal is not None else "an unknown end"
-        if question is None or not question.open:
-            outcome, reason = "answered", ""
-        elif run.stop_reason:
-            outcome, reason = "stopped", f"stopped: {run.stop_reason}"
-        elif info is not None and info.text and not info.is_error and status.code == 0:
-            try:
-                qs.answer(sh.store, run.asker, run.qid, info.text, by=f"{qs.UPSTREAM_BY}{run.upstream}", now=now)
-                outcome, reason = "answered_from_result", ""
-            except Conflict:  # answered meanwhile (a person)
-                outcome, reason = "answered", ""
-        else:
-            said = status.launch_error or (info.reason if info is not None and info.is_error else "")
-            if info is not None and info.resume_failed:
-                said = f"its session {run.session} could not be resumed" + (f" ({said})" if said else "")
-            reason = f"{how}: {said}" if said else f"{how}, with no answer"
-            outcome = "failed"
+        self.runs.pop(run.key, None)
+        outcome, reason = self._outcome(run, question, info, status, now)
         self._ended(run.upstream, run.asker, run.qid, run.session, outcome, now, reason=reason,
                     code=status.code, signal=status.signal, ran_s=round((now - run.started).total_seconds(), 3),
                     cost_usd=info.cost_usd if info is not None else None)
         if outcome in ("stopped", "failed"):
             self.readdress(run.asker, run.qid, f"{run.upstream}'s resumed session gave no answer ({reason})", now)
+
+    def _outcome(self, run: AnswerRun, question: Question | None, info: Any, status: ExitStatus,
+                 now: datetime) -> tuple[str, str]:
+        """How an ended run went (``answer_run``'s outcome and reason); its final text written as the
+        answer when it is one and the question is still open."""
+        if question is None:
+            return "asker_gone", f"{run.asker} or its {run.qid} is no longer in the store"
+        if not question.open:
+            return "answered", ""
+        if run.stop_reason:
+            return "stopped", f"stopped: {run.stop_reason}"
+        if info is not None and info.text and not info.is_error and status.code == 0:
+            try:
+                qs.answer(self.shared.store, run.asker, run.qid, info.text, by=f"{qs.UPSTREAM_BY}{run.upstream}",
+                          now=now)
+            except Conflict:  # answered meanwhile (a person)
+                return "answered", ""
+            except BadInput as exc:  # a final text no answer may hold
+                return "failed", f"its last message is no answer: {exc}"
+            return "answered_from_result", ""
+        how = f"exit {status.code}" if status.code is not None else f"killed by signal {status.signal}" \
+            if status.signal is not None else "an unknown end"
+        said = status.launch_error or (info.reason if info is not None and info.is_error else "")
+        if info is not None and info.resume_failed:
+            said = f"its session {run.session} could not be resumed" + (f" ({said})" if said else "")
+        return "failed", f"{how}: {said}" if said else f"{how}, with no answer"
 
     def unwatched(self, baton: Baton, question: Question, now: datetime) -> None:
         """A sent, open question no run of this daemon watches (a restart, or another host's run): an
