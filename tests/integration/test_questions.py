@@ -496,3 +496,38 @@ class TestPage:
         assert "Ana does." in q2 and "person:ana" in q2
         status, listing = _page(seam, state_dir, "/")
         assert 'data-state="escalated">escalated</span>' in listing.split('<table id="questions">', 1)[1]
+
+
+class TestMeasured:
+    def test_report_edges_counts_questions_and_time_to_answer(self, seam: FileStore, hb) -> None:  # type: ignore[no-untyped-def]
+        """report --edges: asked, answered, escalated and the mean time to answer on the build -> critic edge."""
+        import json
+
+        with seam.edit("critic") as ed:
+            ed.baton.after = ["build"]
+        qs.ask(seam, "critic", "one?", epoch=1, now=T0)
+        qs.ask(seam, "critic", "two?", epoch=1, now=T0)
+        qs.ask(seam, "critic", "three?", epoch=1, now=T0)
+        qs.answer(seam, "critic", "q1", "a", by="upstream:build", now=T0 + timedelta(seconds=60))
+        qs.answer(seam, "critic", "q2", "b", by="person", now=T0 + timedelta(seconds=180))
+        qs.escalate(seam, "critic", "q3", now=T0 + timedelta(minutes=30))
+        r = hb("report", "--edges", "--json")
+        assert r.code == 0, r.err
+        (edge,) = json.loads(r.out)["edges"]
+        assert (edge["asked"], edge["answered"], edge["escalated"], edge["time_to_answer_s"]) == (3, 2, 1, 120.0)
+        text = hb("report", "--edges").out
+        assert "ASKED" in text and "TO-ANSWER" in text and "120.0s" in text
+
+    def test_the_metrics_count_questions(self, seam: FileStore, state_dir: Path) -> None:
+        """/metrics: heartbeat_questions_{asked,answered,escalated}_total from the ledger."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        qs.ask(seam, "critic", "one?", epoch=1, now=T0)
+        qs.ask(seam, "critic", "two?", epoch=1, now=T0)
+        qs.answer(seam, "critic", "q1", "a", by="person", now=T0)
+        qs.escalate(seam, "critic", "q2", now=T0)
+        status, text = _page(seam, state_dir, "/metrics")
+        assert status == 200
+        found = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+        assert (found["heartbeat_questions_asked_total"], found["heartbeat_questions_answered_total"],
+                found["heartbeat_questions_escalated_total"]) == (2, 1, 1)
