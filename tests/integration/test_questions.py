@@ -531,3 +531,35 @@ class TestMeasured:
         found = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
         assert (found["heartbeat_questions_asked_total"], found["heartbeat_questions_answered_total"],
                 found["heartbeat_questions_escalated_total"]) == (2, 1, 1)
+
+
+class TestRaces:
+    def test_a_block_over_an_open_question_is_refused(self, store: MemoryStore) -> None:
+        """`block` would swap the question gate for another and the answer would lift nothing: refused."""
+        from heartbeat.model.baton import Gate
+
+        qs.ask(store, "critic", "why?", epoch=1, now=T0)
+        with pytest.raises(NotActive, match="waits on its question q1"):
+            tasks.block(store, "critic", "stuck", Gate(GateKind.HUMAN), epoch=1)
+        assert store.load("critic").meta.gate.spec() == "question:q1"  # type: ignore[union-attr]
+
+    def test_a_person_unblocking_leaves_the_question_answerable(self, store: MemoryStore) -> None:
+        """A person lifts the wait by hand; the question stays open and its later answer lands without re-gating."""
+        qs.ask(store, "critic", "why?", epoch=1, now=T0)
+        tasks.unblock(store, "critic", by="ana")
+        assert store.load("critic").meta.status is Status.ACTIVE
+        qs.answer(store, "critic", "q1", "because", by="person", now=T0)
+        baton = store.load("critic")
+        assert baton.meta.status is Status.ACTIVE and baton.questions[0].answer == "because"
+
+    def test_answer_and_escalation_racing(self, store: MemoryStore) -> None:
+        """An escalation after the answer writes nothing; an answer after the escalation lands."""
+        qs.ask(store, "critic", "one?", epoch=1, now=T0)
+        qs.ask(store, "critic", "two?", epoch=1, now=T0)
+        qs.answer(store, "critic", "q1", "a", by="person", now=T0)
+        rev = store.load("critic").meta.revision
+        assert not qs.escalate(store, "critic", "q1", now=T0)
+        assert store.load("critic").meta.revision == rev
+        assert qs.escalate(store, "critic", "q2", now=T0)
+        qs.answer(store, "critic", "q2", "b", by="upstream:build", now=T0)  # the upstream may still answer
+        assert store.load("critic").meta.status is Status.ACTIVE
