@@ -330,7 +330,7 @@ def parse_reset(text: str, now: datetime, local: tzinfo | None = None) -> tuple[
     return reset, retry_after
 
 
-AGENT_COMMANDS = ("show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done")
+AGENT_COMMANDS = ("show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done", "ask")
 """The heartbeat commands the brief and the hooks tell an agent to run on its task."""
 
 AGENT_READS = ("show", "brief", "verify")

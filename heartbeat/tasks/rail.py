@@ -114,7 +114,8 @@ class Decision:
 
 ALLOW = Decision(True)
 
-_OWN_COMMANDS = frozenset({"show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done", "status"})
+_OWN_COMMANDS = frozenset({"show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done", "ask",
+                           "status"})
 _TASK_COMMANDS = _OWN_COMMANDS - {"status"}
 _OWN_OPTIONS = ("--state-dir", "--config")
 _OWN_MCP = ("mcp__heartbeat__", "mcp__plugin_heartbeat_heartbeat__")
