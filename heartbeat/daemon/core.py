@@ -24,9 +24,11 @@ from typing import Any, NamedTuple
 
 from heartbeat.config.shape import Config
 from heartbeat.daemon.act import Actor
+from heartbeat.daemon.answers import AnswerPart
 from heartbeat.daemon.changes import ChangeFeed
 from heartbeat.daemon.leased import LeasePart
 from heartbeat.daemon.observe import EntryStatuses, Observer, StatusLookup
+from heartbeat.daemon.overdue import OverdueQuestions
 from heartbeat.daemon.shared import Shared
 from heartbeat.daemon.vitals import VITALS_FILE, Vitals
 from heartbeat.daemon.watch import Watcher
@@ -110,10 +112,12 @@ class Loop:
         *,
         observer: Observer,
         actor: Actor,
+        answers: AnswerPart,
         watcher: Watcher,
         lease: LeasePart | None,
         changes: ChangeFeed,
         vitals: Vitals,
+        overdue: OverdueQuestions,
         on_step: Callable[[float], None],
     ) -> None:
         self.shared = shared
@@ -123,9 +127,13 @@ class Loop:
         self.clock = shared.clock
         self.observer = observer
         self.actor = actor
+        self.answers = answers
+        """The upstreams' answering runs: questions sent, watched, settled (:mod:`.answers`)."""
         self.watcher = watcher
         self.lease = lease
         """Leases on a store shared by daemons on many hosts (:mod:`.leased`); None on the file store."""
+        self.overdue = overdue
+        """Escalates the questions across the seam nobody answered within ``question_wait``."""
         self.changes = changes
         """Which tasks the watcher reported since the last pass, and when a pass sweeps every baton."""
         self.steps = StepWatch(self.clock)
@@ -204,6 +212,8 @@ class Loop:
             only, entries, statuses = self._scan(now)
             counts, wants, running_batons, gate_paths = self._look_at_tasks(entries, statuses, now)
             self.dispatch(wants, now)
+            self._answer(entries, now)
+            self.overdue.pass_(entries, now)
             self._end_pass(counts, running_batons, gate_paths)
         self.watcher.update_gate_watches()
         self._report_pass(counts, started, reads=self.store.reads - reads, tasks=len(entries), sweep=only is None)
@@ -297,6 +307,13 @@ class Loop:
                 quiet_counts[status] = quiet_counts.get(status, 0) + n
             self._partition = _Partition(active, quiet_counts, min(quiet_end, part.quiet_end))
         return counts, wants, running_batons, gate_paths
+
+    def _answer(self, entries: list[Entry], now: datetime) -> None:
+        """The questions to upstreams: their answering runs started, watched and settled."""
+        try:
+            self.answers.look((e.baton for e in entries if e.baton is not None), now)
+        except Exception as exc:  # the questions' trouble must not stop the pass
+            self.log.exception("answers_failed", error=repr(exc))
 
     def _end_pass(self, counts: dict[str, int], running_batons: list[Baton], gate_paths: dict[str, set[str]]) -> None:
         """Cap the logs of agents printing without end; the pass's counts and gate files kept."""

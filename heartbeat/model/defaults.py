@@ -251,6 +251,16 @@ MAX_COMPACTIONS_PER_SESSION = 3
 """With ``session = "resume"``: a session compacted this often (``compacting`` events in the
 ledger) is not resumed; its context is more summary than work, and the brief is better."""
 
+ANSWER_MAX_RUNTIME = 900.0
+"""Seconds an upstream's resumed session may spend answering a question before it is stopped
+(the launcher's own ``max_runtime`` when shorter) and the question goes to a person."""
+
+ANSWER_HANG = 300.0
+"""Seconds an answering run's output may stay silent before it is stopped as hung."""
+
+ANSWER_MAX_CHARS = 4000
+"""Characters of an answering run's final text kept as the answer (the rest is cut, and said so)."""
+
 CODEX_MAX_RUNTIME = 7200.0
 """The ``codex`` preset's ``max_runtime``: without a network Codex retries forever."""
 
@@ -388,6 +398,9 @@ as the machine's plus the seconds written in that file, re-read at every look, s
 steps the daemon's wall clock by rewriting the file (:class:`heartbeat.system.clock.OffsetFileClock`). The
 daemon logs ``test_clock`` at start when it is set."""
 
+WEB_QUESTIONS_SHOWN = 50
+"""Open questions the status page's list shows at its top (oldest first; the rest: ``heartbeat status``)."""
+
 WEB_PAGE_SIZE = 100
 """Tasks on one page of the status page's list (``?per=`` chooses up to :data:`WEB_PAGE_MAX`)."""
 
@@ -453,3 +466,15 @@ LEARN_WINDOW = 3
 LEARN_FROM = ("rederived",)
 """``[handoff] learn_from``: what counts as a part lost in a handoff: ``rederived`` (the downstream said it
 re-derived the part) and, if listed, ``missing`` (the part was empty in the package)."""
+QUESTION_WAIT = 1800.0
+"""Seconds a question across the seam may wait unanswered before it escalates to a person
+(``[daemon] question_wait``; 0: never)."""
+
+MAX_QUESTIONS = 64
+"""Questions one baton may hold (``[[questions]]``, answered ones included)."""
+
+MAX_QUESTION_CHARS = 4000
+"""The longest question, in characters; a longer one is refused with one line."""
+
+MAX_ANSWER_CHARS = 16000
+"""The longest answer, in characters; a longer one is refused with one line."""

@@ -93,6 +93,9 @@ class PolicyKnobs:
                                  "The longest a task waits for a rate or usage limit to reset before it is escalated.")
     max_cost_usd: float = knob(defaults.MAX_COST_USD, KnobKind.MONEY,
                                "What one task's runs may cost in all before it is escalated (0: no budget).")
+    question_wait: float = knob(defaults.QUESTION_WAIT, KnobKind.DURATION, zero_ok=True,
+                                doc="How long a question across the seam waits unanswered before it escalates "
+                                    "to a person (0: never).")
 
 
 def _declared() -> tuple[Knob, ...]:

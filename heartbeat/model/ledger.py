@@ -79,6 +79,15 @@ class EventKind(StrEnum):
     NEED_LEARNED = "need_learned"
     NEED_PINNED = "need_pinned"
     NEED_DROPPED = "need_dropped"
+    ASKED = "asked"
+    ANSWERED = "answered"
+    QUESTION_ESCALATED = "question_escalated"
+    ANSWER_STARTED = "answer_started"
+    """The daemon resumed an upstream's session to answer a downstream's question (on the upstream)."""
+    ANSWER_RUN = "answer_run"
+    """That answering run ended: its ``outcome`` (answered, answered_from_result, failed, stopped, lost)."""
+    QUESTION_READDRESSED = "question_readdressed"
+    """A question to an upstream was given to a person instead (on the asker; ``reason``: one line)."""
 
 
 @dataclass
@@ -110,7 +119,7 @@ class Event:
 COUNTED: dict[str, str] = {
     EventKind.DISPATCHED: "launcher", EventKind.EXITED: "kind", EventKind.STALLED: "why",
     EventKind.ESCALATED: "", EventKind.BYPASS: "", EventKind.SPINNING: "", EventKind.COMPACTING: "",
-    EventKind.GUARANTEE_FAILED: "",
+    EventKind.GUARANTEE_FAILED: "", EventKind.ASKED: "", EventKind.ANSWERED: "", EventKind.QUESTION_ESCALATED: "",
 }
 """The event kinds the metrics count, and the data key each is labelled by ("": no label).
 gc keeps their counts in the ``archived`` event that replaces a retired task's rows

@@ -90,6 +90,12 @@ def why(baton: Baton, now: datetime, policy: pol.Policy,
         if owner.how != OwnerKind.DISPATCH:
             return Why(State.CLAIMED, f"claimed by pid {owner.pid}" if owner.pid else "claimed")
         return Why(State.RUNNING, "" if status is Status.ACTIVE else f"task {status.value}; its agent is ending")
+    if status is Status.BLOCKED:
+        from heartbeat.tasks.questions import waiting_on
+
+        waiting = waiting_on(baton)
+        if waiting is not None:  # "waiting on q1 to build, 12m"
+            return Why(State.BLOCKED, waiting.describe(now))
     if status is not Status.ACTIVE:
         text = {Status.BLOCKED: f"blocked on: {baton.blocked_on or '(no reason given)'}",
                 Status.ESCALATED: f"escalated: {meta.last_failure or 'see `heartbeat log`'}; "
