@@ -3,7 +3,7 @@
 A downstream declares the parts it needs from each of its upstreams (``needs = [...]`` on its
 baton: ``heartbeat new DOWN --after UP --needs rejected,decisions``, a pipeline stage's
 ``needs``, ``heartbeat add DOWN needs PART``). The profile adds to them: when a part was lost
-(re-derived by the downstream, or, with ``[handoff] learn_from = ["rederived", "missing"]``,
+(re-derived by the downstream, or, with ``[handoff] learn_from = "rederived+missing"``,
 empty in the package) in ``learn_after`` of an edge role's last ``learn_window`` handoffs, it
 becomes a **learned** need of that role, a ``need_learned`` event with its evidence. A person
 pins (``need_pinned``) or drops (``need_dropped``) a need with ``heartbeat needs DOWN``.
@@ -357,11 +357,12 @@ def learn(store: Store, task_ids: Iterable[str], config: HandoffConfig | None = 
             since[str(event.data.get("part", ""))] = event.ts
         down = next(b for b in batons if b.id == down_id)
         needed = {n.part for n in effective(down.needs, events)}
+        sources = config.learn_from.split("+")
         found = learned_parts(_role_handoffs(store, role, batons), after=config.learn_after,
-                              window=config.learn_window, sources=config.learn_from, since=since, needed=needed)
+                              window=config.learn_window, sources=sources, since=since, needed=needed)
         now = utcnow()
         for part, (lost, looked) in found.items():
-            evidence = _evidence(role_name(down_id, upstream), part, lost, looked, config.learn_from)
+            evidence = _evidence(role_name(down_id, upstream), part, lost, looked, sources)
             recorded.append(Event(task=down_id, kind=EventKind.NEED_LEARNED, ts=now, actor=actor,
                                   data={"role": role, "upstream": upstream, "part": part, "evidence": evidence,
                                         "lost": lost, "looked": looked}))
