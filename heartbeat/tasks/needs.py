@@ -38,7 +38,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from heartbeat.model.baton import PACKAGE_PARTS, Baton
-from heartbeat.model.errors import BadInput, NeedsUnmet
+from heartbeat.model.errors import BadInput, HeartbeatError, NeedsUnmet
 from heartbeat.model.ledger import Event, EventKind
 
 if TYPE_CHECKING:
@@ -214,10 +214,22 @@ def edge_needs(store: Store, downstream: Baton, upstream: str, *,
     return effective(downstream.needs, by_role.get(edge_role(upstream, downstream.id), []))
 
 
-def downstream_needs(store: Store, upstream: str) -> list[tuple[str, list[Need]]]:
+def downstream_needs(store: Store, upstream: str, *,
+                     downstreams: Iterable[str] | None = None) -> list[tuple[str, list[Need]]]:
     """Each downstream of ``upstream`` (a baton listing it in ``after``) with the needs of its edge,
-    those with none left out."""
-    downs = [e.baton for e in store.scan() if e.baton is not None and upstream in e.baton.after]
+    those with none left out. ``downstreams``: the candidates' ids, loaded one by one instead of a
+    scan of every baton (the daemon knows them from its pass)."""
+    if downstreams is None:
+        downs = [e.baton for e in store.scan() if e.baton is not None and upstream in e.baton.after]
+    else:
+        downs = []
+        for task_id in downstreams:
+            try:
+                baton = store.load(task_id)
+            except HeartbeatError:
+                continue
+            if upstream in baton.after:
+                downs.append(baton)
     if not downs:
         return []
     by_role = role_events(store)
@@ -246,10 +258,10 @@ def _empty_parts(store: Store, baton: Baton) -> set[str]:
     return set(build_package(store, baton)["missing"])
 
 
-def needs_lines(store: Store, baton: Baton) -> list[str]:
+def needs_lines(store: Store, baton: Baton, *, downstreams: Iterable[str] | None = None) -> list[str]:
     """The brief's and ``show``'s lines on what ``baton``'s downstreams need of its package, each
     saying where the need came from and, when the part is empty now, the command that fills it."""
-    found = downstream_needs(store, baton.id)
+    found = downstream_needs(store, baton.id, downstreams=downstreams)
     if not found:
         return []
     empty = _empty_parts(store, baton)
