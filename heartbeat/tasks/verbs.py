@@ -526,7 +526,7 @@ def finish(store: Store, task_id: str, *, note: str = "", epoch: int | None = No
     # A new handoff can teach only with learn_from "missing" (its empty parts): re-derived parts are
     # learned when the downstream records them, and a clean handoff only ever lowers a count.
     config = needs.configured_handoff()
-    if config.learn and "missing" in config.learn_from:
+    if config.learn and "missing" in config.learn_from.split("+"):
         needs.learn(store, [task_id], config, actor=actor)
     return ed.baton
 

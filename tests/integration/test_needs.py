@@ -195,11 +195,16 @@ class TestLearned:
         config.write_text("[handoff]\nlearn_after = 4\nlearn_window = 3\n")
         bad = hb("check-config", "--config", str(config))
         assert bad.code == 2 and "handoff.learn_after" in bad.err
+        for text, key in (('learn = "yes"', "handoff.learn"), ('learn_from = "missing"', "handoff.learn_from"),
+                          ("learn_window = 0", "handoff.learn_window")):
+            config.write_text(f"[handoff]\n{text}\n")
+            bad = hb("check-config", "--config", str(config))
+            assert bad.code == 2 and key in bad.err and bad.err.count("\n") == 1, bad.err
 
     def test_learning_from_missing_parts(self, hb: Callable[..., Result], tmp_path: Path) -> None:
-        """With `learn_from = ["rederived", "missing"]` a part empty in two handoffs is required."""
+        """With `learn_from = "rederived+missing"` a part empty in two handoffs is required."""
         config = tmp_path / "heartbeat.toml"
-        config.write_text('[handoff]\nlearn_from = ["rederived", "missing"]\n')
+        config.write_text('[handoff]\nlearn_from = "rederived+missing"\n')
         env = {"HEARTBEAT_CONFIG": str(config)}
         for name in ("p1", "p2"):
             _pipeline(hb, tmp_path, name)
