@@ -164,7 +164,7 @@ def _add(store: Any, args: argparse.Namespace, epoch: int | None, actor: str) ->
                                    check=getattr(args, "check", None) or "", expect_revision=args.expect_revision,
                                    protect=tuple(getattr(args, "protect", None) or ()),
                                    forbid=tuple(getattr(args, "forbid", None) or ())),
-                epoch=epoch, actor=actor)
+                epoch=epoch, actor=actor, config_path=args.config)
 
 
 def cmd_touch(args: argparse.Namespace) -> int:
@@ -251,7 +251,7 @@ def cmd_done(args: argparse.Namespace) -> int:
     actor = _actor(args)
     tasks.finish(_store(args), args.id, note=args.note or "", epoch=_epoch(args),
                  actor=_login() if args.force and actor == "cli" else actor,
-                 checks=_checks(args) if args.config else None, force=args.force)
+                 checks=_checks(args) if args.config else None, force=args.force, config_path=args.config)
     return 0
 
 

@@ -10,7 +10,6 @@ successor is dispatched only once the agent is gone (the stop pokes the task).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -62,9 +61,6 @@ class Actor:
         """Per task: the ``progress_at`` a spinning report was made for (reported once per stretch)."""
         self.escalation_notified: set[str] = set()
         """Tasks whose current escalation's notifiers this daemon ran (or checked the ledger for)."""
-        self.downstreams_of: Callable[[str], list[str]] = lambda _upstream: []
-        """The tasks whose ``after`` names a task (set by the :class:`~heartbeat.daemon.core.Loop`
-        from its last pass), for the needs in that task's brief."""
         self.dispatch_times: deque[float] = deque()
         """When each dispatch of the last minute was made (the per-minute budget; under the look lock)."""
 
@@ -518,7 +514,7 @@ class Actor:
         unnoted = unnoted_for(sh.config.state_dir, sh.store, baton)
         brief = render_brief(pending, max_attempts=sh.config.daemon.max_attempts, now=now, upstream=upstream,
                              unnoted=unnoted.lines() if unnoted else (),
-                             needs=needs_lines(sh.store, pending, downstreams=self.downstreams_of(pending.id)))
+                             needs=needs_lines(sh.store, pending, downstreams=sh.downstreams_of(pending.id)))
         for warning in brief.warnings:
             sh.log.warning("brief_warning", task=pending.id, epoch=pending.meta.epoch, warning=warning)
         if not plan.resume:

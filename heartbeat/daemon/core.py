@@ -129,7 +129,6 @@ class Loop:
         self.actor = actor
         self.answers = answers
         """The upstreams' answering runs: questions sent, watched, settled (:mod:`.answers`)."""
-        actor.downstreams_of = self.downstreams_of
         self.watcher = watcher
         self.lease = lease
         """Leases on a store shared by daemons on many hosts (:mod:`.leased`); None on the file store."""
@@ -149,8 +148,6 @@ class Loop:
         self._downstreams: dict[str, set[str]] = {}
         """Upstream id -> the tasks held until it is done (an ``after``/``task:`` gate, or ``after``),
         from the last pass: the watcher's look at an upstream turned done looks at them at once."""
-        self._entries: list[Entry] = []
-        """The last indexed scan's entries (decision views): whose ``after`` names a task, for its brief's needs."""
         self._statuses: EntryStatuses | None = None
         """The tasks' statuses in the last scan that changed (built when first asked), kept with
         ``_downstreams`` while the scans find the same entries."""
@@ -416,19 +413,13 @@ class Loop:
     def _index(self, entries: list[Entry]) -> None:
         """A scan found entries other than the last one's: who waits on whom, and their statuses, anew."""
         self._statuses = EntryStatuses(entries)
-        self._entries = entries
+        self.shared.entries = entries
         index: dict[str, set[str]] = {}
         for entry in entries:
             if entry.baton is not None:
                 for upstream in _waits_on(entry.baton):
                     index.setdefault(upstream, set()).add(entry.id)
         self._downstreams = index
-
-    def downstreams_of(self, upstream: str) -> list[str]:
-        """The tasks whose ``after`` names ``upstream``, in the last indexed scan (any status): the brief
-        of ``upstream`` says what they need, without a scan of its own (one would move the store's
-        scan cache under this loop's feet)."""
-        return [e.id for e in self._entries if e.baton is not None and upstream in e.baton.after]
 
     def _measure_latency(self, baton: Baton) -> None:
         """Observe write→decision latency once per revision: from the write (its updated/touched

@@ -230,3 +230,35 @@ class TestLearned:
         both = hb("needs", "p3.review", "--pin", "rejected", "--drop", "rejected")
         assert both.code == 2 and "both pinned and dropped" in both.err
         assert hb("needs", "p3.review", "--pin", "nonsense").code == 2
+
+
+class TestWhichConfig:
+    def test_a_relayed_rederived_learns_with_the_agents_config(self, tmp_path: Path, file_store: object) -> None:
+        """The daemon's relay runs an agent's `add ID rederived` with the agent's HEARTBEAT_CONFIG, not the
+        daemon's own search: `learn = false` there learns nothing (it learned with the defaults before)."""
+        from heartbeat.store.files import FileStore
+        from heartbeat.tasks import verbs
+        from heartbeat.tasks.write import Write, answer
+
+        assert isinstance(file_store, FileStore)
+        config = tmp_path / "agent.toml"
+        config.write_text("[handoff]\nlearn = false\n")
+        for run in ("p1", "p2"):
+            verbs.new_task(file_store, f"{run}.build", task="Build", step="b", intent="why")
+            verbs.new_task(file_store, f"{run}.review", task="Review", step="r", after=[f"{run}.build"])
+            verbs.finish(file_store, f"{run}.build", checks={})
+            code, message, _ = answer(file_store, Write("add", f"{run}.review", field="rederived",
+                                                        values=("rejected: again",)),
+                                      {"HEARTBEAT_CONFIG": str(config)})
+            assert code == 0, message
+        assert file_store.ledger.events(kinds=["need_learned"]) == []
+
+    def test_add_with_config_reads_its_knobs(self, hb: Callable[..., Result], tmp_path: Path,
+                                             state_dir: Path) -> None:
+        """`heartbeat --config FILE add ... rederived` learns with FILE's [handoff] (learn_after = 1)."""
+        config = tmp_path / "one.toml"
+        config.write_text(f'[daemon]\nstate_dir = "{state_dir}"\n[handoff]\nlearn_after = 1\nlearn_window = 1\n')
+        _pipeline(hb, tmp_path, "p1")
+        ok(hb("done", "p1.build"))
+        ok(hb("--config", str(config), "add", "p1.review", "rederived", "unknowns: the flaky test"))
+        assert _events(hb, "p1.review", "need_learned")[0]["data"]["part"] == "unknowns"
