@@ -566,3 +566,17 @@ class TestRaces:
         assert qs.escalate(store, "critic", "q2", now=T0)
         qs.answer(store, "critic", "q2", "b", by="upstream:build", now=T0)  # the upstream may still answer
         assert store.load("critic").meta.status is Status.ACTIVE
+
+
+class TestBriefBounds:
+    def test_a_long_answer_is_capped_in_the_brief_with_a_pointer(self, store: MemoryStore) -> None:
+        """A 10,000-character answer takes QUESTION_BRIEF_CHARS of the brief and points at `show` for the rest."""
+        from heartbeat.model import defaults
+        from heartbeat.reports.brief import render_brief
+
+        qs.ask(store, "critic", "why?", epoch=1, now=T0)
+        qs.answer(store, "critic", "q1", "y" * 10_000, by="person", now=T0)
+        text = render_brief(store.load("critic")).text
+        line = next(x for x in text.splitlines() if x.startswith("- You asked build (q1)"))
+        assert line.count("y") == defaults.QUESTION_BRIEF_CHARS + line.count("y", 0, line.index("answered"))
+        assert line.endswith("... (the rest: `heartbeat show critic`)")
