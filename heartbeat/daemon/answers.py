@@ -258,6 +258,10 @@ class AnswerPart:
             return
         if run.stopping:
             return
+        in_use = self._session_in_use(run.upstream)
+        if in_use:
+            self.stop(run, in_use)
+            return
         from heartbeat.model.timeparse import format_duration
 
         ran = (now - run.started).total_seconds()
@@ -272,6 +276,16 @@ class AnswerPart:
             run.log_size, run.quiet_since = size, now
         elif (now - run.quiet_since).total_seconds() > defaults.ANSWER_HANG:
             self.stop(run, f"its output was silent for {format_duration(defaults.ANSWER_HANG)}")
+
+    def _session_in_use(self, up_id: str) -> str:
+        """Why the upstream's own agent needs its session now (reopened, retried: active or owned), or ""."""
+        try:
+            up = self.shared.store.load(up_id)
+        except HeartbeatError:
+            return ""
+        if up.meta.owner is not None or up.meta.status is Status.ACTIVE:
+            return f"{up_id} is {up.meta.status.value} again: its own agent needs the session"
+        return ""
 
     def stop(self, run: AnswerRun, reason: str) -> None:
         """Stop a run in the worker pool (grace, then SIGKILL); its exit is settled by a later pass."""
