@@ -18,8 +18,8 @@ prompt: claude ``--resume ID``, codex ``exec resume ID -``. The run is of its ow
 - **its outcome**: a session that ran ``heartbeat answer DOWN QID "..."`` answered already;
   otherwise its final text (claude's ``result``, codex's last agent message) becomes the answer,
   ``answered_by = "upstream:UP"``. A run that fails, is stopped, is lost, or has no session to
-  resume re-addresses the question to a person (:func:`heartbeat.tasks.questions.escalate`, and a
-  ``question_readdressed`` event with the one-line reason).
+  resume re-addresses the question to a person at once (escalated, a ``question_readdressed`` event
+  with the one-line reason, the ``[notify.*]`` commands run).
 
 The resumed session is bound to its done task (``HEARTBEAT_TASK``, its epoch): the rail refuses
 every tool call but heartbeat's own commands, and ``heartbeat answer`` for this question is the
@@ -42,6 +42,7 @@ from heartbeat.model import defaults
 from heartbeat.model.baton import QID_PATTERN, Baton, GateKind, Owner, Question, QuestionTo, Status
 from heartbeat.model.errors import BadInput, Conflict, HeartbeatError, NotFound
 from heartbeat.model.ledger import Event, EventKind
+from heartbeat.store.base import Entry
 from heartbeat.tasks import questions as qs
 
 __all__ = ["AnswerPart", "AnswerRun", "RESUMABLE_PRESETS", "answer_prompt", "answer_allow_rules"]
@@ -106,15 +107,20 @@ class AnswerPart:
         """Tasks seen waiting on a question: looked at every pass until none of theirs is open."""
         self.deferred: dict[tuple[str, str], str] = {}
         """Per (asker, qid): why it was not sent yet (logged once)."""
+        self._scanned = False
+        """A pass has read the scan's batons: while the store says the scan is unchanged, no new
+        asker can be in it, so a quiet pass walks no list of every task."""
 
     # -- the pass --------------------------------------------------------------------------
 
-    def look(self, batons: Iterable[Baton], now: datetime) -> None:
+    def look(self, entries: Iterable[Entry], now: datetime) -> None:
         """One pass: the runs under way watched and settled, the questions waiting sent (or given to a person)."""
-        for baton in batons:
-            gate = baton.meta.gate
-            if gate is not None and gate.kind is GateKind.QUESTION:
-                self.askers.add(baton.id)
+        if not (self._scanned and self.shared.store.scan_unchanged):
+            self._scanned = True
+            for entry in entries:
+                gate = entry.baton.meta.gate if entry.baton is not None else None
+                if gate is not None and gate.kind is GateKind.QUESTION:
+                    self.askers.add(entry.id)
         for run in list(self.runs.values()):
             try:
                 self.watch(run, now)
@@ -252,6 +258,10 @@ class AnswerPart:
             return
         if run.stopping:
             return
+        in_use = self._session_in_use(run.upstream)
+        if in_use:
+            self.stop(run, in_use)
+            return
         from heartbeat.model.timeparse import format_duration
 
         ran = (now - run.started).total_seconds()
@@ -266,6 +276,16 @@ class AnswerPart:
             run.log_size, run.quiet_since = size, now
         elif (now - run.quiet_since).total_seconds() > defaults.ANSWER_HANG:
             self.stop(run, f"its output was silent for {format_duration(defaults.ANSWER_HANG)}")
+
+    def _session_in_use(self, up_id: str) -> str:
+        """Why the upstream's own agent needs its session now (reopened, retried: active or owned), or ""."""
+        try:
+            up = self.shared.store.load(up_id)
+        except HeartbeatError:
+            return ""
+        if up.meta.owner is not None or up.meta.status is Status.ACTIVE:
+            return f"{up_id} is {up.meta.status.value} again: its own agent needs the session"
+        return ""
 
     def stop(self, run: AnswerRun, reason: str) -> None:
         """Stop a run in the worker pool (grace, then SIGKILL); its exit is settled by a later pass."""
@@ -363,22 +383,22 @@ class AnswerPart:
     # -- writes ----------------------------------------------------------------------------
 
     def readdress(self, asker: str, qid: str, reason: str, now: datetime) -> None:
-        """Give the question to a person (escalated, with the one-line reason in the ledger)."""
+        """Give the question to a person now: escalated (:func:`heartbeat.tasks.questions.escalate`:
+        ``to = "person"``, ``question_escalated``), ``question_readdressed`` with the one-line reason,
+        and the ``[notify.*]`` commands run once, as :mod:`.overdue` does past ``question_wait``."""
         sh = self.shared
         self.deferred.pop((asker, qid), None)
         try:
-            moved = qs.escalate(sh.store, asker, qid, now=now)
+            if not qs.escalate(sh.store, asker, qid, now=now):
+                return
+            baton = sh.store.load(asker)
         except HeartbeatError as exc:
             sh.log.warning("readdress_failed", task=asker, qid=qid, error=str(exc))
             return
-        if moved:
-            sh.record(Event(task=asker, kind=EventKind.QUESTION_READDRESSED, ts=now, actor="daemon",
-                            data={"qid": qid, "to": QuestionTo.PERSON.value, "reason": reason}))
-            sh.log.warning("question_readdressed", task=asker, qid=qid, reason=reason)
-            try:
-                self.actor.notify(sh.store.load(asker), f"question {qid}: {reason}")
-            except HeartbeatError:
-                pass
+        sh.record(Event(task=asker, kind=EventKind.QUESTION_READDRESSED, ts=now, actor="daemon",
+                        data={"qid": qid, "to": QuestionTo.PERSON.value, "reason": reason}))
+        sh.log.warning("question_readdressed", task=asker, qid=qid, reason=reason)
+        self.actor.notify(baton, f"question {qid}: {reason}")
 
     def _ended(self, up_id: str, asker: str, qid: str, session: str, outcome: str, now: datetime, *,
                reason: str = "", **data: Any) -> None:

@@ -321,7 +321,10 @@ class TestDaemon:
         notify = (f'\n[notify.ops]\ncommand = ["sh", "-c", "printf \'%s|%s\\\\n\' \\"$0\\" \\"$1\\" >> {notes}", '
                   f'"{{id}}", "{{reason}}"]\n')
         state, config = in_process_config(tmp_path, daemon='question_wait = "30m"', launchers=NULL_AGENT + notify)
-        d = Daemon(config, store=FileStore(str(state)))
+        # A dry run resumes no upstream session: the question stays with build, as one whose answering
+        # run is slow (a real daemon gives a question build's null launcher cannot answer to a person
+        # at once: tests/integration/test_answer_runs.py::TestToAPerson).
+        d = Daemon(config, store=FileStore(str(state)), dry_run=True)
         d.notes = notes  # type: ignore[attr-defined]
         yield d
         d.shutdown(timeout=5)
@@ -381,7 +384,7 @@ class TestDaemon:
         from heartbeat.daemon import Daemon
 
         state, config = in_process_config(tmp_path, daemon='question_wait = "0s"')
-        d = Daemon(config, store=FileStore(str(state)))
+        d = Daemon(config, store=FileStore(str(state)), dry_run=True)  # (no upstream session resumed: as above)
         try:
             self._asked(d)
             d.tick(now=T0 + timedelta(days=3))
