@@ -375,8 +375,10 @@ def content_changes(old: Baton, new: Baton) -> list[str]:
 
 
 def made_progress(old: Baton, new: Baton) -> bool:
-    """Progress is the step changing or ``done`` growing; a touch is not progress."""
-    return new.step != old.step or len(new.done) > len(old.done)
+    """Progress is the step changing, ``done`` growing or a question asked across the seam (the
+    agent did what it should with a gap: the run that asks and ends its turn is not idle); a
+    touch is not progress."""
+    return new.step != old.step or len(new.done) > len(old.done) or len(new.questions) > len(old.questions)
 
 
 def start_create(baton: Baton, now: datetime, *, world: bool = True) -> Baton:

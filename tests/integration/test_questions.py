@@ -45,6 +45,15 @@ class TestAsk:
         kinds = [e.kind for e in store.ledger.events("critic")]
         assert kinds[-2:] == [EventKind.ASKED, EventKind.BLOCKED]
 
+    def test_asking_is_progress_so_the_run_that_asks_and_ends_is_not_idle(self, store: MemoryStore) -> None:
+        """A run that meets a gap, asks and ends its turn did its work: the attempt counters reset
+        (an idle end would count toward max_idle_resumes and escalate a task that kept asking)."""
+        with store.edit("critic", now=T0) as ed:
+            ed.baton.meta.attempt, ed.baton.meta.idle_resumes = 2, 2
+        qs.ask(store, "critic", "Why sqlite?", epoch=1, now=T0)
+        meta = store.load("critic").meta
+        assert (meta.attempt, meta.idle_resumes, meta.progress_at) == (0, 0, T0)
+
     def test_a_second_question_joins_the_gate(self, store: MemoryStore) -> None:
         """A task already waiting on q1 may ask q2; the gate then names both."""
         qs.ask(store, "critic", "one?", epoch=1, now=T0)
