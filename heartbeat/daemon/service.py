@@ -245,7 +245,8 @@ class Daemon:
         while not self._stop.is_set():
             signalled.wait(timeout=defaults.CLOCK_CHECK_EVERY)  # (waits on the monotonic clock)
             signalled.clear()
-            self.loop.check_clock()
+            if self.loop.clock.monotonic() - self.loop.steps.checked_at >= defaults.CLOCK_CHECK_EVERY:
+                self.loop.check_clock()  # (a tick at least as frequent has just looked: no second look)
             if self._reload.is_set() and not self._stop.is_set():
                 self._reload.clear()
                 self.reload()

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import stat
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -80,10 +81,8 @@ def same_start(found: float, recorded: float) -> bool:
     across wall-clock steps (see ``_BOOT_TIMES``)."""
     if abs(found - recorded) <= _CREATE_TIME_SLACK:
         return True
-    import psutil
-
     try:
-        boot = float(psutil.boot_time())
+        boot = boot_time()
     except (OSError, RuntimeError, ValueError):
         return False
     _BOOT_TIMES.add(boot)
@@ -91,13 +90,41 @@ def same_start(found: float, recorded: float) -> bool:
     return any(abs(since_boot + seen - recorded) <= _CREATE_TIME_SLACK for seen in _BOOT_TIMES if seen != boot)
 
 
+def _read_proc(path: str, limit: int = 4096) -> bytes:
+    """The start of a file of the kernel's (``/proc``): nothing anyone can plant, never a FIFO."""
+    with open(path, "rb") as f:
+        return f.read(limit)
+
+
+def boot_time() -> float:
+    """``psutil.boot_time()``: on Linux read here, from the same ``btime`` of ``/proc/stat`` psutil
+    reads, so that the idle daemon, which notes it every pass, never imports psutil (about 2 MB)
+    until an agent's liveness needs it; once psutil is loaded, psutil's own (its create times and
+    this come from one ``/proc``). Raises OSError, RuntimeError or ValueError as psutil does."""
+    loaded = sys.modules.get("psutil")
+    if loaded is not None:
+        return float(loaded.boot_time())
+    limit = 1 << 16
+    try:
+        text = _read_proc("/proc/stat", limit)
+    except OSError:
+        text = b""
+    lines = text.split(b"\n")
+    if len(text) >= limit:
+        lines.pop()  # cut short (a host with many CPUs): its last line may be a part of one
+    for line in lines:
+        if line.startswith(b"btime "):
+            return float(line.split()[1])
+    import psutil  # not Linux, or no /proc
+
+    return float(psutil.boot_time())
+
+
 def note_boot_time() -> None:
     """Remember the boot time now (the daemon at its start, and at every pass), so a step that
     comes later is recognised (see ``_BOOT_TIMES``)."""
-    import psutil
-
     try:
-        _BOOT_TIMES.add(float(psutil.boot_time()))
+        _BOOT_TIMES.add(boot_time())
     except (OSError, RuntimeError, ValueError):
         pass
 
@@ -109,8 +136,7 @@ def process_age(owner: Owner | None, *, host: str | None = None) -> float | None
     if owner is None or owner.pid is None or (owner.host and owner.host != (host or this_host())):
         return None
     try:
-        with open(f"/proc/{int(owner.pid)}/stat", "rb") as f:
-            stat_line = f.read(4096)
+        stat_line = _read_proc(f"/proc/{int(owner.pid)}/stat")
         ticks = int(stat_line[stat_line.rindex(b")") + 2:].split()[19])
         return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):

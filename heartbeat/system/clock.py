@@ -125,6 +125,8 @@ class StepWatch:
         self._offset = self._read()
         self.steps = 0
         """Steps noticed so far."""
+        self.checked_at = clock.monotonic()
+        """When (monotonic) the last :meth:`check` ran."""
 
     def _read(self) -> float:
         return self.clock.now().timestamp() - self.clock.monotonic()
@@ -132,6 +134,7 @@ class StepWatch:
     def check(self) -> float | None:
         """The size of a step since the last check (seconds, negative: back), or None."""
         with self._lock:
+            self.checked_at = self.clock.monotonic()
             offset = self._read()
             step = offset - self._offset
             if abs(step) <= self.tolerance:

@@ -39,6 +39,15 @@ from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any, TextIO, cast
 
+if "structlog" not in sys.modules and "rich" not in sys.modules:
+    # structlog imports rich, when it is installed, for pretty console tracebacks: some 5 MB and
+    # 0.3 s that a daemon logging JSON (or anyone's CLI call) never uses; a console traceback is
+    # plain text instead. rich stays importable by whoever wants it after this.
+    sys.modules["rich"] = None  # type: ignore[assignment]
+    try:
+        import structlog
+    finally:
+        del sys.modules["rich"]
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
 

@@ -33,7 +33,7 @@ or ``os.rename`` outside this module.
 by count in ``tests/unit/test_one_home.py``: :mod:`heartbeat.launchers.shim` (the plain script
 above: ``/proc`` and its lease file, no-follow and non-blocking by hand), :mod:`heartbeat.hotpath.pulse`
 (an agent's touch imports nothing more; the same flags by hand), :mod:`heartbeat.launchers.liveness`
-(``/proc/<pid>/stat``, written by the kernel), :mod:`heartbeat.cli.state` (``heartbeat import FILE``
+(``/proc/<pid>/stat`` and ``/proc/stat``, written by the kernel), :mod:`heartbeat.cli.state` (``heartbeat import FILE``
 streams a file the human names, a pipe such as ``<(zcat export.gz)`` included), and
 :mod:`heartbeat.ops.demo` and :mod:`heartbeat.toyagent` (their own files in their own temp dir).
 """

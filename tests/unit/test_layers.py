@@ -326,6 +326,35 @@ class TestDaemonComposition:
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
         assert r.stdout.split()[-2:] == ["0", "False"], (r.stdout, r.stderr[-2000:])
 
+    def test_an_idle_daemon_loads_neither_psutil_nor_rich(self, tmp_path: Path) -> None:
+        """A pass over tasks without an agent imports neither ``psutil`` (the boot time it notes every
+        pass is read from ``/proc/stat`` as psutil reads it: 1.9 MB on 4a78701) nor ``rich``, which
+        structlog loads when it is installed, for console tracebacks (4.9 MB on 4a78701); rich is
+        installed here (import-linter needs it), so the test can fail."""
+        import importlib.util
+        import json
+        import subprocess
+
+        from heartbeat.model.baton import Baton, Meta, Status, dump_baton
+        from heartbeat.model.timeparse import utcnow
+
+        assert importlib.util.find_spec("rich") is not None, "rich is not installed: this test proves nothing"
+        state = tmp_path / "state"
+        (state / "batons").mkdir(mode=0o700, parents=True)
+        now = utcnow()
+        for i, status in enumerate((Status.DONE, Status.BLOCKED)):
+            meta = Meta(id=f"t{i}", revision=1, status=status, created_at=now, updated_at=now, touched_at=now)
+            (state / "batons" / f"t{i}.toml").write_text(dump_baton(Baton(task="x", step="s", meta=meta)))
+        cfg = tmp_path / "heartbeat.toml"
+        cfg.write_text(f'[daemon]\nstate_dir = {json.dumps(str(state))}\n[launchers.agent]\ntype = "null"\n')
+        code = ("import sys\nfrom heartbeat.cli.main import main\n"
+                f"status = main(['--config', {str(cfg)!r}, 'run', '--once', '--dry-run'])\n"
+                "from heartbeat.launchers.liveness import _BOOT_TIMES\n"
+                "print(status, bool(_BOOT_TIMES), 'psutil' in sys.modules, 'rich' in sys.modules)")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HEARTBEAT_")}
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        assert r.stdout.split()[-4:] == ["0", "True", "False", "False"], (r.stdout, r.stderr[-2000:])
+
 
 if __name__ == "__main__":
     g = import_graph()

@@ -138,7 +138,7 @@ READ_BY_HAND = {
 }
 """Modules that open a file for reading by hand, beside safefile.py, and how many times: the shim
 (a plain script that imports nothing from heartbeat: ``/proc`` and its lease file), the pulse (an
-agent's touch imports nothing more), the liveness check (``/proc/<pid>/stat``, the kernel's), ``heartbeat
+agent's touch imports nothing more), the liveness check (``/proc/<pid>/stat`` and ``/proc/stat``, the kernel's), ``heartbeat
 import FILE`` (a file the human names, streamed, a pipe such as ``<(zcat export.gz)`` included), the demo
 and the toy agent (their own files in their own temp dir). Documented in safefile.py's docstring and
 docs/design.md."""
