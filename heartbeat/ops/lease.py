@@ -190,13 +190,13 @@ class Lease:
     def _renew(self, running: int | None) -> bool:
         if self.stood_down:
             return False
+        started = time.monotonic()
+        started_clock = lease_clock()
+        self._attempt = started  # (before the lock's look: it may hang on a dead connection too)
         self._keep_lock()
         with self._lock:
             supervised = dict(self._supervised)
         ids = list(supervised)
-        started = time.monotonic()
-        started_clock = lease_clock()
-        self._attempt = started
         take, seen = self._take
         renewal = Renewal(host=self.host, pid=os.getpid(), started=self.started, labels=self.labels,
                           capacity=self.capacity, running=len(supervised) if running is None else running,
@@ -410,6 +410,7 @@ class Lease:
                 self._fenced_all = True
                 lost = dict(self._supervised)
                 self._supervised.clear()
+            self._unreachable = True  # (an outage, said here: the renewal that ends it says so, once)
             self.log.error("leases_expired", host=self.host, tasks=sorted(lost),
                            reason=f"not renewed for {self._fence_after():.1f}s: this host's agents are stopped; "
                                   "another host may take their tasks over")

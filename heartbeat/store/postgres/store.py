@@ -74,12 +74,14 @@ from heartbeat.store.base import (
 from heartbeat.store.postgres import archive as pg_archive
 from heartbeat.store.postgres import leases as pg_leases
 from heartbeat.store.postgres.connection import (
+    WATCHDOG,
     _configure,
     _connect_kwargs,
     _label,
     _one_line,
     _refusal,
     _unreachable,
+    check_connection,
     connect,
 )
 from heartbeat.store.postgres.ledger import PostgresLedger, append_events, highest_revision
@@ -151,7 +153,7 @@ class PostgresStore:
             max_size=pool_size or defaults.PG_POOL_SIZE,
             kwargs=_connect_kwargs(url),
             configure=_configure,
-            check=ConnectionPool.check_connection,
+            check=check_connection,
             timeout=defaults.PG_CONNECT_TIMEOUT if wait is None else wait,
             name="heartbeat",
             open=True,
@@ -535,9 +537,10 @@ class PostgresStore:
             conn = self._daemon_conn
             if conn is not None:
                 try:
-                    row = conn.execute(
-                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() "
-                        "AND granted AND classid::bigint = %s AND objsubid = 2", (_DAEMON_LOCK,)).fetchone()
+                    with WATCHDOG.bounded(conn, defaults.PG_CONNECT_TIMEOUT):
+                        row = conn.execute(
+                            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() "
+                            "AND granted AND classid::bigint = %s AND objsubid = 2", (_DAEMON_LOCK,)).fetchone()
                     if row and row[0]:
                         return "held"
                 except psycopg.Error:
@@ -582,12 +585,27 @@ class PostgresStore:
         with self._conn() as conn:
             return pg_leases.lease_rows(conn)
 
-    def renew_leases(self, renewal: Renewal) -> tuple[bool, list[str]]:
+    @contextmanager
+    def _one_statement(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection in autocommit: the server commits the statement before it answers, so
+        no answer lost on the way (a partition, a cut) leaves its rows locked in an open transaction
+        until ``idle_in_transaction_session_timeout``: a renewal or claim cut off mid-flight never pins
+        the host's tasks beyond their lease."""
         with self._conn() as conn:
+            conn.autocommit = True
+            try:
+                yield conn
+            finally:
+                if not conn.closed and not conn.broken:
+                    conn.autocommit = False
+
+    def renew_leases(self, renewal: Renewal) -> tuple[bool, list[str]]:
+        # (an answer later than the lease is worth nothing: the host's agents are stopped by then)
+        with self._one_statement() as conn, WATCHDOG.bounded(conn, renewal.ttl):
             return pg_leases.renew(conn, renewal)
 
     def claim_leases(self, ids: list[str], *, host: str, labels: list[str], ttl: float, limit: int) -> set[str]:
-        with self._conn() as conn:
+        with self._one_statement() as conn:
             return pg_leases.claim(conn, ids, host=host, labels=labels, ttl=ttl, limit=limit)
 
     def take_over_leases(self, *, host: str, labels: list[str], ttl: float, limit: int,
