@@ -188,6 +188,10 @@ PG_CLIENT_MARGIN = 5.0
 """Seconds beyond ``PG_STATEMENT_TIMEOUT`` after which heartbeat stops waiting for a statement's
 answer and cuts the connection's socket (a black-holed flow that acknowledges and never answers)."""
 
+PG_WATCHDOG_THREAD = "heartbeat-pg-watchdog"
+"""The name of the PostgreSQL connection watchdog's thread: a daemon thread that holds nothing, so a
+stopping daemon does not wait for it (it ends with the last connection it watches)."""
+
 PG_CLIENT_CHECK = 0.5
 """Seconds between two looks of the connection watchdog at the statements waiting for an answer."""
 

@@ -172,7 +172,9 @@ def test_a_partitioned_host_stops_its_agents_hands_over_and_recovers(own_cluster
     assert len(skipped) <= 2, f"{len(skipped)} scheduler_job_skipped lines"
     for h in (a, b):
         assert not h.lines("tick_failed") and not h.lines("non-json"), h.host
-        assert not h.lines("exit_abandoning_threads"), h.host
+        if h is b or how.startswith("refuse"):  # (host-a's flows of before the cut never answer again: a
+            # statement caught on one by the stop is not waited for, and says so: exit_abandoning_threads)
+            assert not h.lines("exit_abandoning_threads"), h.host
         assert h.proc is not None and h.proc.returncode == 0, h.host  # stopped by close(), not crashed
     print(f"{how}: host-a renewed {recovered:.1f}s after the heal; {os.getpid()}")
 
@@ -184,8 +186,8 @@ class TestABlackHoledConnection:
                                                                                   pg_url: str) -> None:
         """A renewal whose answer never comes fails (one line) in seconds, not never: the pool's look at
         its connection is cut after PG_CONNECT_TIMEOUT, a new connection gives up after as long, a
-        statement after the ttl. Once new flows pass again, the next renewal connects anew and renews,
-        whatever the old flows still hold."""
+        statement after the ttl. Once new flows pass again, the renewals connect anew and renew within
+        as long again, whatever the old flows still hold."""
         import threading
         from dataclasses import replace
 
@@ -220,9 +222,31 @@ class TestABlackHoledConnection:
             assert "\n" not in str(error)
             assert took < 2 * defaults.PG_CONNECT_TIMEOUT + TTL + 2, f"the renewal failed after {took:.1f}s"
             proxy.heal(keep_old_dead=True)
-            began = time.monotonic()
-            assert store.renew_leases(renewal) == (True, [])
-            assert time.monotonic() - began < 15
+            give_up = time.monotonic() + 2 * (2 * defaults.PG_CONNECT_TIMEOUT + TTL)
+            while True:  # (the pool's first look may be at a connection of before the heal: cut, given up)
+                try:
+                    assert store.renew_leases(renewal) == (True, [])
+                    break
+                except StoreError:
+                    assert time.monotonic() < give_up, "no renewal after the heal"
         finally:
             store.close()
             proxy.close()
+
+
+class TestALeasedDaemonsSessions:
+    @pytest.mark.parametrize(("ttl", "shown"), [(3.0, "2s"), (20.0, "10s"), (300.0, "30s")])
+    def test_a_leased_daemons_sessions_end_an_idle_transaction_within_half_its_lease(
+            self, pg_url: str, ttl: float, shown: str) -> None:
+        """A daemon's store (open_store with its lease_ttl) ends a transaction left idle after half the
+        ttl, 2 s at least and 30 s at most: a host cut off mid-write holds no row lock past its lease."""
+        from heartbeat.store import open_store
+
+        store = open_store("/nonexistent", pg_url, refused_wait=0.0, lease_ttl=ttl)
+        try:
+            with store._conn() as conn:  # type: ignore[attr-defined]
+                row = conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()
+                conn.commit()
+            assert row[0] == shown
+        finally:
+            store.close()

@@ -65,20 +65,14 @@ def _connect_kwargs(url: str) -> dict[str, Any]:
     return kwargs
 
 
-_idle_limit = defaults.PG_IDLE_IN_TRANSACTION_TIMEOUT
-"""This process's ``idle_in_transaction_session_timeout`` in seconds (:func:`bound_idle_transactions`)."""
+def idle_limit(lease_ttl: float) -> float:
+    """A leased daemon's idle-transaction bound: half its lease ttl (``PG_IDLE_IN_TRANSACTION_FLOOR``
+    at least, ``PG_IDLE_IN_TRANSACTION_TIMEOUT`` at most), so a transaction left idle by a host cut
+    off or paused mid-write never holds its row locks beyond the lease and delays the takeover."""
+    return min(defaults.PG_IDLE_IN_TRANSACTION_TIMEOUT, max(defaults.PG_IDLE_IN_TRANSACTION_FLOOR, lease_ttl / 2))
 
 
-def bound_idle_transactions(lease_ttl: float) -> None:
-    """A leased daemon's sessions from now on: a transaction left idle (its host cut off, paused)
-    ends after half the lease ttl (2 s at least, ``PG_IDLE_IN_TRANSACTION_TIMEOUT`` at most), so
-    the row locks it holds never outlast the lease and delay the takeover of its tasks."""
-    global _idle_limit
-    _idle_limit = min(defaults.PG_IDLE_IN_TRANSACTION_TIMEOUT, max(defaults.PG_IDLE_IN_TRANSACTION_FLOOR,
-                                                                  lease_ttl / 2))
-
-
-def _session_settings() -> list[str]:
+def _session_settings(idle: float | None = None) -> list[str]:
     """What every heartbeat session sets: UTC; no statement, lock wait or idle transaction longer than
     the timeouts (a process paused or cut off mid-write must not hold its row locks for ever); and the
     server's side of TCP keepalives (a partitioned host's session ends in seconds, not hours)."""
@@ -86,16 +80,17 @@ def _session_settings() -> list[str]:
         "SET TIME ZONE 'UTC'",
         f"SET statement_timeout = {int(defaults.PG_STATEMENT_TIMEOUT * 1000)}",
         f"SET lock_timeout = {int(defaults.LOCK_TIMEOUT * 1000)}",
-        f"SET idle_in_transaction_session_timeout = {int(_idle_limit * 1000)}",
+        f"SET idle_in_transaction_session_timeout = "
+        f"{int((defaults.PG_IDLE_IN_TRANSACTION_TIMEOUT if idle is None else idle) * 1000)}",
         f"SET tcp_keepalives_idle = {int(defaults.PG_KEEPALIVE_IDLE)}",
         f"SET tcp_keepalives_interval = {int(defaults.PG_KEEPALIVE_INTERVAL)}",
         f"SET tcp_keepalives_count = {int(defaults.PG_KEEPALIVE_COUNT)}",
     ]
 
 
-def _configure(conn: psycopg.Connection[Any]) -> None:
+def _configure(conn: psycopg.Connection[Any], idle: float | None = None) -> None:
     """Every pooled connection: :func:`_session_settings`, and the :class:`Watchdog`'s watch."""
-    for statement in _session_settings():
+    for statement in _session_settings(idle):
         conn.execute(statement)  # our own constant SQL
     conn.commit()
     WATCHDOG.add(conn)
@@ -122,6 +117,7 @@ class Watchdog:
         """id(conn) -> monotonic time it was first watched."""
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
         self._pid = os.getpid()
         self.cut = 0
         """Connections cut so far (for the tests)."""
@@ -133,7 +129,7 @@ class Watchdog:
             self._born[id(conn)] = time.monotonic()
             if self._thread is None or self._pid != os.getpid():  # (none yet, or a fork's copy)
                 self._pid = os.getpid()
-                self._thread = threading.Thread(target=self._run, name="heartbeat-pg-watchdog", daemon=True)
+                self._thread = threading.Thread(target=self._run, name=defaults.PG_WATCHDOG_THREAD, daemon=True)
                 self._thread.start()
 
     @contextmanager
@@ -147,9 +143,14 @@ class Watchdog:
             with self._lock:
                 self._bounds.pop(id(conn), None)
 
+    def wake(self) -> None:
+        """Look now (a store closed its connections: with none left open, the thread ends at once)."""
+        self._wake.set()
+
     def _run(self) -> None:
         while True:
-            time.sleep(defaults.PG_CLIENT_CHECK)
+            self._wake.wait(defaults.PG_CLIENT_CHECK)
+            self._wake.clear()
             self.check(time.monotonic())
             with self._lock:  # every connection closed: end (a stopping daemon joins its threads)
                 if not any(not c.closed for c in self._conns):

@@ -118,13 +118,17 @@ class PostgresStore:
     """Batons in ``heartbeat_batons``, events in ``heartbeat_events``; see the module docstring."""
 
     def __init__(self, url: str, *, check_schema: bool = True, pool_size: int | None = None,
-                 wait: float | None = None, refused_wait: float | None = None) -> None:
+                 wait: float | None = None, refused_wait: float | None = None,
+                 idle_timeout: float | None = None) -> None:
         """``pool_size``: connections at most (default ``defaults.PG_POOL_SIZE``); ``wait``: seconds a
         statement waits for one of them (``defaults.PG_CONNECT_TIMEOUT``); ``refused_wait``: seconds it
         goes on waiting, with one notice on stderr, while the database refuses connections (default:
         ``defaults.PG_REFUSED_WAIT`` in an agent's process, ``$HEARTBEAT_EPOCH`` set, whose failed
-        call would count against its task; else 0, a person's command answers at once)."""
+        call would count against its task; else 0, a person's command answers at once);
+        ``idle_timeout``: its sessions' ``idle_in_transaction_session_timeout`` in seconds (default
+        ``defaults.PG_IDLE_IN_TRANSACTION_TIMEOUT``; a leased daemon's: :func:`idle_limit`)."""
         self.url = url
+        self.idle_timeout = idle_timeout
         if refused_wait is None:
             refused_wait = defaults.PG_REFUSED_WAIT if os.environ.get("HEARTBEAT_EPOCH") else 0.0
         self.refused_wait = refused_wait
@@ -152,7 +156,7 @@ class PostgresStore:
             min_size=1,
             max_size=pool_size or defaults.PG_POOL_SIZE,
             kwargs=_connect_kwargs(url),
-            configure=_configure,
+            configure=lambda conn: _configure(conn, idle_timeout),
             check=check_connection,
             timeout=defaults.PG_CONNECT_TIMEOUT if wait is None else wait,
             name="heartbeat",
@@ -234,7 +238,7 @@ class PostgresStore:
                 pause = min(pause * 2, defaults.PG_REFUSED_BACKOFF[1])
                 continue
             try:
-                _configure(conn)
+                _configure(conn, self.idle_timeout)
             except psycopg.Error as exc:
                 conn.close()
                 raise _unreachable(exc, self.url) from None
@@ -631,3 +635,4 @@ class PostgresStore:
                 self._daemon_conn.close()
                 self._daemon_conn = None
         self._pool.close(timeout=1.0)
+        WATCHDOG.wake()
