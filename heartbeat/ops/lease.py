@@ -410,7 +410,11 @@ class Lease:
                 self._fenced_all = True
                 lost = dict(self._supervised)
                 self._supervised.clear()
-            self._unreachable = True  # (an outage, said here: the renewal that ends it says so, once)
+            if not lost:
+                continue  # nothing to stop: a renewal in flight says whether the database answers
+            if not self._unreachable:  # renewals that hang, not fail: the outage is said here, once
+                self.unreachable(StoreError(f"no answer from the database {self.store.label} for "
+                                            f"{now - at:.1f}s"))
             self.log.error("leases_expired", host=self.host, tasks=sorted(lost),
                            reason=f"not renewed for {self._fence_after():.1f}s: this host's agents are stopped; "
                                   "another host may take their tasks over")
