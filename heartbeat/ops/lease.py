@@ -377,7 +377,10 @@ class Lease:
         return max(self.ttl / 2, self.ttl - self.interval)
 
     def unreachable(self, exc: BaseException) -> None:
-        """The database did not answer: say so once (the recovery says so once too)."""
+        """The database did not answer: say so once (the recovery says so once too). Not while this
+        daemon stops: its store closes under a renewal in flight, which is no outage."""
+        if self._stop.is_set():
+            return
         if not self._unreachable:
             self._unreachable = True
             self.log.error("store_unreachable", host=self.host, error=str(exc),
