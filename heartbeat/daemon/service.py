@@ -338,11 +338,12 @@ class Daemon:
         url = "" if self._keeps_files() else store_url(config.store.url)
         shared: Store | None = None
         if url:
+            from heartbeat.store.postgres.connection import idle_limit
             from heartbeat.store.postgres.store import PostgresStore
 
             try:  # never waits on a refusing database: agents then write by themselves, waiting there
                 shared = PostgresStore(url, pool_size=defaults.PG_RELAY_POOL, wait=defaults.PG_RELAY_WAIT,
-                                       refused_wait=0.0)
+                                       refused_wait=0.0, idle_timeout=idle_limit(config.daemon.lease_ttl))
             except HeartbeatError as exc:
                 self.log.error("relay_off", reason=str(exc))
                 return None
@@ -429,10 +430,13 @@ def exit_if_stuck(clean: bool, deadline: float, log: Any) -> None:
     """End the process now when a thread is still stuck at ``deadline`` (the interpreter would
     wait for it at exit for ever): SIGTERM stops the daemon within the stop grace, whatever hangs."""
     # Every thread, daemon or not: the interpreter joins the pools' workers at exit whatever their flag.
+    def waited(t: threading.Thread) -> bool:
+        return t is not threading.current_thread() and t.name != defaults.PG_WATCHDOG_THREAD
+
     for thread in threading.enumerate():
-        if thread is not threading.current_thread():
+        if waited(thread):
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
-    stuck = [t.name for t in threading.enumerate() if t is not threading.current_thread() and t.is_alive()]
+    stuck = [t.name for t in threading.enumerate() if waited(t) and t.is_alive()]
     if clean and not stuck:
         return
     from heartbeat.system.commands import kill_running

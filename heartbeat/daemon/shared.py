@@ -113,7 +113,9 @@ def open_daemon_store(config: Config, *, claim: bool = True, decisions: bool = F
 
     url = store_url(config.store.url)
     # (refused_wait 0: the daemon's own statements never wait on a refusing database; its leases must not)
-    store = open_store(config.state_dir, url, scan_view=decision_view if decisions else None, refused_wait=0.0)
+    # (lease_ttl: a transaction it leaves idle, cut off mid-write, never holds its row locks beyond its lease)
+    store = open_store(config.state_dir, url, scan_view=decision_view if decisions else None, refused_wait=0.0,
+                       lease_ttl=config.daemon.lease_ttl)
     if url:
         from heartbeat.store.files import ensure_private_dir
 

@@ -147,7 +147,12 @@ PG_STATEMENT_TIMEOUT = 30.0
 PG_IDLE_IN_TRANSACTION_TIMEOUT = 30.0
 """Seconds a PostgreSQL store's transaction may sit idle (its process paused, frozen or cut off
 mid-write) before the server ends the session and releases its row locks: a frozen daemon's
-locked task is then taken over (takeover skips locked rows) instead of pinned for ever."""
+locked task is then taken over (takeover skips locked rows) instead of pinned for ever. A leased
+daemon's own sessions use half its ``lease_ttl`` when that is shorter (see PG_IDLE_IN_TRANSACTION_FLOOR)."""
+
+PG_IDLE_IN_TRANSACTION_FLOOR = 2.0
+"""The shortest idle-transaction timeout a leased daemon sets on its sessions (half its ``lease_ttl``,
+no less): a host cut off mid-write must not hold its tasks' row locks beyond their lease."""
 
 LEASE_KILL_MARGIN = 1.0
 """Seconds (at most a tenth of ``lease_ttl``) before a lease can expire in the database by which
@@ -173,6 +178,22 @@ PG_KEEPALIVE_COUNT = 3
 """Unanswered probes after which the peer counts as gone: a partitioned host's session, and its
 locks, end in about PG_KEEPALIVE_IDLE + PG_KEEPALIVE_COUNT x PG_KEEPALIVE_INTERVAL seconds
 (the operating system's default is two hours)."""
+
+PG_TCP_USER_TIMEOUT = 25.0
+"""Seconds data sent on a PostgreSQL TCP connection may stay unacknowledged before the client's
+kernel drops the connection (libpq's ``tcp_user_timeout``): a partition in the middle of a write
+ends like a quiet one, in about PG_KEEPALIVE_IDLE + PG_KEEPALIVE_COUNT x PG_KEEPALIVE_INTERVAL."""
+
+PG_CLIENT_MARGIN = 5.0
+"""Seconds beyond ``PG_STATEMENT_TIMEOUT`` after which heartbeat stops waiting for a statement's
+answer and cuts the connection's socket (a black-holed flow that acknowledges and never answers)."""
+
+PG_WATCHDOG_THREAD = "heartbeat-pg-watchdog"
+"""The name of the PostgreSQL connection watchdog's thread: a daemon thread that holds nothing, so a
+stopping daemon does not wait for it (it ends with the last connection it watches)."""
+
+PG_CLIENT_CHECK = 0.5
+"""Seconds between two looks of the connection watchdog at the statements waiting for an answer."""
 
 TOUCH_COALESCE = 60.0
 """Touches of one task within this many seconds share a single ledger row."""

@@ -190,13 +190,13 @@ class Lease:
     def _renew(self, running: int | None) -> bool:
         if self.stood_down:
             return False
+        started = time.monotonic()
+        started_clock = lease_clock()
+        self._attempt = started  # (before the lock's look: it may hang on a dead connection too)
         self._keep_lock()
         with self._lock:
             supervised = dict(self._supervised)
         ids = list(supervised)
-        started = time.monotonic()
-        started_clock = lease_clock()
-        self._attempt = started
         take, seen = self._take
         renewal = Renewal(host=self.host, pid=os.getpid(), started=self.started, labels=self.labels,
                           capacity=self.capacity, running=len(supervised) if running is None else running,
@@ -377,7 +377,10 @@ class Lease:
         return max(self.ttl / 2, self.ttl - self.interval)
 
     def unreachable(self, exc: BaseException) -> None:
-        """The database did not answer: say so once (the recovery says so once too)."""
+        """The database did not answer: say so once (the recovery says so once too). Not while this
+        daemon stops: its store closes under a renewal in flight, which is no outage."""
+        if self._stop.is_set():
+            return
         if not self._unreachable:
             self._unreachable = True
             self.log.error("store_unreachable", host=self.host, error=str(exc),
@@ -410,6 +413,11 @@ class Lease:
                 self._fenced_all = True
                 lost = dict(self._supervised)
                 self._supervised.clear()
+            if not lost:
+                continue  # nothing to stop: a renewal in flight says whether the database answers
+            if not self._unreachable:  # renewals that hang, not fail: the outage is said here, once
+                self.unreachable(StoreError(f"no answer from the database {self.store.label} for "
+                                            f"{now - at:.1f}s"))
             self.log.error("leases_expired", host=self.host, tasks=sorted(lost),
                            reason=f"not renewed for {self._fence_after():.1f}s: this host's agents are stopped; "
                                   "another host may take their tasks over")

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -49,6 +56,8 @@ def _connect_kwargs(url: str) -> dict[str, Any]:
         "keepalives_count": int(defaults.PG_KEEPALIVE_COUNT),
     }
     kwargs = {k: v for k, v in kwargs.items() if k not in info}
+    if "tcp_user_timeout" not in info:  # data sent and never acknowledged (keepalives cover only a quiet line)
+        kwargs["tcp_user_timeout"] = int(defaults.PG_TCP_USER_TIMEOUT * 1000)
     if "connect_timeout" not in info:
         kwargs["connect_timeout"] = max(2, int(defaults.PG_CONNECT_TIMEOUT))
     if "application_name" not in info:
@@ -56,7 +65,14 @@ def _connect_kwargs(url: str) -> dict[str, Any]:
     return kwargs
 
 
-def _session_settings() -> list[str]:
+def idle_limit(lease_ttl: float) -> float:
+    """A leased daemon's idle-transaction bound: half its lease ttl (``PG_IDLE_IN_TRANSACTION_FLOOR``
+    at least, ``PG_IDLE_IN_TRANSACTION_TIMEOUT`` at most), so a transaction left idle by a host cut
+    off or paused mid-write never holds its row locks beyond the lease and delays the takeover."""
+    return min(defaults.PG_IDLE_IN_TRANSACTION_TIMEOUT, max(defaults.PG_IDLE_IN_TRANSACTION_FLOOR, lease_ttl / 2))
+
+
+def _session_settings(idle: float | None = None) -> list[str]:
     """What every heartbeat session sets: UTC; no statement, lock wait or idle transaction longer than
     the timeouts (a process paused or cut off mid-write must not hold its row locks for ever); and the
     server's side of TCP keepalives (a partitioned host's session ends in seconds, not hours)."""
@@ -64,18 +80,143 @@ def _session_settings() -> list[str]:
         "SET TIME ZONE 'UTC'",
         f"SET statement_timeout = {int(defaults.PG_STATEMENT_TIMEOUT * 1000)}",
         f"SET lock_timeout = {int(defaults.LOCK_TIMEOUT * 1000)}",
-        f"SET idle_in_transaction_session_timeout = {int(defaults.PG_IDLE_IN_TRANSACTION_TIMEOUT * 1000)}",
+        f"SET idle_in_transaction_session_timeout = "
+        f"{int((defaults.PG_IDLE_IN_TRANSACTION_TIMEOUT if idle is None else idle) * 1000)}",
         f"SET tcp_keepalives_idle = {int(defaults.PG_KEEPALIVE_IDLE)}",
         f"SET tcp_keepalives_interval = {int(defaults.PG_KEEPALIVE_INTERVAL)}",
         f"SET tcp_keepalives_count = {int(defaults.PG_KEEPALIVE_COUNT)}",
     ]
 
 
-def _configure(conn: psycopg.Connection[Any]) -> None:
-    """Every pooled connection: :func:`_session_settings`."""
-    for statement in _session_settings():
+def _configure(conn: psycopg.Connection[Any], idle: float | None = None) -> None:
+    """Every pooled connection: :func:`_session_settings`, and the :class:`Watchdog`'s watch."""
+    for statement in _session_settings(idle):
         conn.execute(statement)  # our own constant SQL
     conn.commit()
+    WATCHDOG.add(conn)
+
+
+class Watchdog:
+    """Cuts the socket of a connection whose statement has waited for an answer longer than the
+    server could take (``PG_STATEMENT_TIMEOUT`` + ``PG_CLIENT_MARGIN``, or the shorter bound of a
+    call that needs no more: :meth:`bounded`): the server cancels a statement that runs longer, so
+    an answer that has not come by then never will. That is a partition that neither side can see
+    (a black-holed NAT or proxy flow acknowledges every byte and answers none; no keepalive,
+    ``tcp_user_timeout`` or ``statement_timeout`` ends it), and libpq would wait for ever: the
+    daemon's renewal, tick or relay with it. The cut socket fails the statement at once (a one-line
+    outage) and the pool replaces the connection. The idle connections to the same server opened
+    before it are cut too: they crossed the same dead path, and each would hang its next user."""
+
+    def __init__(self) -> None:
+        self._conns: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+        self._busy: dict[int, tuple[float, int]] = {}
+        """id(conn) -> (monotonic time it was first seen waiting on a statement, its socket)."""
+        self._bounds: dict[int, float] = {}
+        """id(conn) -> the shorter bound of the call using it (:meth:`bounded`)."""
+        self._born: dict[int, float] = {}
+        """id(conn) -> monotonic time it was first watched."""
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._pid = os.getpid()
+        self.cut = 0
+        """Connections cut so far (for the tests)."""
+
+    def add(self, conn: psycopg.Connection[Any]) -> None:
+        """Watch ``conn`` while it is open; the watching thread runs while any is."""
+        with self._lock:
+            self._conns.add(conn)
+            self._born[id(conn)] = time.monotonic()
+            if self._thread is None or self._pid != os.getpid():  # (none yet, or a fork's copy)
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name=defaults.PG_WATCHDOG_THREAD, daemon=True)
+                self._thread.start()
+
+    @contextmanager
+    def bounded(self, conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
+        """While in this block, a statement of ``conn`` unanswered for ``seconds`` is cut."""
+        with self._lock:
+            self._bounds[id(conn)] = seconds
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._bounds.pop(id(conn), None)
+
+    def wake(self) -> None:
+        """Look now (a store closed its connections: with none left open, the thread ends at once)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(defaults.PG_CLIENT_CHECK)
+            self._wake.clear()
+            self.check(time.monotonic())
+            with self._lock:  # every connection closed: end (a stopping daemon joins its threads)
+                if not any(not c.closed for c in self._conns):
+                    self._thread = None
+                    return
+
+    def check(self, now: float) -> None:
+        """Cut each connection that has waited on one statement for longer than its bound."""
+        with self._lock:
+            conns = list(self._conns)
+            bounds = dict(self._bounds)
+            born = dict(self._born)
+        seen: dict[int, tuple[float, int]] = {}
+        dead: list[psycopg.Connection[Any]] = []
+        for conn in conns:
+            try:
+                if conn.closed or conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.ACTIVE:
+                    continue
+                fd = conn.pgconn.socket
+            except psycopg.Error:
+                continue
+            since, old_fd = self._busy.get(id(conn), (now, fd))
+            since = since if old_fd == fd else now
+            seen[id(conn)] = (since, fd)
+            limit = bounds.get(id(conn), defaults.PG_STATEMENT_TIMEOUT + defaults.PG_CLIENT_MARGIN)
+            if now - since > limit:
+                self._cut(fd)
+                seen.pop(id(conn))
+                dead.append(conn)
+        for gone in dead:  # the idle connections to that server it outlived crossed the same path
+            for conn in conns:
+                try:
+                    if conn is gone or conn.closed or conn.info.host != gone.info.host \
+                            or conn.info.port != gone.info.port or born.get(id(conn), now) > born.get(id(gone), 0) \
+                            or conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.ACTIVE:
+                        continue
+                    self._cut(conn.pgconn.socket)
+                except psycopg.Error:
+                    continue
+        self._busy = seen
+
+    def _cut(self, fd: int) -> None:
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            return
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # the socket itself, not only this duplicate: the waiting read wakes
+            self.cut += 1
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
+
+def check_connection(conn: psycopg.Connection[Any]) -> None:
+    """The pool's look at a connection before it lends it: an empty query, answered within
+    ``PG_CONNECT_TIMEOUT`` or cut (a black-holed connection must not hang the borrower)."""
+    from psycopg_pool import ConnectionPool
+
+    with WATCHDOG.bounded(conn, defaults.PG_CONNECT_TIMEOUT):
+        ConnectionPool.check_connection(conn)
+
+
+WATCHDOG = Watchdog()
+"""The one :class:`Watchdog` of this process."""
 
 
 _REFUSALS = ("too many clients", "remaining connection slots are reserved", "connection refused",
@@ -119,6 +260,7 @@ def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
         if autocommit:
             for statement in _session_settings():
                 conn.execute(statement)  # our own constant SQL
+            WATCHDOG.add(conn)
         else:
             _configure(conn)
     except psycopg.OperationalError as exc:

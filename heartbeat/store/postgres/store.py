@@ -74,12 +74,14 @@ from heartbeat.store.base import (
 from heartbeat.store.postgres import archive as pg_archive
 from heartbeat.store.postgres import leases as pg_leases
 from heartbeat.store.postgres.connection import (
+    WATCHDOG,
     _configure,
     _connect_kwargs,
     _label,
     _one_line,
     _refusal,
     _unreachable,
+    check_connection,
     connect,
 )
 from heartbeat.store.postgres.ledger import PostgresLedger, append_events, highest_revision
@@ -116,13 +118,17 @@ class PostgresStore:
     """Batons in ``heartbeat_batons``, events in ``heartbeat_events``; see the module docstring."""
 
     def __init__(self, url: str, *, check_schema: bool = True, pool_size: int | None = None,
-                 wait: float | None = None, refused_wait: float | None = None) -> None:
+                 wait: float | None = None, refused_wait: float | None = None,
+                 idle_timeout: float | None = None) -> None:
         """``pool_size``: connections at most (default ``defaults.PG_POOL_SIZE``); ``wait``: seconds a
         statement waits for one of them (``defaults.PG_CONNECT_TIMEOUT``); ``refused_wait``: seconds it
         goes on waiting, with one notice on stderr, while the database refuses connections (default:
         ``defaults.PG_REFUSED_WAIT`` in an agent's process, ``$HEARTBEAT_EPOCH`` set, whose failed
-        call would count against its task; else 0, a person's command answers at once)."""
+        call would count against its task; else 0, a person's command answers at once);
+        ``idle_timeout``: its sessions' ``idle_in_transaction_session_timeout`` in seconds (default
+        ``defaults.PG_IDLE_IN_TRANSACTION_TIMEOUT``; a leased daemon's: :func:`idle_limit`)."""
         self.url = url
+        self.idle_timeout = idle_timeout
         if refused_wait is None:
             refused_wait = defaults.PG_REFUSED_WAIT if os.environ.get("HEARTBEAT_EPOCH") else 0.0
         self.refused_wait = refused_wait
@@ -150,8 +156,8 @@ class PostgresStore:
             min_size=1,
             max_size=pool_size or defaults.PG_POOL_SIZE,
             kwargs=_connect_kwargs(url),
-            configure=_configure,
-            check=ConnectionPool.check_connection,
+            configure=lambda conn: _configure(conn, idle_timeout),
+            check=check_connection,
             timeout=defaults.PG_CONNECT_TIMEOUT if wait is None else wait,
             name="heartbeat",
             open=True,
@@ -232,7 +238,7 @@ class PostgresStore:
                 pause = min(pause * 2, defaults.PG_REFUSED_BACKOFF[1])
                 continue
             try:
-                _configure(conn)
+                _configure(conn, self.idle_timeout)
             except psycopg.Error as exc:
                 conn.close()
                 raise _unreachable(exc, self.url) from None
@@ -535,9 +541,10 @@ class PostgresStore:
             conn = self._daemon_conn
             if conn is not None:
                 try:
-                    row = conn.execute(
-                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() "
-                        "AND granted AND classid::bigint = %s AND objsubid = 2", (_DAEMON_LOCK,)).fetchone()
+                    with WATCHDOG.bounded(conn, defaults.PG_CONNECT_TIMEOUT):
+                        row = conn.execute(
+                            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() "
+                            "AND granted AND classid::bigint = %s AND objsubid = 2", (_DAEMON_LOCK,)).fetchone()
                     if row and row[0]:
                         return "held"
                 except psycopg.Error:
@@ -582,12 +589,27 @@ class PostgresStore:
         with self._conn() as conn:
             return pg_leases.lease_rows(conn)
 
-    def renew_leases(self, renewal: Renewal) -> tuple[bool, list[str]]:
+    @contextmanager
+    def _one_statement(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection in autocommit: the server commits the statement before it answers, so
+        no answer lost on the way (a partition, a cut) leaves its rows locked in an open transaction
+        until ``idle_in_transaction_session_timeout``: a renewal or claim cut off mid-flight never pins
+        the host's tasks beyond their lease."""
         with self._conn() as conn:
+            conn.autocommit = True
+            try:
+                yield conn
+            finally:
+                if not conn.closed and not conn.broken:
+                    conn.autocommit = False
+
+    def renew_leases(self, renewal: Renewal) -> tuple[bool, list[str]]:
+        # (an answer later than the lease is worth nothing: the host's agents are stopped by then)
+        with self._one_statement() as conn, WATCHDOG.bounded(conn, renewal.ttl):
             return pg_leases.renew(conn, renewal)
 
     def claim_leases(self, ids: list[str], *, host: str, labels: list[str], ttl: float, limit: int) -> set[str]:
-        with self._conn() as conn:
+        with self._one_statement() as conn:
             return pg_leases.claim(conn, ids, host=host, labels=labels, ttl=ttl, limit=limit)
 
     def take_over_leases(self, *, host: str, labels: list[str], ttl: float, limit: int,
@@ -613,3 +635,4 @@ class PostgresStore:
                 self._daemon_conn.close()
                 self._daemon_conn = None
         self._pool.close(timeout=1.0)
+        WATCHDOG.wake()
