@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from heartbeat.config.shape import Config, DaemonConfig
+from heartbeat.config.shape import Config
 from heartbeat.daemon.act import Actor
 from heartbeat.daemon.changes import ChangeFeed
 from heartbeat.daemon.leased import LeasePart
@@ -44,16 +44,15 @@ from heartbeat.model.errors import (
     StoreError,
     UnsafePath,
 )
+from heartbeat.model.knobs import knob_values
 from heartbeat.model.ledger import Event, EventKind
 from heartbeat.store.base import Entry
 from heartbeat.system import systemd
 from heartbeat.system.clock import StepWatch
 
-__all__ = ["DAEMON_KNOBS", "LookMemory", "Loop", "Want"]
+__all__ = ["LookMemory", "Loop", "Want"]
 
 
-DAEMON_KNOBS = tuple(f.name for f in fields(pol.Policy) if f.name in {g.name for g in fields(DaemonConfig)})
-"""The policy's knobs that ``[daemon]`` sets, by the same name in both."""
 
 
 @dataclass(slots=True)
@@ -497,12 +496,11 @@ class Loop:
         return policy
 
     def _make_policy(self, launcher: str) -> pol.Policy:
-        """The policy of one launcher's tasks: every knob ``[daemon]`` has by its name (a new one
-        needs no line here), the launcher's own, and the constants."""
-        d = self.shared.config.daemon
+        """The policy of one launcher's tasks: every knob ``[daemon]`` sets (:mod:`heartbeat.model.knobs`;
+        a new one needs no line here), the launcher's own, and the constants."""
         lc = self.shared.config.launchers.get(launcher)
         return pol.Policy(
-            **{name: getattr(d, name) for name in DAEMON_KNOBS},
+            **knob_values(self.shared.config.daemon),
             max_runtime=lc.max_runtime if lc else None,
             non_retryable_exit_codes=frozenset(lc.non_retryable_exit_codes) if lc else frozenset(),
             launch_timeout=defaults.LAUNCH_TIMEOUT,
