@@ -7,6 +7,7 @@ daemons with different host ids where the fleet matters."""
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -35,6 +36,40 @@ def pg(pg_url: str) -> Iterator[PostgresStore]:
     store = PostgresStore(pg_url)
     yield store
     store.close()
+
+
+@pytest.fixture(scope="module")
+def rich_template(pg_cluster: Any) -> str:
+    """A database holding the rich ledger (:func:`fill_rich`), written once per module: it is the
+    costly part of the tests that read it, and each of them gets a copy of its own (``rich``)."""
+    name = f"hb_rich_{os.getpid()}"
+    with psycopg.connect(pg_cluster.host_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE hb_template')  # type: ignore[arg-type]
+    store = PostgresStore(pg_cluster.url(name))
+    try:
+        fill_rich(store)
+    finally:
+        store.close()  # no session may stay on a template while it is copied
+    return name
+
+
+@pytest.fixture
+def rich_url(pg_cluster: Any, rich_template: str) -> str:
+    """A fresh database of this test's own, a copy of the rich ledger (``CREATE DATABASE ... TEMPLATE``)."""
+    name = f"{rich_template}_{next(_copies)}"
+    with psycopg.connect(pg_cluster.host_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{rich_template}"')  # type: ignore[arg-type]
+    return str(pg_cluster.url(name))
+
+
+@pytest.fixture
+def rich(rich_url: str) -> Iterator[PostgresStore]:
+    store = PostgresStore(rich_url)
+    yield store
+    store.close()
+
+
+_copies = iter(range(1, 1 << 30))
 
 
 def write(store: PostgresStore, task: str, start: datetime, *, seed: int = 1, epochs: int = 4, touches: int = 4,
@@ -183,10 +218,10 @@ class TestArchiving:
 
 
 class TestReportAndCounters:
-    def test_the_report_is_identical_and_the_decrease_explained(self, pg: PostgresStore, pg_url: str) -> None:
+    def test_the_report_is_identical_and_the_decrease_explained(self, rich: PostgresStore, rich_url: str) -> None:
         """The rich ledger on PostgreSQL: every report figure identical after gc archives and folds;
         rows before - rows after = what the new `archived`/`compacted` rows say they hold, minus them."""
-        fill_rich(pg)
+        pg, pg_url = rich, rich_url
         before = report_json(pg)
         ids_before = {r[0] for r in sql(pg_url, "SELECT id FROM heartbeat_events")}
         rows_before = events_rows(pg_url)
@@ -201,10 +236,10 @@ class TestReportAndCounters:
         again = run_gc(pg, RetentionConfig(), now=LATER)
         assert (again.archived, again.folded) == ([], {})
 
-    def test_the_cli_gc_and_report_on_the_database(self, pg: PostgresStore, pg_url: str, tmp_path: Path) -> None:
+    def test_the_cli_gc_and_report_on_the_database(self, rich_url: str, tmp_path: Path) -> None:
         """`heartbeat gc` on the configured database archives (c31a8a9 refused: "gc works on the file
         store only"), and `heartbeat report --json` prints the same document before and after."""
-        fill_rich(pg)
+        pg_url = rich_url
 
         def report() -> dict[str, Any]:
             r = cli(pg_url, tmp_path, "report", "--json")
@@ -219,12 +254,12 @@ class TestReportAndCounters:
         assert "archive 32 task(s)" in r.out.splitlines()[-1]
         assert report() == before
 
-    def test_counters_are_not_lower_after_gc(self, pg: PostgresStore, pg_url: str) -> None:
+    def test_counters_are_not_lower_after_gc(self, rich: PostgresStore, rich_url: str) -> None:
         """Every `*_total` counter a scrape of the PostgreSQL store shows is the same after gc archived
         most tasks, for the same exporter and a fresh one (a restart)."""
         from heartbeat.web.metrics import HeartbeatCollector
 
-        fill_rich(pg)
+        pg, pg_url = rich, rich_url
         collector = HeartbeatCollector(pg, state_dir="")
         before = _counters(collector)
         assert before[("heartbeat_escalations_total", (("scope", "store"),))] > 0

@@ -83,15 +83,19 @@ class TestProofOfLife:
     """The agent's stream-json output is proof of life; a model that answers nothing is still noticed."""
 
     def test_working_agent_that_never_touches_is_not_stalled(self, tmp_path: Path, model: ScriptedModel) -> None:
-        """Each step takes six silent working turns of `sleep 4` (no note, no touch): over stall_after
-        (20s, room for claude's start on a loaded machine) between notes, with claude printing lines
-        each turn. One dispatch finishes the task (fails on c684e38: stopped as hung mid-step and
-        dispatched again)."""
+        """The first step takes six silent working turns of `sleep 4` (no note, no touch): over
+        stall_after (20s, room for claude's start on a loaded machine) between notes, with claude
+        printing lines each turn; the later steps run without them (one long silence is the case,
+        and each more cost the suite 24 s). One dispatch finishes the task (fails on c684e38:
+        stopped as hung mid-step and dispatched again)."""
         run = Run(tmp_path, model, stall_after="20s")
         run.control(work_turns=6, work_sleep=4)
         try:
             run.h.start()
             run.new("worker")
+            run.h.wait(lambda: any(e["event"] == "step_done" for e in run.record()), "the first step done",
+                       timeout=400)
+            run.control()  # read by the model at its next request
             run.h.wait(lambda: run.status("worker") == "done", "the task done by the agent", timeout=400)
             assert not run.h.events("worker", "stopped")
             assert len(run.h.events("worker", "dispatched")) == 1
