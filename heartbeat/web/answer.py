@@ -13,6 +13,7 @@ written answer is a ``303`` back to the task page.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import re
@@ -84,10 +85,18 @@ async def _body(request: Any) -> bytes:
     if length and (not length.isdigit() or int(length) > MAX_BODY):
         raise too_big
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY:
-            raise too_big
+
+    async def read() -> None:
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > MAX_BODY:
+                raise too_big
+
+    try:
+        # A body trickled in forever would hold its connection: the same bound as a request's arrival.
+        await asyncio.wait_for(read(), defaults.WEB_REQUEST_TIMEOUT)
+    except TimeoutError:
+        raise Refused(408, f"the form's body did not arrive within {defaults.WEB_REQUEST_TIMEOUT:g}s") from None
     return bytes(body)
 
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 import html
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,12 +112,31 @@ class TestInBrowser:
         assert answered.data["by"] == "person:web" and answered.data["qid"] == "q1" and answered.data["wait_s"] >= 0
         assert h.events("asker", "unblocked")[-1].data["gate_opened"] == "question:q1"
 
+    def test_the_page_does_not_refresh_under_a_person_typing(self, site: tuple[DaemonHarness, WebServer]) -> None:
+        """The page refreshes its main part in place every WEB_REFRESH_SECONDS; it does, untouched, but not
+        while an answer is typed: the form and its text stay (one refresh would have replaced them)."""
+        h, server = site
+        every = defaults.WEB_REFRESH_SECONDS
+        with Browser(timeout=every * 3) as browser:
+            browser.open(server.at("tasks/held"))
+            browser.evaluate("document.getElementById('main').dataset.mark = 'old'; 1")
+            browser.wait_for("document.getElementById('main').dataset.mark !== 'old'", "a refresh, untouched")
+            browser.evaluate("document.getElementById('main').dataset.mark = 'typing'; 1")
+            browser.type_into('form[data-qid="q2"] textarea', "half an answer")
+            browser.evaluate("document.activeElement.blur(); 1")  # filled, no longer focused: still kept
+            started = time.monotonic()
+            while time.monotonic() - started < every * 1.5:
+                assert browser.evaluate("document.getElementById('main').dataset.mark") == "typing"
+                time.sleep(0.5)
+            assert browser.evaluate("document.querySelector('form[data-qid=\"q2\"] textarea').value") == "half an answer"
+        assert h.baton("held").questions[1].open
+
 
 class TestAttacks:
     def test_no_token_or_a_wrong_one_writes_nothing(self, site: tuple[DaemonHarness, WebServer]) -> None:
         """The POST needs the token as every GET does (401), whatever else it carries."""
         h, server = site
-        action, value = form_of(server, "held", "q1")
+        _, value = form_of(server, "held", "q1")
         before = snapshot(h, "held")
         for url in (server.url + "tasks/held/questions/q1/answer",
                     server.url + "tasks/held/questions/q1/answer?token=wrong",
@@ -185,6 +206,23 @@ class TestAttacks:
         for headers in ((form,), (form, "Transfer-Encoding: chunked")):
             code, body, _ = curl("-X", "POST", *(a for x in headers for a in ("-H", x)), "--data-binary", f"@{big}", url)
             assert code == 413 and f"over {defaults.MAX_ANSWER_CHARS * 12 + 1024} bytes" in body, headers
+        assert snapshot(h, "held") == before
+
+    def test_a_body_that_never_arrives_is_cut_off(self, site: tuple[DaemonHarness, WebServer]) -> None:
+        """A POST that declares a body and sends a part of it, then nothing: 408 within
+        WEB_REQUEST_TIMEOUT (the connection is not held for ever), nothing written."""
+        h, server = site
+        action, value = form_of(server, "held", "q1")
+        before = snapshot(h, "held")
+        host, port = server.url.split("//", 1)[1].rstrip("/").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=defaults.WEB_REQUEST_TIMEOUT * 3) as conn:
+            conn.sendall(f"POST {action} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                         "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\n"
+                         f"form={value}&answer=slow".encode())
+            started = time.monotonic()
+            reply = conn.recv(4096).decode()
+            assert reply.startswith("HTTP/1.1 408"), reply[:200]
+            assert time.monotonic() - started < defaults.WEB_REQUEST_TIMEOUT * 2
         assert snapshot(h, "held") == before
 
     def test_post_anywhere_else_and_other_verbs_stay_405(self, site: tuple[DaemonHarness, WebServer]) -> None:
