@@ -88,13 +88,16 @@ def snapshot(h: DaemonHarness, *task_ids: str) -> list[tuple[bytes, int]]:
 
 class TestInBrowser:
     def test_a_person_types_the_answer_and_the_gate_lifts(self, site: tuple[DaemonHarness, WebServer]) -> None:
-        """Chromium opens /tasks/asker, types into q1's form and clicks Answer: a 303 back to the task's
-        page (token kept), which shows the answer as text; the baton holds it by person:web, the gate
+        """Chromium follows the list's link to /tasks/asker#q1, types into q1's form and clicks Answer: a 303
+        back to the task's page (token kept), which shows the answer as text; the baton holds it by person:web, the gate
         `question:q1` has lifted, and the ledger has `answered` and `unblocked` like the CLI's."""
         h, server = site
         assert h.baton("asker").meta.gate is not None and h.baton("asker").meta.gate.spec() == "question:q1"
         with Browser() as browser:
-            browser.open(server.at("tasks/asker"))
+            browser.open(server.at())  # from the list's open questions to the question's form
+            browser.click('a[data-answer="asker/q1"]')
+            browser.wait_for("location.pathname === '/tasks/asker' && location.hash === '#q1' && "
+                             "document.readyState === 'complete'", "asker's page")
             browser.type_into('form[data-qid="q1"] textarea', ANSWER)
             browser.click('form[data-qid="q1"] button')
             browser.wait_for("location.pathname === '/tasks/asker' && document.readyState === 'complete' && "
