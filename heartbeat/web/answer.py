@@ -23,11 +23,12 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from heartbeat.model import defaults
+from heartbeat.model.baton import ID_PATTERN, QID_PATTERN
 from heartbeat.model.errors import BadInput, Conflict, HeartbeatError, NotFound
 
 __all__ = ["ANSWER_PATH", "BY", "MAX_BODY", "FormKey", "is_answer_path", "answer_endpoint"]
 
-ANSWER_PATH = re.compile(r"/tasks/[A-Za-z0-9][A-Za-z0-9._-]{0,127}/questions/q[0-9]{1,4}/answer")
+ANSWER_PATH = re.compile(rf"/tasks/{ID_PATTERN.pattern}/questions/{QID_PATTERN.pattern}/answer")
 """The one path that takes a POST (the guard refuses POST, and every other write verb, elsewhere)."""
 
 BY = "person:web"
