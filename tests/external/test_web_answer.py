@@ -20,7 +20,7 @@ from heartbeat.model import defaults
 from heartbeat.web.answer import FormKey
 from tests.support.browser import Browser
 from tests.support.daemon_harness import DaemonHarness
-from tests.support.web_scenario import TOKEN, WebServer, start_web
+from tests.support.web_scenario import TOKEN, Scenario, WebServer, start_web
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ def curl(*args: str) -> tuple[int, str, dict[str, str]]:
     return int(code or 0), body, headers
 
 
-def form_of(server: WebServer, task_id: str, qid: str) -> tuple[str, str]:
+def form_of(server: WebServer | Scenario, task_id: str, qid: str) -> tuple[str, str]:
     """The action and the anti-forgery value of ``qid``'s form, as the task's page serves them."""
     code, body, _ = curl(server.at(f"tasks/{task_id}"))
     assert code == 200
@@ -315,3 +315,28 @@ def test_a_unix_socket_page_answers_without_a_token(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_the_daemons_own_page_answers_and_the_daemon_dispatches(tmp_path: Path) -> None:
+    """`[http] listen` inside `heartbeat run`: its page's form answers from the server's thread, on the
+    daemon's store, and the daemon, seeing the gate lifted, dispatches the task's next agent."""
+    tmp_path.chmod(0o700)
+    h = DaemonHarness(tmp_path, extra=f'\n[http]\nlisten = "127.0.0.1:0"\ntoken = "{TOKEN}"\n')
+    try:
+        h.new("held", plan=1)
+        h.new("free", plan=1)
+        ask(h, "held")
+        h.start()
+        served = h.wait_log(lambda e: e.get("event") == "http_serving", "the daemon's [http] server")
+        page = Scenario(h, str(served["url"]))
+        action, value = form_of(page, "held", "q1")
+        h.wait(lambda: h.events("free", "dispatched"), "the daemon dispatching the task beside it")
+        assert not h.events("held", "dispatched")  # held on its question meanwhile
+        code, _, headers = post(page.url.rstrip("/") + action, "answer=Ship it.", f"form={value}",
+                                headers=("Content-Type: application/x-www-form-urlencoded",
+                                         f"Origin: {page.url.rstrip('/')}", "Sec-Fetch-Site: same-origin"))
+        assert code == 303 and headers["location"] == f"/tasks/held?token={TOKEN}#q1"
+        assert h.baton("held").questions[0].answered_by == "person:web"
+        h.wait(lambda: h.events("held", "dispatched"), "the daemon dispatching the answered task", timeout=30)
+    finally:
+        h.close()
