@@ -379,7 +379,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--mcp", action="store_true", help="claude: also register `heartbeat mcp` in the project's .mcp.json")
     p.add_argument("--task", help="pin the task id (else $HEARTBEAT_TASK or the workdir decides)")
     command("mcp", "serve.cmd_mcp", "serve the batons over MCP on stdio (needs the mcp extra)", task=False)
-    p = command("web", "serve.cmd_web", "the read-only status page (needs the web extra)", task=False)
+    p = command("web", "serve.cmd_web", "the status page; its one write is a question's answer (needs the web extra)",
+                task=False)
     p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8787; a token is required) or unix:PATH "
                    "(a 0600 socket; relative: in the state dir)")
     p.add_argument("--token", help="require this token (else $HEARTBEAT_WEB_TOKEN): Authorization: Bearer, or ?token=")

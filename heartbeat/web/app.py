@@ -1,6 +1,6 @@
 """The status page: ``heartbeat web`` (and ``[http] listen`` inside ``heartbeat run``).
 
-Read-only, server-rendered HTML on Starlette (routing, requests, responses) served by
+Server-rendered HTML on Starlette (routing, requests, responses) served by
 uvicorn, pages from Jinja2 templates with autoescaping on for every value: batons,
 ledger data and agent logs are hostile input, and a step holding ``<script>`` renders
 as text. A strict Content-Security-Policy (inline style and the one auto-refresh
@@ -9,7 +9,8 @@ script allowed by a per-response nonce) is the second line behind the escaping.
 - ``/``: every task (status, age, step, attempt/epoch, owner, block and gate, last exit),
   filterable with ``?status=``, with counts per status, and the open questions across the
   seam (each with the ``heartbeat answer`` command that answers it);
-- ``/tasks/ID``: the baton, its questions and answers, the brief the next agent would read, the
+- ``/tasks/ID``: the baton, its questions and answers (an open one with a form that answers it:
+  the page's one write, :mod:`heartbeat.web.answer`), the brief the next agent would read, the
   timeline of the task's ledger events and the tail of the current agent's log;
 - ``/report``: the handoff report, worst tasks first;
 - ``/metrics``: Prometheus metrics (see :mod:`heartbeat.web.metrics`).
@@ -19,8 +20,9 @@ Who may ask: on TCP every request must carry the token (``Authorization: Bearer 
 connect to a port; without a token the server serves only a Unix socket (``unix:PATH``,
 created 0600: this user and root). A ``Host`` header naming neither the listen address
 nor a configured name is refused (421), so a DNS-rebinding page reads nothing. Only GET
-and HEAD are served (any other method: 405). Connections are bounded in number and in
-the time a request may take to arrive, so a flood cannot take the descriptors the
+and HEAD are served (any other method: 405), but for one POST: a question's answer, from its
+form (same origin, an anti-forgery value, a bounded body; :mod:`heartbeat.web.answer`).
+Connections are bounded in number and in the time a request may take to arrive, so a flood cannot take the descriptors the
 daemon's clock needs when the server runs inside ``heartbeat run``."""
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from heartbeat.model.baton import Baton, Status, check_id, dump_baton
 from heartbeat.model.errors import BadInput, HeartbeatError, NotFound
 from heartbeat.model.ledger import EventKind
 from heartbeat.model.timeparse import format_duration, utcnow
+from heartbeat.web.answer import FormKey, answer_endpoint
 from heartbeat.web.guard import HostCheck, _Guard
 from heartbeat.web.views import (
     _ROUTINE_KINDS,
@@ -65,7 +68,7 @@ __all__ = ["build_app"]
 def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck | None = None,
               max_attempts: int = defaults.MAX_ATTEMPTS, default_launcher: str = defaults.DEFAULT_LAUNCHER,
               vitals: Any = None, policy: Any = None) -> Any:
-    """The ASGI application over ``store`` (read-only). ``hosts``: the Host headers answered (None:
+    """The ASGI application over ``store`` (it writes only a question's answer). ``hosts``: the Host headers answered (None:
     any, for an app mounted behind something that checks them); ``vitals``: the daemon's own, when
     in-process."""
     from starlette.applications import Starlette
@@ -120,7 +123,9 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
                                         "connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
                                         "form-action 'self'; frame-ancestors 'none'"),
             "X-Content-Type-Options": "nosniff",
-            "Referrer-Policy": "no-referrer",
+            # same-origin, not no-referrer: the answer form's POST must carry its Origin (no-referrer
+            # sends "Origin: null"); a link elsewhere still gets no Referer and so no ?token=.
+            "Referrer-Policy": "same-origin",
             "Cache-Control": "no-store",
         }
         return HTMLResponse(html, status_code=status_code, headers=headers)
@@ -172,8 +177,13 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
                     carry_token=request.query_params.get("token", "") if token else "",
                     questions=asked[:defaults.WEB_QUESTIONS_SHOWN], questions_total=len(asked))
 
+    form_key = FormKey(token)
+
     def task(request: Request) -> HTMLResponse:
-        task_id = request.path_params["task_id"]
+        return task_page(request, request.path_params["task_id"])
+
+    def task_page(request: Request, task_id: str, status_code: int = 200, *,
+                  answer_error: dict[str, Any] | None = None, draft: str = "") -> HTMLResponse:
         try:
             check_id(task_id)
         except HeartbeatError:
@@ -212,10 +222,18 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
             epoch = int(asked)
         log = log_tail_of(state_dir, task_id, epoch) if epoch > 0 else None
         now = utcnow()
-        return page(request, "task.html", title=task_id, task_id=task_id, baton=baton, error=error,
+        asked_here = question_rows(baton, now, open_only=False) if baton is not None else []
+        for q in asked_here:  # an open question's form: where it posts and its anti-forgery value
+            if q["open"]:
+                q["action"] = link(request, f"/tasks/{task_id}/questions/{q['id']}/answer")
+                q["form"] = form_key.value(task_id, q["id"])
+        if answer_error is not None:  # beside its form, or (answered, unknown) at the top
+            answer_error["inline"] = any(q["open"] and q["id"] == answer_error["qid"] for q in asked_here)
+        return page(request, "task.html", status_code, title=task_id, task_id=task_id, baton=baton, error=error,
                     row=_row(_Entry(task_id, baton, error), now, default_launcher, policy),
                     baton_text=dump_baton(baton) if baton is not None else "", brief=brief, timeline=timeline,
-                    questions=question_rows(baton, now, open_only=False) if baton is not None else [],
+                    questions=asked_here, answer_error=answer_error or {}, draft=draft,
+                    answer_max=defaults.MAX_ANSWER_CHARS, refresh=answer_error is None,
                     hidden=hidden, routine=routine, show_all=show_all, log=log, epoch=epoch, needs=needs_rows,
                     epochs=list(range(max(1, current - 50), current + 1)) if current > 1 else [])
 
@@ -253,6 +271,8 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
     routes = [
         Route("/", index, methods=["GET"]),
         Route("/tasks/{task_id:str}", task, methods=["GET"]),
+        Route("/tasks/{task_id:str}/questions/{qid:str}/answer",
+              answer_endpoint(store, form_key, link=link, task_page=task_page), methods=["POST"]),
         Route("/report", report, methods=["GET"]),
         Route("/hosts", hosts_page, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

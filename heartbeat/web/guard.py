@@ -1,4 +1,5 @@
-"""The page's security guard: loopback and exposure checks, the Host header, only GET/HEAD, the token."""
+"""The page's security guard: loopback and exposure checks, the Host header, the methods served
+(GET/HEAD, and POST on the one answer path only), the token, and same-origin for that POST."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from heartbeat.config.shape import Listen
 from heartbeat.model.errors import BadInput
+from heartbeat.web.answer import is_answer_path
 
 __all__ = ["HostCheck", "is_loopback", "check_exposure"]
 _TOKEN_ENV = "HEARTBEAT_WEB_TOKEN"
@@ -113,7 +115,8 @@ class HostCheck:
 
 class _Guard:
     """ASGI middleware, before anything else runs: the Host header (:class:`HostCheck`), only
-    GET/HEAD, and the token when one is set."""
+    GET/HEAD (and POST on :data:`~heartbeat.web.answer.ANSWER_PATH`), the token when one is set,
+    and a POST sent from this page's own origin (:func:`_cross_site`)."""
 
     def __init__(self, app: ASGIApp, token: str, hosts: HostCheck | None) -> None:
         self.app = app
@@ -134,12 +137,15 @@ class _Guard:
             shown = host.encode("ascii", "backslashreplace").decode()[:100]
             response = PlainTextResponse(f"host {shown!r} is not served here: add it to [http] allowed_hosts "
                                          "(heartbeat web --allow-host)\n", 421)
-        elif scope["method"] not in ("GET", "HEAD"):
-            response = PlainTextResponse("read-only: this server answers GET and HEAD only\n", 405,
-                                         headers={"Allow": "GET, HEAD"})
+        elif scope["method"] not in ("GET", "HEAD") and not (scope["method"] == "POST" and is_answer_path(
+                scope["path"])):
+            response = PlainTextResponse("this server answers GET and HEAD only (and a question's answer, posted "
+                                         "by its form on the task's page)\n", 405, headers={"Allow": "GET, HEAD"})
         elif self.token and not self._authorized(request):
             response = PlainTextResponse("a token is required: Authorization: Bearer TOKEN, or ?token=TOKEN\n", 401,
                                          headers={"WWW-Authenticate": 'Bearer realm="heartbeat"'})
+        elif scope["method"] == "POST" and (refusal := _cross_site(request, host)):
+            response = PlainTextResponse(refusal + "\n", 403)
         else:
             await self.app(scope, receive, send)
             return
@@ -151,3 +157,23 @@ class _Guard:
         candidate = given.strip() if scheme.lower() == "bearer" else request.query_params.get("token", "")
         # compare_digest on bytes of any length is constant-time in the length of the secret.
         return hmac.compare_digest(candidate.encode("utf-8", "surrogateescape"), self.token)
+
+
+def _cross_site(request: Any, host: str) -> str:
+    """Why a POST did not come from this page's own origin, or "" when it did (or says nothing).
+
+    A browser sends ``Origin`` with every POST (the pages' ``Referrer-Policy: same-origin`` keeps it
+    from being ``null`` on our own forms) and ``Sec-Fetch-Site``; each, when present, must name this
+    server: the scheme is not compared (a TLS proxy in front rewrites it), the host and port are,
+    against the ``Host`` header the guard has already checked."""
+    origin = request.headers.get("origin")
+    if origin is not None:
+        scheme, sep, rest = origin.partition("://")
+        if not sep or scheme not in ("http", "https") or rest.lower() != host.strip().lower():
+            shown = origin.encode("ascii", "backslashreplace").decode()[:100]
+            return f"cross-origin: a form posted from {shown!r} is refused; answer on this server's own page"
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site != "same-origin":
+        shown = site.encode("ascii", "backslashreplace").decode()[:20]
+        return f"cross-origin: a form posted from a {shown!r} page is refused; answer on this server's own page"
+    return ""

@@ -290,7 +290,7 @@ def run_from_cli(args: Any) -> int:
                     default_launcher=state.default_launcher, policy=state.policy)
 
     def ready(url: str) -> None:
-        print(f"heartbeat web: serving {state_dir} at {url} (read-only{', token required' if token else ''})"
+        print(f"heartbeat web: serving {state_dir} at {url} (writes only answers{', token required' if token else ''})"
               f"{_open_line(url, token, sys.stderr.isatty())}", file=sys.stderr, flush=True)
 
     def error(message: str, left_out: int) -> None:
