@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from heartbeat.model.baton import (
     HANDOFF_FIELDS,
+    PACKAGE_PARTS,
     ID_PATTERN,
     LIST_FIELDS,
     SCALAR_FIELDS,
@@ -309,6 +310,7 @@ def batons(draw: st.DrawFn, task_id: str | None = None, *, workdir: str | None =
                             max_size=3, unique=True)),
         guarantees=draw(st.lists(guarantees(), max_size=2)),
         rederived=draw(st.lists(texts(), max_size=3)),
+        needs=draw(st.lists(st.sampled_from(PACKAGE_PARTS), max_size=3, unique=True)),
         on_broken=draw(st.one_of(st.just(""), st.sampled_from(["reopen", "escalate"]),
                                  st.from_regex(ID_PATTERN, fullmatch=True).map("fallback:{}".format))),
         **lists,

@@ -277,6 +277,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--pid", type=_int64, help="with --claim: the owner's pid (default: the caller's parent)")
     p.add_argument("--after", action="append", help="an upstream task: held until it is done, then briefed with "
                    "its package (repeatable)")
+    p.add_argument("--needs", action="append", metavar="PART[,PART]", help="the parts of each upstream's package "
+                   "this task needs (intent, constraints, decisions, rejected, unknowns, handoff, key_files, "
+                   "guarantees): the upstream's `done` is refused while one is empty (repeatable)")
     p.add_argument("--guarantee", action="append", help="what this task promises its consumers: TEXT or "
                    "TEXT::CHECK, CHECK a [checks.NAME] that `done` and the consumers' `verify` run (repeatable)")
     p.add_argument("--on-broken", help="when an upstream's guarantee breaks: reopen (default), escalate or "
@@ -304,6 +307,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--note")
     p = command("done", "tasks.cmd_done", "mark the task done", write=True)
     p.add_argument("--note")
+    p.add_argument("--force", action="store_true", help="a person's: finish although a downstream's need is "
+                   "unmet (recorded in the ledger; refused to an agent the daemon launched)")
+    p = command("needs", "tasks.cmd_needs", "what a task needs of each upstream's package, and where each need "
+                "came from (declared, learned, pinned); --pin/--drop change them", json_=True)
+    p.add_argument("--pin", action="append", metavar="PART", help="require this part of every upstream (repeatable)")
+    p.add_argument("--drop", action="append", metavar="PART", help="stop requiring this part, whatever required it "
+                   "(repeatable)")
+    p.add_argument("--by", help="who (default: your login name)")
     p = command("fail", "tasks.cmd_fail", "mark the task failed", write=True)
     p.add_argument("--reason", required=True)
     p = command("retry", "tasks.cmd_retry", "re-arm an escalated or failed task")

@@ -56,6 +56,7 @@ def cmd_new(args: argparse.Namespace) -> int:
         gate=gate,
         owner=owner,
         after=after,
+        needs=args.needs or [],
         guarantees=guarantees,
         on_broken=args.on_broken or "",
         host_labels=args.host_label or [],
@@ -225,8 +226,40 @@ def cmd_unblock(args: argparse.Namespace) -> int:
 def cmd_done(args: argparse.Namespace) -> int:
     from heartbeat.tasks import verbs as tasks
 
-    tasks.finish(_store(args), args.id, note=args.note or "", epoch=_epoch(args), actor=_actor(args),
-                 checks=_checks(args) if args.config else None)
+    if args.force:
+        from heartbeat.tasks.write import refuse_agent_force
+
+        refuse_agent_force(args.id)
+    actor = _actor(args)
+    tasks.finish(_store(args), args.id, note=args.note or "", epoch=_epoch(args),
+                 actor=_login() if args.force and actor == "cli" else actor,
+                 checks=_checks(args) if args.config else None, force=args.force)
+    return 0
+
+
+def cmd_needs(args: argparse.Namespace) -> int:
+    """``heartbeat needs DOWN [--pin PART] [--drop PART]``: the edges' effective needs, where each came from."""
+    from heartbeat.model.baton import check_id
+    from heartbeat.tasks import needs
+
+    check_id(args.id)
+    store = _store(args, read=not (args.pin or args.drop))
+    if args.pin or args.drop:
+        needs.pin(store, args.id, pin_parts=needs.parse_parts(args.pin or [], field="--pin") if args.pin else [],
+                  drop_parts=needs.parse_parts(args.drop or [], field="--drop") if args.drop else [],
+                  by=args.by or _login())
+    baton = store.load(args.id)
+    edges = [{"upstream": u, "role": needs.edge_role(u, baton.id),
+              "needs": [n.to_json() for n in needs.edge_needs(store, baton, u)]} for u in baton.after]
+    if args.json:
+        _print_json({"task": baton.id, "edges": edges})
+        return 0
+    if not edges:
+        print(f"{baton.id}: no upstream (`after`), so no needs")
+    for edge in edges:
+        shown = "; ".join(f"{n['part']} ({n['source']}{': ' + n['evidence'] if n['evidence'] else ''})"
+                          for n in edge["needs"]) or "nothing"
+        print(f"{edge['upstream']} -> {baton.id} (role {edge['role']}): needs {shown}")
     return 0
 
 

@@ -25,6 +25,7 @@ from heartbeat.config.shape import (
     Config,
     DaemonConfig,
     GuardsConfig,
+    HandoffConfig,
     HooksConfig,
     HttpConfig,
     LauncherConfig,
@@ -285,7 +286,7 @@ class _Parser:
 
     def parse(self, doc: dict[str, Any]) -> Config:
         self.unknown(doc, {"daemon", "launchers", "notify", "checks", "hooks", "guards", "http", "retention",
-                         "store"}, "")
+                         "store", "handoff"}, "")
         daemon = self.parse_daemon(self.table(doc.get("daemon", {}), "daemon"))
         launchers = {
             name: self.parse_launcher(name, self.table(body, f"launchers.{name}"))
@@ -311,6 +312,7 @@ class _Parser:
         return Config(path=os.path.abspath(self.path), daemon=daemon, launchers=launchers, notify=notify,
                       checks=checks, hooks=self.parse_hooks(self.table(doc.get("hooks", {}), "hooks")),
                       guards=self.parse_guards(self.table(doc.get("guards", {}), "guards")),
+                      handoff=self.parse_handoff(self.table(doc.get("handoff", {}), "handoff")),
                       http=http,
                       retention=self.parse_retention(self.table(doc.get("retention", {}), "retention")),
                       store=self.parse_store(self.table(doc.get("store", {}), "store")))
@@ -322,6 +324,20 @@ class _Parser:
             fresh_within=self.duration(doc, "fresh_within", p, defaults.HOOK_FRESH_WITHIN),
             max_stop_blocks=self.integer(doc, "max_stop_blocks", p, defaults.HOOK_MAX_STOP_BLOCKS, minimum=0),
         )
+
+    def parse_handoff(self, doc: dict[str, Any]) -> HandoffConfig:
+        p = "handoff."
+        self.unknown(doc, set(HandoffConfig.__dataclass_fields__), p)
+        window = self.integer(doc, "learn_window", p, defaults.LEARN_WINDOW, minimum=1)
+        after = self.integer(doc, "learn_after", p, defaults.LEARN_AFTER, minimum=1)
+        if after > window:
+            raise self.error("handoff.learn_after", f"is {after}, more than learn_window ({window}): it could "
+                             "never be met")
+        sources = doc.get("learn_from", list(defaults.LEARN_FROM))
+        if not isinstance(sources, list) or not sources or any(s not in ("rederived", "missing") for s in sources):
+            raise self.error("handoff.learn_from", "expected a list of \"rederived\" and/or \"missing\"")
+        return HandoffConfig(learn=self.boolean(doc, "learn", p, defaults.LEARN_NEEDS), learn_after=after,
+                             learn_window=window, learn_from=tuple(dict.fromkeys(sources)))
 
     def parse_guards(self, doc: dict[str, Any]) -> GuardsConfig:
         self.unknown(doc, set(GuardsConfig.__dataclass_fields__), "guards.")

@@ -194,6 +194,16 @@ class RetentionConfig:
 
 
 @dataclass(frozen=True)
+class HandoffConfig:
+    """``[handoff]``: how an edge's profile drives packaging (learned needs)."""
+
+    learn: bool = defaults.LEARN_NEEDS
+    learn_after: int = defaults.LEARN_AFTER
+    learn_window: int = defaults.LEARN_WINDOW
+    learn_from: tuple[str, ...] = defaults.LEARN_FROM
+
+
+@dataclass(frozen=True)
 class GuardsConfig:
     """``[guards]``: what the rail (``heartbeat hook``'s ``PreToolUse``) holds for every task."""
 
@@ -212,6 +222,7 @@ class Config:
     checks: Mapping[str, CommandConfig] = field(default_factory=dict)
     hooks: HooksConfig = field(default_factory=HooksConfig)
     guards: GuardsConfig = field(default_factory=GuardsConfig)
+    handoff: HandoffConfig = field(default_factory=HandoffConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     store: StoreConfig = field(default_factory=StoreConfig)

@@ -34,6 +34,7 @@ __all__ = [
     "Guard",
     "check_guard_glob",
     "HANDOFF_FIELDS",
+    "PACKAGE_PARTS",
     "OnBroken",
     "Owner",
     "Meta",
@@ -56,9 +57,13 @@ SCALAR_FIELDS = ("task", "intent", "step", "next_step", "blocked_on", "workdir",
 LIST_FIELDS = ("key_files", "constraints", "done", "plan", "decisions", "rejected", "unknowns")
 """Top-level list-of-string fields."""
 
-HANDOFF_FIELDS = ("after", "guarantees", "rederived", "on_broken")
-"""Fields of the handoff between tasks (``after``, ``guarantees``, ``rederived``, ``on_broken``);
+HANDOFF_FIELDS = ("after", "guarantees", "rederived", "on_broken", "needs")
+"""Fields of the handoff between tasks (``after``, ``guarantees``, ``rederived``, ``on_broken``, ``needs``);
 written after the list fields, and only when set, so a baton without them reads as before."""
+
+PACKAGE_PARTS = ("intent", "constraints", "decisions", "rejected", "unknowns", "handoff", "key_files", "guarantees")
+"""What a package holds; each one empty at the upstream's ``done`` is named as missing, and a downstream's
+``needs`` names some of them (re-exported as :data:`heartbeat.tasks.handoff.PACKAGE_PARTS`)."""
 
 REQUIRED_FIELDS = ("task", "step")
 
@@ -353,6 +358,8 @@ class Baton:
     guarantees: list[Guarantee] = field(default_factory=list)
     rederived: list[str] = field(default_factory=list)
     on_broken: str = ""
+    needs: list[str] = field(default_factory=list)
+    """The package parts this task needs from each of its upstreams (``needs = [...]``, written only when set)."""
     guards: list[Guard] = field(default_factory=list)
     """The constraints with teeth (``[[guards]]``; written only when set, so older batons read as before)."""
     irreversible: list[str] = field(default_factory=list)
@@ -377,7 +384,8 @@ class Baton:
             world=dict(self.meta.world),
             extra=_deep(self.meta.extra),
         )
-        lists = {name: list(getattr(self, name)) for name in (*LIST_FIELDS, "after", "rederived", "irreversible")}
+        lists = {name: list(getattr(self, name)) for name in (*LIST_FIELDS, "after", "rederived", "needs",
+                                                      "irreversible")}
         guarantees = [replace(g, extra=_deep(g.extra)) for g in self.guarantees]
         guards = [replace(g, protect=list(g.protect), forbid=list(g.forbid), extra=_deep(g.extra))
                   for g in self.guards]
@@ -399,6 +407,8 @@ class Baton:
             doc["rederived"] = list(self.rederived)
         if self.on_broken:
             doc["on_broken"] = self.on_broken
+        if self.needs:
+            doc["needs"] = list(self.needs)
         if self.guards:
             doc["guards"] = [g.to_dict() for g in self.guards]
         if self.irreversible:
@@ -415,7 +425,7 @@ _NO_ITEMS = cast(list[str], ())
 
 def decision_view(baton: Baton) -> Baton:
     """What the daemon's decisions read of ``baton``, for the thousands it keeps between looks:
-    ``meta``, ``step``, ``blocked_on``, ``workdir``, ``launcher``, ``after`` and ``on_broken``.
+    ``meta``, ``step``, ``blocked_on``, ``workdir``, ``launcher``, ``after``, ``on_broken`` and ``needs``.
 
     The note's prose and lists (``task``, ``intent``, ``plan``, ``done``, ``constraints``, ...)
     are left out: the daemon renders a brief from a fresh read at dispatch, and every write
@@ -423,7 +433,8 @@ def decision_view(baton: Baton) -> Baton:
     (its left-out lists are one shared empty tuple: appending to one raises).
     """
     return Baton(task="", step=baton.step, blocked_on=baton.blocked_on, workdir=baton.workdir,
-                 launcher=baton.launcher, after=baton.after, on_broken=baton.on_broken, meta=baton.meta,
+                 launcher=baton.launcher, after=baton.after, on_broken=baton.on_broken, needs=baton.needs,
+                 meta=baton.meta,
                  key_files=_NO_ITEMS, constraints=_NO_ITEMS, done=_NO_ITEMS, plan=_NO_ITEMS,
                  decisions=_NO_ITEMS, rejected=_NO_ITEMS, unknowns=_NO_ITEMS, rederived=_NO_ITEMS,
                  guarantees=cast(list[Guarantee], ()), extra=baton.extra if not baton.extra else {})
@@ -599,6 +610,7 @@ def baton_from_dict(doc: dict[str, Any], *, path: str, expected_id: str | None =
     values["guarantees"] = _guarantees(r, data)
     values["rederived"] = r.strings(data, "rederived", "rederived")
     values["on_broken"] = r.string(data, "on_broken", "on_broken")
+    values["needs"] = r.strings(data, "needs", "needs")
     values["guards"] = _guards(r, data)
     values["irreversible"] = r.strings(data, "irreversible", "irreversible")
     if len(values["irreversible"]) > defaults.MAX_GUARD_GLOBS:
@@ -616,6 +628,9 @@ def baton_from_dict(doc: dict[str, Any], *, path: str, expected_id: str | None =
             raise r.fail(f"after[{i}]", "a task cannot come after itself")
         if upstream in baton.after[:i]:
             raise r.fail(f"after[{i}]", f"{upstream!r} is listed twice")
+    for i, part in enumerate(baton.needs):
+        if part not in PACKAGE_PARTS:
+            raise r.fail(f"needs[{i}]", f"unknown part {part[:40]!r} (parts: {', '.join(PACKAGE_PARTS)})")
     if baton.on_broken:
         try:
             parse_on_broken(baton.on_broken)

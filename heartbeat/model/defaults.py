@@ -439,3 +439,17 @@ STATUS_WATCH_INTERVAL = 2.0
 
 TRAIL_DEDUP_TAIL = 8 * 1024
 """Bytes at a trail's end read to see whether a tool call (by its ``tool_use_id``) was recorded already."""
+
+LEARN_NEEDS = True
+"""``[handoff] learn``: whether an edge's profile turns a part it keeps losing into a required need."""
+
+LEARN_AFTER = 2
+"""``[handoff] learn_after``: in how many of an edge role's last :data:`LEARN_WINDOW` handoffs a part
+must have been re-derived (or missing, with ``learn_from``) before it becomes a learned need."""
+
+LEARN_WINDOW = 3
+"""``[handoff] learn_window``: how many of an edge role's latest handoffs the learning rule looks at."""
+
+LEARN_FROM = ("rederived",)
+"""``[handoff] learn_from``: what counts as a part lost in a handoff: ``rederived`` (the downstream said it
+re-derived the part) and, if listed, ``missing`` (the part was empty in the package)."""

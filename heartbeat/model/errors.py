@@ -29,6 +29,7 @@ __all__ = [
     "GcBusy",
     "DaemonRunning",
     "GuaranteeFailed",
+    "NeedsUnmet",
 ]
 
 EXIT_OK = 0
@@ -173,5 +174,12 @@ class DaemonRunning(HeartbeatError):
 
 class GuaranteeFailed(HeartbeatError):
     """``done`` refused: a guarantee the task promises its consumers does not hold (its check failed)."""
+
+    exit_code = EXIT_NOT_ACTIVE
+
+
+class NeedsUnmet(HeartbeatError):
+    """``done`` refused: a downstream needs a part of this task's package that is empty (a declared,
+    learned or pinned need of the edge); a person may ``done --force``."""
 
     exit_code = EXIT_NOT_ACTIVE

@@ -74,6 +74,11 @@ class EventKind(StrEnum):
     COMPACTED = "compacted"
     TAKEN_OVER = "taken_over"
     RAIL_REFUSED = "rail_refused"
+    NEEDS_UNMET = "needs_unmet"
+    DONE_FORCED = "done_forced"
+    NEED_LEARNED = "need_learned"
+    NEED_PINNED = "need_pinned"
+    NEED_DROPPED = "need_dropped"
 
 
 @dataclass

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from heartbeat.model.baton import Baton, Gate, GateKind, Status
+from heartbeat.model.baton import PACKAGE_PARTS, Baton, Gate, GateKind, Status
 from heartbeat.model.errors import BadInput, GuaranteeFailed, HeartbeatError
 from heartbeat.model.ledger import EventKind
 
@@ -52,8 +52,6 @@ __all__ = [
     "show_chain",
 ]
 
-PACKAGE_PARTS = ("intent", "constraints", "decisions", "rejected", "unknowns", "handoff", "key_files", "guarantees")
-"""What a package holds; each one empty at the upstream's ``done`` is named as missing."""
 
 HANDED_OFF = EventKind.HANDED_OFF
 

@@ -20,7 +20,8 @@ stage and creates the tasks ``NAME.STAGE``, all of them or none::
 
 Keys of a stage: ``task`` (required), ``intent``, ``step`` (default: the first plan
 step), ``next_step``, ``plan``, ``launcher``, ``constraints``, ``guarantees`` (tables
-``{ text, check }`` or plain sentences), ``after`` (stage names), ``on_broken``,
+``{ text, check }`` or plain sentences), ``after`` (stage names), ``needs`` (the parts of
+each upstream's package the stage needs: ``needs = ["rejected", "decisions"]``), ``on_broken``,
 ``key_files``, ``workdir``, ``handoff``. Anything else, a cycle or an unknown stage is
 refused (exit 2) naming it, before any task is created.
 """
@@ -45,7 +46,8 @@ if TYPE_CHECKING:
 __all__ = ["Stage", "parse_pipeline", "create_pipeline", "tree_rows"]
 
 _STAGE_KEYS = frozenset({"task", "intent", "step", "next_step", "plan", "launcher", "constraints", "guarantees",
-                         "after", "on_broken", "key_files", "workdir", "handoff", "guards", "irreversible"})
+                         "after", "needs", "on_broken", "key_files", "workdir", "handoff", "guards",
+                         "irreversible"})
 _TOP_KEYS = frozenset({"stages", "workdir"})
 _TREE_LEVELS = 12
 """Indentation levels ``status`` draws before a deeper stage is shown at this depth, numbered."""
@@ -66,6 +68,7 @@ class Stage:
     constraints: list[str] = field(default_factory=list)
     guarantees: list[Guarantee] = field(default_factory=list)
     after: list[str] = field(default_factory=list)
+    needs: list[str] = field(default_factory=list)
     on_broken: str = ""
     key_files: list[str] = field(default_factory=list)
     workdir: str = ""
@@ -99,6 +102,18 @@ def _strings(where: str, value: Any) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise BadInput(f"{where}: expected a list of strings")
     return list(value)
+
+
+def _needs(where: str, value: Any) -> list[str]:
+    from heartbeat.tasks.needs import parse_parts
+
+    parts = _strings(where, value)
+    if not parts:
+        return []
+    try:
+        return parse_parts(parts)
+    except BadInput as exc:
+        raise BadInput(f"{where}: {exc.message}") from None
 
 
 def _string(where: str, value: Any) -> str:
@@ -161,6 +176,7 @@ def parse_pipeline(name: str, text: str, *, base_dir: str) -> list[Stage]:
             constraints=_strings(f"{where}.constraints", body.get("constraints", [])),
             guarantees=_guarantees(f"{where}.guarantees", body.get("guarantees", [])),
             after=_strings(f"{where}.after", body.get("after", [])),
+            needs=_needs(f"{where}.needs", body.get("needs", [])),
             on_broken=_string(f"{where}.on_broken", body.get("on_broken", "")),
             key_files=_strings(f"{where}.key_files", body.get("key_files", [])),
             workdir=workdir,
@@ -234,7 +250,7 @@ def create_pipeline(store: Store, name: str, stages: Sequence[Stage], *, workdir
                 stage.task_id, task=stage.task, step=stage.step, intent=stage.intent,
                 next_step=stage.next_step, workdir=stage.workdir or workdir, launcher=stage.launcher,
                 handoff=stage.handoff, key_files=stage.key_files, constraints=stage.constraints, plan=stage.plan,
-                after=[f"{name}.{u}" for u in stage.after], guarantees=stage.guarantees, on_broken=stage.on_broken,
+                after=[f"{name}.{u}" for u in stage.after], needs=stage.needs, guarantees=stage.guarantees, on_broken=stage.on_broken,
                 guards=stage.guards, irreversible=stage.irreversible, now=now)
             size = len(dump_baton(start_create(baton, now)).encode("utf-8"))
         except HeartbeatError as exc:

@@ -82,6 +82,7 @@ def build_task(
     gate: Gate | None = None,
     owner: Owner | None = None,
     after: Sequence[str] = (),
+    needs: Sequence[str] = (),
     guarantees: Sequence[Guarantee] = (),
     on_broken: str = "",
     host_labels: Sequence[str] = (),
@@ -98,6 +99,12 @@ def build_task(
     check_id(task_id)
     for upstream in after:
         check_id(upstream)
+    if needs:
+        from heartbeat.tasks.needs import parse_parts
+
+        needs = parse_parts(needs, task=task_id, field="needs")
+        if not after:
+            raise BadInput("needs are of an upstream: give --after too", task=task_id, field="needs")
     if on_broken:
         parse_on_broken(on_broken)
     for g in guarantees:
@@ -136,6 +143,7 @@ def build_task(
         plan=list(plan),
         blocked_on=blocked_on,
         after=list(after),
+        needs=list(needs),
         guarantees=list(guarantees),
         on_broken=on_broken,
         guards=list(guards),
@@ -210,9 +218,14 @@ def add_items(
     """Append to a list field (done, plan, constraints, decisions, ..., ``rederived``, ``after``)."""
     if name == "guarantees":
         raise BadInput(f"use `heartbeat add {task_id} guarantees \"TEXT\" [--check NAME]`", task=task_id, field=name)
-    if name in ("rederived", "after"):
-        return _add_handoff_items(store, task_id, name, items, expect_revision=expect_revision, epoch=epoch,
-                                  actor=actor)
+    if name in ("rederived", "after", "needs"):
+        baton = _add_handoff_items(store, task_id, name, items, expect_revision=expect_revision, epoch=epoch,
+                                   actor=actor)
+        if name == "rederived":  # the profile may now require a part of this task's upstreams
+            from heartbeat.tasks.needs import learn
+
+            learn(store, [task_id], actor=actor)
+        return baton
     if name not in LIST_FIELDS:
         raise BadInput(f"is not a list field (lists: {', '.join(LIST_FIELDS)})", task=task_id, field=name)
     if not items:
@@ -248,6 +261,10 @@ def _add_handoff_items(store: Store, task_id: str, name: str, items: Sequence[st
     if name == "after":
         for item in items:
             check_id(item)
+    if name == "needs":
+        from heartbeat.tasks.needs import parse_parts
+
+        items = parse_parts(items, task=task_id, field=name)
     with store.edit(task_id, expect_revision=expect_revision, epoch=epoch, actor=actor, links=name == "after") as ed:
         if name == "after":  # an unknown upstream or a cycle would hold the task forever, silently
             from heartbeat.tasks.handoff import check_upstreams_exist
@@ -255,7 +272,10 @@ def _add_handoff_items(store: Store, task_id: str, name: str, items: Sequence[st
             # Inside the links lock: `add x after y` racing `add y after x` cannot both pass.
             check_upstreams_exist(ed.load, task_id, items, field=name)
         values = getattr(ed.baton, name)
-        values.extend(i for i in items if name != "after" or i not in values)
+        if name == "needs" and not ed.baton.after:
+            raise BadInput("needs are of an upstream: add one first (`heartbeat add ID after UP`)", task=task_id,
+                           field=name)
+        values.extend(i for i in items if name == "rederived" or i not in values)
         if name == "rederived":
             ed.event(EventKind.REDERIVED, items=list(items))
     return ed.baton
@@ -460,15 +480,20 @@ def unblock(store: Store, task_id: str, *, by: str, note: str = "", gate_opened:
 
 
 def finish(store: Store, task_id: str, *, note: str = "", epoch: int | None = None, actor: str = "",
-           checks: Mapping[str, CommandConfig] | None = None) -> Baton:
-    """Mark the task done, once its checked guarantees hold, and freeze its package for its downstreams.
+           checks: Mapping[str, CommandConfig] | None = None, force: bool = False) -> Baton:
+    """Mark the task done, once its checked guarantees hold and its downstreams' needs are met, and
+    freeze its package for its downstreams.
+
+    A downstream's need (declared, learned or pinned: :mod:`heartbeat.tasks.needs`) whose part is
+    empty refuses with :class:`~heartbeat.model.errors.NeedsUnmet` (exit 4); ``force`` (a person's
+    ``done --force``) finishes anyway and records what was unmet.
 
     The guarantees' checks run before the baton is locked (``checks``: the config's
     ``[checks.NAME]``; None reads the config found by the usual search). A failing one
     refuses with :class:`~heartbeat.model.errors.GuaranteeFailed` (exit 4) and changes nothing
     but the ledger's ``guarantee_failed`` event.
     """
-    from heartbeat.tasks import handoff
+    from heartbeat.tasks import handoff, needs
 
     current = store.load(task_id)
     if current.meta.status in {Status.ACTIVE, Status.SNOOZED, Status.PAUSED, Status.ESCALATED}:
@@ -477,12 +502,14 @@ def finish(store: Store, task_id: str, *, note: str = "", epoch: int | None = No
 
             check_fence(current, expect_revision=None, epoch=epoch)
         handoff.require_guarantees(store, current, checks, actor=actor)
+        needs.require_needs(store, current, force=force, actor=actor)
     with store.edit(task_id, epoch=epoch, actor=actor) as ed:
         _require(ed, {Status.ACTIVE, Status.SNOOZED, Status.PAUSED, Status.ESCALATED}, "mark done")
         ed.baton.meta.status = Status.DONE
         ed.baton.meta.snooze_until = None
         ed.event(EventKind.DONE, note=note)
         ed.event(handoff.HANDED_OFF, **handoff.build_package(store, ed.baton, note=note))
+    needs.learn(store, [task_id], actor=actor)  # with learn_from "missing", an empty part teaches too
     return ed.baton
 
 

@@ -139,6 +139,15 @@ def refuse_foreign(task_id: str, env: Mapping[str, str] | None = None) -> None:
                           "and writes only that task's baton", task=task_id)
 
 
+def refuse_agent_force(task_id: str, env: Mapping[str, str] | None = None) -> None:
+    """Refuse ``done --force`` from an agent the daemon launched: only a person may finish past a
+    downstream's unmet need."""
+    env = os.environ if env is None else env
+    if env.get("HEARTBEAT_TASK") and env.get("HEARTBEAT_EPOCH"):
+        raise BadInput("refused: an agent cannot `done --force` past a downstream's need; fill the part it "
+                       "needs (a person can force)", task=task_id, field="--force")
+
+
 AGENT_FIXED_FIELDS = ("workdir", "launcher")
 """Fields an agent the daemon launched may not set on its own task: the workdir is what its ``--protect``
 guards are relative to, the launcher picks its irreversible globs; a person sets them."""

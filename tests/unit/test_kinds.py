@@ -19,7 +19,8 @@ ON_DISK_EVENT_KINDS = {
     "guarantee_failed", "guarantee_broken", "dispatched", "launched", "adopted", "exited", "stalled",
     "spinning", "stopped", "escalated", "notified", "invalid", "session_started", "compacting",
     "session_ended", "stop_allowed", "stop_blocked", "archived", "compacted", "upstream_missing", "rate_limited",
-    "taken_over", "rail_refused", "paused", "resumed",
+    "taken_over", "rail_refused", "paused", "resumed", "needs_unmet", "done_forced", "need_learned", "need_pinned",
+    "need_dropped",
 }
 
 
