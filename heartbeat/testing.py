@@ -38,6 +38,8 @@ from heartbeat.model.baton import (
     Guarantee,
     Meta,
     Owner,
+    Question,
+    QuestionTo,
     Status,
 )
 
@@ -49,6 +51,7 @@ __all__ = [
     "toml_values",
     "toml_tables",
     "utc_datetimes",
+    "questions",
     "key_file_paths",
     "owners",
     "gates",
@@ -59,7 +62,8 @@ __all__ = [
     "KNOWN_META_KEYS",
 ]
 
-KNOWN_TOP_KEYS = frozenset({*SCALAR_FIELDS, *LIST_FIELDS, *HANDOFF_FIELDS, "guards", "irreversible", "meta"})
+KNOWN_TOP_KEYS = frozenset({*SCALAR_FIELDS, *LIST_FIELDS, *HANDOFF_FIELDS, "guards", "irreversible", "questions",
+                            "meta"})
 """Top-level keys heartbeat reads itself; an unknown key must not be one of them."""
 
 KNOWN_META_KEYS = frozenset(f for f in Meta.__dataclass_fields__ if f != "extra")
@@ -284,6 +288,29 @@ def guarantees(draw: st.DrawFn) -> Guarantee:
     )
 
 
+_KNOWN_QUESTION_KEYS = frozenset({"id", "to", "upstream", "text", "asked_at", "epoch", "sent_at", "answer",
+                                  "answered_by", "answered_at", "escalated_at"})
+
+
+@st.composite
+def questions(draw: st.DrawFn, number: int = 1) -> Question:
+    """A valid question ``q<number>``: to an upstream or a person, open or answered, maybe sent or escalated."""
+    to = draw(st.sampled_from(list(QuestionTo)))
+    escalated = draw(st.one_of(st.none(), utc_datetimes())) if to is QuestionTo.PERSON else None
+    upstream = draw(task_ids()) if to is QuestionTo.UPSTREAM or (escalated and draw(st.booleans())) else ""
+    answered = draw(st.booleans())
+    return Question(
+        id=f"q{number}", to=to, text=draw(texts(min_size=1).filter(_not_blank)), asked_at=draw(utc_datetimes()),
+        upstream=upstream, epoch=draw(st.integers(0, 1000)),
+        sent_at=draw(st.one_of(st.none(), utc_datetimes())),
+        answer=draw(texts(min_size=1).filter(_not_blank)) if answered else "",
+        answered_by=draw(st.sampled_from(["person", "person:ana", f"upstream:{upstream or 'up'}"])) if answered else "",
+        answered_at=draw(utc_datetimes()) if answered else None,
+        escalated_at=escalated,
+        extra=draw(toml_tables(exclude=_KNOWN_QUESTION_KEYS, max_size=2)),
+    )
+
+
 @st.composite
 def batons(draw: st.DrawFn, task_id: str | None = None, *, workdir: str | None = None) -> Baton:
     """A valid baton with every field exercised, unknown keys included.
@@ -309,6 +336,7 @@ def batons(draw: st.DrawFn, task_id: str | None = None, *, workdir: str | None =
         after=draw(st.lists(st.from_regex(ID_PATTERN, fullmatch=True).filter(_Not(meta.id)),
                             max_size=3, unique=True)),
         guarantees=draw(st.lists(guarantees(), max_size=2)),
+        questions=[draw(questions(i + 1)) for i in range(draw(st.integers(0, 2)))],
         rederived=draw(st.lists(texts(), max_size=3)),
         needs=draw(st.lists(st.sampled_from(PACKAGE_PARTS), max_size=3, unique=True)),
         on_broken=draw(st.one_of(st.just(""), st.sampled_from(["reopen", "escalate"]),

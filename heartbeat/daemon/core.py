@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 from heartbeat.config.shape import Config, DaemonConfig
 from heartbeat.daemon.act import Actor
+from heartbeat.daemon.answers import AnswerPart
 from heartbeat.daemon.changes import ChangeFeed
 from heartbeat.daemon.leased import LeasePart
 from heartbeat.daemon.observe import EntryStatuses, Observer, StatusLookup
@@ -111,6 +112,7 @@ class Loop:
         *,
         observer: Observer,
         actor: Actor,
+        answers: AnswerPart,
         watcher: Watcher,
         lease: LeasePart | None,
         changes: ChangeFeed,
@@ -124,6 +126,8 @@ class Loop:
         self.clock = shared.clock
         self.observer = observer
         self.actor = actor
+        self.answers = answers
+        """The upstreams' answering runs: questions sent, watched, settled (:mod:`.answers`)."""
         self.watcher = watcher
         self.lease = lease
         """Leases on a store shared by daemons on many hosts (:mod:`.leased`); None on the file store."""
@@ -205,6 +209,7 @@ class Loop:
             only, entries, statuses = self._scan(now)
             counts, wants, running_batons, gate_paths = self._look_at_tasks(entries, statuses, now)
             self.dispatch(wants, now)
+            self._answer(entries, now)
             self._end_pass(counts, running_batons, gate_paths)
         self.watcher.update_gate_watches()
         self._report_pass(counts, started, reads=self.store.reads - reads, tasks=len(entries), sweep=only is None)
@@ -298,6 +303,13 @@ class Loop:
                 quiet_counts[status] = quiet_counts.get(status, 0) + n
             self._partition = _Partition(active, quiet_counts, min(quiet_end, part.quiet_end))
         return counts, wants, running_batons, gate_paths
+
+    def _answer(self, entries: list[Entry], now: datetime) -> None:
+        """The questions to upstreams: their answering runs started, watched and settled."""
+        try:
+            self.answers.look((e.baton for e in entries if e.baton is not None), now)
+        except Exception as exc:  # the questions' trouble must not stop the pass
+            self.log.exception("answers_failed", error=repr(exc))
 
     def _end_pass(self, counts: dict[str, int], running_batons: list[Baton], gate_paths: dict[str, set[str]]) -> None:
         """Cap the logs of agents printing without end; the pass's counts and gate files kept."""

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from heartbeat.config.load import load_config
 from heartbeat.config.shape import Config
 from heartbeat.daemon.act import Actor
+from heartbeat.daemon.answers import AnswerPart
 from heartbeat.daemon.boot import wait_for_store
 from heartbeat.daemon.changes import ChangeFeed
 from heartbeat.daemon.core import Loop
@@ -100,9 +101,11 @@ class Daemon:
         self.lease = lease_part(self.shared, vitals=vitals, on_stood_down=self._stood_down)
         self.observer = Observer(self.shared, self.lease)
         self.actor = Actor(self.shared, self.lease)
+        self.answers = AnswerPart(self.shared, self.lease)
         changes = ChangeFeed(config.daemon.sweep_every)
         self.watcher = Watcher(self.shared, changes, on_missed=self._tick_soon)
-        self.loop = Loop(self.shared, observer=self.observer, actor=self.actor, watcher=self.watcher,
+        self.loop = Loop(self.shared, observer=self.observer, actor=self.actor, answers=self.answers,
+                         watcher=self.watcher,
                          lease=self.lease, changes=changes, vitals=vitals, on_step=self._rearm)
 
     # -- life cycle --------------------------------------------------------------------

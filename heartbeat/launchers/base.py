@@ -86,6 +86,9 @@ class LaunchRequest:
     agent when its host's lease in it runs out (``--lease``); "" (the file store): no such watch."""
     lease_ttl: float = 0.0
     """The lease's ttl (``--ttl``): the shim accepts no deadline further off than that."""
+    allow: tuple[str, ...] = ()
+    """Permission rules added to a preset's own (claude's ``--allowedTools``) for this run only: an
+    upstream's resumed session answering a question may run ``heartbeat answer ASKER QID``."""
 
 
 @dataclass
@@ -184,6 +187,8 @@ def build_argv(config: LauncherConfig, req: LaunchRequest) -> list[str]:
 
         command = preset_argv(PRESETS[PresetName(config.preset)], config.command[0], config.args, resume=True)
     argv = expand_argv(command, placeholder_values(req))
+    if req.allow and config.preset:
+        argv = _with_allowed(argv, req.allow)
     if config.brief == "arg":
         argv.append(req.brief_text)
     for arg in argv:
@@ -197,6 +202,16 @@ def build_argv(config: LauncherConfig, req: LaunchRequest) -> list[str]:
                 task=req.task_id,
             )
     return argv
+
+
+def _with_allowed(argv: list[str], rules: tuple[str, ...]) -> list[str]:
+    """``argv`` with ``rules`` joined to the value of its ``--allowedTools`` (claude's), if it has one."""
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg == "--allowedTools":
+            out[i + 1] = ",".join((out[i + 1], *rules))
+            break
+    return out
 
 
 def build_env(

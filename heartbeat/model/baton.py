@@ -32,6 +32,9 @@ __all__ = [
     "Gate",
     "Guarantee",
     "Guard",
+    "Question",
+    "QuestionTo",
+    "QID_PATTERN",
     "check_guard_glob",
     "HANDOFF_FIELDS",
     "PACKAGE_PARTS",
@@ -106,6 +109,7 @@ class GateKind(StrEnum):
     TASK = "task"
     CHECK = "check"
     AFTER = "after"  # every listed upstream task is done (the handoff gate: ``after:A,B``)
+    QUESTION = "question"  # every listed question of the task is answered (``question:q1,q2``)
 
 
 class OnBroken(StrEnum):
@@ -155,7 +159,8 @@ class Gate:
             kind = GateKind(kind_text.strip())
         except ValueError:
             raise BadInput(
-                f"bad gate {spec[:80]!r}: use human, file:PATH, time:ISO8601, task:ID, after:ID,ID or check:NAME",
+                f"bad gate {spec[:80]!r}: use human, file:PATH, time:ISO8601, task:ID, after:ID,ID, "
+                "question:QID or check:NAME",
                 field="gate",
             ) from None
         if kind is GateKind.HUMAN:
@@ -173,6 +178,10 @@ class Gate:
         elif kind is GateKind.AFTER:
             for upstream in target.split(","):
                 check_id(upstream)
+        elif kind is GateKind.QUESTION:
+            for qid in target.split(","):
+                if not QID_PATTERN.fullmatch(qid):
+                    raise BadInput(f"bad question id {qid[:20]!r}: use q1, q2, ...", field="gate")
         elif kind is GateKind.FILE and not target.startswith("/"):
             host, _, path = target.partition(":")
             if not HOST_PATTERN.fullmatch(host) or not path.startswith("/"):
@@ -275,6 +284,66 @@ class Guard:
         return out
 
 
+QID_PATTERN = re.compile(r"q[1-9][0-9]{0,5}")
+"""A question's id within its task: ``q1``, ``q2``, ..."""
+
+
+class QuestionTo(StrEnum):
+    """Whom a question is addressed to (``questions[].to``)."""
+
+    UPSTREAM = "upstream"  # the upstream task named in ``upstream``: its recorded session answers
+    PERSON = "person"  # a person answers (``heartbeat answer``, the page, MCP)
+
+
+@dataclass(slots=True)
+class Question:
+    """A question a task asked across the seam (``[[questions]]``), and its answer once given.
+
+    Open while ``answered_at`` is None. ``upstream`` names the upstream task when ``to`` is
+    ``upstream``; an escalated question (``escalated_at`` set) is re-addressed to a person and
+    keeps the upstream it was first asked of."""
+
+    id: str
+    to: QuestionTo
+    text: str
+    asked_at: datetime
+    upstream: str = ""
+    epoch: int = 0
+    """The asker's epoch when it asked."""
+    sent_at: datetime | None = None
+    """When the daemon started the upstream's answering run (None until then)."""
+    answer: str = ""
+    answered_by: str = ""
+    """``upstream:ID`` (the upstream's resumed session or its agent), ``person`` or ``person:NAME``."""
+    answered_at: datetime | None = None
+    escalated_at: datetime | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def open(self) -> bool:
+        return self.answered_at is None
+
+    @property
+    def asked_of(self) -> str:
+        """Who it was asked of, as status shows it: the upstream's id, else "a person"."""
+        return self.upstream or "a person"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "to": self.to.value, "upstream": self.upstream, "text": self.text,
+                               "asked_at": self.asked_at, "epoch": self.epoch}
+        if self.sent_at is not None:
+            out["sent_at"] = self.sent_at
+        out["answer"] = self.answer
+        if self.answered_by:
+            out["answered_by"] = self.answered_by
+        if self.answered_at is not None:
+            out["answered_at"] = self.answered_at
+        if self.escalated_at is not None:
+            out["escalated_at"] = self.escalated_at
+        out.update(self.extra)
+        return out
+
+
 @dataclass(slots=True)
 class Owner:
     """The agent holding a task: enough to tell whether it is still alive, and how it started."""
@@ -364,6 +433,8 @@ class Baton:
     """The constraints with teeth (``[[guards]]``; written only when set, so older batons read as before)."""
     irreversible: list[str] = field(default_factory=list)
     """This task's irreversible command globs (replacing the launcher's and the config's), when set."""
+    questions: list[Question] = field(default_factory=list)
+    """The questions this task asked across the seam (``[[questions]]``; written only when any)."""
     meta: Meta = field(default_factory=Meta)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -389,8 +460,9 @@ class Baton:
         guarantees = [replace(g, extra=_deep(g.extra)) for g in self.guarantees]
         guards = [replace(g, protect=list(g.protect), forbid=list(g.forbid), extra=_deep(g.extra))
                   for g in self.guards]
+        questions = [replace(q, extra=_deep(q.extra)) for q in self.questions]
         return replace(self, meta=meta, extra=_deep(self.extra), guarantees=guarantees, guards=guards,
-                       **lists)  # type: ignore[arg-type]
+                       questions=questions, **lists)  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, Any]:
         """The TOML document as plain data (also what ``show --json`` prints, with times as text)."""
@@ -413,6 +485,8 @@ class Baton:
             doc["guards"] = [g.to_dict() for g in self.guards]
         if self.irreversible:
             doc["irreversible"] = list(self.irreversible)
+        if self.questions:
+            doc["questions"] = [q.to_dict() for q in self.questions]
         for key, value in self.extra.items():
             doc[key] = value
         doc["meta"] = _meta_to_dict(self.meta)
@@ -425,7 +499,8 @@ _NO_ITEMS = cast(list[str], ())
 
 def decision_view(baton: Baton) -> Baton:
     """What the daemon's decisions read of ``baton``, for the thousands it keeps between looks:
-    ``meta``, ``step``, ``blocked_on``, ``workdir``, ``launcher``, ``after``, ``on_broken`` and ``needs``.
+    ``meta``, ``step``, ``blocked_on``, ``workdir``, ``launcher``, ``after``, ``on_broken``, ``needs`` and
+    ``questions`` (the daemon sends, escalates and shows them).
 
     The note's prose and lists (``task``, ``intent``, ``plan``, ``done``, ``constraints``, ...)
     are left out: the daemon renders a brief from a fresh read at dispatch, and every write
@@ -434,7 +509,7 @@ def decision_view(baton: Baton) -> Baton:
     """
     return Baton(task="", step=baton.step, blocked_on=baton.blocked_on, workdir=baton.workdir,
                  launcher=baton.launcher, after=baton.after, on_broken=baton.on_broken, needs=baton.needs,
-                 meta=baton.meta,
+                 meta=baton.meta, questions=baton.questions,
                  key_files=_NO_ITEMS, constraints=_NO_ITEMS, done=_NO_ITEMS, plan=_NO_ITEMS,
                  decisions=_NO_ITEMS, rejected=_NO_ITEMS, unknowns=_NO_ITEMS, rederived=_NO_ITEMS,
                  guarantees=cast(list[Guarantee], ()), extra=baton.extra if not baton.extra else {})
@@ -612,6 +687,7 @@ def baton_from_dict(doc: dict[str, Any], *, path: str, expected_id: str | None =
     values["on_broken"] = r.string(data, "on_broken", "on_broken")
     values["needs"] = r.strings(data, "needs", "needs")
     values["guards"] = _guards(r, data)
+    values["questions"] = _questions(r, data)
     values["irreversible"] = r.strings(data, "irreversible", "irreversible")
     if len(values["irreversible"]) > defaults.MAX_GUARD_GLOBS:
         raise r.fail("irreversible", f"{len(values['irreversible'])} globs, over {defaults.MAX_GUARD_GLOBS}")
@@ -693,6 +769,57 @@ def _guards(r: _Reader, data: dict[str, Any]) -> list[Guard]:
                 except BadInput as exc:
                     raise r.fail(f"{name}.{kind}[{j}]", exc.message) from None
         out.append(Guard(text, globs[GlobKind.PROTECT], globs[GlobKind.FORBID], extra=dict(item)))
+    return out
+
+
+def _questions(r: _Reader, data: dict[str, Any]) -> list[Question]:
+    if "questions" not in data:
+        return []
+    value = data.pop("questions")
+    if not isinstance(value, list):
+        raise r.fail("questions", f"expected an array of tables {{ id, to, text, ... }}, got {_describe(value)}")
+    if len(value) > defaults.MAX_QUESTIONS:
+        raise r.fail("questions", f"{len(value)} questions, over {defaults.MAX_QUESTIONS}")
+    out: list[Question] = []
+    for i, item in enumerate(value):
+        name = f"questions[{i}]"
+        if not isinstance(item, dict):
+            raise r.fail(name, f"expected a table {{ id, to, text, ... }}, got {_describe(item)}")
+        item = dict(item)
+        qid = r.string(item, "id", f"{name}.id", required=True)
+        if not QID_PATTERN.fullmatch(qid):
+            raise r.fail(f"{name}.id", f"bad question id {qid[:20]!r}: use q1, q2, ...")
+        if any(q.id == qid for q in out):
+            raise r.fail(f"{name}.id", f"{qid!r} is listed twice")
+        to_text = r.string(item, "to", f"{name}.to", required=True)
+        try:
+            to = QuestionTo(to_text)
+        except ValueError:
+            raise r.fail(f"{name}.to", f"expected upstream or person, got {to_text[:40]!r}") from None
+        text = r.string(item, "text", f"{name}.text", required=True)
+        asked_at = r.time(item, "asked_at", f"{name}.asked_at")
+        if asked_at is None:
+            raise r.fail(f"{name}.asked_at", "missing (required)")
+        question = Question(
+            id=qid, to=to, text=text, asked_at=asked_at,
+            upstream=r.string(item, "upstream", f"{name}.upstream"),
+            epoch=r.integer(item, "epoch", f"{name}.epoch", 0) or 0,
+            sent_at=r.time(item, "sent_at", f"{name}.sent_at"),
+            answer=r.string(item, "answer", f"{name}.answer"),
+            answered_by=r.string(item, "answered_by", f"{name}.answered_by"),
+            answered_at=r.time(item, "answered_at", f"{name}.answered_at"),
+            escalated_at=r.time(item, "escalated_at", f"{name}.escalated_at"),
+        )
+        if question.upstream and not ID_PATTERN.fullmatch(question.upstream):
+            raise r.fail(f"{name}.upstream", f"bad task id {question.upstream[:64]!r}")
+        if to is QuestionTo.UPSTREAM and not question.upstream:
+            raise r.fail(f"{name}.upstream", "a question to an upstream names it")
+        if to is QuestionTo.PERSON and question.upstream and question.escalated_at is None:
+            raise r.fail(f"{name}.upstream", "a question to a person names no upstream (unless escalated)")
+        if (question.answered_at is None) != (not question.answer):
+            raise r.fail(f"{name}.answer", "an answer and its answered_at come together")
+        question.extra = dict(item)
+        out.append(question)
     return out
 
 

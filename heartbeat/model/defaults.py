@@ -251,6 +251,16 @@ MAX_COMPACTIONS_PER_SESSION = 3
 """With ``session = "resume"``: a session compacted this often (``compacting`` events in the
 ledger) is not resumed; its context is more summary than work, and the brief is better."""
 
+ANSWER_MAX_RUNTIME = 900.0
+"""Seconds an upstream's resumed session may spend answering a question before it is stopped
+(the launcher's own ``max_runtime`` when shorter) and the question goes to a person."""
+
+ANSWER_HANG = 300.0
+"""Seconds an answering run's output may stay silent before it is stopped as hung."""
+
+ANSWER_MAX_CHARS = 4000
+"""Characters of an answering run's final text kept as the answer (the rest is cut, and said so)."""
+
 CODEX_MAX_RUNTIME = 7200.0
 """The ``codex`` preset's ``max_runtime``: without a network Codex retries forever."""
 
@@ -453,3 +463,16 @@ LEARN_WINDOW = 3
 LEARN_FROM = ("rederived",)
 """``[handoff] learn_from``: what counts as a part lost in a handoff: ``rederived`` (the downstream said it
 re-derived the part) and, if listed, ``missing`` (the part was empty in the package)."""
+
+QUESTION_WAIT = 1800.0
+"""Seconds a question across the seam may wait unanswered before it escalates to a person
+(``[daemon] question_wait``; 0: never)."""
+
+MAX_QUESTIONS = 64
+"""Questions one baton may hold (``[[questions]]``, answered ones included)."""
+
+MAX_QUESTION_CHARS = 4000
+"""The longest question, in characters; a longer one is refused with one line."""
+
+MAX_ANSWER_CHARS = 16000
+"""The longest answer, in characters; a longer one is refused with one line."""

@@ -79,6 +79,15 @@ class EventKind(StrEnum):
     NEED_LEARNED = "need_learned"
     NEED_PINNED = "need_pinned"
     NEED_DROPPED = "need_dropped"
+    ASKED = "asked"
+    ANSWERED = "answered"
+    QUESTION_ESCALATED = "question_escalated"
+    ANSWER_STARTED = "answer_started"
+    """The daemon resumed an upstream's session to answer a downstream's question (on the upstream)."""
+    ANSWER_RUN = "answer_run"
+    """That answering run ended: its ``outcome`` (answered, answered_from_result, failed, stopped, lost)."""
+    QUESTION_READDRESSED = "question_readdressed"
+    """A question to an upstream was given to a person instead (on the asker; ``reason``: one line)."""
 
 
 @dataclass

@@ -18,6 +18,7 @@ from heartbeat.presets.common import (
     _objects,
     _text,
     _usage,
+    final_text,
     valid_session_id,
 )
 
@@ -66,6 +67,7 @@ def parse_claude(data: bytes) -> ResultInfo:
         rate_limited=limited,
         resume_failed=is_error and any("No conversation found" in e for e in errors),
         reason=reason,
+        text="" if is_error else final_text(result.get("result")),
         session_id=valid_session_id(result.get("session_id")) or session,
         terminal_reason=_text(result.get("terminal_reason")),
         num_turns=_count(result.get("num_turns")),

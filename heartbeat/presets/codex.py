@@ -7,7 +7,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     pass
-from heartbeat.presets.common import _AUTH, _CODEX_LIMIT, ResultInfo, _objects, _text, _usage, valid_session_id
+from heartbeat.presets.common import (
+    _AUTH,
+    _CODEX_LIMIT,
+    ResultInfo,
+    _objects,
+    _text,
+    _usage,
+    final_text,
+    valid_session_id,
+)
 
 __all__ = ["parse_codex"]
 
@@ -28,8 +37,12 @@ def parse_codex(data: bytes) -> ResultInfo:
     turns = 0
     last: dict[str, Any] | None = None
     usage: dict[str, int] = {}
+    said = ""
     for obj in _objects(data):
         kind = obj.get("type")
+        item = obj.get("item")
+        if kind == "item.completed" and isinstance(item, dict) and item.get("type") == "agent_message":
+            said = final_text(item.get("text")) or said
         if kind == "thread.started":
             thread = valid_session_id(obj.get("thread_id")) or thread
         elif kind in ("turn.completed", "turn.failed"):
@@ -55,6 +68,7 @@ def parse_codex(data: bytes) -> ResultInfo:
         rate_limited=is_error and not non_retryable and bool(_CODEX_LIMIT.match(reason)),
         resume_failed=resume_failed,
         reason=reason,
+        text="" if is_error else said,
         session_id=thread,
         num_turns=turns or None,
         usage=usage,

@@ -113,6 +113,19 @@ def _text(value: object) -> str:
     return line if len(line) <= _MAX_TEXT else line[: _MAX_TEXT - 1] + "…"
 
 
+def final_text(value: object) -> str:
+    """An agent's final message as an answer can hold it: printable, newlines kept, bounded."""
+    from heartbeat.model.defaults import ANSWER_MAX_CHARS
+
+    if not isinstance(value, str):
+        return ""
+    text = _ANSWER_CONTROL.sub(" ", value).strip()
+    return text if len(text) <= ANSWER_MAX_CHARS else text[: ANSWER_MAX_CHARS - 1] + "…"
+
+
+_ANSWER_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]+")
+
+
 def _count(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_NUMBER:
         return None
@@ -143,6 +156,9 @@ class ResultInfo:
     """The run was refused by a rate or usage limit (429, 529, "usage limit reached", ...): a wait."""
     reason: str = ""
     """One line: the CLI's result or error text."""
+    text: str = ""
+    """The run's final answer in full (Claude's ``result``, Codex's last agent message), control
+    characters but newlines and tabs taken out, at most ``ANSWER_MAX_CHARS``; "" on an error."""
     session_id: str = ""
     terminal_reason: str = ""
     num_turns: int | None = None

@@ -11,6 +11,7 @@
     logs/<id>/<epoch>.pulse            the agent's fast touches (its mtime; :mod:`heartbeat.hotpath.pulse`)
     logs/<id>/<epoch>.trail            the agent's tool calls since its note (its hooks; :mod:`heartbeat.hotpath.trail`)
     logs/<id>/<epoch>.lease            when the agent's shim stops it unless renewed (a shared store)
+    logs/<id>/answer.<asker>.<qid>.*   a run of the task's resumed session answering a question (log, exit, pid, prompt)
     ledger.sqlite3                     the ledger (the file store)
     format.toml                        the state dir's format: version and min_reader (the file store)
     daemon.lock                        one daemon per state dir (an flock)
@@ -125,6 +126,11 @@ class StateLayout:
     def lease(self, task_id: str, epoch: int) -> str:
         """``logs/<id>/<epoch>.lease``: the agent's lease deadlines, written by a daemon on a shared store."""
         return os.path.join(self.task_logs(task_id), f"{epoch}.lease")
+
+    def answer(self, task_id: str, asker: str, qid: str, suffix: str) -> str:
+        """``logs/<id>/answer.<asker>.<qid>.<suffix>`` (``log``, ``exit``, ``prompt.md``; the shim adds
+        ``pid``): the run of ``task_id``'s resumed session that answers ``asker``'s question ``qid``."""
+        return os.path.join(self.task_logs(task_id), f"answer.{asker}.{qid}.{suffix}")
 
     def trail(self, task_id: str, epoch: int) -> str:
         """``logs/<id>/<epoch>.trail``. The hooks, on the agent's hot path, spell it themselves

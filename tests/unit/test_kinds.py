@@ -21,6 +21,7 @@ ON_DISK_EVENT_KINDS = {
     "session_ended", "stop_allowed", "stop_blocked", "archived", "compacted", "upstream_missing", "rate_limited",
     "taken_over", "rail_refused", "paused", "resumed", "needs_unmet", "done_forced", "need_learned", "need_pinned",
     "need_dropped",
+    "asked", "answered", "question_escalated", "answer_started", "answer_run", "question_readdressed",
 }
 
 

@@ -1,0 +1,229 @@
+"""Questions across the seam, the library: ask, answer, the question gate, sending, escalating."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from heartbeat.model.baton import GateKind, Owner, QuestionTo, Status, dump_baton, parse_baton
+from heartbeat.model.errors import BadInput, Conflict, NotActive
+from heartbeat.model.ledger import EventKind
+from heartbeat.store.files import FileStore
+from heartbeat.store.memory import MemoryStore
+from heartbeat.tasks import questions as qs
+from heartbeat.tasks import verbs as tasks
+
+T0 = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def store() -> MemoryStore:
+    """An upstream ``build`` and its downstream ``critic``, claimed at epoch 1 (its agent runs)."""
+    s = MemoryStore()
+    tasks.new_task(s, "build", task="Build it", step="build", owner=Owner(pid=1), now=T0)
+    tasks.new_task(s, "critic", task="Review it", step="review", now=T0)
+    with s.edit("critic") as ed:
+        ed.baton.after.append("build")
+        ed.baton.meta.epoch = 1
+    return s
+
+
+class TestAsk:
+    def test_ask_holds_the_task_on_its_question(self, store: MemoryStore) -> None:
+        """The question lands in the baton and the task is blocked on question:q1, addressed to its one upstream."""
+        qid = qs.ask(store, "critic", "Why sqlite?", epoch=1, now=T0)
+        assert qid == "q1"
+        baton = store.load("critic")
+        assert baton.meta.status is Status.BLOCKED
+        assert baton.meta.gate is not None and baton.meta.gate.spec() == "question:q1"
+        (q,) = baton.questions
+        assert (q.to, q.upstream, q.text, q.asked_at, q.epoch, q.sent_at) == (
+            QuestionTo.UPSTREAM, "build", "Why sqlite?", T0, 1, None)
+        assert baton.blocked_on == "waiting on q1 to build"
+        kinds = [e.kind for e in store.ledger.events("critic")]
+        assert kinds[-2:] == [EventKind.ASKED, EventKind.BLOCKED]
+
+    def test_a_second_question_joins_the_gate(self, store: MemoryStore) -> None:
+        """A task already waiting on q1 may ask q2; the gate then names both."""
+        qs.ask(store, "critic", "one?", epoch=1, now=T0)
+        assert qs.ask(store, "critic", "two?", to="person", epoch=1, now=T0) == "q2"
+        baton = store.load("critic")
+        assert baton.meta.gate is not None and baton.meta.gate.target == "q1,q2"
+        assert baton.blocked_on == "waiting on q1, q2 to a person, build"
+
+    def test_the_default_is_a_person_without_exactly_one_upstream(self, store: MemoryStore) -> None:
+        """A task with no upstream asks a person by default."""
+        qs.ask(store, "build", "Which port?", epoch=1, now=T0)
+        (q,) = store.load("build").questions
+        assert (q.to, q.upstream) == (QuestionTo.PERSON, "")
+
+    @pytest.mark.parametrize(("text", "to", "upstream", "says"), [
+        ("", None, None, "empty"),
+        ("   \n", None, None, "empty"),
+        ("x" * 4001, None, None, "over 4000"),
+        ("why\x1b[2J?", None, None, "control character"),
+        ("nul\0", None, None, "control character"),
+        ("ok?", "sideways", None, "use upstream or person"),
+        ("ok?", "person", "build", "--upstream"),
+        ("ok?", "upstream", "other", "not an upstream"),
+    ])
+    def test_bad_input_is_refused_and_nothing_written(self, store: MemoryStore, text: str, to: str | None,
+                                                      upstream: str | None, says: str) -> None:
+        """Empty, huge, control characters, an unknown addressee: one line, the baton unchanged."""
+        before = dump_baton(store.load("critic"))
+        with pytest.raises(BadInput, match=says):
+            qs.ask(store, "critic", text, to=to, upstream=upstream, epoch=1, now=T0)
+        assert dump_baton(store.load("critic")) == before
+
+    def test_to_upstream_without_one_is_refused(self, store: MemoryStore) -> None:
+        """`--to upstream` on a task with no upstream is refused in one line."""
+        with pytest.raises(BadInput, match="no upstream"):
+            qs.ask(store, "build", "why?", to="upstream", epoch=1, now=T0)
+
+    def test_several_upstreams_need_one_named(self, store: MemoryStore) -> None:
+        """With two upstreams, `--to upstream` names one; the default is a person."""
+        tasks.new_task(store, "spec", task="Spec", step="s", now=T0)
+        with store.edit("critic") as ed:
+            ed.baton.after.append("spec")
+        with pytest.raises(BadInput, match="name one"):
+            qs.ask(store, "critic", "why?", to="upstream", epoch=1, now=T0)
+        assert qs.ask(store, "critic", "why?", to="upstream", upstream="spec", epoch=1, now=T0) == "q1"
+        assert store.load("critic").questions[0].upstream == "spec"
+
+    def test_a_superseded_epoch_is_refused(self, store: MemoryStore) -> None:
+        """The asker's write is fenced by its epoch like every write."""
+        with pytest.raises(Conflict, match="superseded"):
+            qs.ask(store, "critic", "why?", epoch=0, now=T0)
+        assert store.load("critic").questions == []
+
+    def test_a_task_blocked_on_something_else_does_not_ask(self, store: MemoryStore) -> None:
+        """A task held on a person's gate is not re-gated by a question."""
+        from heartbeat.model.baton import Gate
+
+        tasks.block(store, "critic", "needs a key", Gate(GateKind.HUMAN))
+        with pytest.raises(NotActive, match="blocked"):
+            qs.ask(store, "critic", "why?", now=T0)
+
+
+class TestAnswer:
+    def test_a_persons_answer_lifts_the_gate(self, store: MemoryStore) -> None:
+        """The answer lands in the baton, the gate clears, `answered` carries wait_s."""
+        qs.ask(store, "critic", "Why sqlite?", to="person", epoch=1, now=T0)
+        qs.answer(store, "critic", "q1", "One file, no server.", by="person:ana", now=T0 + timedelta(minutes=12))
+        baton = store.load("critic")
+        assert baton.meta.status is Status.ACTIVE and baton.meta.gate is None and baton.blocked_on == ""
+        (q,) = baton.questions
+        assert (q.answer, q.answered_by, q.answered_at) == ("One file, no server.", "person:ana",
+                                                           T0 + timedelta(minutes=12))
+        answered = store.ledger.events("critic", kinds=[EventKind.ANSWERED])[-1]
+        assert answered.data["wait_s"] == 720.0 and answered.data["qid"] == "q1"
+        assert store.ledger.events("critic")[-1].kind == EventKind.UNBLOCKED
+
+    def test_the_gate_waits_for_every_question(self, store: MemoryStore) -> None:
+        """With q1 and q2 open, answering q1 keeps the task held."""
+        qs.ask(store, "critic", "one?", epoch=1, now=T0)
+        qs.ask(store, "critic", "two?", to="person", epoch=1, now=T0)
+        qs.answer(store, "critic", "q2", "yes", by="person", now=T0)
+        assert store.load("critic").meta.status is Status.BLOCKED
+        qs.answer(store, "critic", "q1", "because", by="upstream:build", now=T0)
+        assert store.load("critic").meta.status is Status.ACTIVE
+
+    def test_twice_and_unknown_are_refused(self, store: MemoryStore) -> None:
+        """Answering twice is a conflict, an unknown qid bad input; nothing is written either way."""
+        qs.ask(store, "critic", "why?", epoch=1, now=T0)
+        qs.answer(store, "critic", "q1", "because", by="person", now=T0)
+        before = dump_baton(store.load("critic"))
+        with pytest.raises(Conflict, match="answered already"):
+            qs.answer(store, "critic", "q1", "again", by="person", now=T0)
+        with pytest.raises(BadInput, match="no question 'q9'"):
+            qs.answer(store, "critic", "q9", "huh", by="person", now=T0)
+        assert dump_baton(store.load("critic")) == before
+
+    def test_only_the_asked_upstream_answers(self, store: MemoryStore) -> None:
+        """The upstream's agent, fenced by its own epoch, answers; another task's or a stale epoch does not."""
+        tasks.new_task(store, "other", task="x", step="x", owner=Owner(pid=2), now=T0)
+        qs.ask(store, "critic", "why?", epoch=1, now=T0)
+        with pytest.raises(BadInput, match="not of 'other'"):
+            qs.answer(store, "critic", "q1", "me!", by="upstream:other", epoch=1, now=T0)
+        with pytest.raises(Conflict, match="superseded"):
+            qs.answer(store, "critic", "q1", "stale", by="upstream:build", epoch=0, now=T0)
+        with pytest.raises(BadInput, match="fences an upstream"):
+            qs.answer(store, "critic", "q1", "x", by="person", epoch=1, now=T0)
+        qs.answer(store, "critic", "q1", "because", by="upstream:build", epoch=1, now=T0)
+        assert store.load("critic").questions[0].answered_by == "upstream:build"
+
+    @pytest.mark.parametrize("by", ["", "nobody", "person:", "upstream:Bad Id", "person:a\nb"])
+    def test_bad_answerer_is_refused(self, store: MemoryStore, by: str) -> None:
+        """`by` is person, person:NAME or upstream:ID."""
+        qs.ask(store, "critic", "why?", epoch=1, now=T0)
+        with pytest.raises(BadInput, match="answered by"):
+            qs.answer(store, "critic", "q1", "x", by=by, now=T0)
+
+
+class TestDaemonSide:
+    def test_pending_upstream_and_mark_sent(self, store: MemoryStore) -> None:
+        """A question to an upstream is pending until sent; sending twice is a conflict."""
+        qs.ask(store, "critic", "why?", epoch=1, now=T0)
+        qs.ask(store, "critic", "who?", to="person", epoch=1, now=T0)
+        pending = qs.pending_upstream(store.load(i) for i in ("build", "critic"))
+        assert [(a, q.id) for a, q in pending] == [("critic", "q1")]
+        qs.mark_sent(store, "critic", "q1", now=T0 + timedelta(seconds=1))
+        assert store.load("critic").questions[0].sent_at == T0 + timedelta(seconds=1)
+        assert qs.pending_upstream([store.load("critic")]) == []
+        with pytest.raises(Conflict, match="already"):
+            qs.mark_sent(store, "critic", "q1", now=T0)
+
+    def test_escalate_readdresses_to_a_person(self, store: MemoryStore) -> None:
+        """An overdue question escalates once: to a person, its upstream kept, the event recorded."""
+        qs.ask(store, "critic", "why?", epoch=1, now=T0)
+        assert qs.overdue([store.load("critic")], T0 + timedelta(minutes=29), 1800) == []
+        (due,) = qs.overdue([store.load("critic")], T0 + timedelta(minutes=30), 1800)
+        assert qs.escalate(store, "critic", due[1].id, now=T0 + timedelta(minutes=30))
+        assert not qs.escalate(store, "critic", "q1", now=T0 + timedelta(minutes=31))
+        baton = store.load("critic")
+        (q,) = baton.questions
+        assert (q.to, q.upstream, q.escalated_at) == (QuestionTo.PERSON, "build", T0 + timedelta(minutes=30))
+        waiting = qs.waiting_on(baton)
+        assert waiting is not None and waiting.describe(T0 + timedelta(minutes=42)) == \
+            "waiting on q1 to build, 42m, escalated to a person"
+        assert len(store.ledger.events("critic", kinds=[EventKind.QUESTION_ESCALATED])) == 1
+        assert qs.overdue([baton], T0 + timedelta(hours=2), 1800) == []
+
+
+class TestBatonShape:
+    def test_questions_round_trip_on_a_file_store(self, tmp_path: Path) -> None:
+        """The [[questions]] table reads back equal, unknown keys in a question kept."""
+        s = FileStore(str(tmp_path))
+        tasks.new_task(s, "solo", task="t", step="s", now=T0)
+        qs.ask(s, "solo", "multi\nline\tquestion?", now=T0)
+        with s.edit("solo") as ed:
+            ed.baton.questions[0].extra["note"] = "kept"
+        qs.answer(s, "solo", "q1", "yes", by="person", now=T0 + timedelta(seconds=5))
+        text = (tmp_path / "batons" / "solo.toml").read_text()
+        assert "[[questions]]" in text
+        again = parse_baton(text, path="solo.toml")
+        assert again.questions[0].extra == {"note": "kept"} and again.questions[0].text == "multi\nline\tquestion?"
+        assert dump_baton(again) == text
+        s.close()
+
+    def test_a_baton_without_questions_writes_none(self, store: MemoryStore) -> None:
+        """Older batons read and write as before: no questions key."""
+        assert "questions" not in store.load("build").to_dict()
+
+    @pytest.mark.parametrize(("table", "says"), [
+        ('id = "x1"\nto = "person"\ntext = "t"\nasked_at = 2026-12-02T06:00:00Z', "bad question id"),
+        ('id = "q1"\nto = "them"\ntext = "t"\nasked_at = 2026-12-02T06:00:00Z', "upstream or person"),
+        ('id = "q1"\nto = "upstream"\ntext = "t"\nasked_at = 2026-12-02T06:00:00Z', "names it"),
+        ('id = "q1"\nto = "person"\ntext = "t"', "asked_at"),
+        ('id = "q1"\nto = "person"\ntext = "t"\nasked_at = 2026-12-02T06:00:00Z\nanswer = "a"', "come together"),
+    ])
+    def test_invalid_questions_name_the_field(self, table: str, says: str) -> None:
+        """A hand-written bad question fails naming questions[0].FIELD."""
+        from heartbeat.model.errors import InvalidBaton
+
+        text = f'task = "t"\nstep = "s"\n[[questions]]\n{table}\n[meta]\nid = "x"\n'
+        with pytest.raises(InvalidBaton, match=says) as info:
+            parse_baton(text, path="x.toml")
+        assert "questions[0]" in str(info.value)
