@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 
 from heartbeat.model.baton import (
     HANDOFF_FIELDS,
-    PACKAGE_PARTS,
     ID_PATTERN,
     LIST_FIELDS,
+    PACKAGE_PARTS,
     SCALAR_FIELDS,
     Baton,
     Gate,

@@ -509,10 +509,11 @@ class Actor:
 
             upstream = tuple(load_packages(sh.store, pending))
         from heartbeat.reports.brief import unnoted_for
+        from heartbeat.tasks.needs import needs_lines
 
         unnoted = unnoted_for(sh.config.state_dir, sh.store, baton)
         brief = render_brief(pending, max_attempts=sh.config.daemon.max_attempts, now=now, upstream=upstream,
-                             unnoted=unnoted.lines() if unnoted else ())
+                             unnoted=unnoted.lines() if unnoted else (), needs=needs_lines(sh.store, pending))
         for warning in brief.warnings:
             sh.log.warning("brief_warning", task=pending.id, epoch=pending.meta.epoch, warning=warning)
         if not plan.resume:

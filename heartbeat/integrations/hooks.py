@@ -241,9 +241,11 @@ def handle_event(
         from heartbeat.reports.brief import unnoted_for
 
         unnoted = unnoted_for(trail_dir, store, baton, epoch=epoch)
+        from heartbeat.tasks.needs import needs_lines
+
         context = claimed + session_context(baton, source, env, max_attempts=max_attempts, epoch=epoch, now=now,
                                   prefix=command_prefix(state_dir_arg, config_arg),
-                                  unnoted=unnoted.lines() if unnoted else ())
+                                  unnoted=unnoted.lines() if unnoted else (), needs=needs_lines(store, baton))
         out = {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": context}}
         return HookResult(json.dumps(out, ensure_ascii=False) + "\n")
     events = store.ledger.events(baton.id)
@@ -368,7 +370,7 @@ def session_context(baton: Baton, source: str, env: Mapping[str, str], *, max_at
                     epoch: int | None = None, now: datetime | None = None,
                     budget: int = defaults.HOOK_BRIEF_BUDGET,
                     limit: int = defaults.CLAUDE_HOOK_CONTEXT_LIMIT, prefix: str = "heartbeat",
-                    unnoted: Sequence[str] = ()) -> str:
+                    unnoted: Sequence[str] = (), needs: Sequence[str] = ()) -> str:
     """The SessionStart hook's ``additionalContext``: always within ``limit`` code units, so the CLI
     never swaps it for a preview. Essentials first (intent, every constraint, the current and next
     step, the block, the note-keeping commands with the task id spelled out), then as much of the
@@ -386,11 +388,11 @@ def session_context(baton: Baton, source: str, env: Mapping[str, str], *, max_at
             f"note current with `heartbeat set {baton.id}`/`heartbeat add {baton.id}` as you go "
             f"(the whole brief: {where}).\n\n")
     brief = render_brief(baton, budget=budget, max_attempts=max_attempts, epoch=epoch, now=now,
-                         essentials_first=True, brief_file=brief_file, unnoted=unnoted)
+                         essentials_first=True, brief_file=brief_file, unnoted=unnoted, needs=needs)
     for smaller in (budget, budget * 3 // 4, budget // 2, budget // 4):  # long prefixes take room too
         if smaller != budget:
             brief = render_brief(baton, budget=smaller, max_attempts=max_attempts, epoch=epoch, now=now,
-                                 essentials_first=True, brief_file=brief_file, unnoted=unnoted)
+                                 essentials_first=True, brief_file=brief_file, unnoted=unnoted, needs=needs)
         text = _with_prefix(head + brief.text, prefix)
         if context_length(text) <= limit:
             return text
@@ -399,7 +401,7 @@ def session_context(baton: Baton, source: str, env: Mapping[str, str], *, max_at
         if cut is None:
             continue
         brief = render_brief(cut, budget=budget // 4, max_attempts=max_attempts, epoch=epoch, now=now,
-                             essentials_first=True, brief_file=brief_file)
+                             essentials_first=True, brief_file=brief_file, needs=needs)
         text = _with_prefix(head + brief.text, prefix)
         if context_length(text) <= limit:
             return text

@@ -170,7 +170,10 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
             kwargs: dict[str, Any] = {"epoch": fence(id, None, write=False)}
             if budget is not None:
                 kwargs["budget"] = budget
-            return render_brief(store().load(id), **kwargs).text
+            from heartbeat.tasks.needs import needs_lines
+
+            baton = store().load(id)
+            return render_brief(baton, needs=needs_lines(store(), baton), **kwargs).text
 
     @server.tool(name="verify", description="Does the baton still hold? code 0 fresh, 3 stale, 4 not active, "
                                             "5 superseded (your epoch is no longer the task's)." + EPOCH_NOTE)

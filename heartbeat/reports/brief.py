@@ -3,7 +3,8 @@
 Sections, in this order (DESIGN.md, "The brief"):
 
 1. the intent, in one sentence;
-2. the constraints, loudly;
+2. the constraints, loudly, then what the task's downstreams need of its package (declared,
+   learned or pinned: ``done`` is refused until each part is filled);
 3. where things stand: task, status, step, next step, block and gate, attempt N of M
    and how the previous attempt ended (so a retry knows it is a retry);
 4. the minimum context: done (the last ten), plan, decisions, rejected alternatives, unknowns;
@@ -97,6 +98,7 @@ def render_brief(
     essentials_first: bool = False,
     brief_file: str = "",
     unnoted: Sequence[str] = (),
+    needs: Sequence[str] = (),
 ) -> Brief:
     """Render the brief for ``baton`` within ``budget`` tokens.
 
@@ -115,6 +117,10 @@ def render_brief(
     (:func:`heartbeat.tasks.handoff.load_packages`). Their constraints join the task's own,
     each marked ``(inherited from ID)``, and are never cut; the packages follow the
     constraints, newest first, so the budget keeps them before the task's own context.
+
+    ``needs`` holds the lines of what this task's downstreams need of its package
+    (:func:`heartbeat.tasks.needs.needs_lines`): they follow the constraints and are never cut,
+    since ``done`` is refused while one is empty.
 
     ``unnoted`` holds the lines of what the last run did since its last note
     (:meth:`heartbeat.hotpath.trail.Unnoted.lines`): they follow where things stand and are never cut,
@@ -175,6 +181,11 @@ def render_brief(
             add(f"- **{text}** _(inherited from `{origin}`)_\n", "constraints", required=True)
     else:
         add("_(none recorded)_\n", "constraints", required=True)
+
+    if needs:
+        add("\n## What your downstreams need - `done` is refused until each is filled\n", "needs", required=True)
+        for line in needs:
+            add(_one_line(line) + "\n", "needs", required=True)
 
     for package in upstream:
         for text, label in _package_lines(package):

@@ -24,6 +24,12 @@ ledger's events, and counts per upstream→downstream edge (keys exactly as belo
     mean over handoffs of: the upstream's ``done`` to the downstream's first progress
     (a step change, ``done`` growing, or the downstream finishing); ``null`` when none.
 
+``role``, ``needs``
+    the edge's role (what recurs across pipeline runs: ``*.build->*.review``) and its effective
+    needs, each ``{"part", "source", "evidence"}`` with ``source`` ``declared``, ``learned`` (the
+    evidence: "review re-derived `rejected` in 2 of the last 3 handoffs") or ``pinned``
+    (:mod:`heartbeat.tasks.needs`).
+
 ``pairs`` holds the same counts summed by (upstream launcher, downstream launcher), with
 ``edges`` the number of edges in the pair. Both lists are worst first.
 """
@@ -52,6 +58,7 @@ class _Profile:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
     missing_parts: set[str] = field(default_factory=set)
     waits: list[float] = field(default_factory=list)
+    needs: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def score(self) -> int:
@@ -65,7 +72,13 @@ class _Profile:
         # the order of the issue's JSON: handoffs, missing, missing_parts, rederived, broken, reopens, time
         order = [upstream_key, downstream_key, "handoffs", "missing", "missing_parts", "rederived",
                  "guarantee_failed", "broken", "reopens", "time_to_progress_s"]
-        return {k: out[k] for k in order}
+        row = {k: out[k] for k in order}
+        if upstream_key == "upstream":
+            from heartbeat.tasks.needs import edge_role
+
+            row["role"] = edge_role(self.upstream, self.downstream)
+            row["needs"] = list(self.needs)
+        return row
 
 
 @dataclass
@@ -83,6 +96,14 @@ class EdgeReport:
             return "edge report: no handoffs between tasks (no task lists `after`)"
         lines = [f"edge report: {len(self.edges)} edge(s), worst first"]
         lines.extend(_table([(f"{e['upstream']} -> {e['downstream']}", e) for e in self.edges], "EDGE"))
+        needing = [e for e in self.edges if e.get("needs")]
+        if needing:
+            lines.append("")
+            lines.append("needs (done is refused while one is empty):")
+            for e in needing:
+                for n in e["needs"]:
+                    why = f": {n['evidence']}" if n["evidence"] else ""
+                    lines.append(f"  {e['upstream']} -> {e['downstream']}: `{n['part']}` ({n['source']}{why})")
         lines.append("")
         lines.append("by launcher pair:")
         lines.extend(_table([(f"{p['upstream_launcher']} -> {p['downstream_launcher']}", p) for p in self.pairs],
@@ -119,10 +140,14 @@ def build_edges(store: Store, *, since: datetime | None = None) -> EdgeReport:
     def within(e: Event) -> bool:
         return since is None or e.ts >= since
 
+    from heartbeat.tasks.needs import edge_needs, role_events
+
+    by_role = role_events(store)
     profiles: list[_Profile] = []
     for downstream, baton in sorted(batons.items()):
         for upstream in baton.after:
             p = _Profile(upstream, downstream)
+            p.needs = [n.to_json() for n in edge_needs(store, baton, upstream, by_role=by_role)]
             down = of(downstream)
             progress = [e.ts for e in down if _progress(e)]
             for e in of(upstream):

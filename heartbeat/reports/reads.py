@@ -48,10 +48,18 @@ def show_text(store: Any, state_dir: str, task_id: str, *, as_json: bool = False
         if gone:
             raise NotFound(gone, task=task_id) from None
         raise
+    from heartbeat.tasks.needs import downstream_needs, needs_lines
+
     unnoted = unnoted_for(state_dir, store, baton)
     if as_json:
-        return json_text({**baton.to_dict(), **({"unnoted": unnoted.to_json()} if unnoted else {})})
-    text = dump_baton(baton)
+        wanted = [{"downstream": d, "needs": [n.to_json() for n in found]} for d, found in
+                  downstream_needs(store, baton.id)]
+        return json_text({**baton.to_dict(), **({"unnoted": unnoted.to_json()} if unnoted else {}),
+                          **({"downstream_needs": wanted} if wanted else {})})
+    lines = needs_lines(store, baton)
+    text = "".join(f"# {line}\n" for line in ["What the downstreams need of this package (`done` is refused "
+                                              "until each is filled):", *lines]) if lines else ""
+    text += dump_baton(baton)
     if unnoted:
         text += (f"\n# Since the last note, the run of epoch {unnoted.epoch} did (not in the note):\n"
                  + "".join(f"# {line}\n" for line in unnoted.lines()))
@@ -93,8 +101,11 @@ def brief_text(store: Any, state_dir: str, task_id: str, *, as_json: bool = Fals
         from heartbeat.tasks.handoff import load_packages
 
         kwargs["upstream"] = load_packages(store, baton)
+    from heartbeat.tasks.needs import needs_lines
+
     unnoted = unnoted_for(state_dir, store, baton)
-    brief = render_brief(baton, unnoted=unnoted.lines() if unnoted else (), **kwargs)
+    brief = render_brief(baton, unnoted=unnoted.lines() if unnoted else (), needs=needs_lines(store, baton),
+                         **kwargs)
     warnings = "".join(f"heartbeat: warning: {task_id}: {w}\n" for w in brief.warnings)
     return (json_text(brief.to_json()) if as_json else brief.text), warnings
 

@@ -1,4 +1,4 @@
-""""Ready", agreed per edge: the parts of a package a downstream needs, declared or learned.
+"""'Ready', agreed per edge: the parts of a package a downstream needs, declared or learned.
 
 A downstream declares the parts it needs from each of its upstreams (``needs = [...]`` on its
 baton: ``heartbeat new DOWN --after UP --needs rejected,decisions``, a pipeline stage's
@@ -13,7 +13,7 @@ An edge's **role** is what recurs across pipeline runs: for two stages of one pi
 ``p1``'s review kept re-deriving is required of ``p2.build``; for any other pair it is the
 two task ids, ``build -> review``.
 
-The effective needs of an edge = declared ∪ learned ∪ pinned − dropped, where for each part the
+The effective needs of an edge = (declared + learned + pinned) - dropped, where for each part the
 role's latest ``need_*`` event decides (learned or pinned: needed; dropped: not, even when
 declared) and a part no event names is needed when the downstream declares it. They are read
 from the ledger's events on every store, never kept elsewhere.
@@ -56,6 +56,7 @@ __all__ = [
     "effective",
     "learned_parts",
     "edge_needs",
+    "role_events",
     "downstream_needs",
     "needs_lines",
     "require_needs",
@@ -196,8 +197,8 @@ def learned_parts(handoffs: Sequence[Lost], *, after: int, window: int, sources:
 # -- reading the store ---------------------------------------------------------------------
 
 
-def _role_events(store: Store, cache: dict[str, list[Event]] | None = None) -> dict[str, list[Event]]:
-    """Every ``need_*`` event by role, in append order."""
+def role_events(store: Store, cache: dict[str, list[Event]] | None = None) -> dict[str, list[Event]]:
+    """Every ``need_*`` event by role, in append order (``cache``, when given, is returned as is)."""
     if cache is not None:
         return cache
     out: dict[str, list[Event]] = {}
@@ -209,7 +210,7 @@ def _role_events(store: Store, cache: dict[str, list[Event]] | None = None) -> d
 def edge_needs(store: Store, downstream: Baton, upstream: str, *,
                by_role: dict[str, list[Event]] | None = None) -> list[Need]:
     """The effective needs of the edge ``upstream -> downstream``."""
-    by_role = _role_events(store, by_role)
+    by_role = role_events(store, by_role)
     return effective(downstream.needs, by_role.get(edge_role(upstream, downstream.id), []))
 
 
@@ -219,7 +220,7 @@ def downstream_needs(store: Store, upstream: str) -> list[tuple[str, list[Need]]
     downs = [e.baton for e in store.scan() if e.baton is not None and upstream in e.baton.after]
     if not downs:
         return []
-    by_role = _role_events(store)
+    by_role = role_events(store)
     out = []
     for down in sorted(downs, key=lambda b: b.id):
         found = edge_needs(store, down, upstream, by_role=by_role)
@@ -346,7 +347,7 @@ def learn(store: Store, task_ids: Iterable[str], config: HandoffConfig | None = 
         return []
     from heartbeat.model.timeparse import utcnow
 
-    by_role = _role_events(store)
+    by_role = role_events(store)
     recorded: list[Event] = []
     for role, (upstream, down_id) in sorted(roles.items()):
         events = by_role.get(role, [])

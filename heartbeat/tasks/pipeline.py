@@ -250,8 +250,8 @@ def create_pipeline(store: Store, name: str, stages: Sequence[Stage], *, workdir
                 stage.task_id, task=stage.task, step=stage.step, intent=stage.intent,
                 next_step=stage.next_step, workdir=stage.workdir or workdir, launcher=stage.launcher,
                 handoff=stage.handoff, key_files=stage.key_files, constraints=stage.constraints, plan=stage.plan,
-                after=[f"{name}.{u}" for u in stage.after], needs=stage.needs, guarantees=stage.guarantees, on_broken=stage.on_broken,
-                guards=stage.guards, irreversible=stage.irreversible, now=now)
+                after=[f"{name}.{u}" for u in stage.after], needs=stage.needs, guarantees=stage.guarantees,
+                on_broken=stage.on_broken,                guards=stage.guards, irreversible=stage.irreversible, now=now)
             size = len(dump_baton(start_create(baton, now)).encode("utf-8"))
         except HeartbeatError as exc:
             field = getattr(exc, "field", "")

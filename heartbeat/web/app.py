@@ -50,6 +50,7 @@ from heartbeat.web.views import (
     _list_params,
     _lost_hosts,
     _matches,
+    _needs_rows,
     _row,
     _status_of,
     _templates,
@@ -72,6 +73,7 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
 
     from heartbeat.reports.brief import render_brief
     from heartbeat.reports.report import build_report
+    from heartbeat.tasks.needs import needs_lines
     from heartbeat.web.metrics import HeartbeatCollector, Vitals, exposition, make_registry
 
     env = _templates()
@@ -182,9 +184,11 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         except HeartbeatError as exc:
             error = str(exc)
         brief = None
+        needs_rows: list[dict[str, str]] = []
         if baton is not None:
             try:
-                brief = render_brief(baton, max_attempts=max_attempts)
+                needs_rows = _needs_rows(store, baton)
+                brief = render_brief(baton, max_attempts=max_attempts, needs=needs_lines(store, baton))
             except HeartbeatError as exc:
                 error = f"the brief cannot be rendered: {exc}"
         events = store.ledger.events(task_id)
@@ -206,7 +210,7 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         return page(request, "task.html", title=task_id, task_id=task_id, baton=baton, error=error,
                     row=_row(_Entry(task_id, baton, error), now, default_launcher, policy),
                     baton_text=dump_baton(baton) if baton is not None else "", brief=brief, timeline=timeline,
-                    hidden=hidden, routine=routine, show_all=show_all, log=log, epoch=epoch,
+                    hidden=hidden, routine=routine, show_all=show_all, log=log, epoch=epoch, needs=needs_rows,
                     epochs=list(range(max(1, current - 50), current + 1)) if current > 1 else [])
 
     report_cache: list[tuple[float, Any]] = []

@@ -257,6 +257,19 @@ _SUMMARY_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
+def _needs_rows(store: Any, baton: Baton) -> list[dict[str, str]]:
+    """The task view's needs: of each upstream edge (this task needs) and of each downstream edge
+    (its downstreams need of this task), each with where it came from and its evidence."""
+    from heartbeat.tasks.needs import downstream_needs, edge_needs, edge_role, role_events
+
+    by_role = role_events(store)
+    rows = [{"edge": f"{u} -> {baton.id}", "role": edge_role(u, baton.id), "side": "needs of its upstream",
+             **n.to_json()} for u in baton.after for n in edge_needs(store, baton, u, by_role=by_role)]
+    rows.extend({"edge": f"{baton.id} -> {d}", "role": edge_role(baton.id, d), "side": "its downstream needs",
+                 **n.to_json()} for d, found in downstream_needs(store, baton.id) for n in found)
+    return rows
+
+
 def _event_row(event: Event) -> dict[str, Any]:
     """One timeline line: the event's kind, when, who, and its data as ``key=value`` (hashes elided)."""
     data = dict(event.data)
