@@ -315,6 +315,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--drop", action="append", metavar="PART", help="stop requiring this part, whatever required it "
                    "(repeatable)")
     p.add_argument("--by", help="who (default: your login name)")
+    p = command("ask", "tasks.cmd_ask", "ask a question across the seam and wait on the answer; prints its id",
+                write=True)
+    p.add_argument("question", help="the question (plain text)")
+    p.add_argument("--to", choices=["upstream", "person"], help="whom to ask (default: the task's upstream when it "
+                   "has exactly one, else a person)")
+    p.add_argument("--upstream", metavar="UP", help="with --to upstream and several upstreams: which one")
+    p = command("answer", "tasks.cmd_answer", "answer a task's question (a person, or the agent of the upstream "
+                "it was asked of)")
+    p.add_argument("qid", help="the question's id (q1, q2, ...)")
+    p.add_argument("text", help="the answer (plain text)")
+    p.add_argument("--by", help="who answers (default: person; an agent answers as its own upstream task)")
+    p.add_argument("--epoch", type=_int64, help="an upstream's agent: its epoch (else $HEARTBEAT_EPOCH)")
     p = command("fail", "tasks.cmd_fail", "mark the task failed", write=True)
     p.add_argument("--reason", required=True)
     p = command("retry", "tasks.cmd_retry", "re-arm an escalated or failed task")

@@ -1,5 +1,5 @@
-"""The commands on one task: new, set, add, touch, claim, release, snooze, block, unblock, done, fail, retry,
-pause, resume, rm, show, log, logs, brief, verify, and pipeline."""
+"""The commands on one task: new, set, add, touch, claim, release, snooze, block, unblock, ask, answer, done,
+fail, retry, pause, resume, rm, show, log, logs, brief, verify, and pipeline."""
 
 from __future__ import annotations
 
@@ -220,6 +220,24 @@ def cmd_unblock(args: argparse.Namespace) -> int:
     from heartbeat.tasks import verbs as tasks
 
     tasks.unblock(_store(args), args.id, by=args.by, note=args.note or "")
+    return 0
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    from heartbeat.tasks import questions
+
+    qid = questions.ask(_store(args), args.id, args.question, to=args.to, upstream=args.upstream,
+                        epoch=_epoch(args), actor=_actor(args))
+    print(qid)
+    return 0
+
+
+def cmd_answer(args: argparse.Namespace) -> int:
+    from heartbeat.tasks import questions
+    from heartbeat.tasks.write import answerer_from_env
+
+    by, epoch = answerer_from_env(args.by, args.epoch)
+    questions.answer(_store(args), args.id, args.qid, args.text, by=by, epoch=epoch, actor=_actor(args))
     return 0
 
 

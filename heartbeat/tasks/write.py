@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from heartbeat.store.base import Store
 
 __all__ = ["Write", "parse_hot", "assignments", "apply", "epoch_from_env", "refuse_foreign", "FENCED_COMMANDS",
+           "answerer_from_env",
            "actor_from_env", "relayed", "answer"]
 
 
@@ -118,8 +119,31 @@ def epoch_from_env(task_id: str, env: Mapping[str, str] | None = None) -> int | 
 
 
 FENCED_COMMANDS = frozenset({"set", "add", "touch", "claim", "release", "snooze", "block", "unblock", "done",
-                             "fail", "retry", "pause", "resume"})
-"""The commands that change an existing task: an agent the daemon launched runs them on its own task only."""
+                             "fail", "retry", "pause", "resume", "ask"})
+"""The commands that change an existing task: an agent the daemon launched runs them on its own task only.
+(``answer`` is the one exception, and only for a question asked of the agent's own task:
+:func:`answerer_from_env`.)"""
+
+
+def answerer_from_env(by: str | None, epoch: int | None, env: Mapping[str, str] | None = None
+                      ) -> tuple[str, int | None]:
+    """Who answers a question, and the epoch fencing it: an agent the daemon launched (``HEARTBEAT_TASK``
+    and ``HEARTBEAT_EPOCH``) answers only as its own task, ``upstream:TASK`` at its epoch, so the
+    question must have been asked of that task; anyone else answers as a person (``person:NAME``
+    with ``by``)."""
+    env = os.environ if env is None else env
+    owner = env.get("HEARTBEAT_TASK")
+    if owner and env.get("HEARTBEAT_EPOCH"):
+        if by and by != f"upstream:{owner}":
+            raise BadInput(f"this agent was launched for task {owner!r}: it answers as upstream:{owner} only",
+                           field="--by")
+        return f"upstream:{owner}", epoch if epoch is not None else epoch_from_env(owner, env)
+    if epoch is not None:
+        raise BadInput("--epoch fences an upstream agent's answer; a person answers without one", field="--epoch")
+    if by and by.startswith("upstream:"):
+        raise BadInput("only the upstream's own agent answers as upstream:ID; a person answers as --by NAME",
+                       field="--by")
+    return (f"person:{by}" if by and by != "person" else "person"), None
 
 
 def refuse_foreign(task_id: str, env: Mapping[str, str] | None = None) -> None:

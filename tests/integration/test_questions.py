@@ -227,3 +227,82 @@ class TestBatonShape:
         with pytest.raises(InvalidBaton, match=says) as info:
             parse_baton(text, path="x.toml")
         assert "questions[0]" in str(info.value)
+
+
+@pytest.fixture
+def hb(cli):  # type: ignore[no-untyped-def]
+    """CLI behaviour runs in this process (tests/support/inprocess_cli.py)."""
+    return cli
+
+
+AGENT = {"HEARTBEAT_TASK": "critic", "HEARTBEAT_EPOCH": "1"}
+UP_AGENT = {"HEARTBEAT_TASK": "build", "HEARTBEAT_EPOCH": "1"}
+
+
+@pytest.fixture
+def seam(state_dir: Path, hb) -> FileStore:  # type: ignore[no-untyped-def]
+    """build (claimed, epoch 1) → critic, let go and held by its agent at epoch 1, through the real CLI."""
+    assert hb("new", "build", "--task", "Build it", "--step", "build", "--claim").code == 0
+    assert hb("new", "critic", "--task", "Review it", "--step", "review", "--after", "build").code == 0
+    s = FileStore(str(state_dir))
+    with s.edit("critic") as ed:  # what the daemon's dispatch leaves: active, epoch 1
+        ed.baton.meta.status, ed.baton.meta.gate, ed.baton.blocked_on = Status.ACTIVE, None, ""
+        ed.baton.meta.epoch = 1
+    return s
+
+
+def _one_line(result, code: int, says: str) -> None:  # type: ignore[no-untyped-def]
+    assert result.code == code, result
+    assert result.out == ""
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], result.err
+
+
+class TestCli:
+    def test_ask_prints_the_id_alone_and_answer_lifts_it(self, seam: FileStore, hb) -> None:  # type: ignore[no-untyped-def]
+        """`ask` prints q1 alone on stdout, exit 0; `answer` by a person lands it and clears the gate."""
+        asked = hb("ask", "critic", "Why sqlite?", env=AGENT)
+        assert (asked.code, asked.out, asked.err) == (0, "q1\n", "")
+        assert seam.load("critic").meta.gate.spec() == "question:q1"  # type: ignore[union-attr]
+        done = hb("answer", "critic", "q1", "One file.", "--by", "ana")
+        assert (done.code, done.err) == (0, "")
+        baton = seam.load("critic")
+        assert baton.meta.status is Status.ACTIVE and baton.questions[0].answered_by == "person:ana"
+
+    def test_bad_input_is_one_line_and_writes_nothing(self, seam: FileStore, hb, state_dir: Path) -> None:  # type: ignore[no-untyped-def]
+        """Empty, huge, control characters, an unknown task, --to upstream without one: one line, no write."""
+        before = (state_dir / "batons" / "critic.toml").read_bytes()
+        _one_line(hb("ask", "critic", "", env=AGENT), 2, "empty")
+        _one_line(hb("ask", "critic", "x" * 5000, env=AGENT), 2, "over 4000")
+        _one_line(hb("ask", "critic", "a\x07b", env=AGENT), 2, "control character")
+        _one_line(hb("ask", "nope", "why?"), 1, "no such task")
+        _one_line(hb("ask", "build", "why?", "--to", "upstream", env=UP_AGENT), 2, "no upstream")
+        _one_line(hb("ask", "critic", "why?", "--to", "sideways", env=AGENT), 2, "invalid choice")
+        assert (state_dir / "batons" / "critic.toml").read_bytes() == before
+
+    def test_an_agent_asks_only_for_its_own_task(self, seam: FileStore, hb) -> None:  # type: ignore[no-untyped-def]
+        """The upstream's agent cannot ask on the downstream's behalf; a superseded epoch is refused."""
+        _one_line(hb("ask", "critic", "why?", env=UP_AGENT), 2, "launched for task 'build'")
+        _one_line(hb("ask", "critic", "why?", env={**AGENT, "HEARTBEAT_EPOCH": "0"}), 5, "superseded")
+        assert seam.load("critic").questions == []
+
+    def test_the_upstreams_agent_answers_and_no_other(self, seam: FileStore, hb) -> None:  # type: ignore[no-untyped-def]
+        """The agent of the upstream asked answers as upstream:build; the asker's own agent, another
+        task's agent, a stale upstream epoch and a person posing as the upstream are refused."""
+        assert hb("new", "other", "--task", "x", "--step", "x", "--claim").code == 0
+        assert hb("ask", "critic", "Why sqlite?", env=AGENT).out == "q1\n"
+        _one_line(hb("answer", "critic", "q1", "me", env=AGENT), 2, "asked of build, not of 'critic'")
+        _one_line(hb("answer", "critic", "q1", "me", env={"HEARTBEAT_TASK": "other", "HEARTBEAT_EPOCH": "1"}), 2,
+                  "not of 'other'")
+        _one_line(hb("answer", "critic", "q1", "me", "--by", "upstream:build"), 2, "own agent")
+        _one_line(hb("answer", "critic", "q1", "old", env={**UP_AGENT, "HEARTBEAT_EPOCH": "0"}), 5, "superseded")
+        assert seam.load("critic").questions[0].open
+        assert hb("answer", "critic", "q1", "One file, no server.", env=UP_AGENT).code == 0
+        assert seam.load("critic").questions[0].answered_by == "upstream:build"
+
+    def test_twice_and_unknown_qid(self, seam: FileStore, hb) -> None:  # type: ignore[no-untyped-def]
+        """Answering twice and an unknown QID are one-line refusals."""
+        hb("ask", "critic", "why?", env=AGENT)
+        assert hb("answer", "critic", "q1", "because").code == 0
+        _one_line(hb("answer", "critic", "q1", "again"), 5, "answered already")
+        _one_line(hb("answer", "critic", "q7", "huh"), 2, "no question 'q7'")
