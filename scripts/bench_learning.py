@@ -29,6 +29,10 @@ and whether each resumed builder's request carried its earlier conversation.
     .venv/bin/python scripts/bench_learning.py [--runs 3] [--handoffs 5] [--json] [--quick]
 
 ``--quick``: the smoke the test runs (two handoffs, learning on, learned after one).
+
+A stop-gap, named: while the ``claude-code`` preset's ``--allowedTools`` does not list ``heartbeat ask``
+(``AGENT_COMMANDS``), each pipeline's workdir gets a ``.claude/settings.local.json`` allowing
+``heartbeat ask pN.review`` (what a person would add); it is skipped once the preset allows it.
 """
 
 from __future__ import annotations
@@ -106,6 +110,8 @@ class Handoff:
     stages_done: int = 0
     questions: int = 0
     answered_by: list[str] = field(default_factory=list)
+    answer_runs: list[str] = field(default_factory=list)
+    """The outcome of each run that resumed the builder's session (``answer_run`` events)."""
     rederived: int = 0
     done_refused: int = 0
     required_in_brief: bool = False
@@ -191,20 +197,33 @@ def run_arm(claude: Path, root: Path, *, learning: bool, handoffs: int, after: i
     return arm
 
 
+def _allow_ask(work: Path, task: str) -> None:
+    """A stop-gap while the claude-code preset's ``--allowedTools`` lacks ``heartbeat ask``: the
+    workdir's ``.claude/settings.local.json`` allows it for the critic's own task, as a person would."""
+    from heartbeat.presets.common import AGENT_COMMANDS
+
+    if "ask" in AGENT_COMMANDS:
+        return
+    local = work / ".claude" / "settings.local.json"
+    local.parent.mkdir(parents=True)
+    local.write_text(json.dumps({"permissions": {"allow": [f"Bash(heartbeat ask {task}:*)"]}}, indent=2))
+
+
 def _claudes(state: Path) -> set[int]:
-    """The live ``claude`` processes the daemon launched on this state dir, from the process table
-    (its own children, heartbeat's commands and the tools' shells, are not agents)."""
-    found = set()
-    for proc in psutil.process_iter(["pid", "cmdline"]):
+    """The live ``claude`` agents the daemon launched on this state dir, from the process table: one
+    pid per agent (a ``claude`` whose parent is a ``claude`` is that agent's helper; heartbeat's own
+    commands and the tools' shells are not agents)."""
+    found: dict[int, int] = {}
+    for proc in psutil.process_iter(["pid", "ppid", "cmdline"]):
         try:
             argv = proc.info["cmdline"] or []
             if not any(Path(a).name == "claude" for a in argv[:2]) or proc.status() == psutil.STATUS_ZOMBIE:
                 continue
             if proc.environ().get("HEARTBEAT_STATE_DIR") == str(state):
-                found.add(proc.pid)
+                found[proc.pid] = proc.info["ppid"]
         except (psutil.Error, OSError):
             continue
-    return found
+    return {pid for pid, ppid in found.items() if ppid not in found}
 
 
 def _handoff(h: DaemonHarness, model: ScriptedModel, root: Path, name: str) -> Handoff:
@@ -212,6 +231,7 @@ def _handoff(h: DaemonHarness, model: ScriptedModel, root: Path, name: str) -> H
     out = Handoff(name)
     work = root / "work" / name
     work.mkdir(parents=True)
+    _allow_ask(work, f"{name}.review")
     spec = root / f"{name}.toml"
     spec.write_text(pipeline_file(work))
     build, review = f"{name}.build", f"{name}.review"
@@ -256,6 +276,8 @@ def _score(out: Handoff, h: DaemonHarness, model: ScriptedModel, name: str, star
     packages = h.store.ledger.events(f"{name}.build", kinds=["handed_off"])
     out.packaged = bool(packages) and SEAM.part not in packages[-1].data.get("missing", [SEAM.part])
     out.answered_by = [str(e.data.get("by", "")) for e in h.store.ledger.events(f"{name}.review", kinds=["answered"])]
+    out.answer_runs = [str(e.data.get("outcome", "")) for e in h.store.ledger.events(f"{name}.build",
+                                                                                   kinds=["answer_run"])]
     served = [r for r in model.requests() if r.get("path", "").startswith("/v1/messages")
               and not r.get("path", "").startswith("/v1/messages/count_tokens") and start <= r["t"] <= end + 1]
     out.requests = len(served)
@@ -314,8 +336,8 @@ def report(arms: dict[str, list[Arm]]) -> str:
     lines.append("\nThe witness (the scripted model's record and the ledger's packages), first run of each arm:\n")
     for n in names:
         for h in arms[n][0].handoffs:
-            lines.append(f"- {n}, {h.name}: {_witness(h)}" + (f"; answered by {', '.join(h.answered_by)}"
-                                                              if h.answered_by else ""))
+            answered = f"; answered by {', '.join(h.answered_by)} ({', '.join(h.answer_runs)})" if h.answered_by else ""
+            lines.append(f"- {n}, {h.name}: {_witness(h)}{answered}")
         for evidence in arms[n][0].learned:
             lines.append(f"- {n}: learned: {evidence}")
     return "\n".join(lines)

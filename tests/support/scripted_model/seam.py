@@ -108,7 +108,7 @@ class SeamBrain(Brain):
                                  "carried": self.seam.alternative(pipeline) in conv.text,
                                  "calls": len(conv.calls)}
         if role == "builder":
-            entry["required"] = self._required(conv)
+            entry["required"] = self._brief_requires(conv)
         if question is not None:
             entry["history"] = self._design(conv, task) is not None and any(
                 c.command.startswith(f"heartbeat done {task} ") for c in conv.calls)
@@ -125,14 +125,15 @@ class SeamBrain(Brain):
                 return call
         return None
 
+    def _brief_requires(self, conv: Conversation) -> bool:
+        """Whether the brief says a downstream needs the part (a line naming `PART` and a need)."""
+        part = f"`{self.seam.part}`"
+        return any(part in line and re.search(r"\bneed", line, re.IGNORECASE)
+                   for text in conv.texts for line in text.splitlines())
+
     def _required(self, conv: Conversation) -> bool:
         """Whether the conversation says the part is required: the brief, or a refused ``done``."""
-        part = f"`{self.seam.part}`"
-        for text in conv.texts:
-            for line in text.splitlines():
-                if part in line and re.search(r"\bneed", line, re.IGNORECASE):
-                    return True
-        return any(self._refused_for_part(conv, c) for c in conv.calls)
+        return self._brief_requires(conv) or any(self._refused_for_part(conv, c) for c in conv.calls)
 
     def _refused_for_part(self, conv: Conversation, call: Call) -> bool:
         result = conv.results.get(call.id)
