@@ -121,8 +121,12 @@ class Handoff:
     """The critic's first request carried the rejected alternative's words (the model's record)."""
     resumed_history: list[bool] = field(default_factory=list)
     """Per request of the builder answering a question: it carried its earlier conversation."""
+    answer_wait_s: float = 0.0
+    """Asked → answered, summed (the ``answered`` events' ``wait_s``)."""
     requests: int = 0
     input_tokens: int = 0
+    answer_tokens: int = 0
+    """The input tokens of the requests of the builder's resumed session (after ``answer_started``)."""
     output_tokens: int = 0
 
 
@@ -275,7 +279,10 @@ def _score(out: Handoff, h: DaemonHarness, model: ScriptedModel, name: str, star
     out.resumed_history = [bool(e.get("history")) for e in requests if e["role"] == "answer"]
     packages = h.store.ledger.events(f"{name}.build", kinds=["handed_off"])
     out.packaged = bool(packages) and SEAM.part not in packages[-1].data.get("missing", [SEAM.part])
-    out.answered_by = [str(e.data.get("by", "")) for e in h.store.ledger.events(f"{name}.review", kinds=["answered"])]
+    answered = h.store.ledger.events(f"{name}.review", kinds=["answered"])
+    out.answered_by = [str(e.data.get("by", "")) for e in answered]
+    out.answer_wait_s = round(sum(float(e.data.get("wait_s") or 0) for e in answered), 1)
+    started = h.store.ledger.events(f"{name}.build", kinds=["answer_started"])
     out.answer_runs = [str(e.data.get("outcome", "")) for e in h.store.ledger.events(f"{name}.build",
                                                                                    kinds=["answer_run"])]
     served = [r for r in model.requests() if r.get("path", "").startswith("/v1/messages")
@@ -283,14 +290,18 @@ def _score(out: Handoff, h: DaemonHarness, model: ScriptedModel, name: str, star
     out.requests = len(served)
     out.input_tokens = sum(int(r.get("input_tokens", 0)) for r in served)
     out.output_tokens = sum(int(r.get("output_tokens", 0)) for r in served)
+    resumed = [(str(e.data.get("session", "")), e.ts.timestamp()) for e in started]
+    out.answer_tokens = sum(int(r.get("input_tokens", 0)) for r in served
+                            if any(r.get("session") == sid and r["t"] >= at for sid, at in resumed))
 
 
 PER_HANDOFF = [("agent runs", "runs"), ("questions asked", "questions"), ("parts re-derived", "rederived"),
-               ("`done` refused", "done_refused"), ("input tokens", "input_tokens"), ("agent s", "agent_s"),
-               ("wall s", "wall_s")]
+               ("`done` refused", "done_refused"), ("input tokens", "input_tokens"),
+               ("of which the resumed builder", "answer_tokens"), ("agent s", "agent_s"), ("wall s", "wall_s")]
 TOTALS = [("stages done", "stages_done"), ("agent time (s)", "agent_s"), ("agent runs", "runs"),
           ("questions asked", "questions"), ("parts re-derived", "rederived"), ("`done` refused", "done_refused"),
           ("model requests", "requests"), ("input tokens (model's count)", "input_tokens"),
+          ("input tokens of resumed builders", "answer_tokens"), ("time to answer (s)", "answer_wait_s"),
           ("wall time (s)", "wall_s")]
 
 
