@@ -296,12 +296,13 @@ def require_needs(store: Store, baton: Baton, *, force: bool = False, actor: str
 
 
 def configured_handoff(config_path: str | None = None) -> HandoffConfig:
-    """The ``[handoff]`` table of the config found by the usual search, or the defaults."""
-    from heartbeat.config.load import find_config, load_config
+    """The ``[handoff]`` table of the config found by the usual search, or the defaults (also for a
+    config that cannot be read: that is the daemon's to report, and must not stop a task's write)."""
+    from heartbeat.config.load import readable_config
     from heartbeat.config.shape import HandoffConfig
 
-    path = find_config(config_path)
-    return HandoffConfig() if path is None else load_config(path).handoff
+    config = readable_config(config_path)
+    return HandoffConfig() if config is None else config.handoff
 
 
 def _role_handoffs(store: Store, role: str, batons: Sequence[Baton]) -> list[Lost]:

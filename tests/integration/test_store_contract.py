@@ -254,6 +254,41 @@ class TestStoreContract:
         assert store.load("t") == before
         assert store.ledger.events("t", kinds=["exited"])[0].data == {"code": 0, "signal": None}
 
+    def test_needs_declared_and_learned(self, store: Store) -> None:
+        """A downstream's needs round-trip; its upstream's done is refused while one is empty; two runs
+        re-deriving a part teach it (a need_learned event read back by kind across tasks), and the
+        third run's upstream is refused on it; a pin and a drop are folded from the events."""
+        from heartbeat.config.shape import HandoffConfig
+        from heartbeat.model.errors import NeedsUnmet
+        from heartbeat.tasks import needs
+        from heartbeat.tasks import verbs as tasks
+
+        config = HandoffConfig()
+        for run in ("p1", "p2", "p3"):
+            tasks.new_task(store, f"{run}.build", task="Build", step="build", intent="why")
+            tasks.new_task(store, f"{run}.review", task="Review", step="review", after=[f"{run}.build"],
+                           needs=["decisions"])
+        assert store.load("p1.review").needs == ["decisions"]
+        with pytest.raises(NeedsUnmet) as info:
+            tasks.finish(store, "p1.build", checks={})
+        assert info.value.exit_code == 4 and "p1.review needs `decisions` (declared)" in str(info.value)
+        assert store.ledger.events("p1.build", kinds=["needs_unmet"])
+        for run in ("p1", "p2"):
+            tasks.add_items(store, f"{run}.build", "decisions", ["an LRU"])
+            tasks.finish(store, f"{run}.build", checks={})
+            tasks.add_items(store, f"{run}.review", "rederived", ["rejected: Redis was tried"])
+            needs.learn(store, [f"{run}.review"], config)
+        learned = store.ledger.events(kinds=["need_learned"])
+        assert [e.data["part"] for e in learned] == ["rejected"]
+        assert learned[0].data["evidence"] == "review re-derived `rejected` in 2 of the last 2 handoffs"
+        tasks.add_items(store, "p3.build", "decisions", ["an LRU"])
+        with pytest.raises(NeedsUnmet) as info:
+            tasks.finish(store, "p3.build", checks={})
+        assert "`rejected` (learned" in str(info.value)
+        needs.pin(store, "p3.review", pin_parts=["key_files"], drop_parts=["rejected"], by="ann")
+        found = needs.edge_needs(store, store.load("p3.review"), "p3.build")
+        assert [(n.part, n.source.value) for n in found] == [("decisions", "declared"), ("key_files", "pinned")]
+
     def test_unknown_keys_survive_edits(self, store: Store) -> None:
         """Unknown keys at the top and in meta are carried through every edit."""
         baton = _baton()

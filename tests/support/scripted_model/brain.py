@@ -19,7 +19,8 @@ What it does, each request, from the conversation alone:
    model), or a refusal of that write named PATH (then it leaves the file alone and goes on).
 3. Keep the note with the brief's exact commands: ``heartbeat add ID done "STEP"`` and
    ``heartbeat set ID step="NEXT" next_step="AFTER"``; at the end ``heartbeat done ID
-   --note "..."`` and a last text.
+   --note "..."`` and a last text. A ``done`` refused for a downstream's need is answered as
+   its line says: each ``heartbeat add ID PART "..."`` it names, then ``done`` again.
 
 Its own record (:class:`Record`, a JSONL file) is written from the tool results the CLI sends
 back, once per tool call (by its id): ``step_done`` when a step's write came back without an
@@ -312,8 +313,13 @@ class Brain:
     # -- reading the conversation ------------------------------------------------------------
 
     def _witness(self, conv: Conversation) -> None:
-        """Write the record from the results the CLI sent back (each call once)."""
+        """Write the record from the results the CLI sent back (each call once), and once per session
+        the downstreams' needs the brief it was given names (``brief_needs``)."""
         task = self._task(conv)
+        needs = _NEEDS.search(conv.text)
+        if needs and not self.record.seen(f"needs-{conv.session}"):
+            self.record.write("brief_needs", call=f"needs-{conv.session}", lines=needs.group(1).strip().splitlines(),
+                              session=conv.session, task=task)
         for call in conv.calls:
             result = conv.results.get(call.id)
             if result is None or self.record.seen(call.id):
@@ -488,6 +494,16 @@ class Brain:
             finish = f'heartbeat done {task} --note "all {len(steps)} steps done"'
             if finish not in issued:
                 return _shell("Mark the task done", finish)
+            # done refused for a downstream's need: package each part the refusal names, then done again
+            refusals = [conv.results[c.id].text for c in conv.calls if c.command == finish and c.id in conv.results
+                        and conv.results[c.id].is_error]
+            for command in (_FILL.findall(refusals[-1]) if refusals else []):
+                fill = command.replace('"..."', '"packaged after the refusal"')
+                if fill not in issued:
+                    return _shell("Package what the downstream needs", fill)
+            again = f'heartbeat done {task} --note "all {len(steps)} steps done, needs packaged"'
+            if refusals and again not in issued:
+                return _shell("Mark the task done again", again)
         return Reply(text=f"All {len(steps)} steps are done.")
 
     def _loop_notes(self, conv: Conversation) -> str | None:
@@ -518,6 +534,13 @@ class Brain:
 
 _LS = "ls -1 steps"
 _LOOP_READ = "cat fix_plan.md NOTES.md"
+
+
+_FILL = re.compile(r'`(heartbeat add \S+ \w+ "\.\.\.")`')
+"""A refused ``done``'s command that fills a part a downstream needs (heartbeat/tasks/needs.py)."""
+
+_NEEDS = re.compile(r"## What your downstreams need[^\n]*\n((?:- [^\n]*\n?)+)")
+"""The brief's section on what the task's downstreams need, and its lines."""
 
 
 def _blocked(notes: str) -> bool:

@@ -1,0 +1,223 @@
+"""Needs per edge through the CLI (the ``cli`` fixture, file store): declared by the downstream,
+learned from the profile across pipeline runs, pinned and dropped by a person; the upstream's
+``done`` refused while one is unmet, ``--force`` a person's only; shown in the brief, ``show``,
+``report --edges`` and ``heartbeat needs``."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Result
+
+PIPELINE = """
+[stages.build]
+task = "Build the cache"
+intent = "p95 under 200 ms"
+constraints = ["no new services"]
+
+[stages.review]
+task = "Review the cache"
+after = ["build"]
+{needs}
+"""
+
+
+@pytest.fixture
+def hb(cli: Callable[..., Result]) -> Callable[..., Result]:
+    return cli
+
+
+def ok(result: Result) -> Result:
+    assert result.code == 0, result.err
+    return result
+
+
+def _events(hb: Callable[..., Result], task: str, kind: str) -> list[dict[str, object]]:
+    log = json.loads(ok(hb("log", task, "--json")).out)
+    rows = log["events"] if isinstance(log, dict) else log
+    return [e for e in rows if e["kind"] == kind]
+
+
+def _pipeline(hb: Callable[..., Result], tmp_path: Path, name: str, needs: str = "") -> None:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(PIPELINE.format(needs=needs))
+    ok(hb("pipeline", "new", name, "--from", str(path)))
+
+
+def _up_and_down(hb: Callable[..., Result], *needs: str) -> None:
+    ok(hb("new", "up", "--task", "Build", "--step", "build", "--intent", "why"))
+    ok(hb("new", "down", "--task", "Review", "--step", "review", "--after", "up", *needs))
+
+
+class TestDeclared:
+    def test_a_declared_need_refuses_the_upstreams_done_until_met(self, hb: Callable[..., Result]) -> None:
+        """`--needs rejected` on the downstream: the upstream's done is exit 4, one line naming the part, the
+        downstream and the command; a needs_unmet event; once the part is filled, done goes through."""
+        _up_and_down(hb, "--needs", "rejected,decisions")
+        refused = hb("done", "up")
+        assert refused.code == 4
+        assert refused.err.count("\n") == 1
+        assert "down needs `decisions` (declared)" in refused.err and "down needs `rejected` (declared)" in refused.err
+        assert 'heartbeat add up rejected "..."' in refused.err
+        assert json.loads(ok(hb("show", "up", "--json")).out)["meta"]["status"] == "active"
+        unmet = _events(hb, "up", "needs_unmet")
+        assert [u["part"] for u in unmet[0]["data"]["unmet"]] == ["decisions", "rejected"]
+        ok(hb("add", "up", "rejected", "Redis: a new service"))
+        assert "rejected" not in hb("done", "up").err  # still decisions
+        ok(hb("add", "up", "decisions", "an in-process LRU"))
+        ok(hb("done", "up"))
+        assert json.loads(ok(hb("show", "up", "--json")).out)["meta"]["status"] == "done"
+
+    def test_an_unknown_part_is_refused_naming_the_valid_ones(self, hb: Callable[..., Result]) -> None:
+        """`--needs reasons` is exit 2, one line with every valid part; nothing is created."""
+        ok(hb("new", "up", "--task", "Build", "--step", "build"))
+        result = hb("new", "down", "--task", "Review", "--step", "r", "--after", "up", "--needs", "reasons")
+        assert result.code == 2 and "'reasons'" in result.err and "key_files" in result.err
+        assert hb("show", "down").code != 0
+        assert hb("new", "lone", "--task", "t", "--step", "s", "--needs", "rejected").code == 2
+
+    def test_needs_are_stored_only_when_set(self, hb: Callable[..., Result], state_dir: Path) -> None:
+        """The downstream's baton holds `needs = [...]`; a baton without needs has no such key."""
+        _up_and_down(hb, "--needs", "rejected")
+        assert tomllib.loads((state_dir / "batons" / "down.toml").read_text())["needs"] == ["rejected"]
+        assert "needs" not in tomllib.loads((state_dir / "batons" / "up.toml").read_text())
+        ok(hb("add", "down", "needs", "key_files"))
+        assert json.loads(ok(hb("show", "down", "--json")).out)["needs"] == ["rejected", "key_files"]
+        assert hb("add", "up", "needs", "rejected").code == 2  # up has no upstream
+
+    def test_a_pipeline_stage_declares_needs(self, hb: Callable[..., Result], tmp_path: Path) -> None:
+        """`needs = [...]` in a stage; a bad part refuses the whole file, naming the stage."""
+        _pipeline(hb, tmp_path, "p1", 'needs = ["decisions"]')
+        assert json.loads(ok(hb("show", "p1.review", "--json")).out)["needs"] == ["decisions"]
+        assert hb("done", "p1.build").code == 4
+        bad = tmp_path / "bad.toml"
+        bad.write_text(PIPELINE.format(needs='needs = ["why"]'))
+        result = hb("pipeline", "new", "p2", "--from", str(bad))
+        assert result.code == 2 and "stages.review.needs" in result.err
+        assert hb("show", "p2.build").code != 0
+
+    def test_the_upstreams_brief_and_show_say_what_is_needed(self, hb: Callable[..., Result]) -> None:
+        """Up front, with where it came from and the command that fills it while it is empty."""
+        _up_and_down(hb, "--needs", "rejected")
+        brief = ok(hb("brief", "up")).out
+        section = brief.index("## What your downstreams need")
+        assert section < brief.index("## Where things stand")
+        assert "`down` needs `rejected` (declared) - **EMPTY: fill it with" in brief
+        shown = ok(hb("show", "up")).out
+        assert shown.startswith("# What the downstreams need")
+        assert json.loads(ok(hb("show", "up", "--json")).out)["downstream_needs"][0]["downstream"] == "down"
+        ok(hb("add", "up", "rejected", "Redis"))
+        assert "EMPTY" not in ok(hb("brief", "up")).out
+
+
+class TestForce:
+    def test_a_persons_force_is_recorded(self, hb: Callable[..., Result]) -> None:
+        """`done --force` finishes and a done_forced event names what was unmet and who forced it."""
+        _up_and_down(hb, "--needs", "rejected")
+        ok(hb("done", "up", "--force"))
+        forced = _events(hb, "up", "done_forced")
+        assert len(forced) == 1 and forced[0]["data"]["unmet"][0]["part"] == "rejected"
+        assert forced[0]["data"]["by"] and forced[0]["actor"] == forced[0]["data"]["by"]
+
+    def test_an_agent_the_daemon_launched_may_not_force(self, hb: Callable[..., Result]) -> None:
+        """With HEARTBEAT_TASK and HEARTBEAT_EPOCH set: one line, exit 2, the task still active."""
+        _up_and_down(hb, "--needs", "rejected")
+        env = {"HEARTBEAT_TASK": "up", "HEARTBEAT_EPOCH": "0"}
+        result = hb("done", "up", "--force", env=env)
+        assert result.code == 2 and "an agent cannot `done --force`" in result.err
+        assert result.err.count("\n") == 1
+        assert json.loads(ok(hb("show", "up", "--json")).out)["meta"]["status"] == "active"
+        assert _events(hb, "up", "done_forced") == []
+
+
+class TestLearned:
+    def _run(self, hb: Callable[..., Result], tmp_path: Path, name: str, rederived: str = "") -> None:
+        _pipeline(hb, tmp_path, name)
+        ok(hb("done", f"{name}.build"))
+        if rederived:
+            ok(hb("add", f"{name}.review", "rederived", rederived))
+
+    def test_a_part_rederived_in_two_runs_is_required_of_the_next(self, hb: Callable[..., Result],
+                                                                  tmp_path: Path) -> None:
+        """Two pipeline runs' reviews re-derive `rejected`: a need_learned event with its evidence, and
+        the third run's build is refused until it packages `rejected`."""
+        self._run(hb, tmp_path, "p1", "rejected: build had tried Redis")
+        assert _events(hb, "p1.review", "need_learned") == []
+        self._run(hb, tmp_path, "p2", "rejected: Redis again")
+        learned = _events(hb, "p2.review", "need_learned")
+        assert len(learned) == 1
+        assert learned[0]["data"]["role"] == "*.build->*.review"
+        assert learned[0]["data"]["evidence"] == "review re-derived `rejected` in 2 of the last 2 handoffs"
+        _pipeline(hb, tmp_path, "p3")
+        refused = hb("done", "p3.build")
+        assert refused.code == 4 and "p3.review needs `rejected` (learned: review re-derived" in refused.err
+        assert "review re-derived `rejected` in 2 of the last 2 handoffs" in ok(hb("brief", "p3.build")).out
+        listed = ok(hb("needs", "p3.review")).out
+        assert "needs rejected (learned: review re-derived `rejected`" in listed
+        edges = json.loads(ok(hb("report", "--edges", "--json")).out)["edges"]
+        p3 = next(e for e in edges if e["downstream"] == "p3.review")
+        assert p3["role"] == "*.build->*.review" and p3["needs"][0]["source"] == "learned"
+        assert "`rejected` (learned: review re-derived" in ok(hb("report", "--edges")).out
+
+    def test_one_loss_teaches_nothing_and_an_unprefixed_item_no_part(self, hb: Callable[..., Result],
+                                                                      tmp_path: Path) -> None:
+        """A single re-derived part, or items naming no part, leave the next run free."""
+        self._run(hb, tmp_path, "p1", "rejected: once")
+        self._run(hb, tmp_path, "p2", "re-read the whole diff")
+        _pipeline(hb, tmp_path, "p3")
+        ok(hb("done", "p3.build"))
+
+    def test_learning_off_and_the_knobs(self, hb: Callable[..., Result], tmp_path: Path) -> None:
+        """`[handoff] learn = false` learns nothing; `learn_after = 1` learns from one loss; a knob past
+        its window is refused by check-config in one line."""
+        config = tmp_path / "heartbeat.toml"
+        config.write_text("[handoff]\nlearn = false\n")
+        env = {"HEARTBEAT_CONFIG": str(config)}
+        for name in ("p1", "p2"):
+            _pipeline(hb, tmp_path, name)
+            ok(hb("done", f"{name}.build", env=env))
+            ok(hb("add", f"{name}.review", "rederived", "rejected: again", env=env))
+        assert _events(hb, "p2.review", "need_learned") == []
+        config.write_text("[handoff]\nlearn_after = 1\nlearn_window = 1\n")
+        _pipeline(hb, tmp_path, "p3")
+        ok(hb("done", "p3.build", env=env))
+        ok(hb("add", "p3.review", "rederived", "decisions: which TTL", env=env))
+        assert _events(hb, "p3.review", "need_learned")[0]["data"]["part"] == "decisions"
+        config.write_text("[handoff]\nlearn_after = 4\nlearn_window = 3\n")
+        bad = hb("check-config", "--config", str(config))
+        assert bad.code == 2 and "handoff.learn_after" in bad.err
+
+    def test_learning_from_missing_parts(self, hb: Callable[..., Result], tmp_path: Path) -> None:
+        """With `learn_from = ["rederived", "missing"]` a part empty in two handoffs is required."""
+        config = tmp_path / "heartbeat.toml"
+        config.write_text('[handoff]\nlearn_from = ["rederived", "missing"]\n')
+        env = {"HEARTBEAT_CONFIG": str(config)}
+        for name in ("p1", "p2"):
+            _pipeline(hb, tmp_path, name)
+            ok(hb("done", f"{name}.build", env=env))
+        learned = {e["data"]["part"] for e in _events(hb, "p2.review", "need_learned")}
+        assert {"decisions", "rejected", "unknowns"} <= learned
+        assert "intent" not in learned and "constraints" not in learned
+
+    def test_pin_and_drop(self, hb: Callable[..., Result], tmp_path: Path) -> None:
+        """A person pins and drops: need_pinned/need_dropped events by them; a drop outranks a learned need
+        and the evidence it was dropped against does not bring it back."""
+        self._run(hb, tmp_path, "p1", "rejected: a")
+        self._run(hb, tmp_path, "p2", "rejected: b")
+        _pipeline(hb, tmp_path, "p3")
+        out = ok(hb("needs", "p3.review", "--drop", "rejected", "--pin", "key_files", "--by", "ann")).out
+        assert "key_files (pinned: pinned by ann)" in out and "rejected" not in out
+        assert _events(hb, "p3.review", "need_dropped")[0]["actor"] == "ann"
+        refused = hb("done", "p3.build")
+        assert refused.code == 4 and "`key_files` (pinned" in refused.err and "rejected" not in refused.err
+        ok(hb("add", "p3.build", "key_files", "cache.py"))
+        ok(hb("done", "p3.build"))
+        assert _events(hb, "p3.review", "need_learned") == []
+        both = hb("needs", "p3.review", "--pin", "rejected", "--drop", "rejected")
+        assert both.code == 2 and "both pinned and dropped" in both.err
+        assert hb("needs", "p3.review", "--pin", "nonsense").code == 2
