@@ -79,6 +79,7 @@ def _status_once(args: argparse.Namespace) -> int:
             "after": list(entry.baton.after),
             "missing_upstreams": _missing_upstreams(entry.baton, ids),
             "cycle": _cycle(entry.baton, batons),
+            "questions": _question_rows(entry.baton, now),
         })
         if leases is not None:
             held = leases.get(entry.id)
@@ -101,7 +102,9 @@ def _status_once(args: argparse.Namespace) -> int:
         ordered = tree_rows(rows)
         rows, cells = [r for _, r in ordered], {id(r): cell for cell, r in ordered}
     for r in rows:
+        asking = r["status"] == "blocked" and any(q["waiting"] for q in r.get("questions") or ())
         step = r["error"] if r["status"] == "invalid" else (
+            f"{r['step']}  [{r['why']}]" if asking else
             f"{r['step']}  [blocked on: {r['blocked_on']}]" if r["blocked_on"] else
             f"[{r['why']}] {r['step']}" if r.get("why") and r["status"] == "active" else r["step"])
         if r.get("missing_upstreams"):
@@ -123,6 +126,18 @@ def _status_once(args: argparse.Namespace) -> int:
     for row in table:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:n])) + "  " + row[n][:100])
     return 0
+
+
+def _question_rows(baton: Any, now: Any) -> list[dict[str, Any]]:
+    """The task's open questions as ``status --json`` shows them (answered ones: ``show``)."""
+    from heartbeat.tasks.questions import open_questions, waiting_on
+
+    waiting = waiting_on(baton)
+    held = {q.id for q in waiting.questions} if waiting is not None else set()
+    return [{"id": q.id, "to": q.to.value, "upstream": q.upstream, "text": q.text,
+             "asked_at": q.asked_at.isoformat(), "age_s": round((now - q.asked_at).total_seconds(), 3),
+             "sent": q.sent_at is not None, "escalated": q.escalated_at is not None, "waiting": q.id in held}
+            for q in open_questions(baton)]
 
 
 def _lease_rows(store: Any) -> dict[str, Any] | None:

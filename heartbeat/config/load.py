@@ -37,6 +37,7 @@ from heartbeat.config.shape import (
 from heartbeat.model import defaults
 from heartbeat.model.baton import HOST_PATTERN, ID_PATTERN, load_toml
 from heartbeat.model.errors import BadInput, ConfigError, UnsafePath
+from heartbeat.model.knobs import KNOBS, Knob, KnobKind
 from heartbeat.model.timeparse import parse_duration
 from heartbeat.system.safefile import open_regular
 
@@ -406,33 +407,32 @@ class _Parser:
         launcher = self.string(doc, "default_launcher", p, defaults.DEFAULT_LAUNCHER)
         if not ID_PATTERN.fullmatch(launcher):
             raise self.error("daemon.default_launcher", f"bad launcher name {launcher!r}")
-        backoff_initial = self.duration(doc, "backoff_initial", p, defaults.BACKOFF_INITIAL, positive=False)
-        backoff_max = self.duration(doc, "backoff_max", p, defaults.BACKOFF_MAX, positive=False)
-        if backoff_max < backoff_initial:
+        knobs = {k.name: self.knob(doc, k, p) for k in KNOBS}
+        if knobs["backoff_max"] < knobs["backoff_initial"]:
             raise self.error("daemon.backoff_max", "must not be less than backoff_initial")
         return DaemonConfig(
             state_dir=state_dir,
             tick=self.duration(doc, "tick", p, defaults.TICK),
-            stall_after=self.duration(doc, "stall_after", p, defaults.STALL_AFTER),
-            hang_after=self.duration(doc, "hang_after", p, defaults.HANG_AFTER, positive=False),
-            progress_after=self.duration(doc, "progress_after", p, defaults.PROGRESS_AFTER),
-            max_attempts=self.integer(doc, "max_attempts", p, defaults.MAX_ATTEMPTS),
-            max_idle_resumes=self.integer(doc, "max_idle_resumes", p, defaults.MAX_IDLE_RESUMES),
-            backoff_initial=backoff_initial,
-            backoff_max=backoff_max,
             dispatches_per_minute=self.integer(doc, "dispatches_per_minute", p, defaults.DISPATCHES_PER_MINUTE),
             max_concurrent=self.integer(doc, "max_concurrent", p, defaults.MAX_CONCURRENT),
             default_launcher=launcher,
-            on_spinning=self.string(doc, "on_spinning", p, defaults.ON_SPINNING, ("escalate", "restart", "report")),
-            inactive_grace=self.duration(doc, "inactive_grace", p, defaults.INACTIVE_GRACE, positive=False),
-            max_limit_wait=self.duration(doc, "max_limit_wait", p, defaults.MAX_LIMIT_WAIT),
-            max_cost_usd=self.money(doc, "max_cost_usd", p, defaults.MAX_COST_USD),
             sweep_every=self.duration(doc, "sweep_every", p, defaults.SWEEP_EVERY, positive=False),
             relay=self.boolean(doc, "relay", p, True),
             log_format=self.string(doc, "log_format", p, "auto", ("auto", "json", "console")),
             log_level=self.string(doc, "log_level", p, "info", ("debug", "info", "warning", "error")),
             **self.parse_lease_keys(doc),
+            **knobs,
         )
+
+    def knob(self, doc: dict[str, Any], k: Knob, prefix: str) -> Any:
+        """One policy knob (:mod:`heartbeat.model.knobs`), read and bounded by its kind."""
+        if k.kind is KnobKind.DURATION:
+            return self.duration(doc, k.name, prefix, k.default, positive=not k.zero_ok)
+        if k.kind is KnobKind.COUNT:
+            return self.integer(doc, k.name, prefix, k.default, minimum=k.minimum)
+        if k.kind is KnobKind.MONEY:
+            return self.money(doc, k.name, prefix, k.default)
+        return self.string(doc, k.name, prefix, k.default, k.choices)
 
     def parse_lease_keys(self, doc: dict[str, Any]) -> dict[str, Any]:
         """``daemon.host``, ``daemon.labels`` and ``daemon.lease_ttl`` (leased daemons on many hosts)."""

@@ -10,6 +10,7 @@ from typing import Any
 
 from heartbeat.model import defaults
 from heartbeat.model.errors import BadInput
+from heartbeat.model.knobs import PolicyKnobs
 
 __all__ = [
     "Config",
@@ -80,28 +81,15 @@ def parse_listen(value: str, *, what: str = "--listen") -> Listen:
 
 
 @dataclass(frozen=True)
-class DaemonConfig:
-    """``[daemon]``: the clock and the retry policy."""
+class DaemonConfig(PolicyKnobs):
+    """``[daemon]``: the clock, and the policy's knobs (every field of
+    :class:`~heartbeat.model.knobs.PolicyKnobs`, declared there once)."""
 
     state_dir: str = defaults.STATE_DIR
     tick: float = defaults.TICK
-    stall_after: float = defaults.STALL_AFTER
-    hang_after: float = defaults.HANG_AFTER
-    """Silence without a tool call in flight (the trail shows it) after which the model counts as hung (0: off)."""
-    progress_after: float = defaults.PROGRESS_AFTER
-    max_attempts: int = defaults.MAX_ATTEMPTS
-    max_idle_resumes: int = defaults.MAX_IDLE_RESUMES
-    backoff_initial: float = defaults.BACKOFF_INITIAL
-    backoff_max: float = defaults.BACKOFF_MAX
     dispatches_per_minute: int = defaults.DISPATCHES_PER_MINUTE
     max_concurrent: int = defaults.MAX_CONCURRENT
     default_launcher: str = defaults.DEFAULT_LAUNCHER
-    on_spinning: str = defaults.ON_SPINNING
-    inactive_grace: float = defaults.INACTIVE_GRACE
-    max_limit_wait: float = defaults.MAX_LIMIT_WAIT
-    """The longest a task waits for a rate or usage limit to reset before it is escalated."""
-    max_cost_usd: float = defaults.MAX_COST_USD
-    """What one task's runs may cost in all before it is escalated (0: no budget)."""
     sweep_every: float = defaults.SWEEP_EVERY
     relay: bool = True
     log_format: str = "auto"

@@ -9,6 +9,7 @@
 - :mod:`.pokes`: the tasks to look at soon, and the worker that looks at them;
 - :mod:`.leased`: leases on a store shared by daemons on many hosts;
 - :mod:`.relay`: agents' writes relayed through the daemon;
+- :mod:`.overdue`: questions across the seam unanswered past ``question_wait``, escalated to a person;
 - :mod:`.shared`: the config, store, launchers, pokes and look lock every part reads.
 
 Each part is given what it needs in its constructor, by the service; no part is a subclass

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from heartbeat.daemon.act import Actor
 from heartbeat.daemon.leased import LeasePart
 from heartbeat.daemon.shared import Shared
 from heartbeat.launchers.base import ExitStatus, read_exit_file
@@ -93,9 +94,11 @@ class AnswerRun:
 class AnswerPart:
     """Starts, watches and settles the upstreams' answering runs (see the module docstring)."""
 
-    def __init__(self, shared: Shared, lease: LeasePart | None) -> None:
+    def __init__(self, shared: Shared, lease: LeasePart | None, actor: Actor) -> None:
         self.shared = shared
         self.lease = lease
+        self.actor = actor
+        """Whose ``notify`` tells a person of a question given to them."""
         self.runs: dict[tuple[str, str], AnswerRun] = {}
         """Per (asker, qid): the run this daemon started and has not settled (under the look lock)."""
         self.askers: set[str] = set()
@@ -362,6 +365,10 @@ class AnswerPart:
             sh.record(Event(task=asker, kind=EventKind.QUESTION_READDRESSED, ts=now, actor="daemon",
                             data={"qid": qid, "to": QuestionTo.PERSON.value, "reason": reason}))
             sh.log.warning("question_readdressed", task=asker, qid=qid, reason=reason)
+            try:
+                self.actor.notify(sh.store.load(asker), f"question {qid}: {reason}")
+            except HeartbeatError:
+                pass
 
     def _ended(self, up_id: str, asker: str, qid: str, session: str, outcome: str, now: datetime, *,
                reason: str = "", **data: Any) -> None:

@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from heartbeat.config.shape import Config, DaemonConfig
+from heartbeat.config.shape import Config
 from heartbeat.daemon.act import Actor
 from heartbeat.daemon.answers import AnswerPart
 from heartbeat.daemon.changes import ChangeFeed
 from heartbeat.daemon.leased import LeasePart
 from heartbeat.daemon.observe import EntryStatuses, Observer, StatusLookup
+from heartbeat.daemon.overdue import OverdueQuestions
 from heartbeat.daemon.shared import Shared
 from heartbeat.daemon.vitals import VITALS_FILE, Vitals
 from heartbeat.daemon.watch import Watcher
@@ -45,16 +46,15 @@ from heartbeat.model.errors import (
     StoreError,
     UnsafePath,
 )
+from heartbeat.model.knobs import knob_values
 from heartbeat.model.ledger import Event, EventKind
 from heartbeat.store.base import Entry
 from heartbeat.system import systemd
 from heartbeat.system.clock import StepWatch
 
-__all__ = ["DAEMON_KNOBS", "LookMemory", "Loop", "Want"]
+__all__ = ["LookMemory", "Loop", "Want"]
 
 
-DAEMON_KNOBS = tuple(f.name for f in fields(pol.Policy) if f.name in {g.name for g in fields(DaemonConfig)})
-"""The policy's knobs that ``[daemon]`` sets, by the same name in both."""
 
 
 @dataclass(slots=True)
@@ -117,6 +117,7 @@ class Loop:
         lease: LeasePart | None,
         changes: ChangeFeed,
         vitals: Vitals,
+        overdue: OverdueQuestions,
         on_step: Callable[[float], None],
     ) -> None:
         self.shared = shared
@@ -131,6 +132,8 @@ class Loop:
         self.watcher = watcher
         self.lease = lease
         """Leases on a store shared by daemons on many hosts (:mod:`.leased`); None on the file store."""
+        self.overdue = overdue
+        """Escalates the questions across the seam nobody answered within ``question_wait``."""
         self.changes = changes
         """Which tasks the watcher reported since the last pass, and when a pass sweeps every baton."""
         self.steps = StepWatch(self.clock)
@@ -210,6 +213,7 @@ class Loop:
             counts, wants, running_batons, gate_paths = self._look_at_tasks(entries, statuses, now)
             self.dispatch(wants, now)
             self._answer(entries, now)
+            self.overdue.pass_(entries, now)
             self._end_pass(counts, running_batons, gate_paths)
         self.watcher.update_gate_watches()
         self._report_pass(counts, started, reads=self.store.reads - reads, tasks=len(entries), sweep=only is None)
@@ -509,12 +513,11 @@ class Loop:
         return policy
 
     def _make_policy(self, launcher: str) -> pol.Policy:
-        """The policy of one launcher's tasks: every knob ``[daemon]`` has by its name (a new one
-        needs no line here), the launcher's own, and the constants."""
-        d = self.shared.config.daemon
+        """The policy of one launcher's tasks: every knob ``[daemon]`` sets (:mod:`heartbeat.model.knobs`;
+        a new one needs no line here), the launcher's own, and the constants."""
         lc = self.shared.config.launchers.get(launcher)
         return pol.Policy(
-            **{name: getattr(d, name) for name in DAEMON_KNOBS},
+            **knob_values(self.shared.config.daemon),
             max_runtime=lc.max_runtime if lc else None,
             non_retryable_exit_codes=frozenset(lc.non_retryable_exit_codes) if lc else frozenset(),
             launch_timeout=defaults.LAUNCH_TIMEOUT,

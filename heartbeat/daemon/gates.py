@@ -5,11 +5,13 @@
 - ``time:ISO8601``: the time has come;
 - ``task:ID``: that task is done;
 - ``after:A,B``: every upstream task is done (a downstream waiting for its packages);
+- ``question:q1,q2``: every question named is answered (:mod:`heartbeat.tasks.questions` lifts it
+  in the answer's own write; this sees an answer written any other way, e.g. by hand);
 - ``check:NAME``: the ``[checks.NAME]`` command exits 0 (run in the background with its
   timeout; the tick reads the last finished result, so a slow check never stalls it);
   ``check:HOST:NAME`` runs it only on that host.
 
-On a shared store (leased daemons on many hosts) ``time:``, ``task:``, ``after:`` and
+On a shared store (leased daemons on many hosts) ``time:``, ``task:``, ``after:``, ``question:`` and
 ``human`` open the same everywhere; a ``file:`` or ``check:`` gate is local to one machine,
 so only one daemon evaluates it: the host it names, else the task's owner host (the host
 whose daemon last held the task), else (no host known) any daemon. :meth:`GateEvaluator.evaluates`.
@@ -19,13 +21,13 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 
 from heartbeat.config.shape import CommandConfig, expand_argv
 from heartbeat.model import defaults
-from heartbeat.model.baton import Gate, GateKind, Status
+from heartbeat.model.baton import Gate, GateKind, Question, Status
 from heartbeat.model.errors import BadInput
 from heartbeat.model.timeparse import parse_instant
 from heartbeat.system.commands import CommandResult, run_command
@@ -52,6 +54,7 @@ class GateEvaluator:
         *,
         workdir: str = "",
         task_status: Callable[[str], Status | None] = lambda _id: None,
+        questions: Sequence[Question] = (),
     ) -> bool:
         kind = gate.kind
         if kind is GateKind.HUMAN:
@@ -69,6 +72,9 @@ class GateEvaluator:
             return self._check(task_id, gate.local, workdir)
         if kind is GateKind.AFTER:
             return bool(gate.target) and all(task_status(t) is Status.DONE for t in gate.target.split(","))
+        if kind is GateKind.QUESTION:  # a question the baton no longer holds holds nothing
+            held = set(gate.target.split(","))
+            return bool(gate.target) and not any(q.open for q in questions if q.id in held)
         return False
 
     def evaluates(self, gate: Gate, *, here: str, owner_host: str = "") -> bool:

@@ -151,7 +151,7 @@ class Observer:
         if meta.status is Status.BLOCKED and meta.gate is not None and (
                 self.lease is None or self.lease.gate_here(baton.id, meta.gate)):  # a file/check gate: one host's
             gate_open = sh.gates.is_open(baton.id, meta.gate, now, workdir=baton.workdir,
-                                         task_status=statuses.get)
+                                         task_status=statuses.get, questions=baton.questions)
         block_dropped = False
         if meta.status in (Status.ACTIVE, Status.SNOOZED, Status.PAUSED):
             # Keyed on more than the revision: a hand edit can change the file and keep the revision.

@@ -33,6 +33,7 @@ from heartbeat.daemon.changes import ChangeFeed
 from heartbeat.daemon.core import Loop
 from heartbeat.daemon.leased import lease_part, renew_interval
 from heartbeat.daemon.observe import Observer
+from heartbeat.daemon.overdue import OverdueQuestions
 from heartbeat.daemon.pokes import Pokes
 from heartbeat.daemon.shared import Shared, logger, open_daemon_store
 from heartbeat.daemon.vitals import Vitals
@@ -101,12 +102,12 @@ class Daemon:
         self.lease = lease_part(self.shared, vitals=vitals, on_stood_down=self._stood_down)
         self.observer = Observer(self.shared, self.lease)
         self.actor = Actor(self.shared, self.lease)
-        self.answers = AnswerPart(self.shared, self.lease)
+        self.answers = AnswerPart(self.shared, self.lease, self.actor)
         changes = ChangeFeed(config.daemon.sweep_every)
         self.watcher = Watcher(self.shared, changes, on_missed=self._tick_soon)
         self.loop = Loop(self.shared, observer=self.observer, actor=self.actor, answers=self.answers,
-                         watcher=self.watcher,
-                         lease=self.lease, changes=changes, vitals=vitals, on_step=self._rearm)
+                         watcher=self.watcher, lease=self.lease, changes=changes, vitals=vitals,
+                         overdue=OverdueQuestions(self.shared, self.actor), on_step=self._rearm)
 
     # -- life cycle --------------------------------------------------------------------
 

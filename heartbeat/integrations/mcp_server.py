@@ -2,7 +2,7 @@
 
 An agent that speaks MCP (Claude Code, Codex, any MCP client) reads and keeps its baton
 through tools instead of shelling out: ``show``, ``status``, ``brief``, ``verify``, ``set``,
-``add``, ``touch``, ``block``, ``done``, ``snooze``, with the CLI's semantics (the same verbs
+``add``, ``touch``, ``block``, ``done``, ``snooze``, ``ask``, ``answer``, with the CLI's semantics (the same verbs
 in :mod:`heartbeat.tasks.verbs`) and its epoch fencing: the server's ``HEARTBEAT_EPOCH`` applies to
 the server's ``HEARTBEAT_TASK``, so a superseded agent's writes are refused here too, and a
 call naming another ``epoch`` is refused rather than obeyed (the argument is for a server no
@@ -34,7 +34,7 @@ EPOCH_NOTE = (" `epoch` fences the call for a server not bound to one; a server 
               "(an agent the daemon launched) acts only for that epoch and refuses any other.")
 """Said in the description of every tool that takes ``epoch``."""
 
-TOOL_NAMES = ("show", "status", "brief", "verify", "set", "add", "touch", "block", "done", "snooze")
+TOOL_NAMES = ("show", "status", "brief", "verify", "set", "add", "touch", "block", "done", "snooze", "ask", "answer")
 """The tools the server offers, each named as the CLI command it mirrors."""
 
 
@@ -130,6 +130,7 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
         instructions=("heartbeat keeps this task's state in a baton that survives context compaction, crashes and "
                       "handoffs. Call `brief` first; `verify` before anything irreversible; after each step `set` "
                       "step/next_step and `add` to done; `touch` while working; `block` when waiting on a person; "
+                      "`ask` when the handoff left a gap only the upstream or a person can fill; "
                       "`done` when finished."),
         log_level="WARNING",
     )
@@ -237,6 +238,31 @@ def build_server(store_factory: Callable[[], Store]) -> Any:
         with tool_errors():
             baton = tasks.finish(store(), id, note=note, epoch=fence(id, epoch), actor=_actor())
             return {"id": id, "revision": baton.meta.revision, "status": baton.meta.status.value}
+
+    @server.tool(name="ask", description="Ask a question across the seam (a gap the handoff left): the task is "
+                                         "held until it is answered, and its next brief carries the answer. `to`: "
+                                         "upstream (default when the task has exactly one) or person; `upstream` "
+                                         "names which of several. Returns the question's id." + EPOCH_NOTE)
+    def ask(id: str, question: str, to: str | None = None, upstream: str | None = None,
+            epoch: int | None = None) -> dict[str, Any]:
+        from heartbeat.tasks import questions
+
+        with tool_errors():
+            qid = questions.ask(store(), id, question, to=to, upstream=upstream, epoch=fence(id, epoch),
+                                actor=_actor())
+            return {"id": id, "qid": qid}
+
+    @server.tool(name="answer", description="Answer question `qid` of task `id`. A server bound to an agent "
+                                            "(HEARTBEAT_TASK, HEARTBEAT_EPOCH) answers only as that task, and only "
+                                            "a question asked of it; any other answers as a person (`by`: a name).")
+    def answer(id: str, qid: str, text: str, by: str | None = None) -> dict[str, Any]:
+        from heartbeat.tasks import questions
+        from heartbeat.tasks.write import answerer_from_env
+
+        with tool_errors():
+            who, epoch = answerer_from_env(by, None)
+            questions.answer(store(), id, qid, text, by=who, epoch=epoch, actor=_actor())
+            return {"id": id, "qid": qid, "answered_by": who}
 
     @server.tool(name="snooze", description="End the shift; the daemon wakes the task later. Give `until` "
                                             "(ISO 8601) or `duration` (30m, 2h)." + EPOCH_NOTE)

@@ -398,6 +398,9 @@ as the machine's plus the seconds written in that file, re-read at every look, s
 steps the daemon's wall clock by rewriting the file (:class:`heartbeat.system.clock.OffsetFileClock`). The
 daemon logs ``test_clock`` at start when it is set."""
 
+WEB_QUESTIONS_SHOWN = 50
+"""Open questions the status page's list shows at its top (oldest first; the rest: ``heartbeat status``)."""
+
 WEB_PAGE_SIZE = 100
 """Tasks on one page of the status page's list (``?per=`` chooses up to :data:`WEB_PAGE_MAX`)."""
 

@@ -31,6 +31,7 @@ from enum import StrEnum
 from heartbeat.model import defaults
 from heartbeat.model.baton import Baton, GateKind, OwnerKind, Status
 from heartbeat.model.errors import BadInput
+from heartbeat.model.knobs import PolicyKnobs
 from heartbeat.model.timeparse import format_duration, parse_instant
 
 __all__ = [
@@ -98,25 +99,13 @@ class ExitKind(StrEnum):
 
 
 @dataclass(frozen=True)
-class Policy:
-    """The knobs :func:`decide` reads; the daemon builds one per task from the config."""
+class Policy(PolicyKnobs):
+    """What :func:`decide` reads: every knob of :class:`~heartbeat.model.knobs.PolicyKnobs` (the
+    ones ``[daemon]`` sets), the launcher's own and the constants; the daemon builds one per launcher."""
 
-    stall_after: float = defaults.STALL_AFTER
-    hang_after: float = defaults.HANG_AFTER
-    """0: off (a run is judged by ``stall_after`` alone)."""
-    progress_after: float = defaults.PROGRESS_AFTER
-    max_attempts: int = defaults.MAX_ATTEMPTS
-    max_idle_resumes: int = defaults.MAX_IDLE_RESUMES
-    backoff_initial: float = defaults.BACKOFF_INITIAL
-    backoff_max: float = defaults.BACKOFF_MAX
     max_runtime: float | None = None
     non_retryable_exit_codes: frozenset[int] = frozenset()
-    on_spinning: str = "escalate"
     launch_timeout: float = defaults.LAUNCH_TIMEOUT
-    inactive_grace: float = defaults.INACTIVE_GRACE
-    max_limit_wait: float = defaults.MAX_LIMIT_WAIT
-    max_cost_usd: float = defaults.MAX_COST_USD
-    """0: no budget."""
 
 
 @dataclass(frozen=True)

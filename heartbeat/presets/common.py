@@ -346,8 +346,9 @@ def parse_reset(text: str, now: datetime, local: tzinfo | None = None) -> tuple[
     return reset, retry_after
 
 
-AGENT_COMMANDS = ("show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done")
-"""The heartbeat commands the brief and the hooks tell an agent to run on its task."""
+AGENT_COMMANDS = ("show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done", "ask")
+"""The heartbeat commands the brief and the hooks tell an agent to run on its task (``ask``: a
+question to its upstream or a person, which it then waits on)."""
 
 AGENT_READS = ("show", "brief", "verify")
 """Those of :data:`AGENT_COMMANDS` that change no baton: the only ones a rule may allow on any task."""

@@ -202,6 +202,11 @@ def render_brief(
             "unnoted", required=True)
         for line in unnoted:
             add(line + "\n", "unnoted", required=True)
+    exchange = _question_lines(baton)
+    if exchange:
+        add("\n## Questions you asked across the seam\n", "questions", required=True)
+        for line in exchange:
+            add(line + "\n", "questions", required=True)
     if essentials_first:
         add("\n## Keeping the baton\n", "howto", required=True)
         for line in _howto_lines(task_id):
@@ -510,6 +515,33 @@ def _previous_end(baton: Baton) -> str:
     return "; ".join(parts)
 
 
+QUESTION_BRIEF_CHARS = 1200
+"""Characters of one question or answer the brief carries; the rest is in ``heartbeat show ID``."""
+
+
+def _question_lines(baton: Baton) -> list[str]:
+    """The task's exchanges: "you asked build (q1): ... - build answered: ...", and those still open."""
+    lines = []
+    for q in baton.questions:
+        asked = f"- You asked {q.asked_of} ({q.id}): {_capped(q.text, baton.id)}"
+        if q.open:
+            whom = "a person (escalated: unanswered in time)" if q.escalated_at else q.asked_of
+            lines.append(f"{asked} - not answered yet (waiting on {whom})")
+            continue
+        by = q.answered_by
+        who = by.removeprefix("upstream:") if by.startswith("upstream:") else (
+            by.removeprefix("person:") if by.startswith("person:") else "a person")
+        lines.append(f"{asked} - {who} answered: {_capped(q.answer, baton.id)}")
+    return lines
+
+
+def _capped(text: str, task_id: str) -> str:
+    text = _one_line(text)
+    if len(text) <= QUESTION_BRIEF_CHARS:
+        return text
+    return text[:QUESTION_BRIEF_CHARS] + f"... (the rest: `heartbeat show {task_id}`)"
+
+
 def _howto_lines(task_id: str) -> list[str]:
     return [
         f"- Before anything you cannot undo: `heartbeat verify {task_id}` (0 = the note still holds)",
@@ -518,6 +550,9 @@ def _howto_lines(task_id: str) -> list[str]:
         f"decisions/rejected/unknowns/constraints the same way",
         f"- Still working, same step: `heartbeat touch {task_id}`",
         f"- Stuck on something outside your control: `heartbeat block {task_id} --on \"...\"`",
+        f"- A gap the handoff left (why a decision, what was rejected) that only the upstream or a person "
+        f"knows: `heartbeat ask {task_id} \"...\"` (prints its id; you are held until it is answered, then the "
+        f"answer is in your next brief: end your turn after asking)",
         f"- Ending your shift (context full, turn over): record the step and next_step, then exit 0; "
         f"to resume later instead: `heartbeat snooze {task_id} --for 30m`",
         f"- All finished: `heartbeat done {task_id} --note \"...\"`",

@@ -18,6 +18,7 @@ from enum import StrEnum
 from heartbeat.config.shape import Config
 from heartbeat.model import policy as pol
 from heartbeat.model.baton import Baton, OwnerKind, Status
+from heartbeat.model.knobs import knob_values
 from heartbeat.tasks.handoff import pending_upstreams
 
 __all__ = ["State", "Why", "why", "policy_for", "shown_step", "FAILING_STATES", "HELD_STATES"]
@@ -70,13 +71,10 @@ def shown_step(baton: Baton) -> str:
 
 
 def policy_for(config: Config | None) -> pol.Policy:
-    """The retry knobs the daemon applies (all ``why`` reads; the defaults without a config)."""
+    """The knobs the daemon applies (every one ``[daemon]`` sets; the defaults without a config)."""
     if config is None:
         return pol.Policy()
-    d = config.daemon
-    return pol.Policy(max_attempts=d.max_attempts, max_idle_resumes=d.max_idle_resumes,
-                      backoff_initial=d.backoff_initial, backoff_max=d.backoff_max,
-                      max_limit_wait=d.max_limit_wait, max_cost_usd=d.max_cost_usd)
+    return pol.Policy(**knob_values(config.daemon))
 
 
 def why(baton: Baton, now: datetime, policy: pol.Policy,
@@ -92,6 +90,12 @@ def why(baton: Baton, now: datetime, policy: pol.Policy,
         if owner.how != OwnerKind.DISPATCH:
             return Why(State.CLAIMED, f"claimed by pid {owner.pid}" if owner.pid else "claimed")
         return Why(State.RUNNING, "" if status is Status.ACTIVE else f"task {status.value}; its agent is ending")
+    if status is Status.BLOCKED:
+        from heartbeat.tasks.questions import waiting_on
+
+        waiting = waiting_on(baton)
+        if waiting is not None:  # "waiting on q1 to build, 12m"
+            return Why(State.BLOCKED, waiting.describe(now))
     if status is not Status.ACTIVE:
         text = {Status.BLOCKED: f"blocked on: {baton.blocked_on or '(no reason given)'}",
                 Status.ESCALATED: f"escalated: {meta.last_failure or 'see `heartbeat log`'}; "

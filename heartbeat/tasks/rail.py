@@ -16,7 +16,7 @@ function over plain data, which refuses the call, with one line the model reads,
    records it) and decides again with what it found.
 
 heartbeat's own commands that read or hand back the task (``heartbeat show|brief|verify|set|
-add|touch|block|snooze|done|status``, one plain command, and the ``heartbeat`` MCP server's
+add|touch|block|snooze|done|status|ask|answer``, one plain command, and the ``heartbeat`` MCP server's
 tools) are always allowed: the refused agent must still be able to read why and write its note.
 Those on the session's own task, spelt as its brief spells them, the hook also approves
 (:func:`own_task_call`): the Claude Code plugin carries no permission rules.
@@ -114,8 +114,11 @@ class Decision:
 
 ALLOW = Decision(True)
 
-_OWN_COMMANDS = frozenset({"show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done", "status"})
-_TASK_COMMANDS = _OWN_COMMANDS - {"status"}
+_OWN_COMMANDS = frozenset({"show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done", "status",
+                           "ask", "answer"})
+_TASK_COMMANDS = _OWN_COMMANDS - {"status", "answer"}
+"""(``answer`` names the asking task, not the session's own: an upstream's resumed session, bound to its
+done task, answers a downstream's question with it; the CLI's fence lets only that question through.)"""
 _OWN_OPTIONS = ("--state-dir", "--config")
 _OWN_MCP = ("mcp__heartbeat__", "mcp__plugin_heartbeat_heartbeat__")
 """heartbeat's MCP tools: registered by ``hooks install claude --mcp``, and by the plugin (claude 2.1.332

@@ -7,9 +7,10 @@ as text. A strict Content-Security-Policy (inline style and the one auto-refresh
 script allowed by a per-response nonce) is the second line behind the escaping.
 
 - ``/``: every task (status, age, step, attempt/epoch, owner, block and gate, last exit),
-  filterable with ``?status=``, with counts per status;
-- ``/tasks/ID``: the baton, the brief the next agent would read, the timeline of the
-  task's ledger events and the tail of the current agent's log;
+  filterable with ``?status=``, with counts per status, and the open questions across the
+  seam (each with the ``heartbeat answer`` command that answers it);
+- ``/tasks/ID``: the baton, its questions and answers, the brief the next agent would read, the
+  timeline of the task's ledger events and the tail of the current agent's log;
 - ``/report``: the handoff report, worst tasks first;
 - ``/metrics``: Prometheus metrics (see :mod:`heartbeat.web.metrics`).
 
@@ -55,6 +56,7 @@ from heartbeat.web.views import (
     _status_of,
     _templates,
     log_tail_of,
+    question_rows,
 )
 
 __all__ = ["build_app"]
@@ -159,13 +161,16 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
                 if found:
                     row["reason"] = str(found[-1].data.get("reason", ""))
                     row["since"], row["since_at"] = _age(now, found[-1].ts), _iso(found[-1].ts)
+        asked = sorted((q for e in entries if e.baton is not None and e.baton.questions
+                        for q in question_rows(e.baton, now)), key=lambda q: q["asked_at"])
         keep = {"status": wanted, "q": query, "per": str(per) if per != defaults.WEB_PAGE_SIZE else ""}
         return page(request, "index.html", title="tasks", rows=shown, counts=counts, total=len(entries), fleet=fleet,
                     wanted=wanted, query=query, matched=len(matched), page_no=page_no, pages=pages, per=per,
                     first=(page_no - 1) * per + 1 if shown else 0, last=(page_no - 1) * per + len(shown),
                     prev_link=link(request, "/", **keep, page=str(page_no - 1)) if page_no > 1 else "",
                     next_link=link(request, "/", **keep, page=str(page_no + 1)) if page_no < pages else "",
-                    carry_token=request.query_params.get("token", "") if token else "")
+                    carry_token=request.query_params.get("token", "") if token else "",
+                    questions=asked[:defaults.WEB_QUESTIONS_SHOWN], questions_total=len(asked))
 
     def task(request: Request) -> HTMLResponse:
         task_id = request.path_params["task_id"]
@@ -210,6 +215,7 @@ def build_app(store: Any, *, state_dir: str, token: str = "", hosts: HostCheck |
         return page(request, "task.html", title=task_id, task_id=task_id, baton=baton, error=error,
                     row=_row(_Entry(task_id, baton, error), now, default_launcher, policy),
                     baton_text=dump_baton(baton) if baton is not None else "", brief=brief, timeline=timeline,
+                    questions=question_rows(baton, now, open_only=False) if baton is not None else [],
                     hidden=hidden, routine=routine, show_all=show_all, log=log, epoch=epoch, needs=needs_rows,
                     epochs=list(range(max(1, current - 50), current + 1)) if current > 1 else [])
 

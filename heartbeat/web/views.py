@@ -18,8 +18,9 @@ from heartbeat.model.timeparse import format_duration
 from heartbeat.reports.why import State, shown_step, why
 from heartbeat.system.layout import LOGS_DIR, StateLayout, log_name
 from heartbeat.system.safefile import read_tail_below
+from heartbeat.tasks.questions import waiting_on
 
-__all__ = ["LOG_TAIL_BYTES", "TIMELINE_EVENTS", "LogTail", "log_tail_of"]
+__all__ = ["LOG_TAIL_BYTES", "TIMELINE_EVENTS", "LogTail", "log_tail_of", "question_rows"]
 
 LOG_TAIL_BYTES = 64 * 1024
 """How much of the end of an agent's log the task page shows."""
@@ -137,10 +138,11 @@ def _row(entry: Any, now: datetime, default_launcher: str, policy: Any = None,
         return {"id": entry.id, "status": "invalid", "error": str(entry.error), "age": "-", "step": "",
                 "attempt": "", "epoch": "", "owner": "", "blocked_on": "", "gate": "", "last_exit": "",
                 "launcher": "", "waiting": "", "title": "", "since": "", "since_at": "", "wake_at": "", "reason": "",
-                "badge": "invalid", "state": "invalid", "why": ""}
+                "badge": "invalid", "state": "invalid", "why": "", "asking": "", "asking_escalated": False}
     meta = baton.meta
     since = _state_since(baton)
     held = why(baton, now, policy or Policy(), status_of)
+    asking = waiting_on(baton)
     # An active task's badge says how it is doing: a launch failing or a retry backing off is not
     # "active" at a glance (as supervisord's BACKOFF/FATAL, systemd's auto-restart).
     badge = held.state.value if meta.status is Status.ACTIVE and held.state in _BADGED else meta.status.value
@@ -168,7 +170,18 @@ def _row(entry: Any, now: datetime, default_launcher: str, policy: Any = None,
         "last_exit": _last_exit(baton),
         "launcher": baton.launcher or default_launcher,
         "waiting": waiting_text(baton, now),
+        "asking": asking.describe(now) if asking is not None else "",
+        "asking_escalated": asking is not None and asking.escalated,
     }
+
+
+def question_rows(baton: Baton, now: datetime, *, open_only: bool = True) -> list[dict[str, Any]]:
+    """A task's questions as the page lists them, each with the command that answers it."""
+    shown = [q for q in baton.questions if q.open or not open_only]
+    return [{"task": baton.id, "id": q.id, "asked_of": q.asked_of, "text": q.text, "age": _age(now, q.asked_at),
+             "asked_at": _iso(q.asked_at), "escalated": q.escalated_at is not None, "open": q.open,
+             "answer": q.answer, "answered_by": q.answered_by, "answered_at": _iso(q.answered_at),
+             "command": f'heartbeat answer {baton.id} {q.id} "..."'} for q in shown]
 
 
 def _hosts_of(store: Any) -> dict[str, str]:

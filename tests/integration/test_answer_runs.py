@@ -282,3 +282,30 @@ class TestToAPerson:
             assert rig.question().to.value == "person"
         finally:
             rig.close()
+
+
+class TestTheRailOfAnAnsweringSession:
+    """The resumed session is bound to its done task: it may answer, it may not work."""
+
+    def view(self) -> Any:
+        from heartbeat.model.baton import Status
+        from heartbeat.tasks.rail import RailView
+
+        return RailView(task="build", status=Status.DONE, epoch=1, caller_epoch=1, workdir="/work")
+
+    def test_its_heartbeat_answer_passes_the_rail(self) -> None:
+        """``heartbeat answer critic q1 "..."`` from a session bound to the done ``build`` is allowed
+        (fails before the rail knew ``answer``: refused as a call of a done task)."""
+        from heartbeat.tasks.rail import ToolCall, decide
+
+        call = ToolCall(tool="Bash", command='heartbeat answer critic q1 "Because of the flaky API."')
+        assert decide(call, self.view()).allow
+
+    def test_its_other_calls_are_refused_as_for_any_done_task(self) -> None:
+        """A write, a shell command, or ``answer`` chained to another command: refused, not active."""
+        from heartbeat.tasks.rail import Rule, ToolCall, decide
+
+        for call in (ToolCall(tool="Write", paths=("/work/client.py",)), ToolCall(tool="Bash", command="make test"),
+                     ToolCall(tool="Bash", command='heartbeat answer critic q1 "x" && rm -rf /work')):
+            decision = decide(call, self.view())
+            assert not decision.allow and decision.rule is Rule.NOT_ACTIVE, call

@@ -2,27 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from config_reference import undocumented
 from conftest import ROOT, Result, clean_env
 
 from heartbeat.config.load import find_config, load_config, parse_config, resolve_state_dir
 from heartbeat.config.shape import (
-    BUILTIN_LAUNCHER_KEYS,
-    CommandConfig,
     DaemonConfig,
-    HttpConfig,
-    LauncherConfig,
     expand_argv,
 )
 from heartbeat.model import defaults
@@ -108,22 +103,7 @@ class TestExample:
     def test_every_field_appears_in_it(self) -> None:
         """Every DaemonConfig, LauncherConfig (and per-type option) and command field is a key of the
         example, so the example cannot drift from the code."""
-        doc = tomllib.loads(EXAMPLE.read_text())
-        missing = [f"daemon.{f.name}" for f in dataclasses.fields(DaemonConfig) if f.name not in doc["daemon"]]
-        launchers = doc["launchers"].values()
-        for f in dataclasses.fields(LauncherConfig):
-            if f.name not in ("name", "options") and not any(f.name in launcher for launcher in launchers):
-                missing.append(f"launchers.*.{f.name}")
-        for kind, options in BUILTIN_LAUNCHER_KEYS.items():
-            of_kind = [launcher for launcher in launchers if launcher.get("type", "exec") == kind]
-            if not of_kind:
-                missing.append(f"a launcher of type {kind!r}")
-            missing += [f"launchers.<{kind}>.{o}" for o in options if not any(o in launcher for launcher in of_kind)]
-        for section in ("notify", "checks"):
-            for f in dataclasses.fields(CommandConfig):
-                if f.name != "name" and not any(f.name in body for body in doc[section].values()):
-                    missing.append(f"{section}.*.{f.name}")
-        missing += [f"http.{f.name}" for f in dataclasses.fields(HttpConfig) if f.name not in doc.get("http", {})]
+        missing = undocumented(EXAMPLE)
         assert not missing, f"config/heartbeat.example.toml does not document: {', '.join(missing)}"
 
     def test_every_key_has_a_comment(self) -> None:
@@ -274,16 +254,16 @@ class TestExpandArgv:
 
 class TestPolicyKnobs:
     def test_every_policy_knob_is_set_from_the_config_by_its_name(self, tmp_path: Path) -> None:
-        """A ``[daemon]`` knob of the policy is one entry: the config's field and the policy's of the
-        same name; the loop copies them all (``DAEMON_KNOBS``), the launcher's and the constants aside."""
+        """A ``[daemon]`` knob of the policy is one entry (``heartbeat.model.knobs``): the config's field
+        and the policy's of the same name; the loop copies them all, the launcher's and the constants aside."""
         from dataclasses import fields
 
         from heartbeat.daemon import Daemon
-        from heartbeat.daemon.core import DAEMON_KNOBS
         from heartbeat.model import policy as pol
+        from heartbeat.model.knobs import KNOBS
 
-        assert {f.name for f in fields(pol.Policy)} == {*DAEMON_KNOBS, "max_runtime", "non_retryable_exit_codes",
-                                                        "launch_timeout"}
+        assert {f.name for f in fields(pol.Policy)} == {*(k.name for k in KNOBS), "max_runtime",
+                                                        "non_retryable_exit_codes", "launch_timeout"}
         state = tmp_path / "state"
         state.mkdir(mode=0o700)
         config = parse_config(f"""

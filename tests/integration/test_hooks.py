@@ -443,7 +443,7 @@ class TestInstall:
         allow = json.loads(Path(path).read_text())["permissions"]["allow"]
         assert "Bash(heartbeat set t1:*)" in allow and "Bash(heartbeat done t1:*)" in allow
         assert f"Bash(heartbeat --state-dir {work / 'st'} set t1:*)" in allow and "mcp__heartbeat" in allow
-        assert len(allow) == 2 * 9 + 1 and not any("run" in r or "new" in r or "gc" in r for r in allow)
+        assert len(allow) == 2 * 10 + 1 and not any("run" in r or "new" in r or "gc" in r for r in allow)
         doc = json.loads(Path(path).read_text())
         doc["permissions"]["allow"].append("Bash(heartbeat status)")
         Path(path).write_text(json.dumps(doc))

@@ -306,3 +306,193 @@ class TestCli:
         assert hb("answer", "critic", "q1", "because").code == 0
         _one_line(hb("answer", "critic", "q1", "again"), 5, "answered already")
         _one_line(hb("answer", "critic", "q7", "huh"), 2, "no question 'q7'")
+
+
+class TestDaemon:
+    """An in-process daemon ticked with an explicit `now`."""
+
+    @pytest.fixture
+    def daemon(self, tmp_path: Path):  # type: ignore[no-untyped-def]
+        from daemon_harness import NULL_AGENT, in_process_config
+
+        from heartbeat.daemon import Daemon
+
+        notes = tmp_path / "notified"
+        notify = (f'\n[notify.ops]\ncommand = ["sh", "-c", "printf \'%s|%s\\\\n\' \\"$0\\" \\"$1\\" >> {notes}", '
+                  f'"{{id}}", "{{reason}}"]\n')
+        state, config = in_process_config(tmp_path, daemon='question_wait = "30m"', launchers=NULL_AGENT + notify)
+        d = Daemon(config, store=FileStore(str(state)))
+        d.notes = notes  # type: ignore[attr-defined]
+        yield d
+        d.shutdown(timeout=5)
+
+    def _asked(self, d) -> None:  # type: ignore[no-untyped-def]
+        """build done, critic dispatched after it (epoch 1) and asking build why."""
+        tasks.new_task(d.store, "build", task="Build it", step="build", now=T0)
+        tasks.finish(d.store, "build", checks={})
+        tasks.new_task(d.store, "critic", task="Review it", step="review", after=["build"], now=T0)
+        with d.store.edit("critic") as ed:
+            ed.baton.meta.status, ed.baton.meta.gate, ed.baton.blocked_on = Status.ACTIVE, None, ""
+            ed.baton.meta.epoch = 1
+        qs.ask(d.store, "critic", "Why sqlite?", epoch=1, now=T0)
+
+    def test_a_held_task_is_not_dispatched_until_answered(self, daemon) -> None:  # type: ignore[no-untyped-def]
+        """Blocked on its question the task waits; answered, the next tick dispatches it."""
+        from conftest import wait_for
+
+        self._asked(daemon)
+        daemon.tick(now=T0 + timedelta(seconds=1))
+        assert not daemon.store.ledger.events("critic", kinds=[EventKind.DISPATCHED])
+        qs.answer(daemon.store, "critic", "q1", "One file.", by="person", now=T0 + timedelta(seconds=2))
+        daemon.tick(now=T0 + timedelta(seconds=3))
+        wait_for(lambda: daemon.store.ledger.events("critic", kinds=[EventKind.DISPATCHED]), message="dispatch")
+
+    def test_an_answer_written_by_hand_opens_the_gate(self, daemon) -> None:  # type: ignore[no-untyped-def]
+        """The daemon's gate sees an answer that came without `answer` (a hand edit) and lifts the gate."""
+        self._asked(daemon)
+        with daemon.store.edit("critic") as ed:
+            q = ed.baton.questions[0]
+            q.answer, q.answered_by, q.answered_at = "by hand", "person", T0
+        daemon.tick(now=T0 + timedelta(seconds=3))
+        unblocked = daemon.store.ledger.events("critic", kinds=[EventKind.UNBLOCKED])
+        assert unblocked and unblocked[-1].data["gate"] == "question:q1"
+
+    def test_an_unanswered_question_escalates_once(self, daemon) -> None:  # type: ignore[no-untyped-def]
+        """Past question_wait: question_escalated, re-addressed to a person, the notifier run once."""
+        from conftest import wait_for
+
+        self._asked(daemon)
+        daemon.tick(now=T0 + timedelta(minutes=29))
+        assert not daemon.store.ledger.events("critic", kinds=[EventKind.QUESTION_ESCALATED])
+        daemon.tick(now=T0 + timedelta(minutes=30))
+        daemon.tick(now=T0 + timedelta(minutes=31))
+        (event,) = daemon.store.ledger.events("critic", kinds=[EventKind.QUESTION_ESCALATED])
+        assert event.data["qid"] == "q1" and event.data["upstream"] == "build"
+        q = daemon.store.load("critic").questions[0]
+        assert q.to is QuestionTo.PERSON and q.escalated_at == T0 + timedelta(minutes=30)
+        assert daemon.store.load("critic").meta.status is Status.BLOCKED
+        notes = wait_for(lambda: daemon.notes.exists() and daemon.notes.read_text(), message="the notifier")
+        assert notes == "critic|question q1 to build unanswered for 30m: Why sqlite?\n"
+
+    def test_question_wait_zero_never_escalates(self, tmp_path: Path) -> None:
+        """question_wait = "0s" turns escalation off."""
+        from daemon_harness import in_process_config
+
+        from heartbeat.daemon import Daemon
+
+        state, config = in_process_config(tmp_path, daemon='question_wait = "0s"')
+        d = Daemon(config, store=FileStore(str(state)))
+        try:
+            self._asked(d)
+            d.tick(now=T0 + timedelta(days=3))
+            assert not d.store.ledger.events("critic", kinds=[EventKind.QUESTION_ESCALATED])
+        finally:
+            d.shutdown(timeout=5)
+
+
+class TestWherePeopleAndAgentsLook:
+    def test_status_shows_the_wait_with_its_age(self, seam: FileStore, hb) -> None:  # type: ignore[no-untyped-def]
+        """`status` says "waiting on q1 to build, Nm"; `--json` lists the open question."""
+        with seam.edit("critic") as ed:
+            ed.baton.after = ["build"]
+        hb("ask", "critic", "Why sqlite?", env=AGENT)
+        with seam.edit("critic") as ed:  # asked twelve minutes ago
+            ed.baton.questions[0].asked_at -= timedelta(minutes=12)
+        text = hb("status").out
+        (line,) = [line for line in text.splitlines() if "critic" in line]
+        assert "blocked" in line and "[waiting on q1 to build, 12m" in line, text
+        import json
+
+        rows = {r["id"]: r for r in json.loads(hb("status", "--json").out)["tasks"]}
+        (q,) = rows["critic"]["questions"]
+        assert (q["id"], q["upstream"], q["waiting"], q["escalated"]) == ("q1", "build", True, False)
+        assert rows["critic"]["why"].startswith("waiting on q1 to build, 12m")
+
+    def test_show_lists_the_questions(self, seam: FileStore, hb) -> None:  # type: ignore[no-untyped-def]
+        """`show` (TOML and --json) holds every question with its answer."""
+        import json
+
+        hb("ask", "critic", "Why sqlite?", env=AGENT)
+        hb("answer", "critic", "q1", "One file.")
+        assert '[[questions]]\nid = "q1"' in hb("show", "critic").out
+        (q,) = json.loads(hb("show", "critic", "--json").out)["questions"]
+        assert (q["text"], q["answer"], q["answered_by"]) == ("Why sqlite?", "One file.", "person")
+
+    def test_the_next_brief_carries_the_exchange(self, seam: FileStore, hb) -> None:  # type: ignore[no-untyped-def]
+        """The asker's brief says what it asked and what came back, and offers `heartbeat ask`."""
+        hb("ask", "critic", "Why sqlite and not postgres?", env=AGENT)
+        hb("ask", "critic", "Who owns the schema?", "--to", "person", env=AGENT)
+        hb("answer", "critic", "q1", "One file, no server to run.", env=UP_AGENT)
+        brief = hb("brief", "critic").out
+        assert "## Questions you asked across the seam" in brief
+        assert "- You asked build (q1): Why sqlite and not postgres? - build answered: One file, no server to run." \
+            in brief
+        assert "- You asked a person (q2): Who owns the schema? - not answered yet (waiting on a person)" in brief
+        assert '`heartbeat ask critic "..."`' in brief
+
+    def test_the_hooks_context_carries_it_too(self, seam: FileStore) -> None:
+        """SessionStart's (and compaction's) context holds the exchange and the `ask` command, even when cut short."""
+        from heartbeat.integrations.hooks import session_context
+
+        qs.ask(seam, "critic", "Why sqlite?", epoch=1)
+        qs.answer(seam, "critic", "q1", "One file.", by="upstream:build")
+        with seam.edit("critic") as ed:
+            ed.baton.done = [f"step {i} " + "x" * 300 for i in range(40)]  # more than the hook's budget
+        text = session_context(seam.load("critic"), "compact", {})
+        assert "You asked build (q1): Why sqlite? - build answered: One file." in text
+        assert '`heartbeat ask critic "..."`' in text
+
+
+def _page(store: FileStore, state_dir: Path, path: str) -> tuple[int, str]:
+    """GET ``path`` from the status page's ASGI app in this process (no server, no browser)."""
+    import asyncio
+
+    from heartbeat.web.app import build_app
+
+    app = build_app(store, state_dir=str(state_dir))
+    sent: list[dict] = []  # type: ignore[type-arg]
+
+    async def receive() -> dict:  # type: ignore[type-arg]
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:  # type: ignore[type-arg]
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "query_string": b"",
+             "headers": [(b"host", b"localhost")], "scheme": "http", "server": ("127.0.0.1", 80), "root_path": "",
+             "http_version": "1.1", "client": ("127.0.0.1", 1)}
+    asyncio.run(app(scope, receive, send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, body.decode()
+
+
+class TestPage:
+    def test_the_list_shows_open_questions_with_the_answer_command(self, seam: FileStore, hb,  # type: ignore[no-untyped-def]
+                                                                   state_dir: Path) -> None:
+        """/ lists each open question (hostile text escaped) with `heartbeat answer ...`; the task row says it waits."""
+        hb("ask", "critic", "<script>alert(1)</script> why?", env=AGENT)
+        status, html = _page(seam, state_dir, "/")
+        assert status == 200
+        block = html.split('<table id="questions">', 1)[1].split("</table>", 1)[0]
+        assert 'data-task="critic" data-qid="q1"' in block
+        assert "&lt;script&gt;alert(1)&lt;/script&gt; why?" in block and "<script>alert" not in html
+        assert 'heartbeat answer critic q1 &#34;...&#34;' in block or 'heartbeat answer critic q1 "..."' in block
+        assert '<span class="asking">waiting on q1 to build, ' in html
+
+    def test_escalated_and_answered_on_the_task_page(self, seam: FileStore, hb,  # type: ignore[no-untyped-def]
+                                                     state_dir: Path) -> None:
+        """/tasks/ID lists its questions: an escalated one badged, an answered one with its answer and who gave it."""
+        hb("ask", "critic", "Why sqlite?", env=AGENT)
+        hb("ask", "critic", "Who owns it?", "--to", "person", env=AGENT)
+        qs.escalate(seam, "critic", "q1")
+        hb("answer", "critic", "q2", "Ana does.", "--by", "ana")
+        status, html = _page(seam, state_dir, "/tasks/critic")
+        assert status == 200
+        block = html.split('<table id="questions">', 1)[1].split("</table>", 1)[0]
+        q1 = block.split('data-qid="q1"', 1)[1].split("</tr>", 1)[0]
+        q2 = block.split('data-qid="q2"', 1)[1].split("</tr>", 1)[0]
+        assert 'data-state="escalated"' in q1 and "heartbeat answer critic q1" in q1
+        assert "Ana does." in q2 and "person:ana" in q2
+        status, listing = _page(seam, state_dir, "/")
+        assert 'data-state="escalated">escalated</span>' in listing.split('<table id="questions">', 1)[1]

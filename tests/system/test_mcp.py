@@ -261,3 +261,54 @@ class TestWithoutTheSdk:
         root = Path(__file__).resolve().parents[2]
         assert proc.stderr == (f"heartbeat: mcp needs the MCP SDK 2.x (the mcp extra): {sys.executable} -m pip "
                                f"install -e '{root}[mcp]'\n")
+
+
+class TestQuestions:
+    """`ask` and `answer` over MCP: the downstream's agent asks, the upstream's agent or a person answers."""
+
+    @pytest.fixture
+    def seam(self, hb: Callable[..., Result], state_dir: Path) -> FileStore:
+        from heartbeat.model.baton import Status
+
+        assert hb("new", "build", "--task", "Build it", "--step", "build", "--claim").code == 0
+        assert hb("new", "critic", "--task", "Review it", "--step", "review", "--after", "build").code == 0
+        store = FileStore(str(state_dir))
+        with store.edit("critic") as ed:  # as the daemon's dispatch leaves it: active, epoch 1
+            ed.baton.meta.status, ed.baton.meta.gate, ed.baton.blocked_on = Status.ACTIVE, None, ""
+            ed.baton.meta.epoch = 1
+        return store
+
+    def test_the_asker_asks_and_the_upstreams_agent_answers(self, seam: FileStore, state_dir: Path) -> None:
+        """critic's server asks (q1, held); build's server answers as upstream:build; critic's own server cannot."""
+        async def asker(c: Client) -> Any:
+            asked = await c.call_tool("ask", {"id": "critic", "question": "Why sqlite?"})
+            own = await c.call_tool("answer", {"id": "critic", "qid": "q1", "text": "me"})
+            return asked, own
+
+        asked, own = run_client(state_dir, asker, HEARTBEAT_TASK="critic", HEARTBEAT_EPOCH="1")
+        assert not asked.is_error and asked.structured_content == {"id": "critic", "qid": "q1"}
+        assert own.is_error and "not of 'critic'" in text_of(own) and text_of(own).endswith("(exit 2)")
+        assert seam.load("critic").meta.gate.spec() == "question:q1"  # type: ignore[union-attr]
+
+        async def upstream(c: Client) -> Any:
+            return await c.call_tool("answer", {"id": "critic", "qid": "q1", "text": "One file, no server."})
+
+        answered = run_client(state_dir, upstream, HEARTBEAT_TASK="build", HEARTBEAT_EPOCH="1")
+        assert not answered.is_error and answered.structured_content["answered_by"] == "upstream:build"
+        baton = seam.load("critic")
+        assert baton.questions[0].answer == "One file, no server." and baton.meta.gate is None
+
+    def test_a_person_answers_and_bad_input_is_one_line(self, seam: FileStore, state_dir: Path) -> None:
+        """An unbound server answers as person:NAME; an empty question, a twice-answered qid: tool errors."""
+        async def body(c: Client) -> Any:
+            empty = await c.call_tool("ask", {"id": "critic", "question": " "})
+            asked = await c.call_tool("ask", {"id": "critic", "question": "Who owns it?", "to": "person"})
+            first = await c.call_tool("answer", {"id": "critic", "qid": "q1", "text": "Ana.", "by": "ana"})
+            again = await c.call_tool("answer", {"id": "critic", "qid": "q1", "text": "Bo."})
+            return empty, asked, first, again
+
+        empty, asked, first, again = run_client(state_dir, body)
+        assert empty.is_error and "empty" in text_of(empty) and text_of(empty).endswith("(exit 2)")
+        assert not asked.is_error and not first.is_error
+        assert again.is_error and "answered already" in text_of(again) and text_of(again).endswith("(exit 5)")
+        assert seam.load("critic").questions[0].answered_by == "person:ana"

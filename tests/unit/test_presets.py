@@ -73,7 +73,7 @@ class TestPresetConfig:
         the task, the user's args, --session-id {session}; stdin."""
         lc = launcher(f'preset = "claude-code"\nargs = {toml_list(CLAUDE_ARGS)}')
         rules = ",".join(f"Bash(heartbeat {sub} {{id}}:*)" for sub in (
-            "show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done")) + ",mcp__heartbeat"
+            "show", "brief", "verify", "set", "add", "touch", "block", "snooze", "done", "ask")) + ",mcp__heartbeat"
         assert lc.command == ("claude", "-p", "--output-format", "stream-json", "--verbose", "--allowedTools", rules,
                               "--settings", "{rail_settings}", *CLAUDE_ARGS, "--session-id", "{session}")
         assert build_argv(lc, request(tmp_path))[6] == rules.replace("{id}", "t1")

@@ -181,6 +181,12 @@ class Controls:
     hold_after_effect: int | None = None
     probes: tuple[str, ...] | list[str] = ()
     """Shell commands tried once per conversation after orienting (e.g. ones the CLI must refuse)."""
+    ask: dict[str, str] | None = None
+    """``{"task": ID, "text": QUESTION}``: task ID's session asks its upstream QUESTION (``heartbeat ask``)
+    after orienting, unless its conversation already holds the question (its brief carries the
+    exchange), then ends its turn."""
+    answer_by_command: bool = False
+    """An upstream's session asked a question answers with ``heartbeat answer``, not with its last text."""
 
     @classmethod
     def read(cls, path: Path | None) -> Controls:
@@ -382,7 +388,32 @@ class Brain:
 
     # -- deciding -----------------------------------------------------------------------------
 
+    def _answering(self, conv: Conversation) -> Reply | None:
+        """A resumed session asked a question by heartbeat (its last prompt): answer from its own
+        conversation (the step files it wrote there), recorded as ``question_seen``."""
+        m = next((_QUESTION.search(t) for t in reversed(conv.texts) if _QUESTION.search(t)), None)
+        if m is None:
+            return None
+        asker, upstream, qid = m.group(1), m.group(2), m.group(3)
+        written = sorted(os.path.basename(c.path) for c in conv.calls
+                         if c.kind == "write" and _step_index(c.path) is not None)
+        answer = f"In {upstream} I wrote {', '.join(written) or 'nothing'}; the retry loop stays for the flaky API."
+        self.record.write("question_seen", call=f"question-{conv.session}-{qid}-{len(conv.calls)}", asker=asker,
+                          upstream=upstream, qid=qid, session=conv.session, calls_in_context=len(conv.calls),
+                          steps_in_context=written, question=conv.texts[-1][:500])
+        command = f'heartbeat answer {asker} {qid} "{answer}"'
+        issued = {c.command for c in conv.calls}
+        if self.controls().answer_by_command and command not in issued:
+            return _shell("Answer the question", command)
+        for probe in self.controls().probes:
+            if probe not in issued:
+                return _shell("Probe", probe)
+        return Reply(text=answer)
+
     def _next(self, conv: Conversation) -> Reply:
+        answering = self._answering(conv)
+        if answering is not None:
+            return answering
         task = self._task(conv)
         if task and self._baton(conv, task) is None:
             return _shell("Read the task's baton", _show(task))
@@ -415,6 +446,13 @@ class Brain:
         controls = self.controls()
         cwd = self._cwd(conv)
         issued = {c.command for c in conv.calls} | {c.path for c in conv.calls}
+        asking = controls.ask or {}
+        if task and asking.get("task") == task:
+            ask = f'heartbeat ask {task} "{asking.get("text", "")}" --to upstream'
+            if ask in issued:
+                return Reply(text="I asked my upstream; ending my turn until the answer comes.")
+            if asking.get("text", "") not in conv.text:
+                return _shell("Ask the upstream", ask)
         for probe in controls.probes:
             if probe not in issued:
                 return _shell("Probe", probe)
@@ -533,6 +571,7 @@ class Brain:
 
 
 _LS = "ls -1 steps"
+_QUESTION = re.compile(r"task '([^']+)', which comes after your task '([^']+)', asks you a question \((q\d+)\)")
 _LOOP_READ = "cat fix_plan.md NOTES.md"
 
 
