@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import subprocess
 import sys
@@ -364,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the smoke: one run, two handoffs, learning on only, learned after one")
     parser.add_argument("--json", action="store_true", help="the raw figures")
     args = parser.parse_args(argv)
+    # a SIGTERM (a timeout, a person) unwinds like ^C, so every arm's daemon and agents are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     claude = install("claude")
     if isinstance(claude, str):
         print(f"bench_learning: {claude}", file=sys.stderr)
