@@ -29,10 +29,6 @@ and whether each resumed builder's request carried its earlier conversation.
     .venv/bin/python scripts/bench_learning.py [--runs 3] [--handoffs 5] [--json] [--quick]
 
 ``--quick``: the smoke the test runs (two handoffs, learning on, learned after one).
-
-A stop-gap, named: while the ``claude-code`` preset's ``--allowedTools`` does not list ``heartbeat ask``
-(``AGENT_COMMANDS``), each pipeline's workdir gets a ``.claude/settings.local.json`` allowing
-``heartbeat ask pN.review`` (what a person would add); it is skipped once the preset allows it.
 """
 
 from __future__ import annotations
@@ -202,18 +198,6 @@ def run_arm(claude: Path, root: Path, *, learning: bool, handoffs: int, after: i
     return arm
 
 
-def _allow_ask(work: Path, task: str) -> None:
-    """A stop-gap while the claude-code preset's ``--allowedTools`` lacks ``heartbeat ask``: the
-    workdir's ``.claude/settings.local.json`` allows it for the critic's own task, as a person would."""
-    from heartbeat.presets.common import AGENT_COMMANDS
-
-    if "ask" in AGENT_COMMANDS:
-        return
-    local = work / ".claude" / "settings.local.json"
-    local.parent.mkdir(parents=True)
-    local.write_text(json.dumps({"permissions": {"allow": [f"Bash(heartbeat ask {task}:*)"]}}, indent=2))
-
-
 def _claudes(state: Path) -> set[int]:
     """The live ``claude`` agents the daemon launched on this state dir, from the process table: one
     pid per agent (a ``claude`` whose parent is a ``claude`` is that agent's helper; heartbeat's own
@@ -236,7 +220,6 @@ def _handoff(h: DaemonHarness, model: ScriptedModel, root: Path, name: str) -> H
     out = Handoff(name)
     work = root / "work" / name
     work.mkdir(parents=True)
-    _allow_ask(work, f"{name}.review")
     spec = root / f"{name}.toml"
     spec.write_text(pipeline_file(work))
     build, review = f"{name}.build", f"{name}.review"
