@@ -97,6 +97,11 @@ plan = ["read the package", "write the review"]
 """
 
 
+ARM_NAMES = {(True, False): "learning on", (False, False): "learning off",
+             (True, True): "learning on, careless builder", (False, True): "learning off, careless builder"}
+"""(learning, a builder deaf to its brief's needs) -> the arm's name."""
+
+
 @dataclass
 class Handoff:
     name: str
@@ -151,10 +156,10 @@ def _env(model: ScriptedModel, home: Path) -> dict[str, str]:
 
 
 @contextmanager
-def seam_model(log_dir: Path) -> Iterator[ScriptedModel]:
+def seam_model(log_dir: Path, seam: Seam) -> Iterator[ScriptedModel]:
     """The scripted model with the builder/critic mind, on 127.0.0.1."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    brain = SeamBrain(Record(log_dir / "model.jsonl"), seam=SEAM, controls=log_dir / "controls.json")
+    brain = SeamBrain(Record(log_dir / "model.jsonl"), seam=seam, controls=log_dir / "controls.json")
     model = ScriptedModel(brain, dict(ROUTES), log_dir).start()
     try:
         yield model
@@ -173,12 +178,13 @@ def _status(h: DaemonHarness, task: str) -> str:
     return baton.meta.status.value if baton is not None else ""
 
 
-def run_arm(claude: Path, root: Path, *, learning: bool, handoffs: int, after: int, window: int) -> Arm:
-    arm = Arm("learning on" if learning else "learning off")
+def run_arm(claude: Path, root: Path, *, learning: bool, handoffs: int, after: int, window: int,
+            careless: bool = False) -> Arm:
+    arm = Arm(ARM_NAMES[(learning, careless)])
     root.mkdir(mode=0o700, parents=True)
     home = root / "home"
     home.mkdir()
-    with seam_model(root / "model") as model:
+    with seam_model(root / "model", Seam(reads_needs=not careless)) as model:
         env = ", ".join(f"{k} = {json.dumps(v)}" for k, v in _env(model, home).items())
         launcher = (f'\n[launchers.claude]\npreset = "claude-code"\nprogram = "{claude}"\nargs = {toml_list(ARGS)}\n'
                     f'inherit_env = false\nenv = {{ {env} }}\nstop_grace = "2s"\n')
@@ -309,8 +315,8 @@ def report(arms: dict[str, list[Arm]]) -> str:
     lines: list[str] = []
     runs = max(len(v) for v in arms.values())
     count = max((len(a.handoffs) for v in arms.values() for a in v), default=0)
-    lines.append(f"{runs} run(s) per arm; median (range). Per handoff, learning on / learning off:\n")
     names = list(arms)
+    lines.append(f"{runs} run(s) per arm; median (range). Per handoff, {' / '.join(names)}:\n")
     lines.append("| handoff | " + " | ".join(label for label, _ in PER_HANDOFF) + " |")
     lines.append("|---|" + "---|" * len(PER_HANDOFF))
     for i in range(count):
@@ -354,15 +360,16 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(claude, str):
         print(f"bench_learning: {claude}", file=sys.stderr)
         return 2
-    plan = [("learning on", True)] if args.quick else [("learning on", True), ("learning off", False)]
+    plan = [(True, False)] if args.quick else [(True, False), (False, False), (True, True)]
     runs, handoffs = (1, 2) if args.quick else (args.runs, args.handoffs)
     after, window = (1, 1) if args.quick else (args.learn_after, args.learn_window)
-    arms: dict[str, list[Arm]] = {name: [] for name, _ in plan}
+    arms: dict[str, list[Arm]] = {ARM_NAMES[p]: [] for p in plan}
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
         for i in range(runs):
-            for name, on in plan:
-                arms[name].append(run_arm(claude, Path(tmp) / f"{name.split()[-1]}-{i}", learning=on,
-                                          handoffs=handoffs, after=after, window=window))
+            for n, (on, careless) in enumerate(plan):
+                arms[ARM_NAMES[(on, careless)]].append(run_arm(
+                    claude, Path(tmp) / f"arm{n}-{i}", learning=on, handoffs=handoffs, after=after, window=window,
+                    careless=careless))
     if args.json:
         print(json.dumps({name: [{**asdict(a), "stages_per_agent_minute": a.stages_per_agent_minute}
                                  for a in runs_] for name, runs_ in arms.items()}, indent=2))

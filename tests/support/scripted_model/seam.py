@@ -8,8 +8,8 @@ state per session: everything is read back from the conversation the CLI sends.
   (its decision, the alternative it rejected and why, an unknown), notes the decision and the unknown
   (``heartbeat add ID decisions|unknowns``) and finishes (``heartbeat done``). It leaves the part
   :attr:`Seam.part` (``rejected``) out of its note **unless its conversation says that part is
-  required**: its brief saying a downstream needs it, or a refused ``done`` naming it (then it adds
-  the part and runs ``done`` again).
+  required**: its brief saying a downstream needs it (unless :attr:`Seam.reads_needs` is off: a careless
+  builder), or a refused ``done`` naming it (then it adds the part and runs ``done`` again).
 - **The builder, resumed with a question**: when the conversation holds a prompt that names
   ``heartbeat answer DOWN qN``, it answers from its own earlier conversation (the ``Rejected:`` line
   of the ``design.md`` it wrote in this session) with that command; a session that does not hold that
@@ -50,6 +50,9 @@ class Seam:
     """The handoff's facts: the part the builder leaves out, and the words of each pipeline's."""
 
     part: str = "rejected"
+    reads_needs: bool = True
+    """False: a careless builder, deaf to what its brief says a downstream needs (only a refused
+    ``done`` that names the part makes it add the part)."""
 
     def decision(self, pipeline: str) -> str:
         return f"{pipeline}: key the response cache by user id"
@@ -133,7 +136,9 @@ class SeamBrain(Brain):
 
     def _required(self, conv: Conversation) -> bool:
         """Whether the conversation says the part is required: the brief, or a refused ``done``."""
-        return self._brief_requires(conv) or any(self._refused_for_part(conv, c) for c in conv.calls)
+        if self.seam.reads_needs and self._brief_requires(conv):
+            return True
+        return any(self._refused_for_part(conv, c) for c in conv.calls)
 
     def _refused_for_part(self, conv: Conversation, call: Call) -> bool:
         result = conv.results.get(call.id)
