@@ -116,6 +116,8 @@ class Handoff:
     """The outcome of each run that resumed the builder's session (``answer_run`` events)."""
     rederived: int = 0
     done_refused: int = 0
+    refusals: list[str] = field(default_factory=list)
+    """The first line of each refused ``done`` of the builder, as its tool result said."""
     required_in_brief: bool = False
     packaged: bool = False
     """The builder's ``handed_off`` package held the part (the ledger)."""
@@ -261,8 +263,10 @@ def _score(out: Handoff, h: DaemonHarness, model: ScriptedModel, name: str, star
     notes = [e for e in record if e["event"] == "note" and not e.get("error")]
     out.questions = sum(1 for e in notes if e["command"].startswith(f"heartbeat ask {name}.review "))
     out.rederived = sum(1 for e in notes if e["command"].startswith(f"heartbeat add {name}.review rederived "))
-    out.done_refused = sum(1 for e in record if e["event"] == "note" and e.get("error")
-                           and e["command"].startswith(f"heartbeat done {name}.build "))
+    refused = [e for e in record if e["event"] == "note" and e.get("error")
+               and e["command"].startswith(f"heartbeat done {name}.build ")]
+    out.done_refused = len(refused)
+    out.refusals = [" ".join(str(e.get("output", "")).split())[:200] for e in refused]
     out.required_in_brief = any(e.get("required") for e in requests if e["role"] == "builder")
     critic = [e for e in requests if e["role"] == "critic"]
     out.critic_carried_first = bool(critic) and bool(critic[0]["carried"])
