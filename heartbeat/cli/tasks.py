@@ -164,7 +164,7 @@ def _add(store: Any, args: argparse.Namespace, epoch: int | None, actor: str) ->
                                    check=getattr(args, "check", None) or "", expect_revision=args.expect_revision,
                                    protect=tuple(getattr(args, "protect", None) or ()),
                                    forbid=tuple(getattr(args, "forbid", None) or ())),
-                epoch=epoch, actor=actor)
+                epoch=epoch, actor=actor, config_path=args.config)
 
 
 def cmd_touch(args: argparse.Namespace) -> int:
@@ -251,7 +251,7 @@ def cmd_done(args: argparse.Namespace) -> int:
     actor = _actor(args)
     tasks.finish(_store(args), args.id, note=args.note or "", epoch=_epoch(args),
                  actor=_login() if args.force and actor == "cli" else actor,
-                 checks=_checks(args) if args.config else None, force=args.force)
+                 checks=_checks(args) if args.config else None, force=args.force, config_path=args.config)
     return 0
 
 
@@ -263,6 +263,9 @@ def cmd_needs(args: argparse.Namespace) -> int:
     check_id(args.id)
     store = _store(args, read=not (args.pin or args.drop))
     if args.pin or args.drop:
+        from heartbeat.tasks.write import refuse_agent_force
+
+        refuse_agent_force(args.id, what="pin or drop a need")
         needs.pin(store, args.id, pin_parts=needs.parse_parts(args.pin or [], field="--pin") if args.pin else [],
                   drop_parts=needs.parse_parts(args.drop or [], field="--drop") if args.drop else [],
                   by=args.by or _login())

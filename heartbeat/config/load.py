@@ -37,7 +37,7 @@ from heartbeat.config.shape import (
 from heartbeat.model import defaults
 from heartbeat.model.baton import HOST_PATTERN, ID_PATTERN, load_toml
 from heartbeat.model.errors import BadInput, ConfigError, UnsafePath
-from heartbeat.model.knobs import KNOBS, Knob, KnobKind
+from heartbeat.model.knobs import HANDOFF_KNOBS, KNOBS, Knob, KnobKind
 from heartbeat.model.timeparse import parse_duration
 from heartbeat.system.safefile import open_regular
 
@@ -329,16 +329,11 @@ class _Parser:
     def parse_handoff(self, doc: dict[str, Any]) -> HandoffConfig:
         p = "handoff."
         self.unknown(doc, set(HandoffConfig.__dataclass_fields__), p)
-        window = self.integer(doc, "learn_window", p, defaults.LEARN_WINDOW, minimum=1)
-        after = self.integer(doc, "learn_after", p, defaults.LEARN_AFTER, minimum=1)
-        if after > window:
-            raise self.error("handoff.learn_after", f"is {after}, more than learn_window ({window}): it could "
-                             "never be met")
-        sources = doc.get("learn_from", list(defaults.LEARN_FROM))
-        if not isinstance(sources, list) or not sources or any(s not in ("rederived", "missing") for s in sources):
-            raise self.error("handoff.learn_from", "expected a list of \"rederived\" and/or \"missing\"")
-        return HandoffConfig(learn=self.boolean(doc, "learn", p, defaults.LEARN_NEEDS), learn_after=after,
-                             learn_window=window, learn_from=tuple(dict.fromkeys(sources)))
+        knobs = {k.name: self.knob(doc, k, p) for k in HANDOFF_KNOBS}
+        if knobs["learn_after"] > knobs["learn_window"]:
+            raise self.error("handoff.learn_after", f"is {knobs['learn_after']}, more than learn_window "
+                             f"({knobs['learn_window']}): it could never be met")
+        return HandoffConfig(**knobs)
 
     def parse_guards(self, doc: dict[str, Any]) -> GuardsConfig:
         self.unknown(doc, set(GuardsConfig.__dataclass_fields__), "guards.")
@@ -432,6 +427,8 @@ class _Parser:
             return self.integer(doc, k.name, prefix, k.default, minimum=k.minimum)
         if k.kind is KnobKind.MONEY:
             return self.money(doc, k.name, prefix, k.default)
+        if k.kind is KnobKind.SWITCH:
+            return self.boolean(doc, k.name, prefix, k.default)
         return self.string(doc, k.name, prefix, k.default, k.choices)
 
     def parse_lease_keys(self, doc: dict[str, Any]) -> dict[str, Any]:

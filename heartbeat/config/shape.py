@@ -10,7 +10,7 @@ from typing import Any
 
 from heartbeat.model import defaults
 from heartbeat.model.errors import BadInput
-from heartbeat.model.knobs import PolicyKnobs
+from heartbeat.model.knobs import HandoffKnobs, PolicyKnobs
 
 __all__ = [
     "Config",
@@ -182,13 +182,9 @@ class RetentionConfig:
 
 
 @dataclass(frozen=True)
-class HandoffConfig:
-    """``[handoff]``: how an edge's profile drives packaging (learned needs)."""
-
-    learn: bool = defaults.LEARN_NEEDS
-    learn_after: int = defaults.LEARN_AFTER
-    learn_window: int = defaults.LEARN_WINDOW
-    learn_from: tuple[str, ...] = defaults.LEARN_FROM
+class HandoffConfig(HandoffKnobs):
+    """``[handoff]``: how an edge's profile drives packaging (learned needs); every field is a knob of
+    :class:`~heartbeat.model.knobs.HandoffKnobs`, declared there once."""
 
 
 @dataclass(frozen=True)

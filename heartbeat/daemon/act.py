@@ -513,7 +513,8 @@ class Actor:
 
         unnoted = unnoted_for(sh.config.state_dir, sh.store, baton)
         brief = render_brief(pending, max_attempts=sh.config.daemon.max_attempts, now=now, upstream=upstream,
-                             unnoted=unnoted.lines() if unnoted else (), needs=needs_lines(sh.store, pending))
+                             unnoted=unnoted.lines() if unnoted else (),
+                             needs=needs_lines(sh.store, pending, downstreams=sh.downstreams_of(pending.id)))
         for warning in brief.warnings:
             sh.log.warning("brief_warning", task=pending.id, epoch=pending.meta.epoch, warning=warning)
         if not plan.resume:

@@ -413,6 +413,7 @@ class Loop:
     def _index(self, entries: list[Entry]) -> None:
         """A scan found entries other than the last one's: who waits on whom, and their statuses, anew."""
         self._statuses = EntryStatuses(entries)
+        self.shared.entries = entries
         index: dict[str, set[str]] = {}
         for entry in entries:
             if entry.baton is not None:

@@ -26,7 +26,7 @@ from heartbeat.daemon.pokes import Pokes
 from heartbeat.launchers.liveness import this_host
 from heartbeat.model import defaults
 from heartbeat.model.ledger import Event
-from heartbeat.store.base import SharedStore, Store
+from heartbeat.store.base import Entry, SharedStore, Store
 from heartbeat.system.clock import SYSTEM, Clock
 from heartbeat.system.layout import StateLayout
 
@@ -58,12 +58,20 @@ class Shared:
         self.running: dict[str, str] = {}
         """Task id -> launcher name of the live agents this daemon dispatched (under :attr:`lock`):
         written by observing (alive or not) and acting (launched, settled); admission counts it."""
+        self.entries: list[Entry] = []
+        """The last indexed scan's entries (decision views, written by the loop's pass under :attr:`lock`):
+        whose ``after`` names a task, for the needs in its brief (a scan of its own, on the file store,
+        would move the scan cache the loop reads between passes)."""
         self.pokes = pokes
         """Ask for a task to be looked at soon, off the tick (any thread); an exit, at once."""
         self.exits = ExitWatch(pokes.poke_now)
         """Exit notices of the live agents' processes: the observer and the actor say whom to watch
         (under :attr:`lock`), the watcher starts and stops it; an exit pokes its task with no debounce."""
         self.build_launchers()
+
+    def downstreams_of(self, upstream: str) -> list[str]:
+        """The tasks whose ``after`` names ``upstream`` in the last indexed pass (any status)."""
+        return [e.id for e in self.entries if e.baton is not None and upstream in e.baton.after]
 
     def build_launchers(self) -> None:
         """The launchers of the current config (null ones in a dry run)."""

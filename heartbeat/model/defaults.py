@@ -463,9 +463,9 @@ must have been re-derived (or missing, with ``learn_from``) before it becomes a 
 LEARN_WINDOW = 3
 """``[handoff] learn_window``: how many of an edge role's latest handoffs the learning rule looks at."""
 
-LEARN_FROM = ("rederived",)
+LEARN_FROM = "rederived"
 """``[handoff] learn_from``: what counts as a part lost in a handoff: ``rederived`` (the downstream said it
-re-derived the part) and, if listed, ``missing`` (the part was empty in the package)."""
+re-derived the part) or ``rederived+missing`` (also: the part was empty in the package)."""
 
 QUESTION_WAIT = 1800.0
 """Seconds a question across the seam may wait unanswered before it escalates to a person

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from heartbeat.model import defaults
 
-__all__ = ["KnobKind", "Knob", "knob", "PolicyKnobs", "KNOBS", "knob_values"]
+__all__ = ["KnobKind", "Knob", "knob", "PolicyKnobs", "KNOBS", "knob_values", "HandoffKnobs", "HANDOFF_KNOBS"]
 
 _T = TypeVar("_T")
 _META = "heartbeat.knob"
@@ -40,6 +40,7 @@ class KnobKind(StrEnum):
     COUNT = "count"  # an integer, at least ``minimum``
     MONEY = "money"  # an amount in USD, 0 or more (0: no budget)
     CHOICE = "choice"  # one of ``choices``
+    SWITCH = "switch"  # true or false
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,38 @@ def _declared() -> tuple[Knob, ...]:
     return tuple(found)
 
 
+def _declared_in(cls: type) -> tuple[Knob, ...]:
+    """The knobs of another table's knob class (:class:`HandoffKnobs`), as :func:`_declared` reads them."""
+    found = []
+    for f in fields(cls):
+        spec = f.metadata.get(_META)
+        if not isinstance(spec, Knob):
+            raise TypeError(f"{cls.__name__}.{f.name} is not made with knob(): declare it as the others are")
+        found.append(Knob(name=f.name, kind=spec.kind, default=spec.default, doc=spec.doc, zero_ok=spec.zero_ok,
+                          minimum=spec.minimum, choices=spec.choices))
+    return tuple(found)
+
+
 KNOBS: tuple[Knob, ...] = _declared()
 """Every knob of :class:`PolicyKnobs`, in its order, with its name."""
+
+
+@dataclass(frozen=True)
+class HandoffKnobs:
+    """The knobs ``[handoff]`` sets and :func:`heartbeat.tasks.needs.learn` reads, one line each."""
+
+    learn: bool = knob(defaults.LEARN_NEEDS, KnobKind.SWITCH,
+                       "Whether an edge's profile turns a part it keeps losing into a required need.")
+    learn_after: int = knob(defaults.LEARN_AFTER, KnobKind.COUNT,
+                            "In how many of the last learn_window handoffs a part must be lost to be learned.")
+    learn_window: int = knob(defaults.LEARN_WINDOW, KnobKind.COUNT,
+                             "How many of an edge role's latest handoffs the learning rule looks at.")
+    learn_from: str = knob(defaults.LEARN_FROM, KnobKind.CHOICE, choices=("rederived", "rederived+missing"),
+                           doc="What counts as a part lost: re-derived by the downstream, or also empty in the package.")
+
+
+HANDOFF_KNOBS: tuple[Knob, ...] = _declared_in(HandoffKnobs)
+"""Every knob of :class:`HandoffKnobs`, in its order, with its name."""
 
 
 def knob_values(source: PolicyKnobs) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 A downstream declares the parts it needs from each of its upstreams (``needs = [...]`` on its
 baton: ``heartbeat new DOWN --after UP --needs rejected,decisions``, a pipeline stage's
 ``needs``, ``heartbeat add DOWN needs PART``). The profile adds to them: when a part was lost
-(re-derived by the downstream, or, with ``[handoff] learn_from = ["rederived", "missing"]``,
+(re-derived by the downstream, or, with ``[handoff] learn_from = "rederived+missing"``,
 empty in the package) in ``learn_after`` of an edge role's last ``learn_window`` handoffs, it
 becomes a **learned** need of that role, a ``need_learned`` event with its evidence. A person
 pins (``need_pinned``) or drops (``need_dropped``) a need with ``heartbeat needs DOWN``.
@@ -38,7 +38,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from heartbeat.model.baton import PACKAGE_PARTS, Baton
-from heartbeat.model.errors import BadInput, NeedsUnmet
+from heartbeat.model.errors import BadInput, HeartbeatError, NeedsUnmet
 from heartbeat.model.ledger import Event, EventKind
 
 if TYPE_CHECKING:
@@ -214,10 +214,22 @@ def edge_needs(store: Store, downstream: Baton, upstream: str, *,
     return effective(downstream.needs, by_role.get(edge_role(upstream, downstream.id), []))
 
 
-def downstream_needs(store: Store, upstream: str) -> list[tuple[str, list[Need]]]:
+def downstream_needs(store: Store, upstream: str, *,
+                     downstreams: Iterable[str] | None = None) -> list[tuple[str, list[Need]]]:
     """Each downstream of ``upstream`` (a baton listing it in ``after``) with the needs of its edge,
-    those with none left out."""
-    downs = [e.baton for e in store.scan() if e.baton is not None and upstream in e.baton.after]
+    those with none left out. ``downstreams``: the candidates' ids, loaded one by one instead of a
+    scan of every baton (the daemon knows them from its pass)."""
+    if downstreams is None:
+        downs = [e.baton for e in store.scan() if e.baton is not None and upstream in e.baton.after]
+    else:
+        downs = []
+        for task_id in downstreams:
+            try:
+                baton = store.load(task_id)
+            except HeartbeatError:
+                continue
+            if upstream in baton.after:
+                downs.append(baton)
     if not downs:
         return []
     by_role = role_events(store)
@@ -246,10 +258,10 @@ def _empty_parts(store: Store, baton: Baton) -> set[str]:
     return set(build_package(store, baton)["missing"])
 
 
-def needs_lines(store: Store, baton: Baton) -> list[str]:
+def needs_lines(store: Store, baton: Baton, *, downstreams: Iterable[str] | None = None) -> list[str]:
     """The brief's and ``show``'s lines on what ``baton``'s downstreams need of its package, each
     saying where the need came from and, when the part is empty now, the command that fills it."""
-    found = downstream_needs(store, baton.id)
+    found = downstream_needs(store, baton.id, downstreams=downstreams)
     if not found:
         return []
     empty = _empty_parts(store, baton)
@@ -357,11 +369,12 @@ def learn(store: Store, task_ids: Iterable[str], config: HandoffConfig | None = 
             since[str(event.data.get("part", ""))] = event.ts
         down = next(b for b in batons if b.id == down_id)
         needed = {n.part for n in effective(down.needs, events)}
+        sources = config.learn_from.split("+")
         found = learned_parts(_role_handoffs(store, role, batons), after=config.learn_after,
-                              window=config.learn_window, sources=config.learn_from, since=since, needed=needed)
+                              window=config.learn_window, sources=sources, since=since, needed=needed)
         now = utcnow()
         for part, (lost, looked) in found.items():
-            evidence = _evidence(role_name(down_id, upstream), part, lost, looked, config.learn_from)
+            evidence = _evidence(role_name(down_id, upstream), part, lost, looked, sources)
             recorded.append(Event(task=down_id, kind=EventKind.NEED_LEARNED, ts=now, actor=actor,
                                   data={"role": role, "upstream": upstream, "part": part, "evidence": evidence,
                                         "lost": lost, "looked": looked}))

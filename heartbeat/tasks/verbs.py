@@ -214,17 +214,21 @@ def add_items(
     expect_revision: int | None = None,
     epoch: int | None = None,
     actor: str = "",
+    config_path: str | None = None,
 ) -> Baton:
-    """Append to a list field (done, plan, constraints, decisions, ..., ``rederived``, ``after``)."""
+    """Append to a list field (done, plan, constraints, decisions, ..., ``rederived``, ``after``, ``needs``).
+
+    A ``rederived`` item may teach its edges a need (:func:`heartbeat.tasks.needs.learn`, with the
+    ``[handoff]`` knobs of ``config_path``, else of the config the usual search finds)."""
     if name == "guarantees":
         raise BadInput(f"use `heartbeat add {task_id} guarantees \"TEXT\" [--check NAME]`", task=task_id, field=name)
     if name in ("rederived", "after", "needs"):
         baton = _add_handoff_items(store, task_id, name, items, expect_revision=expect_revision, epoch=epoch,
                                    actor=actor)
         if name == "rederived":  # the profile may now require a part of this task's upstreams
-            from heartbeat.tasks.needs import learn
+            from heartbeat.tasks.needs import configured_handoff, learn
 
-            learn(store, [task_id], actor=actor)
+            learn(store, [task_id], configured_handoff(config_path), actor=actor)
         return baton
     if name not in LIST_FIELDS:
         raise BadInput(f"is not a list field (lists: {', '.join(LIST_FIELDS)})", task=task_id, field=name)
@@ -480,7 +484,8 @@ def unblock(store: Store, task_id: str, *, by: str, note: str = "", gate_opened:
 
 
 def finish(store: Store, task_id: str, *, note: str = "", epoch: int | None = None, actor: str = "",
-           checks: Mapping[str, CommandConfig] | None = None, force: bool = False) -> Baton:
+           checks: Mapping[str, CommandConfig] | None = None, force: bool = False,
+           config_path: str | None = None) -> Baton:
     """Mark the task done, once its checked guarantees hold and its downstreams' needs are met, and
     freeze its package for its downstreams.
 
@@ -509,7 +514,11 @@ def finish(store: Store, task_id: str, *, note: str = "", epoch: int | None = No
         ed.baton.meta.snooze_until = None
         ed.event(EventKind.DONE, note=note)
         ed.event(handoff.HANDED_OFF, **handoff.build_package(store, ed.baton, note=note))
-    needs.learn(store, [task_id], actor=actor)  # with learn_from "missing", an empty part teaches too
+    # A new handoff can teach only with learn_from "missing" (its empty parts): re-derived parts are
+    # learned when the downstream records them, and a clean handoff only ever lowers a count.
+    config = needs.configured_handoff(config_path)
+    if config.learn and "missing" in config.learn_from.split("+"):
+        needs.learn(store, [task_id], config, actor=actor)
     return ed.baton
 
 

@@ -76,14 +76,16 @@ def assignments(pairs: Sequence[str]) -> dict[str, str]:
     return values
 
 
-def apply(store: Store, write: Write, *, epoch: int | None, actor: str) -> None:
-    """Run ``write`` on ``store``, fenced by ``epoch``."""
+def apply(store: Store, write: Write, *, epoch: int | None, actor: str, config_path: str | None = None) -> None:
+    """Run ``write`` on ``store``, fenced by ``epoch``; ``config_path``: the writer's config (its
+    ``[handoff]`` knobs, read when a write may teach an edge a need), else the usual search."""
     from heartbeat.tasks import verbs as tasks
 
     if write.command == "touch":
         tasks.touch(store, write.id, epoch=epoch, actor=actor)
     elif write.command == "done":
-        tasks.finish(store, write.id, note=write.note, epoch=epoch, actor=actor, checks=None)
+        tasks.finish(store, write.id, note=write.note, epoch=epoch, actor=actor, checks=None,
+                     config_path=config_path)
     elif write.command == "set":
         tasks.set_fields(store, write.id, assignments(write.pairs), expect_revision=write.expect_revision,
                          epoch=epoch, actor=actor)
@@ -97,7 +99,7 @@ def apply(store: Store, write: Write, *, epoch: int | None, actor: str) -> None:
                                 epoch=epoch, actor=actor)
     else:
         tasks.add_items(store, write.id, write.field, list(write.values), expect_revision=write.expect_revision,
-                        epoch=epoch, actor=actor)
+                        epoch=epoch, actor=actor, config_path=config_path)
 
 
 def epoch_from_env(task_id: str, env: Mapping[str, str] | None = None) -> int | None:
@@ -163,13 +165,17 @@ def refuse_foreign(task_id: str, env: Mapping[str, str] | None = None) -> None:
                           "and writes only that task's baton", task=task_id)
 
 
-def refuse_agent_force(task_id: str, env: Mapping[str, str] | None = None) -> None:
-    """Refuse ``done --force`` from an agent the daemon launched: only a person may finish past a
-    downstream's unmet need."""
+def refuse_agent_force(task_id: str, env: Mapping[str, str] | None = None, *, what: str = "") -> None:
+    """Refuse ``done --force`` (or ``what``: ``needs --pin/--drop``) from an agent the daemon launched:
+    only a person may finish past a downstream's unmet need, or change what an edge needs."""
     env = os.environ if env is None else env
-    if env.get("HEARTBEAT_TASK") and env.get("HEARTBEAT_EPOCH"):
-        raise BadInput("refused: an agent cannot `done --force` past a downstream's need; fill the part it "
-                       "needs (a person can force)", task=task_id, field="--force")
+    if not (env.get("HEARTBEAT_TASK") and env.get("HEARTBEAT_EPOCH")):
+        return
+    if what:
+        raise BadInput(f"refused: an agent cannot {what}; a person can (`heartbeat needs ID --pin/--drop`)",
+                       task=task_id)
+    raise BadInput("refused: an agent cannot `done --force` past a downstream's need; fill the part it "
+                   "needs (a person can force)", task=task_id, field="--force")
 
 
 AGENT_FIXED_FIELDS = ("workdir", "launcher")
@@ -217,7 +223,8 @@ def answer(store: Store, write: Write | None, env: Mapping[str, str]) -> tuple[i
             refuse_agent_fields(write.id, (p.partition("=")[0] for p in write.pairs), env)
         if write.command == "done" and any(g.check for g in store.load(write.id).guarantees):
             return DECLINED, "", ""
-        apply(store, write, epoch=epoch_from_env(write.id, env), actor=actor_from_env(env))
+        apply(store, write, epoch=epoch_from_env(write.id, env), actor=actor_from_env(env),
+              config_path=env.get("HEARTBEAT_CONFIG") or None)  # the agent's config, not the daemon's search
     except StoreUnreachable as exc:
         if exc.unapplied:  # nothing landed: the agent writes itself, waiting as it does
             return DECLINED, "", ""

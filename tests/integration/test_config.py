@@ -132,7 +132,8 @@ class TestErrors:
         ('[daemon]\ntick = \n', "{path}:2: not valid TOML"),
         ('[daemon]\n[daemon]\n', "{path}:2: not valid TOML"),
         ('colour = "red"\n',
-         "{path}:1: colour: unknown key (known: checks, daemon, guards, hooks, http, launchers, notify, retention, store)"),
+         "{path}:1: colour: unknown key (known: checks, daemon, guards, handoff, hooks, http, launchers, notify, "
+         "retention, store)"),
         ('[launchers.agent]\ntype = "exec"\n', "{path}:1: launchers.agent.command: missing (required)"),
         ('[launchers.agent]\ncommand = ["{id}", "x"]\n', "{path}:2: launchers.agent.command: the program"),
         ('[launchers.agent]\ncommand = ["a", "{secret}"]\n', "{path}:2: launchers.agent.command: unknown placeholder"),

@@ -133,6 +133,10 @@ class TestForce:
         assert result.err.count("\n") == 1
         assert json.loads(ok(hb("show", "up", "--json")).out)["meta"]["status"] == "active"
         assert _events(hb, "up", "done_forced") == []
+        dropped = hb("needs", "down", "--drop", "rejected", env=env)  # nor step around it by dropping it
+        assert dropped.code == 2 and "an agent cannot pin or drop a need" in dropped.err
+        assert _events(hb, "down", "need_dropped") == []
+        assert hb("done", "up", env=env).code == 4
 
 
 class TestLearned:
@@ -191,11 +195,16 @@ class TestLearned:
         config.write_text("[handoff]\nlearn_after = 4\nlearn_window = 3\n")
         bad = hb("check-config", "--config", str(config))
         assert bad.code == 2 and "handoff.learn_after" in bad.err
+        for text, key in (('learn = "yes"', "handoff.learn"), ('learn_from = "missing"', "handoff.learn_from"),
+                          ("learn_window = 0", "handoff.learn_window")):
+            config.write_text(f"[handoff]\n{text}\n")
+            bad = hb("check-config", "--config", str(config))
+            assert bad.code == 2 and key in bad.err and bad.err.count("\n") == 1, bad.err
 
     def test_learning_from_missing_parts(self, hb: Callable[..., Result], tmp_path: Path) -> None:
-        """With `learn_from = ["rederived", "missing"]` a part empty in two handoffs is required."""
+        """With `learn_from = "rederived+missing"` a part empty in two handoffs is required."""
         config = tmp_path / "heartbeat.toml"
-        config.write_text('[handoff]\nlearn_from = ["rederived", "missing"]\n')
+        config.write_text('[handoff]\nlearn_from = "rederived+missing"\n')
         env = {"HEARTBEAT_CONFIG": str(config)}
         for name in ("p1", "p2"):
             _pipeline(hb, tmp_path, name)
@@ -221,3 +230,35 @@ class TestLearned:
         both = hb("needs", "p3.review", "--pin", "rejected", "--drop", "rejected")
         assert both.code == 2 and "both pinned and dropped" in both.err
         assert hb("needs", "p3.review", "--pin", "nonsense").code == 2
+
+
+class TestWhichConfig:
+    def test_a_relayed_rederived_learns_with_the_agents_config(self, tmp_path: Path, file_store: object) -> None:
+        """The daemon's relay runs an agent's `add ID rederived` with the agent's HEARTBEAT_CONFIG, not the
+        daemon's own search: `learn = false` there learns nothing (it learned with the defaults before)."""
+        from heartbeat.store.files import FileStore
+        from heartbeat.tasks import verbs
+        from heartbeat.tasks.write import Write, answer
+
+        assert isinstance(file_store, FileStore)
+        config = tmp_path / "agent.toml"
+        config.write_text("[handoff]\nlearn = false\n")
+        for run in ("p1", "p2"):
+            verbs.new_task(file_store, f"{run}.build", task="Build", step="b", intent="why")
+            verbs.new_task(file_store, f"{run}.review", task="Review", step="r", after=[f"{run}.build"])
+            verbs.finish(file_store, f"{run}.build", checks={})
+            code, message, _ = answer(file_store, Write("add", f"{run}.review", field="rederived",
+                                                        values=("rejected: again",)),
+                                      {"HEARTBEAT_CONFIG": str(config)})
+            assert code == 0, message
+        assert file_store.ledger.events(kinds=["need_learned"]) == []
+
+    def test_add_with_config_reads_its_knobs(self, hb: Callable[..., Result], tmp_path: Path,
+                                             state_dir: Path) -> None:
+        """`heartbeat --config FILE add ... rederived` learns with FILE's [handoff] (learn_after = 1)."""
+        config = tmp_path / "one.toml"
+        config.write_text(f'[daemon]\nstate_dir = "{state_dir}"\n[handoff]\nlearn_after = 1\nlearn_window = 1\n')
+        _pipeline(hb, tmp_path, "p1")
+        ok(hb("done", "p1.build"))
+        ok(hb("--config", str(config), "add", "p1.review", "rederived", "unknowns: the flaky test"))
+        assert _events(hb, "p1.review", "need_learned")[0]["data"]["part"] == "unknowns"

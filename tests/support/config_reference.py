@@ -9,7 +9,14 @@ import dataclasses
 import tomllib
 from pathlib import Path
 
-from heartbeat.config.shape import BUILTIN_LAUNCHER_KEYS, CommandConfig, DaemonConfig, HttpConfig, LauncherConfig
+from heartbeat.config.shape import (
+    BUILTIN_LAUNCHER_KEYS,
+    CommandConfig,
+    DaemonConfig,
+    HandoffConfig,
+    HttpConfig,
+    LauncherConfig,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "heartbeat.example.toml"
 
@@ -33,4 +40,5 @@ def undocumented(example: Path = EXAMPLE) -> list[str]:
             if f.name != "name" and not any(f.name in body for body in doc[section].values()):
                 missing.append(f"{section}.*.{f.name}")
     missing += [f"http.{f.name}" for f in dataclasses.fields(HttpConfig) if f.name not in doc.get("http", {})]
+    missing += [f"handoff.{f.name}" for f in dataclasses.fields(HandoffConfig) if f.name not in doc.get("handoff", {})]
     return missing
