@@ -18,8 +18,8 @@ prompt: claude ``--resume ID``, codex ``exec resume ID -``. The run is of its ow
 - **its outcome**: a session that ran ``heartbeat answer DOWN QID "..."`` answered already;
   otherwise its final text (claude's ``result``, codex's last agent message) becomes the answer,
   ``answered_by = "upstream:UP"``. A run that fails, is stopped, is lost, or has no session to
-  resume re-addresses the question to a person (:func:`heartbeat.tasks.questions.escalate`, and a
-  ``question_readdressed`` event with the one-line reason).
+  resume re-addresses the question to a person at once (escalated, a ``question_readdressed`` event
+  with the one-line reason, the ``[notify.*]`` commands run).
 
 The resumed session is bound to its done task (``HEARTBEAT_TASK``, its epoch): the rail refuses
 every tool call but heartbeat's own commands, and ``heartbeat answer`` for this question is the
@@ -40,8 +40,9 @@ from heartbeat.daemon.shared import Shared
 from heartbeat.launchers.base import ExitStatus, read_exit_file
 from heartbeat.model import defaults
 from heartbeat.model.baton import QID_PATTERN, Baton, GateKind, Owner, Question, QuestionTo, Status
-from heartbeat.model.errors import Conflict, HeartbeatError, NotFound
+from heartbeat.model.errors import BadInput, Conflict, HeartbeatError, NotFound
 from heartbeat.model.ledger import Event, EventKind
+from heartbeat.store.base import Entry
 from heartbeat.tasks import questions as qs
 
 __all__ = ["AnswerPart", "AnswerRun", "RESUMABLE_PRESETS", "answer_prompt", "answer_allow_rules"]
@@ -59,6 +60,7 @@ def answer_prompt(upstream: str, asker: str, question: Question, *, prefix: str 
         f"Your task {upstream!r} is done: answer from what you did and decided in this session; do not redo "
         "or change any work (heartbeat refuses every other tool call of a done task). Answer with\n\n"
         f"    {prefix} answer {asker} {question.id} \"YOUR ANSWER\"\n\n"
+        "(one plain command: the rail refuses one holding ; & | $ ` ( ) { } < > or a newline, even in quotes), "
         f"or end your turn with the answer as your last message: heartbeat hands it to {asker!r}.\n"
     )
 
@@ -105,15 +107,20 @@ class AnswerPart:
         """Tasks seen waiting on a question: looked at every pass until none of theirs is open."""
         self.deferred: dict[tuple[str, str], str] = {}
         """Per (asker, qid): why it was not sent yet (logged once)."""
+        self._scanned = False
+        """A pass has read the scan's batons: while the store says the scan is unchanged, no new
+        asker can be in it, so a quiet pass walks no list of every task."""
 
     # -- the pass --------------------------------------------------------------------------
 
-    def look(self, batons: Iterable[Baton], now: datetime) -> None:
+    def look(self, entries: Iterable[Entry], now: datetime) -> None:
         """One pass: the runs under way watched and settled, the questions waiting sent (or given to a person)."""
-        for baton in batons:
-            gate = baton.meta.gate
-            if gate is not None and gate.kind is GateKind.QUESTION:
-                self.askers.add(baton.id)
+        if not (self._scanned and self.shared.store.scan_unchanged):
+            self._scanned = True
+            for entry in entries:
+                gate = entry.baton.meta.gate if entry.baton is not None else None
+                if gate is not None and gate.kind is GateKind.QUESTION:
+                    self.askers.add(entry.id)
         for run in list(self.runs.values()):
             try:
                 self.watch(run, now)
@@ -251,6 +258,10 @@ class AnswerPart:
             return
         if run.stopping:
             return
+        in_use = self._session_in_use(run.upstream)
+        if in_use:
+            self.stop(run, in_use)
+            return
         from heartbeat.model.timeparse import format_duration
 
         ran = (now - run.started).total_seconds()
@@ -265,6 +276,16 @@ class AnswerPart:
             run.log_size, run.quiet_since = size, now
         elif (now - run.quiet_since).total_seconds() > defaults.ANSWER_HANG:
             self.stop(run, f"its output was silent for {format_duration(defaults.ANSWER_HANG)}")
+
+    def _session_in_use(self, up_id: str) -> str:
+        """Why the upstream's own agent needs its session now (reopened, retried: active or owned), or ""."""
+        try:
+            up = self.shared.store.load(up_id)
+        except HeartbeatError:
+            return ""
+        if up.meta.owner is not None or up.meta.status is Status.ACTIVE:
+            return f"{up_id} is {up.meta.status.value} again: its own agent needs the session"
+        return ""
 
     def stop(self, run: AnswerRun, reason: str) -> None:
         """Stop a run in the worker pool (grace, then SIGKILL); its exit is settled by a later pass."""
@@ -288,36 +309,45 @@ class AnswerPart:
     def settle(self, run: AnswerRun, status: ExitStatus, now: datetime) -> None:
         """The run ended: its answer stands, its final text becomes the answer, or a person is asked."""
         sh = self.shared
-        self.runs.pop(run.key, None)
         info = self._result(run)
-        try:
+        try:  # (the store out of reach: raised, the run kept, settled by a later pass)
             baton = sh.store.load(run.asker)
             question = next((q for q in baton.questions if q.id == run.qid), None)
         except NotFound:
             question = None
-        how = f"exit {status.code}" if status.code is not None else f"killed by signal {status.signal}" \
-            if status.signal is not None else "an unknown end"
-        if question is None or not question.open:
-            outcome, reason = "answered", ""
-        elif run.stop_reason:
-            outcome, reason = "stopped", f"stopped: {run.stop_reason}"
-        elif info is not None and info.text and not info.is_error and status.code == 0:
-            try:
-                qs.answer(sh.store, run.asker, run.qid, info.text, by=f"{qs.UPSTREAM_BY}{run.upstream}", now=now)
-                outcome, reason = "answered_from_result", ""
-            except Conflict:  # answered meanwhile (a person)
-                outcome, reason = "answered", ""
-        else:
-            said = status.launch_error or (info.reason if info is not None and info.is_error else "")
-            if info is not None and info.resume_failed:
-                said = f"its session {run.session} could not be resumed" + (f" ({said})" if said else "")
-            reason = f"{how}: {said}" if said else f"{how}, with no answer"
-            outcome = "failed"
+        self.runs.pop(run.key, None)
+        outcome, reason = self._outcome(run, question, info, status, now)
         self._ended(run.upstream, run.asker, run.qid, run.session, outcome, now, reason=reason,
                     code=status.code, signal=status.signal, ran_s=round((now - run.started).total_seconds(), 3),
                     cost_usd=info.cost_usd if info is not None else None)
         if outcome in ("stopped", "failed"):
             self.readdress(run.asker, run.qid, f"{run.upstream}'s resumed session gave no answer ({reason})", now)
+
+    def _outcome(self, run: AnswerRun, question: Question | None, info: Any, status: ExitStatus,
+                 now: datetime) -> tuple[str, str]:
+        """How an ended run went (``answer_run``'s outcome and reason); its final text written as the
+        answer when it is one and the question is still open."""
+        if question is None:
+            return "asker_gone", f"{run.asker} or its {run.qid} is no longer in the store"
+        if not question.open:
+            return "answered", ""
+        if run.stop_reason:
+            return "stopped", f"stopped: {run.stop_reason}"
+        if info is not None and info.text and not info.is_error and status.code == 0:
+            try:
+                qs.answer(self.shared.store, run.asker, run.qid, info.text, by=f"{qs.UPSTREAM_BY}{run.upstream}",
+                          now=now)
+            except Conflict:  # answered meanwhile (a person)
+                return "answered", ""
+            except BadInput as exc:  # a final text no answer may hold
+                return "failed", f"its last message is no answer: {exc}"
+            return "answered_from_result", ""
+        how = f"exit {status.code}" if status.code is not None else f"killed by signal {status.signal}" \
+            if status.signal is not None else "an unknown end"
+        said = status.launch_error or (info.reason if info is not None and info.is_error else "")
+        if info is not None and info.resume_failed:
+            said = f"its session {run.session} could not be resumed" + (f" ({said})" if said else "")
+        return "failed", f"{how}: {said}" if said else f"{how}, with no answer"
 
     def unwatched(self, baton: Baton, question: Question, now: datetime) -> None:
         """A sent, open question no run of this daemon watches (a restart, or another host's run): an
@@ -353,22 +383,22 @@ class AnswerPart:
     # -- writes ----------------------------------------------------------------------------
 
     def readdress(self, asker: str, qid: str, reason: str, now: datetime) -> None:
-        """Give the question to a person (escalated, with the one-line reason in the ledger)."""
+        """Give the question to a person now: escalated (:func:`heartbeat.tasks.questions.escalate`:
+        ``to = "person"``, ``question_escalated``), ``question_readdressed`` with the one-line reason,
+        and the ``[notify.*]`` commands run once, as :mod:`.overdue` does past ``question_wait``."""
         sh = self.shared
         self.deferred.pop((asker, qid), None)
         try:
-            moved = qs.escalate(sh.store, asker, qid, now=now)
+            if not qs.escalate(sh.store, asker, qid, now=now):
+                return
+            baton = sh.store.load(asker)
         except HeartbeatError as exc:
             sh.log.warning("readdress_failed", task=asker, qid=qid, error=str(exc))
             return
-        if moved:
-            sh.record(Event(task=asker, kind=EventKind.QUESTION_READDRESSED, ts=now, actor="daemon",
-                            data={"qid": qid, "to": QuestionTo.PERSON.value, "reason": reason}))
-            sh.log.warning("question_readdressed", task=asker, qid=qid, reason=reason)
-            try:
-                self.actor.notify(sh.store.load(asker), f"question {qid}: {reason}")
-            except HeartbeatError:
-                pass
+        sh.record(Event(task=asker, kind=EventKind.QUESTION_READDRESSED, ts=now, actor="daemon",
+                        data={"qid": qid, "to": QuestionTo.PERSON.value, "reason": reason}))
+        sh.log.warning("question_readdressed", task=asker, qid=qid, reason=reason)
+        self.actor.notify(baton, f"question {qid}: {reason}")
 
     def _ended(self, up_id: str, asker: str, qid: str, session: str, outcome: str, now: datetime, *,
                reason: str = "", **data: Any) -> None:

@@ -311,7 +311,7 @@ class Loop:
     def _answer(self, entries: list[Entry], now: datetime) -> None:
         """The questions to upstreams: their answering runs started, watched and settled."""
         try:
-            self.answers.look((e.baton for e in entries if e.baton is not None), now)
+            self.answers.look(entries, now)
         except Exception as exc:  # the questions' trouble must not stop the pass
             self.log.exception("answers_failed", error=repr(exc))
 

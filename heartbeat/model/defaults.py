@@ -479,3 +479,9 @@ MAX_QUESTION_CHARS = 4000
 
 MAX_ANSWER_CHARS = 16000
 """The longest answer, in characters; a longer one is refused with one line."""
+
+QUESTION_BRIEF_CHARS = 1200
+"""Characters of one question or answer the asker's brief carries; the rest is in ``heartbeat show ID``."""
+
+QUESTION_EVENT_CHARS = 500
+"""Characters of a question's text its ``asked`` event carries (the baton keeps it whole)."""

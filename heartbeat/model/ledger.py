@@ -119,7 +119,7 @@ class Event:
 COUNTED: dict[str, str] = {
     EventKind.DISPATCHED: "launcher", EventKind.EXITED: "kind", EventKind.STALLED: "why",
     EventKind.ESCALATED: "", EventKind.BYPASS: "", EventKind.SPINNING: "", EventKind.COMPACTING: "",
-    EventKind.GUARANTEE_FAILED: "",
+    EventKind.GUARANTEE_FAILED: "", EventKind.ASKED: "", EventKind.ANSWERED: "", EventKind.QUESTION_ESCALATED: "",
 }
 """The event kinds the metrics count, and the data key each is labelled by ("": no label).
 gc keeps their counts in the ``archived`` event that replaces a retired task's rows

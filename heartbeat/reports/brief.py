@@ -515,10 +515,6 @@ def _previous_end(baton: Baton) -> str:
     return "; ".join(parts)
 
 
-QUESTION_BRIEF_CHARS = 1200
-"""Characters of one question or answer the brief carries; the rest is in ``heartbeat show ID``."""
-
-
 def _question_lines(baton: Baton) -> list[str]:
     """The task's exchanges: "you asked build (q1): ... - build answered: ...", and those still open."""
     lines = []
@@ -537,9 +533,9 @@ def _question_lines(baton: Baton) -> list[str]:
 
 def _capped(text: str, task_id: str) -> str:
     text = _one_line(text)
-    if len(text) <= QUESTION_BRIEF_CHARS:
+    if len(text) <= defaults.QUESTION_BRIEF_CHARS:
         return text
-    return text[:QUESTION_BRIEF_CHARS] + f"... (the rest: `heartbeat show {task_id}`)"
+    return text[:defaults.QUESTION_BRIEF_CHARS] + f"... (the rest: `heartbeat show {task_id}`)"
 
 
 def _howto_lines(task_id: str) -> list[str]:

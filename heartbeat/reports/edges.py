@@ -29,6 +29,12 @@ ledger's events, and counts per upstream→downstream edge (keys exactly as belo
     needs, each ``{"part", "source", "evidence"}`` with ``source`` ``declared``, ``learned`` (the
     evidence: "review re-derived `rejected` in 2 of the last 3 handoffs") or ``pinned``
     (:mod:`heartbeat.tasks.needs`).
+``asked``, ``answered``, ``escalated``
+    questions the downstream asked of the upstream (``heartbeat ask``: its ``asked`` events naming
+    the upstream), those answered, and those escalated to a person unanswered.
+``time_to_answer_s``
+    mean over the answered questions of the time from asking to the answer (``answered``'s
+    ``wait_s``); ``null`` when none was answered.
 
 ``pairs`` holds the same counts summed by (upstream launcher, downstream launcher), with
 ``edges`` the number of edges in the pair. Both lists are worst first.
@@ -45,9 +51,11 @@ from heartbeat.model.ledger import Event, EventKind
 if TYPE_CHECKING:
     from heartbeat.store.base import Store
 
-__all__ = ["EdgeReport", "build_edges", "COUNTS"]
+__all__ = ["EdgeReport", "build_edges", "COUNTS", "QUESTION_COUNTS"]
 
 COUNTS = ("handoffs", "missing", "rederived", "guarantee_failed", "broken", "reopens")
+QUESTION_COUNTS = ("asked", "answered", "escalated")
+"""The questions across the seam counted per edge (beside :data:`COUNTS`; not in the edge's score)."""
 _WEIGHTS = {"broken": 3, "reopens": 3, "guarantee_failed": 2, "missing": 1, "rederived": 1}
 
 
@@ -55,10 +63,11 @@ _WEIGHTS = {"broken": 3, "reopens": 3, "guarantee_failed": 2, "missing": 1, "red
 class _Profile:
     upstream: str
     downstream: str
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys((*COUNTS, *QUESTION_COUNTS), 0))
     missing_parts: set[str] = field(default_factory=set)
     waits: list[float] = field(default_factory=list)
     needs: list[dict[str, str]] = field(default_factory=list)
+    answer_waits: list[float] = field(default_factory=list)
 
     @property
     def score(self) -> int:
@@ -69,9 +78,12 @@ class _Profile:
         out.update(self.counts)
         out["missing_parts"] = sorted(self.missing_parts)
         out["time_to_progress_s"] = round(sum(self.waits) / len(self.waits), 3) if self.waits else None
-        # the order of the issue's JSON: handoffs, missing, missing_parts, rederived, broken, reopens, time
+        out["time_to_answer_s"] = (round(sum(self.answer_waits) / len(self.answer_waits), 3)
+                                   if self.answer_waits else None)
+        # the order of the issue's JSON: handoffs, missing, missing_parts, rederived, broken, reopens, time;
+        # then the questions
         order = [upstream_key, downstream_key, "handoffs", "missing", "missing_parts", "rederived",
-                 "guarantee_failed", "broken", "reopens", "time_to_progress_s"]
+                 "guarantee_failed", "broken", "reopens", "time_to_progress_s", *QUESTION_COUNTS, "time_to_answer_s"]
         row = {k: out[k] for k in order}
         if upstream_key == "upstream":
             from heartbeat.tasks.needs import edge_role
@@ -113,14 +125,19 @@ class EdgeReport:
 
 def _table(rows: list[tuple[str, dict[str, Any]]], title: str) -> list[str]:
     header = (title, "HANDOFFS", "MISSING", "REDERIVED", "GUAR-FAILED", "BROKEN", "REOPENS", "TO-PROGRESS",
-              "MISSING PARTS")
+              "ASKED", "ANSWERED", "ESCALATED", "TO-ANSWER", "MISSING PARTS")
     table: list[tuple[str, ...]] = [header]
     for name, r in rows:
-        wait = r["time_to_progress_s"]
+        wait, answer = r["time_to_progress_s"], r["time_to_answer_s"]
         table.append((name, *(str(r[k]) if r[k] else "." for k in COUNTS),
-                      "-" if wait is None else f"{wait:.1f}s", ", ".join(r["missing_parts"]) or "-"))
+                      "-" if wait is None else f"{wait:.1f}s", *(str(r[k]) if r[k] else "." for k in QUESTION_COUNTS),
+                      "-" if answer is None else f"{answer:.1f}s", ", ".join(r["missing_parts"]) or "-"))
     widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
     return ["  ".join(c.ljust(widths[i]) for i, c in enumerate(row[:-1])) + "  " + row[-1] for row in table]
+
+
+_QUESTION_KINDS: dict[str, str] = {EventKind.ASKED: "asked", EventKind.ANSWERED: "answered",
+                                    EventKind.QUESTION_ESCALATED: "escalated"}
 
 
 def _progress(e: Event) -> bool:
@@ -173,6 +190,11 @@ def build_edges(store: Store, *, since: datetime | None = None) -> EdgeReport:
                     p.counts["rederived"] += len(e.data.get("items") or [])
                 elif e.kind == EventKind.GUARANTEE_BROKEN and e.data.get("upstream") == upstream:
                     p.counts["broken"] += len(e.data.get("broken") or [])
+                elif e.data.get("upstream") == upstream and e.kind in _QUESTION_KINDS:
+                    p.counts[_QUESTION_KINDS[e.kind]] += 1
+                    wait = e.data.get("wait_s")
+                    if e.kind == EventKind.ANSWERED and isinstance(wait, (int, float)) and wait >= 0:
+                        p.answer_waits.append(float(wait))
             profiles.append(p)
 
     def launcher(task_id: str) -> str:
@@ -184,10 +206,11 @@ def build_edges(store: Store, *, since: datetime | None = None) -> EdgeReport:
         key = (launcher(p.upstream), launcher(p.downstream))
         pair, n = pairs.setdefault(key, (_Profile(*key), [0]))
         n[0] += 1
-        for k in COUNTS:
+        for k in (*COUNTS, *QUESTION_COUNTS):
             pair.counts[k] += p.counts[k]
         pair.missing_parts |= p.missing_parts
         pair.waits.extend(p.waits)
+        pair.answer_waits.extend(p.answer_waits)
 
     def worst(p: _Profile) -> tuple[int, float, str, str]:
         wait = sum(p.waits) / len(p.waits) if p.waits else 0.0

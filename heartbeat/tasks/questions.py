@@ -57,10 +57,6 @@ PERSON = "person"
 UPSTREAM_BY = "upstream:"
 """The prefix of ``answered_by`` for an answer from the upstream task (its resumed session or agent)."""
 
-_LOGGED_CHARS = 500
-"""Characters of a question's text the ``asked`` event carries (the baton keeps it whole)."""
-
-
 def check_text(text: object, *, what: str, limit: int, task_id: str | None = None) -> str:
     """``text`` if it is a question's or an answer's text, else one-line :class:`BadInput`:
     not text, empty, over ``limit`` characters, a control character other than newline and tab,
@@ -152,7 +148,7 @@ def ask(store: Store, task_id: str, text: str, *, to: QuestionTo | str | None = 
         meta.snooze_until = None
         if not waiting:
             meta.blocked_at = ed.now
-        ed.event(EventKind.ASKED, qid=qid, to=addressed.value, upstream=up, text=text[:_LOGGED_CHARS])
+        ed.event(EventKind.ASKED, qid=qid, to=addressed.value, upstream=up, text=text[:defaults.QUESTION_EVENT_CHARS])
         ed.event(EventKind.BLOCKED, on=baton.blocked_on, gate=new_gate.spec())
     return qid
 

@@ -454,6 +454,7 @@ def block(
         raise BadInput("say what the task is blocked on", task=task_id, field="blocked_on")
     with store.edit(task_id, epoch=epoch, actor=actor) as ed:
         _require(ed, {Status.ACTIVE, Status.SNOOZED, Status.PAUSED, Status.BLOCKED}, "block")
+        _refuse_over_a_question(ed)
         meta = ed.baton.meta
         ed.baton.blocked_on = on
         meta.status = Status.BLOCKED
@@ -462,6 +463,19 @@ def block(
         meta.snooze_until = None
         ed.event(EventKind.BLOCKED, on=on, gate=gate.spec())
     return ed.baton
+
+
+def _refuse_over_a_question(ed: Edit) -> None:
+    """A block over a task's open question would swap its ``question:`` gate for another, and the
+    answer would then lift nothing: refused, naming the way out."""
+    from heartbeat.tasks.questions import waiting_on
+
+    waiting = waiting_on(ed.old)
+    if waiting is not None:
+        qids = ", ".join(q.id for q in waiting.questions)
+        raise NotActive(f"cannot block: the task waits on its question {qids} (answer it with `heartbeat answer "
+                        f"{ed.old.id} QID \"...\"`, or lift the wait with `heartbeat unblock {ed.old.id} --by NAME`)",
+                        task=ed.old.id)
 
 
 def unblock(store: Store, task_id: str, *, by: str, note: str = "", gate_opened: str = "") -> Baton:

@@ -63,6 +63,9 @@ METRIC_NAMES = (
     "heartbeat_spinning_total",
     "heartbeat_compactions_total",
     "heartbeat_guarantee_failures_total",
+    "heartbeat_questions_asked_total",
+    "heartbeat_questions_answered_total",
+    "heartbeat_questions_escalated_total",
     "heartbeat_ledger_bytes",
     "heartbeat_blocked_oldest_timestamp_seconds",
     "heartbeat_last_tick_timestamp_seconds",
@@ -293,6 +296,11 @@ class HeartbeatCollector:
              "Context compactions inside live agent sessions (ledger: compacting, from the agents' hooks)."),
             ("heartbeat_guarantee_failures", EventKind.GUARANTEE_FAILED,
              "`done` refused because a checked guarantee of the task failed (ledger: guarantee_failed)."),
+            ("heartbeat_questions_asked", EventKind.ASKED,
+             "Questions asked across the seam, of an upstream or a person (ledger: asked)."),
+            ("heartbeat_questions_answered", EventKind.ANSWERED, "Questions answered (ledger: answered)."),
+            ("heartbeat_questions_escalated", EventKind.QUESTION_ESCALATED,
+             "Questions unanswered past question_wait, escalated to a person (ledger: question_escalated)."),
         ):
             yield _one(CounterMetricFamily(name, doc, labels=STORE_LABELS), ["store"], sum(counted[kind].values()))
         size = _ledger_bytes(self.store.ledger)

@@ -132,7 +132,12 @@ env = {{ FAKE_RECORD = "{self.record_path}", FAKE_MODE = "{self.mode_path}", PYT
         raise AssertionError(f"timed out waiting for {what}")
 
     def close(self) -> None:
+        """Stop the answering runs still under way (a hung fake), then the daemons."""
         for d in self._daemons:
+            for run in list(d.answers.runs.values()):
+                launcher = d.shared.launchers.get(run.launcher)
+                if launcher is not None and run.owner is not None:
+                    launcher.stop(run.owner, grace=0.5)
             d.shutdown()
 
 
@@ -309,3 +314,33 @@ class TestTheRailOfAnAnsweringSession:
                      ToolCall(tool="Bash", command='heartbeat answer critic q1 "x" && rm -rf /work')):
             decision = decide(call, self.view())
             assert not decision.allow and decision.rule is Rule.NOT_ACTIVE, call
+
+
+class TestTheUpstreamComesBack:
+    """The session is the upstream's: its own agent comes first."""
+
+    def test_a_reopened_upstream_stops_the_answering_run(self, tmp_path: Path) -> None:
+        """build reopened (active again) while its session answers: the run is stopped, q1 goes to a
+        person, and no two processes hold build's session (fails without the check: the run answers on
+        beside build's next dispatch)."""
+        from heartbeat.model.baton import Status
+
+        rig = Rig(tmp_path, mode="hang")
+        try:
+            rig.ask()
+            rig.daemon.tick(now=T0)
+            deadline = time.monotonic() + 15
+            while not rig.runs() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            rig.mode_path.write_text("text")  # (build's own next run, dispatched below, ends at once)
+            with rig.store.edit("build", actor="test") as ed:  # as a downstream's broken guarantee reopens it
+                ed.baton.meta.status = Status.BLOCKED
+                ed.baton.blocked_on = "reopened for the test"
+            with rig.store.edit("build", actor="test") as ed:
+                ed.baton.meta.status, ed.baton.blocked_on = Status.ACTIVE, ""
+            rig.tick_until(lambda: bool(rig.events("build", "answer_run")), "the stop", start=T0 + timedelta(seconds=1))
+            [ended] = rig.events("build", "answer_run")
+            assert ended.data["outcome"] == "stopped" and "its own agent needs the session" in ended.data["reason"]
+            assert rig.question().to.value == "person"
+        finally:
+            rig.close()

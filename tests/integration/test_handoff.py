@@ -365,7 +365,8 @@ class TestEdgeReport:
         report = self._report(hb)
         (edge,) = report["edges"]  # type: ignore[misc]
         assert list(edge) == ["upstream", "downstream", "handoffs", "missing", "missing_parts", "rederived",
-                              "guarantee_failed", "broken", "reopens", "time_to_progress_s", "role", "needs"]
+                              "guarantee_failed", "broken", "reopens", "time_to_progress_s", "asked", "answered",
+                              "escalated", "time_to_answer_s", "role", "needs"]
         assert edge["role"] == "build->review" and edge["needs"] == []
         assert {k: edge[k] for k in ("upstream", "downstream", "handoffs", "missing", "missing_parts", "rederived",
                                      "guarantee_failed", "broken", "reopens")} == {

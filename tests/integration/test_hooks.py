@@ -441,7 +441,8 @@ class TestInstall:
         path, _ = install_claude(str(work), state_dir=str(work / "st"), task="t1")
         assert path.endswith(".claude/settings.local.json")  # claude -p takes no allow rule from settings.json
         allow = json.loads(Path(path).read_text())["permissions"]["allow"]
-        assert "Bash(heartbeat set t1:*)" in allow and "Bash(heartbeat done t1:*)" in allow
+        assert "Bash(heartbeat set t1:*)" in allow and "Bash(heartbeat done t1:*)" in allow \
+            and "Bash(heartbeat ask t1:*)" in allow
         assert f"Bash(heartbeat --state-dir {work / 'st'} set t1:*)" in allow and "mcp__heartbeat" in allow
         assert len(allow) == 2 * 10 + 1 and not any("run" in r or "new" in r or "gc" in r for r in allow)
         doc = json.loads(Path(path).read_text())

@@ -321,7 +321,10 @@ class TestDaemon:
         notify = (f'\n[notify.ops]\ncommand = ["sh", "-c", "printf \'%s|%s\\\\n\' \\"$0\\" \\"$1\\" >> {notes}", '
                   f'"{{id}}", "{{reason}}"]\n')
         state, config = in_process_config(tmp_path, daemon='question_wait = "30m"', launchers=NULL_AGENT + notify)
-        d = Daemon(config, store=FileStore(str(state)))
+        # A dry run resumes no upstream session: the question stays with build, as one whose answering
+        # run is slow (a real daemon gives a question build's null launcher cannot answer to a person
+        # at once: tests/integration/test_answer_runs.py::TestToAPerson).
+        d = Daemon(config, store=FileStore(str(state)), dry_run=True)
         d.notes = notes  # type: ignore[attr-defined]
         yield d
         d.shutdown(timeout=5)
@@ -381,7 +384,7 @@ class TestDaemon:
         from heartbeat.daemon import Daemon
 
         state, config = in_process_config(tmp_path, daemon='question_wait = "0s"')
-        d = Daemon(config, store=FileStore(str(state)))
+        d = Daemon(config, store=FileStore(str(state)), dry_run=True)  # (no upstream session resumed: as above)
         try:
             self._asked(d)
             d.tick(now=T0 + timedelta(days=3))
@@ -496,3 +499,84 @@ class TestPage:
         assert "Ana does." in q2 and "person:ana" in q2
         status, listing = _page(seam, state_dir, "/")
         assert 'data-state="escalated">escalated</span>' in listing.split('<table id="questions">', 1)[1]
+
+
+class TestMeasured:
+    def test_report_edges_counts_questions_and_time_to_answer(self, seam: FileStore, hb) -> None:  # type: ignore[no-untyped-def]
+        """report --edges: asked, answered, escalated and the mean time to answer on the build -> critic edge."""
+        import json
+
+        with seam.edit("critic") as ed:
+            ed.baton.after = ["build"]
+        qs.ask(seam, "critic", "one?", epoch=1, now=T0)
+        qs.ask(seam, "critic", "two?", epoch=1, now=T0)
+        qs.ask(seam, "critic", "three?", epoch=1, now=T0)
+        qs.answer(seam, "critic", "q1", "a", by="upstream:build", now=T0 + timedelta(seconds=60))
+        qs.answer(seam, "critic", "q2", "b", by="person", now=T0 + timedelta(seconds=180))
+        qs.escalate(seam, "critic", "q3", now=T0 + timedelta(minutes=30))
+        r = hb("report", "--edges", "--json")
+        assert r.code == 0, r.err
+        (edge,) = json.loads(r.out)["edges"]
+        assert (edge["asked"], edge["answered"], edge["escalated"], edge["time_to_answer_s"]) == (3, 2, 1, 120.0)
+        text = hb("report", "--edges").out
+        assert "ASKED" in text and "TO-ANSWER" in text and "120.0s" in text
+
+    def test_the_metrics_count_questions(self, seam: FileStore, state_dir: Path) -> None:
+        """/metrics: heartbeat_questions_{asked,answered,escalated}_total from the ledger."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        qs.ask(seam, "critic", "one?", epoch=1, now=T0)
+        qs.ask(seam, "critic", "two?", epoch=1, now=T0)
+        qs.answer(seam, "critic", "q1", "a", by="person", now=T0)
+        qs.escalate(seam, "critic", "q2", now=T0)
+        status, text = _page(seam, state_dir, "/metrics")
+        assert status == 200
+        found = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+        assert (found["heartbeat_questions_asked_total"], found["heartbeat_questions_answered_total"],
+                found["heartbeat_questions_escalated_total"]) == (2, 1, 1)
+
+
+class TestRaces:
+    def test_a_block_over_an_open_question_is_refused(self, store: MemoryStore) -> None:
+        """`block` would swap the question gate for another and the answer would lift nothing: refused."""
+        from heartbeat.model.baton import Gate
+
+        qs.ask(store, "critic", "why?", epoch=1, now=T0)
+        with pytest.raises(NotActive, match="waits on its question q1"):
+            tasks.block(store, "critic", "stuck", Gate(GateKind.HUMAN), epoch=1)
+        assert store.load("critic").meta.gate.spec() == "question:q1"  # type: ignore[union-attr]
+
+    def test_a_person_unblocking_leaves_the_question_answerable(self, store: MemoryStore) -> None:
+        """A person lifts the wait by hand; the question stays open and its later answer lands without re-gating."""
+        qs.ask(store, "critic", "why?", epoch=1, now=T0)
+        tasks.unblock(store, "critic", by="ana")
+        assert store.load("critic").meta.status is Status.ACTIVE
+        qs.answer(store, "critic", "q1", "because", by="person", now=T0)
+        baton = store.load("critic")
+        assert baton.meta.status is Status.ACTIVE and baton.questions[0].answer == "because"
+
+    def test_answer_and_escalation_racing(self, store: MemoryStore) -> None:
+        """An escalation after the answer writes nothing; an answer after the escalation lands."""
+        qs.ask(store, "critic", "one?", epoch=1, now=T0)
+        qs.ask(store, "critic", "two?", epoch=1, now=T0)
+        qs.answer(store, "critic", "q1", "a", by="person", now=T0)
+        rev = store.load("critic").meta.revision
+        assert not qs.escalate(store, "critic", "q1", now=T0)
+        assert store.load("critic").meta.revision == rev
+        assert qs.escalate(store, "critic", "q2", now=T0)
+        qs.answer(store, "critic", "q2", "b", by="upstream:build", now=T0)  # the upstream may still answer
+        assert store.load("critic").meta.status is Status.ACTIVE
+
+
+class TestBriefBounds:
+    def test_a_long_answer_is_capped_in_the_brief_with_a_pointer(self, store: MemoryStore) -> None:
+        """A 10,000-character answer takes QUESTION_BRIEF_CHARS of the brief and points at `show` for the rest."""
+        from heartbeat.model import defaults
+        from heartbeat.reports.brief import render_brief
+
+        qs.ask(store, "critic", "why?", epoch=1, now=T0)
+        qs.answer(store, "critic", "q1", "y" * 10_000, by="person", now=T0)
+        text = render_brief(store.load("critic")).text
+        line = next(x for x in text.splitlines() if x.startswith("- You asked build (q1)"))
+        assert line.count("y") == defaults.QUESTION_BRIEF_CHARS + line.count("y", 0, line.index("answered"))
+        assert line.endswith("... (the rest: `heartbeat show critic`)")

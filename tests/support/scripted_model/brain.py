@@ -395,9 +395,9 @@ class Brain:
         if m is None:
             return None
         asker, upstream, qid = m.group(1), m.group(2), m.group(3)
-        written = sorted(os.path.basename(c.path) for c in conv.calls
-                         if c.kind == "write" and _step_index(c.path) is not None)
-        answer = f"In {upstream} I wrote {', '.join(written) or 'nothing'}; the retry loop stays for the flaky API."
+        written = sorted({os.path.basename(c.path) for c in conv.calls  # (codex writes through its shell)
+                          if c.path and _step_index(c.path) is not None and c.id in conv.results})
+        answer = f"In {upstream} I wrote {', '.join(written) or 'nothing'}, and the retry loop stays for the flaky API."
         self.record.write("question_seen", call=f"question-{conv.session}-{qid}-{len(conv.calls)}", asker=asker,
                           upstream=upstream, qid=qid, session=conv.session, calls_in_context=len(conv.calls),
                           steps_in_context=written, question=conv.texts[-1][:500])
