@@ -26,7 +26,7 @@ tokens the scripted model received, wall time; and the witness, from the scripte
 whether the critic's first request carried the builder's rejected alternative (by its exact words),
 and whether each resumed builder's request carried its earlier conversation.
 
-    .venv/bin/python scripts/bench_learning.py [--runs 3] [--handoffs 5] [--json] [--quick]
+    .venv/bin/python scripts/bench_learning.py [--runs 3] [--handoffs 5] [--json] [--quick] [--report FILE]
 
 ``--quick``: the smoke the test runs (two handoffs, learning on, learned after one).
 """
@@ -310,6 +310,10 @@ def _median(values: list[float]) -> str:
 def _witness(h: Handoff) -> str:
     parts = ["package had it" if h.packaged else "package lacked it",
              "critic's first request carried it" if h.critic_carried_first else "critic's first request lacked it"]
+    if h.required_in_brief:
+        parts.append("the builder's brief named the need")
+    if h.done_refused:
+        parts.append(f"builder's done refused {h.done_refused}x")
     if h.resumed_history:
         parts.append("resumed builder had its history" if all(h.resumed_history) else "resumed builder LOST its history")
     return "; ".join(parts)
@@ -348,6 +352,14 @@ def report(arms: dict[str, list[Arm]]) -> str:
     return "\n".join(lines)
 
 
+def load(path: Path) -> dict[str, list[Arm]]:
+    """The arms of a ``--json`` output."""
+    doc = json.loads(path.read_text())
+    fields = set(Handoff.__dataclass_fields__)
+    return {name: [Arm(a["name"], [Handoff(**{k: v for k, v in h.items() if k in fields}) for h in a["handoffs"]],
+                       list(a.get("learned", []))) for a in runs] for name, runs in doc.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="runs per arm (default 3)")
@@ -357,7 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="the smoke: one run, two handoffs, learning on only, learned after one")
     parser.add_argument("--json", action="store_true", help="the raw figures")
+    parser.add_argument("--report", metavar="FILE", help="print the tables of a --json output, running nothing")
     args = parser.parse_args(argv)
+    if args.report:
+        print(report(load(Path(args.report))))
+        return 0
     # a SIGTERM (a timeout, a person) unwinds like ^C, so every arm's daemon and agents are stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     claude = install("claude")
