@@ -374,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         print(report(load(Path(args.report))))
         return 0
+    if min(args.runs, args.handoffs, args.learn_after, args.learn_window) < 1:
+        parser.error("--runs, --handoffs, --learn-after and --learn-window take a whole number of at least 1")
     # a SIGTERM (a timeout, a person) unwinds like ^C, so every arm's daemon and agents are stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     claude = install("claude")
