@@ -262,3 +262,33 @@ class TestWhichConfig:
         ok(hb("done", "p1.build"))
         ok(hb("--config", str(config), "add", "p1.review", "rederived", "unknowns: the flaky test"))
         assert _events(hb, "p1.review", "need_learned")[0]["data"]["part"] == "unknowns"
+
+
+class TestTheDaemonsBrief:
+    def test_the_dispatch_brief_says_what_the_downstream_needs(self, tmp_path: Path) -> None:
+        """An in-process daemon ticked once (a null launcher): the brief it writes for the upstream's
+        dispatch has the needs section, found from its own pass (the downstream is held by a person's
+        gate, so no pass looks at it as waiting on the upstream)."""
+        from daemon_harness import in_process_config
+
+        from heartbeat.daemon import Daemon
+        from heartbeat.store.files import FileStore
+        from heartbeat.system.layout import StateLayout
+        from heartbeat.tasks import verbs
+
+        state, config = in_process_config(tmp_path)
+        store = FileStore(str(state))
+        verbs.new_task(store, "up", task="Build", step="build", intent="why", workdir=str(tmp_path))
+        verbs.new_task(store, "down", task="Review", step="review", after=["up"], needs=["rejected"],
+                       blocked_on="a person first", workdir=str(tmp_path))
+        d = Daemon(config, store=store)
+        try:
+            d.tick()
+            baton = store.load("up")
+            assert baton.meta.epoch == 1
+            brief = Path(StateLayout(str(state)).brief("up", 1)).read_text()
+        finally:
+            d.shutdown()
+            store.close()
+        assert "## What your downstreams need" in brief
+        assert "`down` needs `rejected` (declared) - **EMPTY" in brief
