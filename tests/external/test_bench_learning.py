@@ -26,8 +26,9 @@ class TestTheLearningBenchSmoke:
 
     def test_a_question_then_a_learned_need_then_no_question(self) -> None:
         """p1: one question, answered by the builder's resumed session (which carried its earlier
-        conversation), one part re-derived, the package without it; p2: the builder's brief required the
-        part, the package held it, the critic's first request carried its words, no question."""
+        conversation), one part re-derived, the package without it; p2: the learned need reached the
+        builder (its brief named it, or its done was refused naming it), the package held the part, the
+        critic's first request carried its words, no question."""
         agent_cli("claude")  # skip early, with the reason, when the CLI cannot be had
         r = subprocess.run([sys.executable, str(BENCH), "--quick", "--json"], capture_output=True, text=True,
                            timeout=240, stdin=subprocess.DEVNULL)
@@ -41,6 +42,10 @@ class TestTheLearningBenchSmoke:
         assert not first["critic_carried_first"], first
         assert len(arm["learned"]) == 1 and "rejected" in arm["learned"][0], arm["learned"]
         assert (second["questions"], second["rederived"]) == (0, 0), second
-        assert second["required_in_brief"] and second["packaged"] and second["critic_carried_first"], second
+        # (the daemon's dispatch brief can miss a downstream created with its upstream: then the refused
+        # done is what tells the builder; the bench reports which, see docs/development.md)
+        assert second["required_in_brief"] or len(second["refusals"]) == 1, second
+        assert all("`rejected`" in line for line in second["refusals"]), second
+        assert second["packaged"] and second["critic_carried_first"], second
         assert second["runs"] < first["runs"] and second["input_tokens"] < first["input_tokens"], (first, second)
         assert arm["stages_per_agent_minute"] > 0
