@@ -20,8 +20,9 @@ the edge profile of the ``build → review`` role carries from one to the next.
   **learning off**: the same five handoffs, every one with its question.
 
 Reported per arm (median over ``--runs``), per handoff and in sum: stages done per agent-minute
-(agent time sampled from the process table: every live agent process group, whatever heartbeat
-says), agent runs, questions asked, parts re-derived, ``done`` refusals, model requests and the input
+(agent time sampled from the process table every 200 ms: each live ``claude`` the daemon launched,
+whatever heartbeat says) and per agent CPU-minute (their CPU time and their reaped children's, steadier
+on a loaded machine), agent runs, questions asked, parts re-derived, ``done`` refusals, model requests and the input
 tokens the scripted model received, wall time; and the witness, from the scripted model's own record:
 whether the critic's first request carried the builder's rejected alternative (by its exact words),
 and whether each resumed builder's request carried its earlier conversation.
@@ -108,6 +109,9 @@ class Handoff:
     finished: bool = False
     wall_s: float = 0.0
     agent_s: float = 0.0
+    """Seconds a ``claude`` agent was alive, summed over agents (sampled every :data:`SAMPLE` s)."""
+    agent_cpu_s: float = 0.0
+    """CPU seconds of the agents and their reaped children, at the last sample (a lower bound)."""
     runs: int = 0
     stages_done: int = 0
     questions: int = 0
@@ -147,6 +151,11 @@ class Arm:
     @property
     def stages_per_agent_minute(self) -> float:
         minutes = self.total("agent_s") / 60
+        return round(self.total("stages_done") / minutes, 2) if minutes else 0.0
+
+    @property
+    def stages_per_cpu_minute(self) -> float:
+        minutes = self.total("agent_cpu_s") / 60
         return round(self.total("stages_done") / minutes, 2) if minutes else 0.0
 
 
@@ -206,11 +215,13 @@ def run_arm(claude: Path, root: Path, *, learning: bool, handoffs: int, after: i
     return arm
 
 
-def _claudes(state: Path) -> set[int]:
-    """The live ``claude`` agents the daemon launched on this state dir, from the process table: one
-    pid per agent (a ``claude`` whose parent is a ``claude`` is that agent's helper; heartbeat's own
-    commands and the tools' shells are not agents)."""
+def _claudes(state: Path) -> dict[int, float]:
+    """The live ``claude`` agents the daemon launched on this state dir, from the process table, each
+    with the CPU seconds it and its reaped children (its tools' shells, heartbeat's commands) used so
+    far: one pid per agent (a ``claude`` whose parent is a ``claude`` is that agent's helper, counted
+    with it)."""
     found: dict[int, int] = {}
+    cpu: dict[int, float] = {}
     for proc in psutil.process_iter(["pid", "ppid", "cmdline"]):
         try:
             argv = proc.info["cmdline"] or []
@@ -218,9 +229,15 @@ def _claudes(state: Path) -> set[int]:
                 continue
             if proc.environ().get("HEARTBEAT_STATE_DIR") == str(state):
                 found[proc.pid] = proc.info["ppid"]
+                t = proc.cpu_times()
+                cpu[proc.pid] = t.user + t.system + t.children_user + t.children_system
         except (psutil.Error, OSError):
             continue
-    return {pid for pid, ppid in found.items() if ppid not in found}
+    agents = {pid: cpu[pid] for pid, ppid in found.items() if ppid not in found}
+    for pid, ppid in found.items():
+        if ppid in agents:
+            agents[ppid] += cpu[pid]
+    return agents
 
 
 def _handoff(h: DaemonHarness, model: ScriptedModel, root: Path, name: str) -> Handoff:
@@ -232,6 +249,7 @@ def _handoff(h: DaemonHarness, model: ScriptedModel, root: Path, name: str) -> H
     spec.write_text(pipeline_file(work))
     build, review = f"{name}.build", f"{name}.review"
     agent_s: dict[int, float] = {}
+    agent_cpu: dict[int, float] = {}
     start = time.time()
     _check(h.cli("pipeline", "new", name, "--from", str(spec)))
     last = time.monotonic()
@@ -240,8 +258,9 @@ def _handoff(h: DaemonHarness, model: ScriptedModel, root: Path, name: str) -> H
         time.sleep(SAMPLE)
         now = time.monotonic()
         live = _claudes(h.state)
-        for pid in live:
+        for pid, used in live.items():
             agent_s[pid] = agent_s.get(pid, 0.0) + (now - last)
+            agent_cpu[pid] = max(agent_cpu.get(pid, 0.0), used)
         last = now
         if _status(h, review) == "done" and not live:
             out.finished = True
@@ -251,6 +270,7 @@ def _handoff(h: DaemonHarness, model: ScriptedModel, root: Path, name: str) -> H
     end = time.time()
     out.wall_s = round(end - start, 1)
     out.agent_s = round(sum(agent_s.values()), 1)
+    out.agent_cpu_s = round(sum(agent_cpu.values()), 1)
     out.runs = len(agent_s)
     out.stages_done = sum(_status(h, t) == "done" for t in (build, review))
     _score(out, h, model, name, start, end)
@@ -291,8 +311,10 @@ def _score(out: Handoff, h: DaemonHarness, model: ScriptedModel, name: str, star
 
 PER_HANDOFF = [("agent runs", "runs"), ("questions asked", "questions"), ("parts re-derived", "rederived"),
                ("`done` refused", "done_refused"), ("input tokens", "input_tokens"),
-               ("of which the resumed builder", "answer_tokens"), ("agent s", "agent_s"), ("wall s", "wall_s")]
-TOTALS = [("stages done", "stages_done"), ("agent time (s)", "agent_s"), ("agent runs", "runs"),
+               ("of which the resumed builder", "answer_tokens"), ("agent s", "agent_s"), ("agent CPU s", "agent_cpu_s"),
+               ("wall s", "wall_s")]
+TOTALS = [("stages done", "stages_done"), ("agent time (s)", "agent_s"), ("agent CPU (s)", "agent_cpu_s"),
+          ("agent runs", "runs"),
           ("questions asked", "questions"), ("parts re-derived", "rederived"), ("`done` refused", "done_refused"),
           ("model requests", "requests"), ("input tokens (model's count)", "input_tokens"),
           ("input tokens of resumed builders", "answer_tokens"), ("time to answer (s)", "answer_wait_s"),
@@ -340,6 +362,8 @@ def report(arms: dict[str, list[Arm]]) -> str:
         _median([sum(h.finished for h in a.handoffs) for a in arms[n]]) for n in names) + " |")
     lines.append("| **stages done per agent-minute** | " + " | ".join(
         _median([a.stages_per_agent_minute for a in arms[n]]) for n in names) + " |")
+    lines.append("| stages done per agent CPU-minute | " + " | ".join(
+        _median([a.stages_per_cpu_minute for a in arms[n]]) for n in names) + " |")
     for label, key in TOTALS:
         lines.append(f"| {label} | " + " | ".join(_median([a.total(key) for a in arms[n]]) for n in names) + " |")
     lines.append("\nThe witness (the scripted model's record and the ledger's packages), first run of each arm:\n")
@@ -393,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
                     claude, Path(tmp) / f"arm{n}-{i}", learning=on, handoffs=handoffs, after=after, window=window,
                     careless=careless))
     if args.json:
-        print(json.dumps({name: [{**asdict(a), "stages_per_agent_minute": a.stages_per_agent_minute}
+        print(json.dumps({name: [{**asdict(a), "stages_per_agent_minute": a.stages_per_agent_minute,
+                                  "stages_per_cpu_minute": a.stages_per_cpu_minute}
                                  for a in runs_] for name, runs_ in arms.items()}, indent=2))
     else:
         print(report(arms))
