@@ -314,8 +314,8 @@ PER_HANDOFF = [("agent runs", "runs"), ("questions asked", "questions"), ("parts
                ("of which the resumed builder", "answer_tokens"), ("agent s", "agent_s"), ("agent CPU s", "agent_cpu_s"),
                ("wall s", "wall_s")]
 TOTALS = [("stages done", "stages_done"), ("agent time (s)", "agent_s"), ("agent CPU (s)", "agent_cpu_s"),
-          ("agent runs", "runs"),
-          ("questions asked", "questions"), ("parts re-derived", "rederived"), ("`done` refused", "done_refused"),
+          ("agent runs", "runs"), ("questions asked", "questions"), ("parts re-derived", "rederived"),
+          ("`done` refused", "done_refused"), ("builder briefs that named the need", "required_in_brief"),
           ("model requests", "requests"), ("input tokens (model's count)", "input_tokens"),
           ("input tokens of resumed builders", "answer_tokens"), ("time to answer (s)", "answer_wait_s"),
           ("wall time (s)", "wall_s")]
