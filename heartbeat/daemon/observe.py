@@ -17,6 +17,7 @@ from heartbeat.daemon.leased import LeasePart
 from heartbeat.daemon.shared import Shared
 from heartbeat.hotpath.trail import activity
 from heartbeat.launchers.liveness import output_at, process_age
+from heartbeat.model import defaults
 from heartbeat.model import policy as pol
 from heartbeat.model.baton import Baton, GateKind, Owner, OwnerKind, Status
 from heartbeat.model.errors import HeartbeatError, NotFound, UnsafePath
@@ -224,6 +225,9 @@ class Observer:
         if baton.meta.status is Status.BLOCKED and gate is not None and gate.kind in (GateKind.AFTER, GateKind.TASK):
             held = tuple(t for t in gate.target.split(",") if t)
         missing = tuple(t for t in held if statuses.get(t) is None and not statuses.exists(t))
+        created = baton.meta.created_at
+        if missing and created is not None and (now - created).total_seconds() < defaults.UPSTREAM_MISSING_GRACE:
+            return  # a pipeline writes its downstreams before their upstreams: not missing, not yet written
         if missing == mem.missing_upstreams:
             return
         mem.missing_upstreams = missing

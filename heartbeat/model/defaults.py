@@ -506,3 +506,7 @@ QUESTION_BRIEF_CHARS = 1200
 
 QUESTION_EVENT_CHARS = 500
 """Characters of a question's text its ``asked`` event carries (the baton keeps it whole)."""
+
+UPSTREAM_MISSING_GRACE = 2.0
+"""Seconds after a task's creation before the daemon reports an upstream of it that does not exist
+(``upstream_missing``): ``pipeline new`` writes a stage's downstreams before the stage itself."""

@@ -251,7 +251,7 @@ def create_pipeline(store: Store, name: str, stages: Sequence[Stage], *, workdir
                 next_step=stage.next_step, workdir=stage.workdir or workdir, launcher=stage.launcher,
                 handoff=stage.handoff, key_files=stage.key_files, constraints=stage.constraints, plan=stage.plan,
                 after=[f"{name}.{u}" for u in stage.after], needs=stage.needs, guarantees=stage.guarantees,
-                on_broken=stage.on_broken,                guards=stage.guards, irreversible=stage.irreversible, now=now)
+                on_broken=stage.on_broken, guards=stage.guards, irreversible=stage.irreversible, now=now)
             size = len(dump_baton(start_create(baton, now)).encode("utf-8"))
         except HeartbeatError as exc:
             field = getattr(exc, "field", "")
@@ -262,14 +262,33 @@ def create_pipeline(store: Store, name: str, stages: Sequence[Stage], *, workdir
         batons.append(baton)
     created: list[str] = []
     try:
-        for baton in batons:
+        # Downstreams first, the stages that come after nothing last: once a stage can be dispatched,
+        # every stage after it exists, so the daemon's first brief of it names its downstreams' needs.
+        for baton in _downstreams_first(batons):
             store.create(baton, actor=actor, now=now)
             created.append(baton.meta.id)
     except Exception as exc:
         if created:  # a race (another writer took an id between the check and here): say exactly what exists
             raise BadInput(f"created {', '.join(created)} but then failed: {exc}") from exc
         raise
-    return created
+    return [b.meta.id for b in batons if b.meta.id in created]
+
+
+def _downstreams_first(batons: Sequence[Baton]) -> list[Baton]:
+    """``batons`` (a pipeline's stages, a DAG) in an order where each comes before every stage it
+    comes after: the reverse of a topological order, the stages with no ``after`` last."""
+    by_id = {b.meta.id: b for b in batons}
+    placed: set[str] = set()
+    upstreams_first: list[Baton] = []
+    while len(placed) < len(by_id):
+        ready = [b for b in batons if b.meta.id not in placed
+                 and all(u in placed or u not in by_id for u in b.after)]
+        if not ready:  # a cycle is refused before this; never loop on one
+            ready = [b for b in batons if b.meta.id not in placed]
+        for b in ready:
+            placed.add(b.meta.id)
+            upstreams_first.append(b)
+    return upstreams_first[::-1]
 
 
 def tree_rows(rows: Sequence[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
