@@ -145,12 +145,9 @@ class Loop:
         self._staged_config: Config | None = None
         self._policies: dict[str, pol.Policy] = {}
         self._partition: _Partition | None = None
-        self._downstreams: dict[str, set[str]] = {}
-        """Upstream id -> the tasks held until it is done (an ``after``/``task:`` gate, or ``after``),
-        from the last pass: the watcher's look at an upstream turned done looks at them at once."""
         self._statuses: EntryStatuses | None = None
         """The tasks' statuses in the last scan that changed (built when first asked), kept with
-        ``_downstreams`` while the scans find the same entries."""
+        ``shared.downstreams`` while the scans find the same entries."""
         self.counts: dict[str, int] = {}
         self.ticks = 0
         log = self.log
@@ -373,7 +370,7 @@ class Loop:
                 return
             baton, watch_new_gate = self._evaluate_one(task_id, now)
             if baton is not None and baton.meta.status is Status.DONE:
-                for downstream in sorted(self._downstreams.get(task_id, ())):
+                for downstream in sorted(self.shared.downstreams.get(task_id, ())):
                     watch_new_gate = self._evaluate_one(downstream, now)[1] or watch_new_gate
         if watch_new_gate:
             self.watcher.update_gate_watches()
@@ -393,7 +390,7 @@ class Loop:
         if entry.baton is not None:
             self._measure_latency(entry.baton)
             for upstream in _waits_on(entry.baton):
-                self._downstreams.setdefault(upstream, set()).add(task_id)
+                self.shared.downstreams.setdefault(upstream, set()).add(task_id)
         _, want = self.look(entry, now, StatusLookup(self.store))
         if want is not None:
             self.dispatch([want], now)
@@ -413,13 +410,12 @@ class Loop:
     def _index(self, entries: list[Entry]) -> None:
         """A scan found entries other than the last one's: who waits on whom, and their statuses, anew."""
         self._statuses = EntryStatuses(entries)
-        self.shared.entries = entries
         index: dict[str, set[str]] = {}
         for entry in entries:
             if entry.baton is not None:
                 for upstream in _waits_on(entry.baton):
                     index.setdefault(upstream, set()).add(entry.id)
-        self._downstreams = index
+        self.shared.downstreams = index
 
     def _measure_latency(self, baton: Baton) -> None:
         """Observe write→decision latency once per revision: from the write (its updated/touched
@@ -576,11 +572,9 @@ class Loop:
 
 
 def _waits_on(baton: Baton) -> list[str]:
-    """The tasks whose ``done`` may let ``baton`` go: the targets of its ``after:``/``task:`` gate
-    while blocked, its ``after`` while active and unowned (held until every upstream is done)."""
+    """The tasks whose ``done`` may let ``baton`` go, and the upstreams whose briefs say what it needs:
+    the targets of its ``after:``/``task:`` gate while blocked, and its ``after`` whatever its state."""
     meta = baton.meta
-    if meta.status is Status.BLOCKED and meta.gate is not None and meta.gate.kind in (GateKind.AFTER, GateKind.TASK):
-        return [t for t in meta.gate.target.split(",") if t]
-    if meta.status is Status.ACTIVE and baton.after and meta.owner is None:
-        return list(baton.after)
-    return []
+    gated = meta.gate.target.split(",") if meta.status is Status.BLOCKED and meta.gate is not None \
+        and meta.gate.kind in (GateKind.AFTER, GateKind.TASK) else ()
+    return list(dict.fromkeys([*(t for t in gated if t), *baton.after]))

@@ -26,7 +26,7 @@ from heartbeat.daemon.pokes import Pokes
 from heartbeat.launchers.liveness import this_host
 from heartbeat.model import defaults
 from heartbeat.model.ledger import Event
-from heartbeat.store.base import Entry, SharedStore, Store
+from heartbeat.store.base import SharedStore, Store
 from heartbeat.system.clock import SYSTEM, Clock
 from heartbeat.system.layout import StateLayout
 
@@ -58,10 +58,12 @@ class Shared:
         self.running: dict[str, str] = {}
         """Task id -> launcher name of the live agents this daemon dispatched (under :attr:`lock`):
         written by observing (alive or not) and acting (launched, settled); admission counts it."""
-        self.entries: list[Entry] = []
-        """The last indexed scan's entries (decision views, written by the loop's pass under :attr:`lock`):
-        whose ``after`` names a task, for the needs in its brief (a scan of its own, on the file store,
-        would move the scan cache the loop reads between passes)."""
+        self.downstreams: dict[str, set[str]] = {}
+        """Upstream id -> the tasks held until it is done (an ``after``/``task:`` gate, or ``after``): the
+        loop's index (under :attr:`lock`), rebuilt by a pass whose scan changed and grown by the
+        watcher's look at one task, so a task written a moment ago is in it. The needs in an upstream's
+        brief come from it (a scan of its own, on the file store, would move the scan cache the loop
+        reads between passes)."""
         self.pokes = pokes
         """Ask for a task to be looked at soon, off the tick (any thread); an exit, at once."""
         self.exits = ExitWatch(pokes.poke_now)
@@ -70,8 +72,9 @@ class Shared:
         self.build_launchers()
 
     def downstreams_of(self, upstream: str) -> list[str]:
-        """The tasks whose ``after`` names ``upstream`` in the last indexed pass (any status)."""
-        return [e.id for e in self.entries if e.baton is not None and upstream in e.baton.after]
+        """The tasks waiting on ``upstream`` as the loop last saw them (any status; a caller keeps
+        those whose ``after`` names it)."""
+        return sorted(self.downstreams.get(upstream, ()))
 
     def build_launchers(self) -> None:
         """The launchers of the current config (null ones in a dry run)."""

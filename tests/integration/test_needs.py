@@ -345,3 +345,32 @@ class TestAPipelineIsWrittenDownstreamsFirst:
         finally:
             d.shutdown()
             store.close()
+
+    def test_the_watchers_look_at_a_fresh_stage_briefs_it_with_its_downstreams_needs(self, tmp_path: Path) -> None:
+        """A pipeline created beside a running daemon: the watcher's look at each new baton (as it is
+        written, downstreams first) dispatches the first stage with a brief naming what the next one
+        needs. The looks grow the loop's index of downstreams; before, the brief read the last full
+        pass's entries, which did not hold a stage written since (scripts/bench_learning.py)."""
+        from daemon_harness import in_process_config
+
+        from heartbeat.daemon import Daemon
+        from heartbeat.store.files import FileStore
+        from heartbeat.system.layout import StateLayout
+        from heartbeat.tasks.pipeline import create_pipeline, parse_pipeline
+
+        state, config = in_process_config(tmp_path)
+        store = FileStore(str(state))
+        d = Daemon(config, store=store)
+        try:
+            d.tick()  # a first pass over an empty store, as a running daemon has done
+            stages = parse_pipeline("p", '[stages.build]\ntask = "Build"\n\n[stages.review]\ntask = "Review"\n'
+                                    'after = ["build"]\nneeds = ["rejected"]\n', base_dir=str(tmp_path))
+            create_pipeline(store, "p", stages, workdir=str(tmp_path))
+            d.evaluate("p.review")
+            d.evaluate("p.build")
+            assert store.load("p.build").meta.epoch == 1
+            brief = Path(StateLayout(str(state)).brief("p.build", 1)).read_text()
+        finally:
+            d.shutdown()
+            store.close()
+        assert "`p.review` needs `rejected` (declared)" in brief
