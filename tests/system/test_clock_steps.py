@@ -557,6 +557,18 @@ class TestARestartAfterAStep:
         finally:
             first.shutdown(timeout=10)
         os.killpg(owner.pid, signal.SIGKILL)
+        # "While no daemon runs": the group is dead (or a zombie) before the second daemon's first
+        # look. A SIGKILL lands asynchronously; on a loaded machine the first look could still see
+        # the agent alive and then time its end itself (0.133 s under two busy loops).
+        import psutil
+
+        def gone() -> bool:
+            try:
+                return psutil.Process(owner.pid).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+
+        wait_for(gone, timeout=30, message="the killed agent gone")
         second, clock, _log2 = serving(tmp_path, cfg, launchers=HANG)
         clock.step(2 * HOUR)
         second.initialize()

@@ -60,8 +60,21 @@ class TestOutputIsProofOfLife:
         assert daemon.events("printer", "exited")[0].data["code"] == 0
         assert [e.epoch for e in daemon.events("printer", "dispatched")][:1] == [1]
 
-    def test_agent_gone_quiet_is_stopped_as_hung(self, daemon: DaemonHarness) -> None:
-        """An agent that printed once, then waits on a model that never answers, is stopped as silent."""
+    def test_agent_gone_quiet_is_stopped_as_hung(self, tmp_path: Path) -> None:
+        """An agent that printed once, then waits on a model that never answers, is stopped as silent.
+
+        Its own daemon with a 4 s ``stall_after``: the agent's one line must land inside the window
+        (under two busy loops the 1.5 s of the other tests passed before ``sh`` had echoed, and the
+        daemon rightly said "never wrote nor printed")."""
+        tmp_path.chmod(0o700)
+        daemon = DaemonHarness(tmp_path, stall_after="4s", extra=LAUNCHERS)
+        try:
+            self._quiet(daemon)
+        finally:
+            daemon.close()
+
+    @staticmethod
+    def _quiet(daemon: DaemonHarness) -> None:
         daemon.start()
         daemon.new("quiet", "--launcher", "quiet")
         stopped = daemon.wait(lambda: daemon.events("quiet", "stopped"), "the quiet agent to be stopped", timeout=30)
