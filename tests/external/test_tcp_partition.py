@@ -166,8 +166,11 @@ def test_a_partitioned_host_stops_its_agents_hands_over_and_recovers(own_cluster
                 assert f"note {n} of epoch {epoch}" in counted, f"{t}: acknowledged note {n} of epoch {epoch} lost"
         stray = [n for n in notes if (m := re.match(r"note \d+ of epoch (\d+)$", n)) and int(m[1]) not in runs]
         assert stray == []
-    assert len(a.lines("store_unreachable")) <= 1 and len(a.lines("leases_expired")) == 1, \
-        "host-a told its outage more than once"
+    # Told, and not on every renewal: once as a rule; with the old flows dead for ever the first renewal
+    # after the heal can still fail on a pooled connection (a 5 s check, a 5 s connect) and tell it
+    # again (1 run in about 11), so two is the bound.
+    unreachable, expired = len(a.lines("store_unreachable")), len(a.lines("leases_expired"))
+    assert unreachable <= 2 and 1 <= expired <= 2, f"host-a told its outage {unreachable}/{expired} times"
     skipped = a.lines("scheduler_job_skipped")
     assert len(skipped) <= 2, f"{len(skipped)} scheduler_job_skipped lines"
     for h in (a, b):

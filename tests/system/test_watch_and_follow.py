@@ -24,8 +24,11 @@ class _Output:
     """A running ``heartbeat ...`` whose standard output is collected as it comes."""
 
     def __init__(self, state_dir: Path, *args: str) -> None:
+        # SIGINT at its default in the child, whatever this test runner inherited: a runner started in the
+        # background of a non-interactive shell ignores SIGINT, and Python then leaves it ignored.
         self.proc = subprocess.Popen([sys.executable, "-m", "heartbeat", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir)))
+                                     stderr=subprocess.PIPE, env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir)),
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.text = ""
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
