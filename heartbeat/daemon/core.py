@@ -281,6 +281,9 @@ class Loop:
             active.append(entry)
             try:
                 status, want = self.look(entry, now, statuses)
+            except StoreError as exc:  # the store out of reach mid-act (a session the server closed): an outage,
+                self._load_failed(entry.id, exc)  # told once; the task is looked at again next pass
+                status, want = "error", None
             except Exception as exc:  # one task's trouble must not stop the others being served
                 self.log.exception("task_failed", task=entry.id, error=repr(exc))
                 status, want = "error", None
