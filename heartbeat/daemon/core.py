@@ -44,6 +44,7 @@ from heartbeat.model.errors import (
     NotActive,
     NotFound,
     StoreError,
+    StoreUnreachable,
     UnsafePath,
 )
 from heartbeat.model.knobs import knob_values
@@ -281,7 +282,7 @@ class Loop:
             active.append(entry)
             try:
                 status, want = self.look(entry, now, statuses)
-            except StoreError as exc:  # the store out of reach mid-act (a session the server closed): an outage,
+            except StoreUnreachable as exc:  # the database out of reach mid-act (a session it closed): an outage,
                 self._load_failed(entry.id, exc)  # told once; the task is looked at again next pass
                 status, want = "error", None
             except Exception as exc:  # one task's trouble must not stop the others being served
