@@ -8,6 +8,7 @@ alert could fire after a blip.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,18 @@ from tests.system.test_clock_steps import RecordingLog
 
 class _Outage:
     down = False
+    writes_down = False
+    """The database lost after a task's load, before the daemon's write (a session the server closed)."""
 
     def load(self, task_id: str, *args: Any, **kwargs: Any) -> Any:
         if self.down:
             raise StoreUnreachable("the database is unreachable: connection refused")
         return super().load(task_id, *args, **kwargs)  # type: ignore[misc]
+
+    def edit(self, task_id: str, *args: Any, **kwargs: Any) -> Any:
+        if self.writes_down:
+            raise StoreUnreachable("the database is unreachable: server closed the connection unexpectedly")
+        return super().edit(task_id, *args, **kwargs)  # type: ignore[misc]
 
 
 class OutageFiles(_Outage, FileStore):
@@ -78,5 +86,56 @@ class TestALookDuringAnOutage:
             store.down = False
             assert not log.events("invalid_baton") and log.events("look_deferred")
             assert invalid_events(store) == []
+        finally:
+            d.shutdown(timeout=10)
+
+
+class TestAnActDuringAnOutage:
+    """The database lost between a task's load and the daemon's write (a session the server closed
+    mid-pass) is the store's outage, not the task's failure: fails on c34dcdd (``task_failed`` at
+    level error: a healthy host reported a failing task)."""
+
+    def wake_due(self, store: Any) -> datetime:
+        tasks.new_task(store, "t", task="work", step="start")
+        tasks.snooze(store, "t", datetime.now(UTC) + timedelta(seconds=1))
+        return datetime.now(UTC) + timedelta(seconds=5)
+
+    def test_on_the_database_store_it_is_said_once_as_the_outage(self, pg_url: str, tmp_path: Path) -> None:
+        """Three passes whose wake cannot be written: ``store_unreachable`` once, no ``task_failed``;
+        the database back, the next pass wakes the task."""
+        tmp_path.chmod(0o700)
+        _, config = in_process_config(tmp_path)
+        store = OutagePostgres(pg_url)
+        log = RecordingLog()
+        d = Daemon(config, store=store, log=log)
+        try:
+            later = self.wake_due(store)
+            store.writes_down = True
+            for i in range(3):
+                d.tick(now=later + timedelta(seconds=i))
+            assert not log.events("task_failed"), log.events("task_failed")
+            assert len(log.events("store_unreachable")) == 1
+            store.writes_down = False
+            d.tick(now=later + timedelta(seconds=5))
+            assert [e.kind for e in store.ledger.events("t", kinds=["woke"])] == ["woke"]
+        finally:
+            store.writes_down = False
+            d.shutdown(timeout=10)
+
+    def test_on_the_file_store_the_look_is_deferred(self, tmp_path: Path) -> None:
+        """The same on the file store (no lease part): deferred quietly, woken when writes come back."""
+        tmp_path.chmod(0o700)
+        state, config = in_process_config(tmp_path)
+        store = OutageFiles(str(state))
+        log = RecordingLog()
+        d = Daemon(config, store=store, log=log)
+        try:
+            later = self.wake_due(store)
+            store.writes_down = True
+            d.tick(now=later)
+            assert not log.events("task_failed") and log.events("look_deferred")
+            store.writes_down = False
+            d.tick(now=later + timedelta(seconds=1))
+            assert [e.kind for e in store.ledger.events("t", kinds=["woke"])] == ["woke"]
         finally:
             d.shutdown(timeout=10)
