@@ -101,9 +101,11 @@ def boot_time() -> float:
     reads, so that the idle daemon, which notes it every pass, never imports psutil (about 2 MB)
     until an agent's liveness needs it; once psutil is loaded, psutil's own (its create times and
     this come from one ``/proc``). Raises OSError, RuntimeError or ValueError as psutil does."""
-    loaded = sys.modules.get("psutil")
+    # psutil's own once it is loaded; None while another thread imports it: the module is then in
+    # sys.modules half made, without its functions (the daemon's main thread met it so, and died)
+    loaded = getattr(sys.modules.get("psutil"), "boot_time", None)
     if loaded is not None:
-        return float(loaded.boot_time())
+        return float(loaded())
     limit = 1 << 16
     try:
         text = _read_proc("/proc/stat", limit)
