@@ -222,6 +222,7 @@ class Loop:
         if self._staged_config is not None:  # a SIGHUP during the previous pass
             self.apply_config(self._staged_config)
         self.check_clock()
+        self.watcher.check()  # (a store feed whose thread died: every tick sweeps from now on)
         self.shared.look_mono = self.clock.monotonic() if now is None else None
         now = now or self.clock.now()
         for launcher in self.shared.launchers.values():

@@ -10,11 +10,13 @@ with no debounce: its successor starts at once, whatever the tick.
 
 The store's reports also feed :class:`heartbeat.daemon.changes.ChangeFeed`: between full sweeps a
 tick stats only the batons reported; a feed that says it missed writes (an inotify queue
-overflow, a lost LISTEN connection) makes the next tick a full sweep.
+overflow, a lost LISTEN connection) makes the next tick a full sweep; a feed whose thread died
+(:meth:`Watcher.check`, each pass) is trusted no more: every tick sweeps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -22,6 +24,7 @@ from typing import Any
 
 from heartbeat.daemon.changes import ChangeFeed
 from heartbeat.daemon.shared import Shared
+from heartbeat.store.base import Unwatch
 
 __all__ = ["Watcher"]
 
@@ -43,7 +46,7 @@ class Watcher:
         self._fs: Any = None
         self._handler: Any = None
         self._watched_dirs: dict[str, Any] = {}
-        self._unwatch_store: Any = None
+        self._unwatch_store: Unwatch | None = None
 
     # -- watches -----------------------------------------------------------------------
 
@@ -69,6 +72,19 @@ class Watcher:
         self._handler = GateHandler()
         self._fs = Observer()
         self._fs.start()
+
+    def check(self) -> None:
+        """Each pass: a store feed whose thread died (an exception in watchdog's, the LISTEN thread's)
+        reports nothing more, so the daemon stops trusting it: said once, and every tick sweeps."""
+        unwatch = self._unwatch_store
+        if unwatch is None or unwatch.alive():
+            return
+        self._unwatch_store = None
+        self.changes.stopped()
+        self.shared.log.error("watch_lost", reason="the store's change feed stopped (its thread ended)",
+                              hint="every tick now reads every baton's stat; restart the daemon to watch again")
+        with contextlib.suppress(Exception):  # what is left of it (the feed is dead: nothing to wait for)
+            unwatch(timeout=0.0)
 
     def _store_changed(self, task_id: str | None) -> None:
         if task_id is None:

@@ -34,7 +34,8 @@ from heartbeat.model.errors import Conflict, HeartbeatError, UnsafePath
 from heartbeat.model.ledger import Event, EventKind, Ledger
 from heartbeat.model.timeparse import utcnow
 
-__all__ = ["Entry", "Edit", "Store", "Unwatch", "FileBacked", "PulseSink", "TextImport", "SharedStore", "Archiving",
+__all__ = ["Entry", "Edit", "Store", "Unwatch", "Watching", "FileBacked", "PulseSink", "TextImport", "SharedStore",
+           "Archiving",
            "HostRow", "LeaseRow", "Renewal", "TakenOver",
            "check_fence", "start_create", "finish_edit", "content_changes",
            "created_data", "continue_above", "fingerprint", "write_identity"]
@@ -86,9 +87,26 @@ class Edit:
 
 
 class Unwatch(Protocol):
-    """Stops a :meth:`Store.watch`: no callback runs once it has returned (waits at most ``timeout`` s)."""
+    """Stops a :meth:`Store.watch`: no callback runs once it has returned (waits at most ``timeout`` s);
+    :meth:`alive` says whether the feed still runs (a thread of its that died reports nothing more)."""
 
     def __call__(self, timeout: float = 5.0) -> None: ...
+
+    def alive(self) -> bool: ...
+
+
+class Watching:
+    """What a store's :meth:`Store.watch` returns (an :class:`Unwatch`): ``stop`` to call, ``alive`` to ask."""
+
+    def __init__(self, stop: Callable[[float], None], alive: Callable[[], bool] | None = None) -> None:
+        self._stop = stop
+        self._alive = alive
+
+    def __call__(self, timeout: float = 5.0) -> None:
+        self._stop(timeout)
+
+    def alive(self) -> bool:
+        return self._alive is None or self._alive()
 
 
 class Store(Protocol):

@@ -49,6 +49,7 @@ from heartbeat.store.base import (
     Edit,
     Entry,
     Unwatch,
+    Watching,
     check_fence,
     continue_above,
     created_data,
@@ -727,7 +728,10 @@ class FileStore:
             observer.join(timeout=timeout)
             detach_alarm()
 
-        return stop_watching
+        def alive() -> bool:  # the observer's thread dispatches, its emitter's reads inotify: either may die
+            return observer.is_alive() and all(emitter.is_alive() for emitter in list(observer.emitters))
+
+        return Watching(stop_watching, alive)
 
     def close(self) -> None:
         self.ledger.close()

@@ -14,6 +14,7 @@ from heartbeat.store.base import (
     Edit,
     Entry,
     Unwatch,
+    Watching,
     check_fence,
     created_data,
     finish_edit,
@@ -113,7 +114,7 @@ class MemoryStore:
                 if callback in self._watchers:
                     self._watchers.remove(callback)
 
-        return stop_watching
+        return Watching(stop_watching)
 
     def _changed(self, task_id: str) -> None:
         with self._lock:

@@ -39,6 +39,22 @@ class DeafStore(FileStore):
         return super().watch(filtered)
 
 
+class DoomedStore(FileStore):
+    """A file store whose feed's thread dies at the first report of a written task while ``doomed``
+    is set: the callback raises in watchdog's observer thread, which ends (as any exception there
+    ends it, and as libfaketime's broken ``time.sleep`` ended its emitter in a fresh-clone CI)."""
+
+    doomed = False
+
+    def watch(self, callback: Callable[[str | None], None]) -> Unwatch:
+        def dying(task_id: str | None) -> None:
+            if self.doomed and task_id is not None:
+                raise RuntimeError("the feed's thread ends here")
+            callback(task_id)
+
+        return super().watch(dying)
+
+
 class WalkedList(list[Any]):
     """A scan's entries that count each walk over all of them (iterating, copying, ``set(...)``)."""
 
@@ -129,6 +145,40 @@ class TestSweep:
         logging.getLogger("watchdog.observers.inotify_c").warning("Inotify queue overflowed; filesystem events were lost")
         loop.tick(now=at(2))
         assert dispatched(loop, "lost")
+
+    @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # (the death is the point)
+    def test_a_feed_whose_thread_died_is_trusted_no_more(self, tmp_path: Path) -> None:
+        """The store's watch thread ends: the next pass says so once (``watch_lost``, level error) and
+        sweeps, and so does every pass after it: a human's new task is dispatched at once, not at
+        ``sweep_every`` (fails on 674f791: the daemon trusted a dead feed until the next sweep, and
+        under a clock stepped back, until long after)."""
+        import threading
+
+        from tests.system.test_clock_steps import RecordingLog
+
+        state, config = in_process_config(tmp_path, daemon='sweep_every = "60s"')
+        log = RecordingLog()
+        d = Daemon(config, store=DoomedStore(str(state)), log=log)
+        before = set(threading.enumerate())
+        d.watcher.start()
+        feeds = set(threading.enumerate()) - before
+        try:
+            d.tick(now=at(0))  # the first pass sweeps
+            store = d.store
+            assert isinstance(store, DoomedStore)
+            store.doomed = True
+            tasks.new_task(human(d), "first", task="t", step="s")  # its report ends the feed's thread
+            wait_for(lambda: any(not t.is_alive() for t in feeds), message="the feed's thread to end")
+            d.tick(now=at(1))
+            assert dispatched(d, "first")
+            tasks.new_task(human(d), "second", task="t", step="s")
+            d.tick(now=at(2))
+            assert dispatched(d, "second")
+            lost = log.events("watch_lost")
+            assert len(lost) == 1 and "restart the daemon" in lost[0]["hint"], lost
+            assert [level for level, event, _ in log.lines if event == "watch_lost"] == ["error"]
+        finally:
+            d.shutdown(timeout=5)
 
     def test_without_a_watcher_every_pass_sweeps(self, tmp_path: Path) -> None:
         """A loop with no watcher (``--once``, the tests' bare loops) stats every baton each pass."""

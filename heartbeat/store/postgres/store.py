@@ -64,6 +64,7 @@ from heartbeat.store.base import (
     Renewal,
     TakenOver,
     Unwatch,
+    Watching,
     check_fence,
     continue_above,
     created_data,
@@ -506,7 +507,7 @@ class PostgresStore:
             for c in holder:
                 c.close()
 
-        return stop_watching
+        return Watching(stop_watching, thread.is_alive)
 
     def claim_daemon(self, host: str = "") -> None:
         """Hold, for this store's life, the lock that says a daemon with host id ``host`` runs
