@@ -99,19 +99,8 @@ class PolicyKnobs:
                                     "to a person (0: never).")
 
 
-def _declared() -> tuple[Knob, ...]:
-    found = []
-    for f in fields(PolicyKnobs):
-        spec = f.metadata.get(_META)
-        if not isinstance(spec, Knob):
-            raise TypeError(f"PolicyKnobs.{f.name} is not made with knob(): declare it as the others are")
-        found.append(Knob(name=f.name, kind=spec.kind, default=spec.default, doc=spec.doc, zero_ok=spec.zero_ok,
-                          minimum=spec.minimum, choices=spec.choices))
-    return tuple(found)
-
-
 def _declared_in(cls: type) -> tuple[Knob, ...]:
-    """The knobs of another table's knob class (:class:`HandoffKnobs`), as :func:`_declared` reads them."""
+    """The knobs of a knob class (:class:`PolicyKnobs`, :class:`HandoffKnobs`), in its order, with their names."""
     found = []
     for f in fields(cls):
         spec = f.metadata.get(_META)
@@ -122,7 +111,7 @@ def _declared_in(cls: type) -> tuple[Knob, ...]:
     return tuple(found)
 
 
-KNOBS: tuple[Knob, ...] = _declared()
+KNOBS: tuple[Knob, ...] = _declared_in(PolicyKnobs)
 """Every knob of :class:`PolicyKnobs`, in its order, with its name."""
 
 

@@ -112,7 +112,7 @@ class TestANewKnob:
         shutil.copytree(ROOT / "heartbeat", package, ignore=shutil.ignore_patterns("__pycache__"))
         knobs_py = package / "model" / "knobs.py"
         text = knobs_py.read_text()
-        anchor = "\n\ndef _declared()"
+        anchor = "\n\ndef _declared_in("
         assert anchor in text
         knobs_py.write_text(text.replace(anchor, _NEW_KNOB.rstrip("\n") + anchor, 1))
         with (package / "model" / "defaults.py").open("a") as handle:
