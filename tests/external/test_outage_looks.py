@@ -8,6 +8,8 @@ alert could fire after a blip.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -50,16 +52,26 @@ def invalid_events(store: Any) -> list[Any]:
     return [e for e in store.ledger.events("t") if e.kind == "invalid"]
 
 
+@contextlib.contextmanager
+def serving(tmp_path: Path, store_of: Callable[[Path], Any]) -> Iterator[tuple[Daemon, Any, RecordingLog]]:
+    """An in-process daemon on ``store_of(state_dir)``, its log kept; the outage over and the daemon shut down after."""
+    tmp_path.chmod(0o700)
+    state, config = in_process_config(tmp_path)
+    store = store_of(state)
+    log = RecordingLog()
+    d = Daemon(config, store=store, log=log)
+    try:
+        yield d, store, log
+    finally:
+        store.down = store.writes_down = False
+        d.shutdown(timeout=10)
+
+
 class TestALookDuringAnOutage:
     def test_on_the_database_store_it_is_said_once_as_the_outage(self, pg_url: str, tmp_path: Path) -> None:
         """``store_unreachable`` once for three looks, no ``invalid_baton``, no ``invalid`` event.
         At 4c852cf: ``invalid_baton`` per look and an ``invalid`` event tried."""
-        tmp_path.chmod(0o700)
-        _, config = in_process_config(tmp_path)
-        store = OutagePostgres(pg_url)
-        log = RecordingLog()
-        d = Daemon(config, store=store, log=log)
-        try:
+        with serving(tmp_path, lambda _: OutagePostgres(pg_url)) as (d, store, log):
             tasks.new_task(store, "t", task="work", step="start")
             store.down = True
             for _ in range(3):
@@ -68,26 +80,16 @@ class TestALookDuringAnOutage:
             assert not log.events("invalid_baton")
             assert len(log.events("store_unreachable")) == 1
             assert invalid_events(store) == []
-        finally:
-            store.down = False
-            d.shutdown(timeout=10)
 
     def test_on_the_file_store_the_look_is_deferred(self, tmp_path: Path) -> None:
         """The file store has no lease part: the look is deferred quietly; the task stays valid."""
-        tmp_path.chmod(0o700)
-        state, config = in_process_config(tmp_path)
-        store = OutageFiles(str(state))
-        log = RecordingLog()
-        d = Daemon(config, store=store, log=log)
-        try:
+        with serving(tmp_path, lambda state: OutageFiles(str(state))) as (d, store, log):
             tasks.new_task(store, "t", task="work", step="start")
             store.down = True
             d.evaluate("t")
             store.down = False
             assert not log.events("invalid_baton") and log.events("look_deferred")
             assert invalid_events(store) == []
-        finally:
-            d.shutdown(timeout=10)
 
 
 class TestAnActDuringAnOutage:
@@ -103,12 +105,7 @@ class TestAnActDuringAnOutage:
     def test_on_the_database_store_it_is_said_once_as_the_outage(self, pg_url: str, tmp_path: Path) -> None:
         """Three passes whose wake cannot be written: ``store_unreachable`` once, no ``task_failed``;
         the database back, the next pass wakes the task."""
-        tmp_path.chmod(0o700)
-        _, config = in_process_config(tmp_path)
-        store = OutagePostgres(pg_url)
-        log = RecordingLog()
-        d = Daemon(config, store=store, log=log)
-        try:
+        with serving(tmp_path, lambda _: OutagePostgres(pg_url)) as (d, store, log):
             later = self.wake_due(store)
             store.writes_down = True
             for i in range(3):
@@ -118,18 +115,10 @@ class TestAnActDuringAnOutage:
             store.writes_down = False
             d.tick(now=later + timedelta(seconds=5))
             assert [e.kind for e in store.ledger.events("t", kinds=["woke"])] == ["woke"]
-        finally:
-            store.writes_down = False
-            d.shutdown(timeout=10)
 
     def test_on_the_file_store_the_look_is_deferred(self, tmp_path: Path) -> None:
         """The same on the file store (no lease part): deferred quietly, woken when writes come back."""
-        tmp_path.chmod(0o700)
-        state, config = in_process_config(tmp_path)
-        store = OutageFiles(str(state))
-        log = RecordingLog()
-        d = Daemon(config, store=store, log=log)
-        try:
+        with serving(tmp_path, lambda state: OutageFiles(str(state))) as (d, store, log):
             later = self.wake_due(store)
             store.writes_down = True
             d.tick(now=later)
@@ -137,5 +126,3 @@ class TestAnActDuringAnOutage:
             store.writes_down = False
             d.tick(now=later + timedelta(seconds=1))
             assert [e.kind for e in store.ledger.events("t", kinds=["woke"])] == ["woke"]
-        finally:
-            d.shutdown(timeout=10)
