@@ -60,8 +60,8 @@ STOP_WITHIN = 10.0
 2.3 s under this machine's load, hence the margin; the longest is reported as max_sigterm_stop_ms)."""
 GIT_SHARE = 0.3
 """The share of tasks with a git workdir of their own and a key file (the workdir attacks' targets)."""
-RELEASE_SLACK = 1.0
-"""Seconds from the soak releasing a planted FIFO to the end of a command that was stuck on it."""
+FIFO_WAITS = frozenset({"wait_for_partner", "fifo_open"})
+"""The kernel's names (``/proc/PID/wchan``) for a process blocked opening a FIFO."""
 
 # Seconds between faults of each kind: uniform in (low, high).
 FAULTS: dict[str, tuple[float, float]] = {
@@ -134,6 +134,10 @@ class Pending:
     (the second may then take over; the migration may then copy)."""
     target: str = ""
     """For a live migration: its target state dir."""
+    stuck_on_fifo: str = ""
+    """What the kernel said this command's process waited in (``wait_for_partner``: opening a FIFO
+    no one has opened for the other end) when the soak removed its task's planted FIFO; empty if it
+    was not stuck there."""
     ended_at: float | None = None
     """When the process ended (monotonic), noted by a thread waiting on it: the soak's own loop may
     look late, so its clock at the look is not the command's end."""

@@ -33,7 +33,6 @@ from soak_checker import (  # (tests/support is put on sys.path by soak/__init__
 from soak.common import (
     FIRST_PASS,
     NOTIFIER,
-    RELEASE_SLACK,
     STARTUP_GRACE,
     STEP_WATCH,
     Pending,
@@ -111,15 +110,7 @@ class Judge:
         for path in set(self.outside) - set(found):
             self.checker.violate("outside-write", "", f"{path} outside the state dir vanished", key=f"outside:{path}:gone")
 
-    def _released_by_removal(self, job: Pending, ended: float) -> bool:
-        """A command stuck opening a planted FIFO returns only when the soak opens it to remove it:
-        it ends right after that removal. A slow one (a loaded machine) ends on its own time."""
-        removed = self.plant_removed_at.get(job.task)
-        ended = job.ended_at if job.ended_at is not None else ended
-        return removed is not None and job.started <= removed <= ended <= removed + RELEASE_SLACK
-
-    def judge(self, job: Pending, code: int | None, text: str, took: float, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
+    def judge(self, job: Pending, code: int | None, text: str, took: float) -> None:
         c = self.checker
         if job.what.startswith("migrate"):
             self.judge_migration(job, code, text)
@@ -150,9 +141,9 @@ class Judge:
             c.violate("daemon", job.task, f"`{job.what}` did not answer within {took:.0f}s")
         elif job.expect is not None and code not in job.expect:
             c.violate("daemon", job.task, f"`{job.what}` exited {code}: {text[-300:]!r}")
-        elif job.what.startswith(("verify", "set")) and took > 5.0 and self._released_by_removal(job, now):
-            c.violate("daemon", job.task, f"`{job.what}` took {took:.1f}s: it waited on the FIFO until the soak "
-                                          f"removed it (exit {code})")
+        elif job.stuck_on_fifo:
+            c.violate("daemon", job.task, f"`{job.what}` waited opening a planted FIFO (the kernel's "
+                                          f"{job.stuck_on_fifo}) until the soak removed it; took {took:.1f}s, exit {code}")
         else:
             self.counts[f"cli {job.what.split()[0]} answered"] += 1
 

@@ -3,12 +3,14 @@ workdirs, and their removal."""
 
 from __future__ import annotations
 
+import glob
 import os
 import stat
 import time
 from pathlib import Path
 
 from soak.common import (
+    FIFO_WAITS,
     Plant,
 )
 
@@ -110,10 +112,25 @@ class Plants:
             self.plant_windows.append((plant.task, plant.planted_at, time.time()))
             self.counts["plants_cleaned"] += 1
 
+    def note_stuck_on_fifo(self, task: str) -> None:
+        """Before a task's FIFO is removed (which frees whoever is stuck opening it): which of the
+        task's running commands the kernel says wait opening a FIFO. The witness is the kernel's,
+        not a command's duration: on a loaded machine a slow command may end just after a removal."""
+        for job in self.pending:
+            if job.task != task or job.proc.poll() is not None:
+                continue
+            for wchan in glob.glob(f"/proc/{job.proc.pid}/task/*/wchan"):
+                try:
+                    waiting = Path(wchan).read_text().strip()
+                except OSError:
+                    continue
+                if waiting in FIFO_WAITS:
+                    job.stuck_on_fifo = waiting
+
     def remove_plant(self, plant: Plant) -> None:
         """Undo a plant as a human would: whoever is stuck opening the FIFO gets it opened (then EOF)."""
         path = plant.path
-        self.plant_removed_at[plant.task] = time.monotonic()
+        self.note_stuck_on_fifo(plant.task)
         try:
             st = os.lstat(path)
         except FileNotFoundError:

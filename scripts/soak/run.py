@@ -108,7 +108,6 @@ class Soak(DaemonControl, Workload, Faults, Plants, Rivals, Judge):
                            TEST_CLOCK_ENV: str(self.clock_file)}
         self.ticks_used = {self.tick}
         self.plants: list[Plant] = []
-        self.plant_removed_at: dict[str, float] = {}
         self.plant_windows: list[tuple[str, float, float]] = []
         self.outside: dict[str, bytes] = {}
         self.git_tasks: set[str] = set()

@@ -132,5 +132,5 @@ class Workload:
             text = job.out.read().decode(errors="replace")
             job.out.close()
             took = (job.ended_at if job.ended_at is not None else now) - job.started
-            self.judge(job, code, text, took, now)
+            self.judge(job, code, text, took)
 

@@ -627,3 +627,39 @@ class TestFirstPass:
         from soak_checker import tick_gaps
 
         assert tick_gaps([(10.0, "READY")], [(9.9, float("inf"))], 1.0, now=25.0, first_pass=10.0) == [(10.0, 25.0)]
+
+
+class TestFifoWitness:
+    """A command stuck on a planted FIFO is told by the kernel (``/proc/PID/task/*/wchan``) before the
+    soak removes the FIFO, not guessed from its duration: a fresh-clone CI at load ~8 saw a `verify`
+    that took 5.8 s and ended just after a removal judged stuck, although verify refuses a FIFO at once."""
+
+    def test_a_command_opening_the_fifo_is_witnessed_and_a_slow_one_is_not(self, tmp_path: Path) -> None:
+        import glob
+
+        sys.path.insert(0, str(ROOT / "scripts"))
+        from soak.common import Pending
+        from soak.plants import Plants
+
+        fifo = tmp_path / "HEAD"
+        os.mkfifo(fifo)
+        stuck = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r})"])
+        slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            with open(os.devnull, "rb") as out:
+                jobs = [Pending(what="verify t", task="t", proc=p, out=out, started=0.0, deadline=0.0, expect=None)
+                        for p in (stuck, slow)]
+                soak = Plants.__new__(Plants)
+                soak.pending = jobs  # type: ignore[attr-defined]
+
+                def opening() -> bool:
+                    return any(Path(w).read_text().strip() == "wait_for_partner"
+                               for w in glob.glob(f"/proc/{stuck.pid}/task/*/wchan"))
+
+                wait_for(opening, message="the command to block opening the FIFO")
+                soak.note_stuck_on_fifo("t")
+                assert [j.stuck_on_fifo for j in jobs] == ["wait_for_partner", ""]
+        finally:
+            for p in (stuck, slow):
+                p.kill()
+                p.wait()
