@@ -63,8 +63,11 @@ env = {{ FAKE_RECORD = "{record}", FAKE_MODES = "{modes}" }}
 
 
 def runs(h: DaemonHarness) -> list[dict[str, Any]]:
+    """The fake claude's record of its runs: whole lines only (a run may be writing its line as the
+    test polls: a fresh-clone CI read one half written)."""
     path = h.root / "record.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    whole = path.read_text().split("\n")[:-1] if path.exists() else []
+    return [json.loads(line) for line in whole if line]
 
 
 class TestDaemonSessions:

@@ -108,7 +108,8 @@ class ScriptedModel:
 
     def requests(self) -> list[dict[str, Any]]:
         try:
-            lines = (self.log_dir / "requests.jsonl").read_text().splitlines()
+            with self._log_lock:  # (never a line the server is writing, half written)
+                lines = (self.log_dir / "requests.jsonl").read_text().splitlines()
         except FileNotFoundError:
             return []
         return [json.loads(line) for line in lines if line.strip()]
