@@ -86,6 +86,9 @@ def why(baton: Baton, now: datetime, policy: pol.Policy,
     status = meta.status
     if owner is not None:
         if owner.how == OwnerKind.DISPATCH and owner.pid is None and not owner.unit:
+            if meta.launch_failures:  # a retry of launches that failed is not yet a healthy launch
+                return Why(State.LAUNCH_FAILING, f"{pol.LAUNCH_FAILING}{meta.last_failure.removeprefix(pol.LAUNCH_FAILURE)} "
+                                                 f"(retry {meta.launch_failures + 1}/{policy.max_attempts} launching)")
             return Why(State.LAUNCHING, "launch in progress")
         if owner.how != OwnerKind.DISPATCH:
             return Why(State.CLAIMED, f"claimed by pid {owner.pid}" if owner.pid else "claimed")

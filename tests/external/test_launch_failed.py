@@ -23,7 +23,7 @@ from conftest import wait_for
 from daemon_harness import in_process_config
 
 from heartbeat.daemon import Daemon
-from heartbeat.model.baton import Status
+from heartbeat.model.baton import Owner, OwnerKind, Status
 from heartbeat.model.timeparse import utcnow
 from heartbeat.reports.why import State, policy_for, why
 from heartbeat.store.files import FileStore
@@ -80,6 +80,25 @@ class TestALaunchThatNeverRanTheAgent:
                                      "No such file or directory (retry 2/3 in ")
             d.tick(now=now + timedelta(seconds=1))  # inside the backoff: no second dispatch
             assert len(store.ledger.events("t", kinds=["dispatched"])) == 1
+        finally:
+            d.shutdown()
+
+    def test_a_retry_being_launched_after_launch_failures_is_still_launch_failing(self, tmp_path: Path) -> None:
+        """While the retry of a task whose launches failed is being started (dispatched, no pid yet), its
+        state stays launch-failing, not a healthy "launching": the status of a task that cannot start
+        read "launching" for a moment at every retry (tests/system/test_reinstall.py met it)."""
+        d, store = daemon_for(tmp_path, [str(tmp_path / "no-such-agent")])
+        try:
+            tasks.new_task(store, "t", task="t", step="s", workdir=str(tmp_path))
+            now = utcnow()
+            run_until_settled(d, store, "t", now, 1)
+            b = store.load("t")
+            b.meta.owner = Owner(pid=None, host="here", how=OwnerKind.DISPATCH)  # the retry, its pid not known yet
+            w = why(b, now, policy_for(d.shared.config))
+            assert w.state is State.LAUNCH_FAILING, w
+            assert w.text.startswith("launch failing: cannot start ") and w.text.endswith("(retry 2/3 launching)"), w
+            b.meta.launch_failures = 0  # a first launch: a plain launch in progress
+            assert why(b, now, policy_for(d.shared.config)).state is State.LAUNCHING
         finally:
             d.shutdown()
 
