@@ -156,7 +156,7 @@ class Loop:
             self.store.ledger.on_unreadable = lambda row, why: log.warning(
                 "ledger_row_unreadable", row=row, error=why, hint="the row is skipped; the ledger is not changed")
         self.vitals = vitals
-        """The daemon's vitals (the lease part counts into the same), written for ``/metrics`` each tick."""
+        """The daemon's vitals (the lease part counts into the same), written for ``/metrics`` (:meth:`Vitals.save_due`)."""
         self.vitals_dir: str | None = None
         """Where :meth:`tick` writes the vitals for ``/metrics`` (set by ``serve``; tests leave it unset)."""
 
@@ -336,7 +336,7 @@ class Loop:
         systemd.notify("WATCHDOG=1", f"STATUS={systemd.status_line(counts)}")
         seconds = time.monotonic() - started
         self.vitals.tick_done(seconds)
-        self._save_vitals()
+        self.save_vitals()
         self.log.debug("tick", tasks=tasks, read=reads, sweep=sweep, seconds=round(seconds, 4), **counts)
 
     def check_clock(self) -> float | None:
@@ -354,11 +354,15 @@ class Loop:
             self._on_step(step)
         return step
 
-    def _save_vitals(self) -> None:
+    def save_vitals(self, *, final: bool = False) -> None:
+        """The vitals written when due (:meth:`Vitals.save_due`); at the daemon's stop (``final``) always."""
         if self.vitals_dir is None:
             return
         try:
-            self.vitals.save(self.vitals_dir)
+            if final:
+                self.vitals.save(self.vitals_dir, now=self.clock.monotonic())
+            else:
+                self.vitals.save_due(self.vitals_dir, self.clock.monotonic())
         except OSError as exc:  # metrics are a report: a full disk must not stop the clock
             self.log.warning("vitals_write_failed", file=VITALS_FILE, error=str(exc))
 

@@ -59,6 +59,10 @@ class PageStarter(Protocol):
     def __call__(self, config: Config, vitals: Any, log: Any) -> Callable[[], None] | None: ...
 
 
+_STAND_IN = 3
+"""With a tick at most CLOCK_CHECK_EVERY, the main thread looks at the clock this many times less often."""
+
+
 class Daemon:
     """The daemon: a service that has a loop, an observer, an actor, a watcher, a lease part
     and a relay, and drives them (scheduler, signals, sd_notify, reload). See the module docstring.
@@ -158,6 +162,7 @@ class Daemon:
                            reason="a look is still running after the grace; stopping without it")
             return False
         try:
+            self.loop.save_vitals(final=True)  # the last passes' counts, which the cadence may not have written
             self.store.close()
         finally:
             lock.release()
@@ -243,7 +248,10 @@ class Daemon:
             self.log.warning("watchdog_shorter_than_tick", watchdog_s=interval, tick=config.daemon.tick,
                              hint="set WatchdogSec= to more than twice the tick")
         while not self._stop.is_set():
-            signalled.wait(timeout=defaults.CLOCK_CHECK_EVERY)  # (waits on the monotonic clock)
+            # (waits on the monotonic clock) Ticks as frequent as the clock's looks look themselves:
+            # this thread then only stands in for a tick that is late (an idle daemon's wake-ups cost).
+            often = self.shared.config.daemon.tick <= defaults.CLOCK_CHECK_EVERY
+            signalled.wait(timeout=defaults.CLOCK_CHECK_EVERY * (_STAND_IN if often else 1))
             signalled.clear()
             if self.loop.clock.monotonic() - self.loop.steps.checked_at >= defaults.CLOCK_CHECK_EVERY:
                 self.loop.check_clock()  # (a tick at least as frequent has just looked: no second look)

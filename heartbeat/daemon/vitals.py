@@ -4,9 +4,10 @@ Its last successful tick, its tick count, the tick-duration and write→decision
 histograms, the agents' writes it relayed and, on a store shared by many hosts, the tasks it
 took over (by the host they came from) and the health of its leases (the last successful
 renewal, whether the database answered). The daemon counts them as things happen (counters
-are monotonic within its process) and writes them to ``<state_dir>/daemon.json`` after every
-tick; :mod:`heartbeat.web.metrics` (a face, above the daemon) reads this object, or that file in a
-standalone exporter. Nothing here imports ``prometheus_client``.
+are monotonic within its process) and writes them to ``<state_dir>/daemon.json``: after a tick
+that changed anything but the tick's own counters, and at least every :data:`SAVE_EVERY`
+seconds (:meth:`Vitals.save_due`); :mod:`heartbeat.web.metrics` (a face, above the daemon)
+reads this object, or that file in a standalone exporter. Nothing here imports ``prometheus_client``.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from heartbeat.model import defaults
 from heartbeat.model.errors import UnsafePath
 from heartbeat.system.layout import VITALS_NAME, StateLayout
 from heartbeat.system.safefile import read_regular
 
-__all__ = ["LATENCY_BUCKETS", "TICK_BUCKETS", "VITALS_FILE", "Histogram", "Vitals"]
+__all__ = ["LATENCY_BUCKETS", "SAVE_EVERY", "TICK_BUCKETS", "VITALS_FILE", "Histogram", "Vitals"]
 
 TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """Upper bounds (seconds) of the tick-duration histogram: a pass over a few batons takes a
@@ -33,7 +35,11 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 tens of milliseconds; a missed event waits for the next tick (30 s by default)."""
 
 VITALS_FILE = VITALS_NAME
-"""The daemon's vitals in its state dir, rewritten atomically after every tick."""
+"""The daemon's vitals in its state dir, rewritten atomically (see :data:`SAVE_EVERY`)."""
+
+SAVE_EVERY = defaults.VITALS_SAVE_EVERY
+"""Seconds a pass that changed only its own counters may go without rewriting ``daemon.json``."""
+
 
 _MAX_VITALS_BYTES = 64 * 1024
 _MAX_LABEL = 256
@@ -119,6 +125,8 @@ class Vitals:
     """When this daemon last renewed its leases successfully (wall clock); None: not yet."""
     store_unreachable: bool = False
     """The last renewal (or pass) could not reach the database, and none succeeded since."""
+    _saved: tuple[float, tuple[Any, ...]] | None = field(default=None, repr=False, compare=False)
+    """When (monotonic) the file was last written, and what it said beside the per-pass fields."""
 
     @classmethod
     def start(cls, host: str = "") -> Vitals:
@@ -161,13 +169,33 @@ class Vitals:
                 "lease_ttl": self.lease_ttl, "renewed_at": self.renewed_at,
                 "store_unreachable": self.store_unreachable}
 
-    def save(self, state_dir: str) -> None:
-        """Write ``<state_dir>/daemon.json`` atomically (0600, temp file + rename)."""
+    def save(self, state_dir: str, now: float | None = None) -> None:
+        """Write ``<state_dir>/daemon.json`` atomically (0600, temp file + rename); ``now``: the
+        monotonic clock's time of it (:meth:`save_due` counts from it)."""
         from heartbeat.system.safefile import write_file_atomic
 
+        steady = self._steady()
         data = json.dumps(self.to_json(), sort_keys=True).encode()
-        # Not fsynced: a report rewritten every tick, whose loss in a crash costs nothing.
+        # Not fsynced: a report rewritten every few seconds, whose loss in a crash costs nothing.
         write_file_atomic(StateLayout(state_dir).vitals_file, data, fsync=False)
+        self._saved = (time.monotonic() if now is None else now, steady)
+
+    def _steady(self) -> tuple[Any, ...]:
+        """Every field but the per-pass ones (the last tick's time, the count, the tick histogram),
+        the latency histogram by its count: what a pass's end compares (cheaply: no JSON)."""
+        return (self.pid, self.started_at, self.relayed, self.relayed_refused, self.host, tuple(self.takeovers.items()),
+                self.lease_ttl, self.renewed_at, self.store_unreachable, self.latency_seconds.count)
+
+    def save_due(self, state_dir: str, now: float | None = None) -> bool:
+        """:meth:`save` when a field beside the per-pass ones changed since the last write, or
+        :data:`SAVE_EVERY` seconds went by (``now``: the monotonic clock); whether it wrote."""
+        now = time.monotonic() if now is None else now
+        if self._saved is not None:
+            at, steady = self._saved
+            if 0 <= now - at < SAVE_EVERY and steady == self._steady():
+                return False
+        self.save(state_dir, now=now)
+        return True
 
     @classmethod
     def load(cls, state_dir: str) -> Vitals | None:

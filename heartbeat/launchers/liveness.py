@@ -122,13 +122,24 @@ def boot_time() -> float:
     return float(psutil.boot_time())
 
 
+_NOTED_ESTIMATE: list[float] = []
+"""The boot time estimated from the clocks (wall less ``CLOCK_BOOTTIME``) when it was last read."""
+
 def note_boot_time() -> None:
     """Remember the boot time now (the daemon at its start, and at every pass), so a step that
-    comes later is recognised (see ``_BOOT_TIMES``)."""
+    comes later is recognised (see ``_BOOT_TIMES``). Read again only when the wall clock less the
+    boot clock moved since the last read: the kernel writes all of ``/proc/stat`` for its
+    ``btime`` (its interrupt counts too), which was a third of an idle daemon's pass."""
+    boot_clock = getattr(time, "CLOCK_BOOTTIME", None)
+    estimate = time.time() - time.clock_gettime(boot_clock) if boot_clock is not None else None
+    if estimate is not None and _NOTED_ESTIMATE and abs(estimate - _NOTED_ESTIMATE[0]) < defaults.BOOT_TIME_MOVED:
+        return
     try:
         _BOOT_TIMES.add(boot_time())
     except (OSError, RuntimeError, ValueError):
-        pass
+        return
+    if estimate is not None:
+        _NOTED_ESTIMATE[:] = [estimate]
 
 
 def process_age(owner: Owner | None, *, host: str | None = None) -> float | None:

@@ -24,6 +24,13 @@ SWEEP_EVERY = 60.0
 """Seconds between the daemon's full stat sweeps over every baton; between them it trusts the
 watcher's reports (it sweeps at once after the watcher lost events or restarted). 0: every tick."""
 
+VITALS_SAVE_EVERY = 10.0
+"""Seconds a daemon pass that changed only the pass's own counters (its count, time and duration)
+may go without rewriting ``<state_dir>/daemon.json``; anything else changed is written at that
+pass's end. The rewrite (a new file and a rename over the old) was most of an idle daemon's CPU
+at a 1 s tick; what reads the file's last pass alarms after a minute or more (``heartbeat
+doctor``, the status page, the ``HeartbeatDaemonStalled`` alert)."""
+
 STALL_AFTER = 600.0
 """Seconds without a write, a touch or any output of the agent's (or since dispatch) after which
 a task is stalled."""
@@ -409,6 +416,10 @@ says how many were left out."""
 CLOCK_STEP_TOLERANCE = 1.0
 """Seconds the wall clock may move apart from the monotonic one between two looks before the
 daemon calls it a step (logs ``clock_stepped`` and re-arms its scheduler); NTP's slewing stays far below."""
+
+BOOT_TIME_MOVED = 0.5
+"""Seconds the boot time estimated from the clocks (the wall clock less ``CLOCK_BOOTTIME``) must
+move (a step, or slewing adding up) before a pass reads the kernel's boot time again."""
 
 CLOCK_CHECK_EVERY = 1.0
 """Seconds, at most, between the daemon's looks for a wall-clock step (its main thread, on the monotonic clock)."""

@@ -271,6 +271,8 @@ class FileStore:
         """Seconds a write waits for a baton's lock before :class:`~heartbeat.model.errors.Busy` (the daemon shortens it)."""
         self._cache: dict[str, tuple[tuple[int, ...], Entry]] = {}
         self._sorted: list[Entry] = []
+        self._listed: list[Entry] | None = None
+        """What :meth:`_scan_only` last returned (see there); None after a full scan."""
         self._owned: set[str] = set()
         self._dirty: set[str] = set()
         """Tasks this process wrote since the last scan: a trusted scan (``only``) re-reads them
@@ -342,6 +344,7 @@ class FileStore:
         if only is not None and self._scanned:
             return self._scan_only(only)
         self._dirty = set()  # a full scan stats every file
+        self._listed = None
         entries: list[Entry] = []
         changed = False
         cache = self._cache
@@ -421,7 +424,11 @@ class FileStore:
             if cached is not None and cached[1].baton is not None:
                 apply_pulse(cached[1].baton, self.logs_dir)
         self.scan_unchanged = not changed
-        return list(ordered)
+        if changed or self._listed is None:
+            self._listed = list(ordered)
+        # A quiet pass gets the same list as the last (a copy would touch every entry: at 10,000
+        # batons most of an idle daemon's CPU, cache misses all, once a second).
+        return self._listed
 
     def _look_again(self, task_id: str) -> Entry | None:
         """The entry of ``<task_id>.toml`` now: the cached one while its stat is unchanged, a

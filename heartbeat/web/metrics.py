@@ -17,8 +17,9 @@ Two sources, one exposition:
   in its own layer; this module only reads them): its last successful tick, its tick count,
   the tick-duration and write→decision-latency histograms, the writes it relayed, and on a
   shared store the tasks it took over and its lease renewals. The daemon writes them to
-  ``<state_dir>/daemon.json`` after every tick, so a standalone exporter shows them too (as
-  of the daemon's last tick); inside ``heartbeat run`` they come straight from memory. They
+  ``<state_dir>/daemon.json`` (when anything beyond the tick's own counters changed, and at
+  least every ``VITALS_SAVE_EVERY`` seconds), so a standalone exporter shows them too (as of
+  the daemon's last write); inside ``heartbeat run`` they come straight from memory. They
   reset when the daemon restarts, which Prometheus' ``rate()`` handles as a counter reset.
 
 **Per host or store-wide** (a fleet of daemons on one PostgreSQL store, each exporting):

@@ -373,6 +373,28 @@ class TestScanOnly:
         assert [e.id for e in file_store.scan(only=[])] == ["a", "b"]
 
 
+    def test_a_quiet_trusted_scan_hands_back_the_last_list_and_a_change_a_new_one(self, file_store: FileStore) -> None:
+        """A trusted scan that found nothing changed returns the previous trusted scan's list itself (a
+        copy touched every entry: most of an idle daemon's CPU at 10,000 batons); a change, a task
+        added or removed, or a full scan in between gives a fresh list that shows it."""
+        for task_id in ("a", "b"):
+            _new(file_store, task_id)
+        file_store.scan()
+        first = file_store.scan(only=[])
+        assert file_store.scan(only=[]) is first and file_store.scan(only=["a"]) is first
+        _new(file_store, "c")
+        added = file_store.scan(only=["c"])
+        assert added is not first and [e.id for e in added] == ["a", "b", "c"] and [e.id for e in first] == ["a", "b"]
+        with file_store.edit("a") as ed:
+            ed.baton.step = "moved on"
+        edited = file_store.scan(only=["a"])
+        assert edited is not added and edited[0].baton is not None and edited[0].baton.step == "moved on"
+        (Path(file_store.batons_dir) / "b.toml").unlink()
+        assert [e.id for e in file_store.scan(only=["b"])] == ["a", "c"]
+        listed = file_store.scan(only=[])
+        assert file_store.scan() is not listed and file_store.scan(only=[]) is not listed
+
+
 def _step_in_scan(store: FileStore, task_id: str) -> str | None:
     for entry in store.scan():
         if entry.id == task_id and entry.baton is not None:

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from heartbeat.daemon.vitals import LATENCY_BUCKETS, VITALS_FILE, Histogram, Vitals
+from heartbeat.daemon.vitals import LATENCY_BUCKETS, SAVE_EVERY, VITALS_FILE, Histogram, Vitals
 from heartbeat.web.metrics import FLEET_METRIC_NAMES, METRIC_NAMES, write_textfile
 from tests.conftest import ROOT, clean_env
 from tests.support.daemon_harness import TOY, DaemonHarness
@@ -275,6 +275,33 @@ class TestVitals:
         assert back is not None and back.to_json() == v.to_json()
         assert back.latency_seconds.cumulative()[-1] == ("+Inf", 2)
         assert (tmp_path / VITALS_FILE).stat().st_mode & 0o777 == 0o600
+
+    def test_a_quiet_pass_rewrites_the_file_only_every_few_seconds(self, tmp_path: Path) -> None:
+        """A pass that changed only the tick's own counters leaves daemon.json alone for
+        SAVE_EVERY seconds (its rewrite was most of an idle daemon's CPU); anything else changed
+        (an agent's write relayed, a latency, a renewal) is written at once, and so is a clock
+        that went back."""
+        v = Vitals.start()
+        path = tmp_path / VITALS_FILE
+
+        def written(now: float) -> bool:
+            v.tick_done(0.001, at=now)
+            return v.save_due(str(tmp_path), now)
+
+        assert written(100.0)  # the first pass writes
+        inode = path.stat().st_ino
+        assert not written(101.0) and not written(100.0 + SAVE_EVERY - 0.01)
+        assert path.stat().st_ino == inode and Vitals.load(str(tmp_path)).ticks == 1  # type: ignore[union-attr]
+        assert written(100.0 + SAVE_EVERY)
+        assert Vitals.load(str(tmp_path)).ticks == 4  # type: ignore[union-attr]
+        at = 100.0 + SAVE_EVERY
+        for change in (lambda: setattr(v, "relayed", v.relayed + 1), lambda: v.latency_seconds.observe(0.2),
+                       lambda: v.renewal(True, at=5.0), lambda: v.took_over("host-a")):
+            change()
+            at += 0.1
+            assert written(at)
+        assert written(at - 1.0)  # a time before the last write (a clock set back): written, not trusted
+        assert not written(at - 0.5)
 
     @pytest.mark.parametrize("content", [b"", b"{", b"[]", b'{"ticks": "many", "tick_seconds": {"buckets": [2, 1]}}',
                                          b"x" * 100_000])

@@ -39,3 +39,22 @@ def test_psutil_loaded_whole_is_psutil_own() -> None:
     import psutil
 
     assert abs(liveness.boot_time() - psutil.boot_time()) < 1.0
+
+
+def test_the_boot_time_is_read_again_only_when_the_clocks_moved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pass notes the boot time, but reads it (all of /proc/stat, a third of an idle pass)
+    only when the wall clock less the boot clock moved: a step is still noted at the next pass."""
+    reads: list[float] = []
+    monkeypatch.setattr(liveness, "boot_time", lambda: reads.append(1.0) or 1000.0 + len(reads))
+    monkeypatch.setattr(liveness, "_NOTED_ESTIMATE", [])
+    monkeypatch.setattr(liveness, "_BOOT_TIMES", set())
+    liveness.note_boot_time()
+    liveness.note_boot_time()
+    liveness.note_boot_time()
+    assert len(reads) == 1
+    real = liveness.time.time
+    monkeypatch.setattr(liveness.time, "time", lambda: real() + 3600.0)  # the wall clock stepped an hour ahead
+    liveness.note_boot_time()
+    liveness.note_boot_time()
+    assert len(reads) == 2
+    assert sorted(liveness._BOOT_TIMES) == [1001.0, 1002.0]
