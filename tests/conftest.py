@@ -27,9 +27,18 @@ LAYERS = ("unit", "integration", "system", "external", "soak")
 """The folders of tests/, each a marker of the same name (pyproject.toml), set on its tests here."""
 
 
+SLOW_FIRST = ("external", "system", "soak", "integration", "unit")
+"""The order the layers run in: the files that take longest (real CLIs, databases, daemons, few
+tests each) first, so under xdist the short ones fill the workers' last minutes instead of one
+long file running alone at the end. scripts/test passes ``--no-loadscope-reorder``, which keeps
+this order (xdist's default sorts files by their number of tests, putting these last)."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test with its folder's layer, so ``-m "unit or integration"`` picks by layer too."""
+    """Mark each test with its folder's layer, so ``-m "unit or integration"`` picks by layer too;
+    order the layers :data:`SLOW_FIRST` (within a layer, files keep their order)."""
     tests = Path(__file__).resolve().parent
+    rank: dict[int, int] = {}
     for item in items:
         try:
             layer = Path(item.path).resolve().relative_to(tests).parts[0]
@@ -37,6 +46,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             continue
         if layer in LAYERS:
             item.add_marker(getattr(pytest.mark, layer))
+            rank[id(item)] = SLOW_FIRST.index(layer)
+    items.sort(key=lambda item: rank.get(id(item), len(SLOW_FIRST)))  # (stable: a file stays in one piece)
 
 
 @dataclass

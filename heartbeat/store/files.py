@@ -339,7 +339,8 @@ class FileStore:
         A quiet directory (every file unchanged, none added or removed) costs one ``stat`` per
         baton and gives back the previous pass's sorted list. With ``only`` (the tasks a watcher
         reported since the last scan) just those files are stat'ed, and every other entry is
-        the last scan's: a quiet directory then costs nothing per baton.
+        the last scan's: a quiet directory then costs nothing per baton, and the list returned is
+        the last such scan's own object (the caller reads it, never changes it).
         """
         if only is not None and self._scanned:
             return self._scan_only(only)
