@@ -20,7 +20,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -217,6 +217,7 @@ class Daemon:
         """Run until SIGTERM/SIGINT: the scheduler ticks, the watcher reacts, SIGHUP reloads."""
         # Handlers only set flags; the main thread, waiting on ``signalled``, does the work.
         signalled = self._signalled
+        foreign = {t.ident for t in threading.enumerate()}  # not ours to wait for at the stop (a host process's)
 
         def on_term(signum: int, _frame: Any) -> None:
             self._stop.set()
@@ -265,7 +266,7 @@ class Daemon:
         if relay is not None:  # its writes under way finish beside the look in progress, by the same deadline
             self._stop_relay(relay)
         clean = self.shutdown(timeout=max(0.0, deadline - time.monotonic()))
-        exit_if_stuck(clean, deadline, self.log)
+        exit_if_stuck(clean, deadline, self.log, foreign=foreign)
         if self.lease is not None and self.lease.stood_down:
             raise StoreError(f"another heartbeat daemon with host id {self.host!r} took this host over on the "
                              "database: this one stopped (its agents are left to that daemon); give each daemon "
@@ -434,12 +435,14 @@ class Daemon:
             self.log.exception("gc_failed", error=repr(exc))
 
 
-def exit_if_stuck(clean: bool, deadline: float, log: Any) -> None:
+def exit_if_stuck(clean: bool, deadline: float, log: Any, *, foreign: Collection[int | None] = ()) -> None:
     """End the process now when a thread is still stuck at ``deadline`` (the interpreter would
-    wait for it at exit for ever): SIGTERM stops the daemon within the stop grace, whatever hangs."""
-    # Every thread, daemon or not: the interpreter joins the pools' workers at exit whatever their flag.
+    wait for it at exit for ever): SIGTERM stops the daemon within the stop grace, whatever hangs.
+    ``foreign``: the idents of the threads alive before ``serve`` began (a process that runs the
+    daemon in itself, a test's worker): not the daemon's, never waited for, never a reason to exit."""
+    # Every thread the daemon's run started, daemon or not: the interpreter joins the pools' workers at exit.
     def waited(t: threading.Thread) -> bool:
-        return t is not threading.current_thread() and t.name != defaults.PG_WATCHDOG_THREAD
+        return t is not threading.current_thread() and t.name != defaults.PG_WATCHDOG_THREAD and t.ident not in foreign
 
     for thread in threading.enumerate():
         if waited(thread):

@@ -146,3 +146,34 @@ type = "null"
             stopper.join()
         assert log.events("reload_during_start") and log.events("started")
         assert d.shared.config.daemon.tick == 0.2
+
+
+_HOSTED = """
+import os, signal, sys, threading, time
+sys.path.insert(0, sys.argv[2])
+from pathlib import Path
+from heartbeat.daemon import Daemon
+from heartbeat.store.files import FileStore
+from tests.support.daemon_harness import in_process_config
+
+state, config = in_process_config(Path(sys.argv[1]), daemon='tick = "100ms"')
+d = Daemon(config, store=FileStore(str(state)))
+host_work = threading.Event()
+threading.Thread(target=host_work.wait, name="the-host-process-own", daemon=False).start()
+threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+code = d.serve()
+print("serve returned", code, flush=True)
+host_work.set()
+"""
+
+
+def test_a_process_running_the_daemon_in_itself_keeps_its_own_threads(tmp_path: Path) -> None:
+    """``serve`` in a process that has threads of its own (a test's worker, a program embedding the
+    daemon) returns on SIGTERM: its stop waits for the daemon's threads only. It waited for every
+    thread of the process and, a foreign one still alive at the grace, ended the process with
+    os._exit: an xdist worker died so in test_a_sighup_during_start_is_a_reload_once_it_serves."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", _HOSTED, str(tmp_path), str(root)], capture_output=True,
+                          text=True, timeout=60, cwd=str(tmp_path))
+    assert "serve returned 0" in proc.stdout, (proc.stdout, proc.stderr[-2000:])
+    assert proc.returncode == 0
