@@ -87,8 +87,7 @@ def why(baton: Baton, now: datetime, policy: pol.Policy,
     if owner is not None:
         if owner.how == OwnerKind.DISPATCH and owner.pid is None and not owner.unit:
             if meta.launch_failures:  # a retry of launches that failed is not yet a healthy launch
-                return Why(State.LAUNCH_FAILING, f"{pol.LAUNCH_FAILING}{meta.last_failure.removeprefix(pol.LAUNCH_FAILURE)} "
-                                                 f"(retry {meta.launch_failures + 1}/{policy.max_attempts} launching)")
+                return _launch_failing(baton, policy, "launching")
             return Why(State.LAUNCHING, "launch in progress")
         if owner.how != OwnerKind.DISPATCH:
             return Why(State.CLAIMED, f"claimed by pid {owner.pid}" if owner.pid else "claimed")
@@ -124,6 +123,12 @@ def why(baton: Baton, now: datetime, policy: pol.Policy,
             return Why(State.RATE_LIMITED, d.reason)
         return Why(State.BACKING_OFF, f"{d.reason}: {meta.last_failure}" if meta.last_failure else d.reason)
     if meta.launch_failures:  # its backoff is over: the next look tries again
-        return Why(State.LAUNCH_FAILING, f"{pol.LAUNCH_FAILING}{meta.last_failure.removeprefix(pol.LAUNCH_FAILURE)} "
-                                         f"(retry {meta.launch_failures + 1}/{policy.max_attempts} now)")
+        return _launch_failing(baton, policy, "now")
     return Why(State.DUE, f"due: {d.reason}")
+
+
+def _launch_failing(baton: Baton, policy: pol.Policy, when: str) -> Why:
+    """A task whose last launches failed, its next retry ``when`` ("now", or "launching")."""
+    meta = baton.meta
+    return Why(State.LAUNCH_FAILING, f"{pol.LAUNCH_FAILING}{meta.last_failure.removeprefix(pol.LAUNCH_FAILURE)} "
+                                     f"(retry {meta.launch_failures + 1}/{policy.max_attempts} {when})")
