@@ -159,6 +159,9 @@ class Loop:
         """The daemon's vitals (the lease part counts into the same), written for ``/metrics`` (:meth:`Vitals.save_due`)."""
         self.vitals_dir: str | None = None
         """Where :meth:`tick` writes the vitals for ``/metrics`` (set by ``serve``; tests leave it unset)."""
+        self._status_counts: dict[str, int] | None = None
+        self._status_text = ""
+        """The last pass's counts and the ``STATUS=`` line built from them (built again only when they change)."""
 
     def stage_config(self, new: Config) -> None:
         """A reload that came during a pass: the next look starts with ``new`` (:meth:`apply_config`)."""
@@ -333,7 +336,10 @@ class Loop:
 
     def _report_pass(self, counts: dict[str, int], started: float, *, reads: int, tasks: int, sweep: bool) -> None:
         """Tell systemd's watchdog, the vitals and the debug log that a pass finished."""
-        systemd.notify("WATCHDOG=1", f"STATUS={systemd.status_line(counts)}")
+        if systemd.listening():  # (outside systemd no status line is built: an idle pass's largest part)
+            if counts != self._status_counts:
+                self._status_counts, self._status_text = dict(counts), f"STATUS={systemd.status_line(counts)}"
+            systemd.notify("WATCHDOG=1", self._status_text)
         seconds = time.monotonic() - started
         self.vitals.tick_done(seconds)
         self.save_vitals()

@@ -22,6 +22,7 @@ from heartbeat.model import defaults
 __all__ = [
     "PLUMBING_ENV",
     "STATUS_ORDER",
+    "listening",
     "notify",
     "watchdog_interval",
     "status_line",
@@ -40,6 +41,12 @@ PLUMBING_ENV: tuple[str, ...] = (
 
 STATUS_ORDER: tuple[str, ...] = ("active", "blocked", "snoozed", "paused", "escalated", "failed", "done", "invalid")
 """The order states appear in ``STATUS=``: what needs attention first, finished work last."""
+
+def listening(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether :func:`notify` has somewhere to send (``$NOTIFY_SOCKET`` set): a caller skips
+    building what only systemd would read."""
+    return bool(env.get("NOTIFY_SOCKET"))
+
 
 def notify(*states: str, env: Mapping[str, str] = os.environ) -> bool:
     """Send ``states`` (e.g. ``"READY=1"``, ``"STATUS=..."``) to ``$NOTIFY_SOCKET``.

@@ -38,6 +38,9 @@ a second instead of waiting their whole interval: the short soak must try each o
 MIGRATE_WITHIN = 8.0
 """Seconds a live migration gets to meet the running daemon (start and reach its lock, on a loaded
 machine) before the soak may stop that daemon."""
+SECOND_DAEMON_WITHIN = 8.0
+"""Seconds a second daemon gets to start and be refused by the running one (its interpreter start
+takes seconds on a loaded machine), during which the soak does not stop that daemon."""
 STEP_WATCH = 5.0
 """Seconds after a clock step the soak holds off its daemon kills: the daemon looks for a step every
 second (``CLOCK_CHECK_EVERY``) and must log ``clock_stepped`` and tick again within this."""

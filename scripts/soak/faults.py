@@ -26,6 +26,12 @@ class Faults:
     def fault(self, name: str) -> bool:
         """Inject one fault; False when it found nothing to act on (the soak tries again soon)."""
         rng = self.rng
+        if name in ("daemon_kill", "daemon_term") and any(j.what.startswith("second daemon") for j in self.pending):
+            # A second daemon is on its way to the lock (its start takes seconds on a loaded machine):
+            # it must meet the daemon it is to be refused by, so the stop waits for its answer.
+            self.next_fault[name] = time.monotonic() + 0.3
+            self.counts[f"held for a second daemon: {name}"] += 1
+            return True
         if name == "daemon_kill" and self.daemon_alive():
             self.stop_daemon(signal.SIGKILL)
             self.counts["daemon_sigkills"] += 1

@@ -16,6 +16,7 @@ from soak_checker import (  # (tests/support is put on sys.path by soak/__init__
 from soak.common import (
     LOCK_HOLDERS,
     MIGRATE_WITHIN,
+    SECOND_DAEMON_WITHIN,
     STEP_WATCH,
     Pending,
 )
@@ -87,7 +88,8 @@ class Rivals:
                                 stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=str(self.root))
         what = "second daemon (run" + (" " + extra[0] if extra else "") + ")"
         holder = self.daemon.pid if self.daemon is not None else 0
-        self.pending.append(Pending(what, "", proc, out, time.monotonic(), time.monotonic() + 3.0, {1}, holder))
+        self.pending.append(Pending(what, "", proc, out, time.monotonic(), time.monotonic() + SECOND_DAEMON_WITHIN,
+                                    {1}, holder))
         self.counts["second_daemons_started"] += 1
         return True
 
