@@ -546,7 +546,10 @@ class TestBadBatonFiles:
 
 
 def _imports_of(args: list[str], state_dir: Path, env: dict[str, str] | None = None, code: str = "") -> set[str]:
-    program = ["-c", code] if code else ["-m", "heartbeat", *args]
+    # The command as an agent runs it (bin/heartbeat, the installed script), not `python -m heartbeat`,
+    # whose runpy loads importlib.util and contextlib: an editable install's import finder loaded those
+    # in the `-c pass` baseline too, and hid them (scripts/test now installs without that finder).
+    program = ["-c", code] if code else [str(ROOT / "bin" / "heartbeat"), *args]
     proc = subprocess.run([sys.executable, "-X", "importtime", *program],
                           env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir), **(env or {})), capture_output=True,
                           text=True, cwd=str(ROOT), timeout=60)
@@ -600,7 +603,7 @@ class TestHotPath:
         assert hb("touch", "hot", env=env).code == 0  # arms the pulse
         modules = _imports_of(["touch", "hot"], state_dir, env)
         assert {name for name in modules if name.startswith("heartbeat")} == {
-            "heartbeat", "heartbeat.hotpath", "heartbeat.hotpath.argv", "heartbeat.hotpath.pulse"}
+            "heartbeat", "heartbeat.__main__", "heartbeat.hotpath", "heartbeat.hotpath.argv", "heartbeat.hotpath.pulse"}
         modules -= _imports_of([], state_dir, env, code="pass")  # what this interpreter loads at start (an
         # editable install's finder loads re and pathlib for every program)
         heavy = {*self.HEAVY, "tomllib", "typing", "re", "sqlite3", "dataclasses", "json", "argparse", "datetime"}
