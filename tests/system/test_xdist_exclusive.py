@@ -1,5 +1,5 @@
 """The ``exclusive`` mark under pytest-xdist (tests/conftest.py): while such a test runs, no other
-worker runs one. ``scripts/test`` runs the suite on two workers and marks the short soak so."""
+worker runs one. ``scripts/test`` runs the suite on four workers; no test of it carries the mark now."""
 
 from __future__ import annotations
 
