@@ -23,7 +23,10 @@ from tests.external.test_leased_daemons import Host, new_tasks
 
 pytestmark = pytest.mark.slow
 
-TTL = 2.0
+TTL = 4.0
+"""The hosts' lease_ttl. At 2 s a host starved of CPU for 2 s (four pytest workers on 2 cores) lost its
+own lease at start: its shims stopped host-a's first agents and it dispatched them again, and the
+dispatch history this test pins read host-a, host-a, host-b."""
 SLOW_TICK = "30s"
 
 

@@ -19,8 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from heartbeat.model.baton import Baton
 from heartbeat.model.errors import HeartbeatError
 from heartbeat.store.files import FileStore
@@ -53,6 +51,16 @@ default_launcher = "agent"
 {daemon}
 {launchers}""", path=str(root / "heartbeat.toml"))
     return state, config
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie, or gone): the state letter of ``/proc/PID/stat``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return True
+    return raw[raw.rfind(b")") + 2:][:1] in (b"Z", b"X")
 
 
 def _parse_line(raw: bytes) -> dict[str, Any]:
@@ -220,20 +228,31 @@ stop_grace = "500ms"
             time.sleep(interval)
 
     def live_agents(self, task_id: str | None = None) -> dict[str, set[int]]:
-        """Process groups of live agents per task, from the process table (independent of the daemon)."""
+        """Process groups of live agents per task, from the process table (independent of the daemon).
+
+        Each process's environment is read raw from ``/proc/PID/environ`` and searched for this
+        state dir before anything is parsed: the tests poll this every 20 ms, and psutil's
+        ``process_iter`` with a parsed ``environ()`` per process cost ~8 ms of CPU a call at 80
+        processes (more under the suite's hundreds), half a core for a test that only waits."""
         groups: dict[str, set[int]] = {}
-        for proc in psutil.process_iter(["pid", "status"]):
+        state = b"\0HEARTBEAT_STATE_DIR=" + os.fsencode(str(self.state)) + b"\0"
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
             try:
-                if proc.info["status"] == psutil.STATUS_ZOMBIE:
-                    continue
-                env = proc.environ()
-                task = env.get("HEARTBEAT_TASK")
-                if not task or env.get("HEARTBEAT_STATE_DIR") != str(self.state):
-                    continue
-                if task_id is not None and task != task_id:
-                    continue
-                groups.setdefault(task, set()).add(os.getpgid(proc.pid))
-            except (psutil.Error, ProcessLookupError, PermissionError):
+                with open(f"/proc/{name}/environ", "rb") as handle:
+                    raw = b"\0" + handle.read()
+            except OSError:  # gone, or not ours to read
+                continue
+            if state not in raw + b"\0":
+                continue
+            env = dict(item.partition(b"=")[::2] for item in raw.split(b"\0") if item)
+            task = env.get(b"HEARTBEAT_TASK", b"").decode(errors="replace")
+            if not task or (task_id is not None and task != task_id) or _zombie(int(name)):
+                continue
+            try:
+                groups.setdefault(task, set()).add(os.getpgid(int(name)))
+            except (ProcessLookupError, PermissionError):
                 continue
         return groups
 
