@@ -497,6 +497,9 @@ class TestOneHostId:
         try:
             a.start()
             a.wait(lambda: all(a.store.ledger.events(t, kinds=["launched"]) for t in ids), "both launched")
+            # and both dispatches logged: under load the SIGSTOP came between m2's ledger row and its log
+            # line, which the resumed daemon then wrote, read below as an act after the pause
+            a.wait(lambda: {e.get("task") for e in a.lines("dispatched")} >= set(ids), "both dispatches logged")
             old = a.live_agents()
             assert a.proc is not None
             a.proc.send_signal(signal.SIGSTOP)

@@ -103,6 +103,8 @@ def test_per_host_and_store_series_a_takeover_counted_once_and_the_database_gone
         a.kill_agents()
         b.wait(lambda: len(a.store.ledger.events(kinds=["taken_over"])) == 2, "both tasks taken over", timeout=30)
         b.wait(lambda: len(b.live_agents()) == 2, "host-b running both")
+        # (the count is the daemon's at its last pass: under load that pass may predate the second start)
+        b.wait(lambda: value(b.metrics(), "heartbeat_agents_running", host="host-b") == 2, "host-b counting both")
         text = scrape(b.url_http)
         on_b = parse(text)[1]
         assert value(on_b, "heartbeat_takeovers_total", host="host-b", from_host="host-a") == 2
