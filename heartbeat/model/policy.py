@@ -344,8 +344,11 @@ def _judge_running(baton: Baton, obs: Observation, now: datetime, policy: Policy
                         f"{format_duration(policy.hang_after)})", exit_kind=ExitKind.FAILED,
                         stalled_why=StallReason.MODEL_HUNG)
     if silent > policy.stall_after:
-        never = meta.dispatched_at is not None and all(
-            t is None or t <= meta.dispatched_at for t in (meta.touched_at, obs.output_at, obs.trail_at))
+        # Any output at all is this agent's: its log is the epoch's own, created empty at the dispatch.
+        # (Compared with dispatched_at it was not: a dispatch's record moves dispatched_at past the
+        # launch, and output printed in between read as "never printed" — seconds of it under load.)
+        never = meta.dispatched_at is not None and obs.output_at is None and all(
+            t is None or t <= meta.dispatched_at for t in (meta.touched_at, obs.trail_at))
         why = StallReason.NEVER_WROTE if never else StallReason.SILENT
         text = "never wrote nor printed anything since its dispatch" if never \
             else "alive but silent (no note, no output)"

@@ -183,15 +183,23 @@ class TestDecisionTable:
 
     def test_output_alone_is_proof_of_life(self) -> None:
         """An agent that prints but never touches is judged by its output: alive while it prints, silent
-        (not "never wrote") once it stops, and "never wrote" only when it printed nothing since dispatch."""
+        (not "never wrote") once it stops, and "never wrote" only when it printed nothing at all."""
         b = baton(owner=True, touched=0, dispatched=0)
         for seconds in (599, 1200, 5000):
             obs = Observation(alive=True, output_at=at(seconds - 1))
             assert decide(b, obs, at(seconds), replace(POLICY, progress_after=10**6)).action is Action.NOTHING
         stopped = decide(b, Observation(alive=True, output_at=at(100)), at(701), POLICY)
         assert stopped.stalled_why == "silent" and "no output" in stopped.reason
-        before = decide(b, Observation(alive=True, output_at=at(-5)), at(601), POLICY)
-        assert before.stalled_why == "never_wrote"
+        assert decide(b, Observation(alive=True), at(601), POLICY).stalled_why == "never_wrote"
+
+    def test_output_printed_before_the_dispatch_was_recorded_is_still_output(self) -> None:
+        """A dispatch's record (phase 2, after the launch) moves dispatched_at to its own time when the
+        agent has not touched yet: what the agent printed in between is still its output, so it is
+        stopped as silent, not as "never wrote nor printed" (seconds apart under load: two busy loops
+        beside the suite's four workers; said "never wrote" before this fix)."""
+        b = baton(owner=True, touched=0, dispatched=0)
+        stopped = decide(b, Observation(alive=True, output_at=at(-5)), at(601), POLICY)
+        assert stopped.stalled_why == "silent" and "no output" in stopped.reason
 
 
 class TestExitClassification:
