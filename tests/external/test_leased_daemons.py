@@ -450,6 +450,8 @@ class TestOneHostId:
             a.start()
             a.wait(lambda: len(a.live_agents()) == 2, "host-x running both")
             a.wait(lambda: all(a.store.ledger.events(t, kinds=["launched"]) for t in ids), "both launched")
+            # and both dispatches logged, or the pause may fall between a ledger row and its log line
+            a.wait(lambda: {e.get("task") for e in a.lines("dispatched")} >= set(ids), "both dispatches logged")
             agents = a.live_agents()
             assert a.proc is not None
             a.proc.send_signal(signal.SIGSTOP)
