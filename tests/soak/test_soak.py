@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, clean_env, wait_for
+from daemon_harness import zombie
 from soak_checker import (
     GRANDCHILD_GRACE,
     Checker,
@@ -590,16 +591,9 @@ def _processes_with(state_dir: str) -> list[int]:
                     found.append(int(name))
         except OSError:
             continue
-    return [p for p in found if _alive(p)]
+    return [p for p in found if not zombie(p)]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            raw = handle.read()
-    except OSError:
-        return False
-    return raw[raw.rfind(b")") + 2:][:1] not in (b"Z", b"X")
 
 
 

@@ -53,7 +53,7 @@ default_launcher = "agent"
     return state, config
 
 
-def _zombie(pid: int) -> bool:
+def zombie(pid: int) -> bool:
     """Whether ``pid`` has exited (a zombie, or gone): the state letter of ``/proc/PID/stat``."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
@@ -248,7 +248,7 @@ stop_grace = "500ms"
                 continue
             env = dict(item.partition(b"=")[::2] for item in raw.split(b"\0") if item)
             task = env.get(b"HEARTBEAT_TASK", b"").decode(errors="replace")
-            if not task or (task_id is not None and task != task_id) or _zombie(int(name)):
+            if not task or (task_id is not None and task != task_id) or zombie(int(name)):
                 continue
             try:
                 groups.setdefault(task, set()).add(os.getpgid(int(name)))
