@@ -177,9 +177,11 @@ class Actor:
             from heartbeat.model.timeparse import format_duration
 
             reason = f"{reason} after {format_duration(duration)}"
-        # An agent whose `done` was refused by a failed guarantee: the reason names the guarantee.
-        refused = refused_done(sh.store, baton.id, meta.epoch) if any(g.check for g in baton.guarantees) and \
-            kind in (pol.ExitKind.IDLE, pol.ExitKind.FAILED) else ""
+        # An agent whose `done` was refused by a failed guarantee: the reason names the guarantee. Asked of
+        # the ledger, never of ``baton.guarantees``: the baton a pass hands over is the scan's decision view,
+        # which leaves the guarantees out (the refusal went unnamed whenever the exit was met by a pass).
+        refused = refused_done(sh.store, baton.id, meta.epoch) if kind in (pol.ExitKind.IDLE, pol.ExitKind.FAILED) \
+            else ""
         unnoted = self._unnoted_at_exit(baton)
         escalate = stop.escalate_after
         stop_why = stop.why

@@ -402,3 +402,40 @@ class TestRefusedDone:
             assert family.samples[0].value == refused
         finally:
             h.close()
+
+    def test_a_refusal_met_by_a_pass_is_named_too(self, tmp_path: Path) -> None:
+        """The exit of a refused agent settled by a pass (the scan's decision view, which leaves the
+        guarantees out, as the real daemon keeps it) still names the refusal. On 26b6e68 the reason read
+        "ended without moving the step" whenever a pass, not the watcher, met the exit: under load, one
+        run in eight of the test above."""
+        from conftest import wait_for
+        from daemon_harness import in_process_config
+
+        from heartbeat.daemon import Daemon
+        from heartbeat.model.baton import Guarantee, decision_view
+        from heartbeat.model.timeparse import utcnow
+        from heartbeat.store.files import FileStore
+        from heartbeat.tasks import verbs as tasks
+
+        tmp_path.chmod(0o700)
+        tables = (f'[launchers.agent]\ntype = "exec"\ncommand = {json.dumps([sys.executable, "-c", REFUSED_AGENT])}\n'
+                  '\n[checks.tests]\ncommand = ["false"]\n')
+        state, config = in_process_config(tmp_path, daemon='max_idle_resumes = 1', launchers=tables)
+        (tmp_path / "heartbeat.toml").write_text(  # the agent's `done` reads its checks from the config file
+            f'[daemon]\nstate_dir = {json.dumps(str(state))}\ndefault_launcher = "agent"\n{tables}')
+        store = FileStore(str(state), scan_view=decision_view)
+        d = Daemon(config, store=store)
+        try:
+            tasks.new_task(store, "up", task="t", step="s", workdir=str(tmp_path),
+                           guarantees=[Guarantee(text="the tests pass", check="tests")])
+            now = utcnow()
+
+            def settled() -> bool:
+                d.tick(now=now)  # a pass, never the watcher: the baton it settles is the scan's view
+                return bool(store.ledger.events("up", kinds=["exited"]))
+            wait_for(settled, timeout=30, interval=0.05, message="the refused agent's exit settled")
+            assert store.ledger.events("up", kinds=["guarantee_failed"])
+            last = store.load("up").meta.last_failure
+            assert last.startswith("done refused: guarantee 'the tests pass' failed (check tests: exit 1)"), last
+        finally:
+            d.shutdown()
