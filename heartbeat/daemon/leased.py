@@ -37,7 +37,8 @@ from typing import Any
 
 from heartbeat.daemon.shared import Shared
 from heartbeat.daemon.vitals import Vitals
-from heartbeat.launchers.base import LaunchError, open_log_dir
+from heartbeat.launchers.base import LaunchError, kill_now, open_log_dir
+from heartbeat.launchers.shim import lease_clock, read_lease
 from heartbeat.model import defaults
 from heartbeat.model.baton import Baton, Gate, Owner
 from heartbeat.ops.lease import Lease, for_store, resolve_host
@@ -226,15 +227,22 @@ class LeasePart:
                 del self._fenced[next(iter(self._fenced))]
         lc = sh.config.launchers.get(owner.launcher)
         grace = lc.stop_grace if lc else defaults.STOP_GRACE
+        lease_file = sh.layout.lease(task_id, epoch)
 
         def stop() -> None:
+            # Past the kill deadline of the agent's lease file, another host may run the task already:
+            # SIGKILL at once, as its shim does, with no SIGTERM whose handler could still act (a thawed
+            # host's daemon met the moved lease before the shim woke, and its SIGTERM let the old agent
+            # record its stop after the replacement's start).
+            deadlines = read_lease(lease_file)
+            late = deadlines is not None and lease_clock() >= deadlines[1]
             try:
-                gone = bool(launcher.stop(owner, grace=grace))
+                gone = bool(kill_now(launcher, owner) if late else launcher.stop(owner, grace=grace))
             except Exception as exc:  # a stop must never kill the worker thread
                 sh.log.error("stop_failed", task=task_id, error=repr(exc))
                 gone = False
             sh.log.warning("fenced_agent_stopped", task=task_id, epoch=epoch, pid=owner.pid, gone=gone,
-                           reason="the task moved on to another host or epoch; nothing is written for it")
+                           killed=late, reason="the task moved on to another host or epoch; nothing is written for it")
             with self._fence_lock:
                 self._fencing.discard(key)
 

@@ -38,6 +38,7 @@ __all__ = [
     "ExitStatus",
     "Launcher",
     "LaunchError",
+    "kill_now",
     "PROTOCOL_METHODS",
     "MAX_ARG_BYTES",
     "placeholder_values",
@@ -143,6 +144,15 @@ class Launcher(Protocol):
     def reap(self) -> None:
         """Collect exited children this object started, so none is left a zombie."""
         ...
+
+
+def kill_now(launcher: Launcher, owner: Owner) -> bool:
+    """SIGKILL the agent and everything in its group at once, with no SIGTERM whose handler could still
+    act (an agent past its lease's kill deadline: another host may run its task already). A launcher
+    may offer this as ``kill(owner) -> bool`` (exec and systemd-run do); one that does not is stopped
+    with no grace."""
+    kill = getattr(launcher, "kill", None)
+    return bool(kill(owner)) if callable(kill) else launcher.stop(owner, grace=0.0)
 
 
 class LaunchError(HeartbeatError):

@@ -180,6 +180,16 @@ class ExecLauncher:
         self.reap()
         return gone
 
+    def kill(self, owner: Owner) -> bool:
+        """SIGKILL the agent's group at once (:func:`~heartbeat.launchers.base.kill_now`)."""
+        if owner.pid is None:
+            return True
+        if owner.host and owner.host != this_host():
+            return False
+        gone = stop_process_group(owner.pid, owner.create_time, 0.0, on_poll=self.reap, term=False)
+        self.reap()
+        return gone
+
     def reap(self) -> None:
         with self._lock:
             for pid, proc in list(self._children.items()):

@@ -250,13 +250,15 @@ def _wait_gone(targets: Callable[[], list[int]], seconds: float, on_poll: Callab
 
 
 def stop_process_group(
-    pid: int, create_time: float | None, grace: float, *, on_poll: Callable[[], object] | None = None
+    pid: int, create_time: float | None, grace: float, *, on_poll: Callable[[], object] | None = None,
+    term: bool = True,
 ) -> bool:
     """Stop the process ``pid`` started at ``create_time`` and its process group; True when all are gone.
 
     SIGTERM, then up to ``grace`` seconds of polling, then SIGKILL and up to two seconds
-    more to confirm. If ``pid`` now belongs to another process (a reused pid) nothing is
-    signalled and the owner counts as gone. A process that does not lead its own group
+    more to confirm (``term`` False: SIGKILL at once, no SIGTERM whose handler could act).
+    If ``pid`` now belongs to another process (a reused pid) nothing is signalled and the
+    owner counts as gone. A process that does not lead its own group
     (an agent that claimed a task from a shell) is signalled alone, never the group it
     shares with others. If the leader is gone but left processes in its group, those
     are stopped. ``on_poll`` runs on every poll (the exec launcher reaps its children there).
@@ -288,8 +290,9 @@ def stop_process_group(
         return True  # the pid is someone else's now: never signal it
     if not targets():
         return True
-    _signal(targets, pgid, signal.SIGTERM)
-    if _wait_gone(targets, grace, on_poll):
-        return True
+    if term:
+        _signal(targets, pgid, signal.SIGTERM)
+        if _wait_gone(targets, grace, on_poll):
+            return True
     _signal(targets, pgid, signal.SIGKILL)
     return _wait_gone(targets, defaults.KILL_CONFIRM_WAIT, on_poll)

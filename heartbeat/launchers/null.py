@@ -73,6 +73,7 @@ class NullLauncher:
                 raise ConfigError(exc.message, field=f"launchers.{config.name}.runtime") from None
         self.launches: list[LaunchRequest] = []
         self.stops: list[Owner] = []
+        self.kills: list[Owner] = []
         self.agents: dict[int, FakeAgent] = {}
 
     def launch(self, req: LaunchRequest) -> Owner:
@@ -120,6 +121,10 @@ class NullLauncher:
         if agent is not None and self._ended(agent) is None:
             agent.stopped_at = self.clock()
         return True
+
+    def kill(self, owner: Owner) -> bool:
+        self.kills.append(owner)
+        return self.stop(owner, grace=0.0)
 
     def reap(self) -> None:
         return None

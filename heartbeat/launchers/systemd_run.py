@@ -251,5 +251,16 @@ class SystemdRunLauncher:
         self._systemctl("stop", owner.unit, timeout=max(grace, self.config.stop_grace) + defaults.SYSTEMD_STOP_MARGIN)
         return not self.alive(owner)
 
+    def kill(self, owner: Owner) -> bool:
+        """``systemctl kill --signal=SIGKILL``: every process of the unit at once, no SIGTERM."""
+        if not owner.unit:
+            from heartbeat.launchers.liveness import stop_process_group
+
+            return owner.pid is None or stop_process_group(owner.pid, owner.create_time, 0.0, term=False)
+        if owner.host and owner.host != this_host():
+            return False
+        self._systemctl("kill", "--signal=SIGKILL", owner.unit, timeout=defaults.SYSTEMD_STOP_MARGIN)
+        return not self.alive(owner)
+
     def reap(self) -> None:
         return None  # systemd is the agents' parent; systemd-run and systemctl are waited for

@@ -219,10 +219,12 @@ def test_a_daemon_restarted_at_once_keeps_its_agent(pg_url: str, tmp_path: Path)
 
 def test_a_frozen_host_s_agent_never_acts_after_the_thaw(fleet: tuple[Host, Host, Path, str], tmp_path: Path) -> None:
     """Issue 24 item 13: host A's daemon, shim and agent all SIGSTOPped (a paused container) until host B's
-    replacement runs, then resumed, the agent first: by the agents' own records the old agent does nothing
-    after the replacement started (its shim, waking past the lease's kill deadline, SIGKILLs it before
-    anything else; no SIGTERM whose handler could act). At 4c852cf the shim sent SIGTERM and the old
-    agent's handler recorded its stop after the replacement's start."""
+    replacement runs, then resumed: by the agents' own records the old agent does nothing after the
+    replacement started. The shim wakes last, after A's daemon met the moved lease: the daemon, too, must
+    SIGKILL an agent past its lease's kill deadline, never SIGTERM it (the shim's own thaw, woken first, is
+    tests/system/test_shim_lease.py's). At 4c852cf the shim sent SIGTERM; at c0406c2 the daemon did, when
+    it woke before the shim (one loaded run in about eight): the old agent's handler recorded its stop
+    after the replacement's start."""
     import psutil
 
     a, b, record, _ = fleet
@@ -232,14 +234,19 @@ def test_a_frozen_host_s_agent_never_acts_after_the_thaw(fleet: tuple[Host, Host
     b.start()
     assert a.proc is not None
     group = next(iter(a.wait(lambda: a.live_agents("job").get("job"), "host-a's agent group")))
+    shim = group  # the shim leads the agent's process group
     frozen = [a.proc.pid, *(p.pid for p in psutil.process_iter() if _pgid(p.pid) == group)]
     for pid in frozen:
         os.kill(pid, signal.SIGSTOP)
     try:
         b.wait(lambda: [r for r in records(record) if r[0] == "start" and r[3] == str(b.state)],
                "host-b's replacement agent started", timeout=8 * TTL)
+        for pid in reversed(frozen):  # the agent first, then the daemon; its shim stays frozen
+            if pid != shim:
+                os.kill(pid, signal.SIGCONT)
+        a.wait_log(lambda e: e.get("event") == "fenced_agent_stopped", "host-a's daemon stopped its fenced agent")
     finally:
-        for pid in reversed(frozen):  # the agent first, its shim, then the daemon
+        for pid in reversed(frozen):
             try:
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:

@@ -35,6 +35,7 @@ from heartbeat.launchers.base import (
     LaunchRequest,
     build_argv,
     build_env,
+    kill_now,
     read_exit_file,
 )
 from heartbeat.launchers.exec import ExecLauncher
@@ -67,6 +68,11 @@ AGENT = textwrap.dedent('''
     print("toy agent says hello", flush=True)
     print("toy agent complains", file=sys.stderr, flush=True)
     sleeper = "import signal, time\\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\\nwhile True: time.sleep(1)"
+    if mode == "noteterm":  # a SIGTERM handler that acts: it leaves a file beside the report
+        def noted(signum, frame):
+            open(os.environ["TOY_REPORT"] + ".term", "w").close()
+            os._exit(0)
+        signal.signal(signal.SIGTERM, noted)
     if mode in ("stubborn", "spawn"):
         if mode == "stubborn":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -171,6 +177,10 @@ FAKE_SYSTEMCTL = textwrap.dedent('''
             os.killpg(pgid, signal.SIGKILL)
         while group_members(pgid):
             time.sleep(0.01)
+        sys.exit(0)
+    if verb == "kill" and "--signal=SIGKILL" in args:
+        if info is not None:
+            os.killpg(info["pid"], signal.SIGKILL)
         sys.exit(0)
     sys.exit(f"fake systemctl: unknown verb {verb}")
 ''')
@@ -521,6 +531,23 @@ class TestRealAgent:
         assert elapsed >= 0.45
         assert gone(report["pid"]) and gone(child)
         assert not kit.launcher.alive(owner)
+
+    @pytest.mark.parametrize("kind", REAL_KINDS)
+    def test_kill_now_sends_no_sigterm(self, make_kit: Callable[..., Kit], kind: str) -> None:
+        """``kill_now`` (an agent past its lease's kill deadline) SIGKILLs the group at once: the agent's
+        SIGTERM handler never runs. Its ``stop`` lets the handler run (what makes the test able to fail)."""
+        kit = make_kit(kind, mode="noteterm", stop_grace=5)
+        owner, _ = kit.launch()
+        noted = Path(str(kit.report) + ".term")
+        kit.agent_report()
+        assert kill_now(kit.launcher, owner) is True
+        assert gone(kit.agent_report()["pid"]) and not kit.launcher.alive(owner)
+        assert not noted.exists()
+        second = make_kit(kind, mode="noteterm", stop_grace=5)
+        owner, _ = second.launch(second.request(task="t2"))  # (a unit name of its own)
+        second.agent_report()
+        assert second.launcher.stop(owner, grace=5) is True
+        assert Path(str(second.report) + ".term").exists()
 
     @pytest.mark.parametrize("kind", REAL_KINDS)
     def test_leftovers_stopped_when_agent_exits(self, make_kit: Callable[..., Kit], kind: str) -> None:
