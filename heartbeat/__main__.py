@@ -58,6 +58,7 @@ def _hook(argv: list[str]) -> int:
     """A bound agent's ``heartbeat hook AGENT``: a ``PreToolUse`` is decided by the daemon's rail when one
     runs (:func:`heartbeat.hotpath.relay.forward_rail`), anything else (or no daemon) by the hook here."""
     import io
+    import os
     import sys
 
     from heartbeat.hotpath.relay import forward_rail
@@ -69,9 +70,34 @@ def _hook(argv: list[str]) -> int:
         data = b""
     if forward_rail(data) is not None:
         return 0
+    if b"PostToolUse" in data and _plain_hook_args(argv[1:]):  # a tool call's end: its trail line, nothing else
+        from heartbeat.hotpath.defer import defer_inspect
+
+        defer_inspect()
+        from heartbeat.hotpath.trail import end_hook
+
+        try:
+            if end_hook(data, os.environ):
+                return 0
+        except Exception:  # the full hook below tries again and says what is wrong, in one line
+            pass
     from heartbeat.integrations.hooks import hook_main
 
     return hook_main(argv[1:], stdin=io.BytesIO(data))
+
+
+def _plain_hook_args(args: list[str]) -> bool:
+    """``claude`` or ``codex``, then only ``--task``/``--state-dir``/``--config`` with their values: what
+    :func:`heartbeat.integrations.hooks.hook_main` accepts without a word (else it has one to say)."""
+    if not args or args[0] not in ("claude", "codex"):
+        return False
+    rest = args[1:]
+    while rest:
+        key, sep, _ = rest[0].partition("=")
+        if key not in ("--task", "--state-dir", "--config") or (not sep and len(rest) < 2):
+            return False
+        rest = rest[1:] if sep else rest[2:]
+    return True
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The agent's write without :mod:`inspect`: a stand-in module that imports it on first use.
 
-Only ``heartbeat/__main__.py`` installs it, only for an agent's ``touch``, ``set`` and ``add`` (each
-a process that writes once and exits); nothing that imports :mod:`heartbeat.cli` (the MCP server,
-the hooks, tests) sees it.
+Only ``heartbeat/__main__.py`` installs it, only for an agent's ``touch``, ``set`` and ``add`` and the
+hook at a tool call's end (each a process that writes once and exits); nothing that imports
+:mod:`heartbeat.cli` (the MCP server, the hooks, tests) sees it.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import resource
@@ -583,6 +585,45 @@ class TestHotPath:
         modules = _imports_of(args, state_dir, env) - _imports_of([], state_dir, env, code="pass")
         assert "heartbeat.system.world" in modules and "dataclasses" in modules  # the measurement works
         assert not modules & {"inspect", "ast", "dis", "tokenize", "_hashlib", "argparse", "importlib.util"}
+
+    @pytest.mark.parametrize("event", ["PostToolUse", "PostToolUseFailure"])
+    def test_a_tool_calls_end_loads_only_the_trail(self, hb: Hb, state_dir: Path, event: str) -> None:
+        """A launched agent's ``heartbeat hook claude`` at a tool call's end (every call Claude Code makes)
+        appends its trail line with heartbeat.hotpath's trail alone: no hook runtime, store, config or
+        inspect (the full hook cost three times an interpreter start)."""
+        epoch = hb("new", "hot", "--task", "t", "--step", "s", "--claim").out.strip()
+        (state_dir / "logs" / "hot").mkdir(parents=True, exist_ok=True, mode=0o700)
+        env = {"HEARTBEAT_EPOCH": epoch, "HEARTBEAT_TASK": "hot"}
+        payload = json.dumps({"hook_event_name": event, "tool_name": "Bash", "tool_input": {"command": "ls"},
+                              "tool_response": {"stdout": ""}, "session_id": "s"})
+        proc = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "bin" / "heartbeat"), "hook", "claude"],
+                              input=payload, env=clean_env(HEARTBEAT_STATE_DIR=str(state_dir), **env),
+                              capture_output=True, text=True, cwd=str(ROOT), timeout=60)
+        assert proc.returncode == 0 and proc.stdout == "", proc.stderr[-2000:]
+        modules = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+        assert "heartbeat.hotpath.trail" in modules  # the measurement works
+        trail = (state_dir / "logs" / "hot" / f"{epoch}.trail").read_text()
+        assert json.loads(trail.splitlines()[-1])["ev"] == "end", trail
+        assert not modules & {"heartbeat.integrations.hooks", "heartbeat.store", "heartbeat.config.load", "inspect",
+                              "sqlite3", "tomllib", "argparse"}, sorted(modules)
+
+    @pytest.mark.parametrize(("args", "fast"), [
+        (["claude"], True), (["codex"], True), (["claude", "--task", "t"], True), (["claude", "--config=c"], True),
+        (["claude", "--state-dir", "d", "--task=t"], True), ([], False), (["gemini"], False),
+        (["claude", "--task"], False), (["claude", "x"], False), (["claude", "--other", "v"], False),
+        (["-x"], False), (["claude", "claude"], False)])
+    def test_the_hooks_fast_way_takes_only_what_the_full_hook_takes_silently(self, args: list[str], fast: bool) -> None:
+        """The tool-call end's fast way (heartbeat.__main__) takes only arguments the full hook parses
+        without a word to say; anything else goes the full way, which says what is wrong."""
+        from heartbeat.__main__ import _plain_hook_args
+        from heartbeat.integrations.hooks import hook_main
+
+        assert _plain_hook_args(args) is fast
+        if fast:
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                hook_main(args, stdin=io.BytesIO(b'{"hook_event_name": "PostToolUse"}'))
+            assert err.getvalue() == "", err.getvalue()
 
     def test_importing_the_cli_leaves_the_module_table_alone(self) -> None:
         """Importing heartbeat.cli.main (as the MCP server, the hooks and tests do) puts no stand-in in
