@@ -208,7 +208,7 @@ _EXCLUSIVE_WAIT = 900.0
 
 @pytest.fixture(autouse=True)
 def _exclusive_under_xdist(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Under xdist (``scripts/test`` runs two workers, four with ``HEARTBEAT_TEST_WORKERS=4``) every
+    """Under xdist (``scripts/test`` runs four workers, or ``HEARTBEAT_TEST_WORKERS``) every
     test holds a shared lock on a file of the run's temp root while it runs; a test marked
     ``exclusive`` (none is now: the short soak was, until it passed beside busy workers) announces
     itself with a marker file and takes the lock exclusively, so the other workers finish their

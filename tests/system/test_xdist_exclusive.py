@@ -1,5 +1,5 @@
 """The ``exclusive`` mark under pytest-xdist (tests/conftest.py): while such a test runs, no other
-worker runs one. ``scripts/test`` runs the suite on two workers (or ``HEARTBEAT_TEST_WORKERS``); no
+worker runs one. ``scripts/test`` runs the suite on four workers (or ``HEARTBEAT_TEST_WORKERS``); no
 test of it carries the mark now."""
 
 from __future__ import annotations
