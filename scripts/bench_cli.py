@@ -96,6 +96,10 @@ RELAYED_BRIEF = "heartbeat brief (agent, relayed)"
 TRAIL_HOOK = "heartbeat hook claude (PreToolUse: the trail's start line)"
 _PRE_TOOL_USE = json.dumps({"hook_event_name": "PreToolUse", "tool_name": "Bash", "session_id": "bench",
                             "tool_input": {"command": "make test"}, "tool_use_id": "toolu_bench"}).encode()
+TRAIL_END_HOOK = "heartbeat hook claude (PostToolUse: the trail's end line)"
+_POST_TOOL_USE = json.dumps({"hook_event_name": "PostToolUse", "tool_name": "Bash", "session_id": "bench",
+                             "tool_input": {"command": "make test"}, "tool_use_id": "toolu_bench",
+                             "tool_response": {"stdout": "ok", "stderr": "", "interrupted": False}}).encode()
 RELAYED_ADD = "heartbeat add (agent, relayed)"
 RAIL_RELAYED = "heartbeat hook claude: an allowed PreToolUse (agent, relayed)"
 RAIL_ALONE = "heartbeat hook claude: an allowed PreToolUse (agent, no daemon)"
@@ -151,13 +155,14 @@ def bench_cli(state_dir: str, runs: int, *, bytecode_cache: bool, epoch: int,
         "heartbeat brief (agent, no daemon)": lambda: [script, "brief", TASK],
         RELAYED_BRIEF: lambda: [script, "brief", TASK],
         TRAIL_HOOK: lambda: [script, "hook", "claude"],
+        TRAIL_END_HOOK: lambda: [script, "hook", "claude"],
         RAIL_RELAYED: lambda: [script, "hook", "claude"],
         RAIL_ALONE: lambda: [script, "hook", "claude"],
     }
     event = json.dumps({"session_id": "bench", "cwd": os.path.join(state_dir, "work"), "hook_event_name": "PreToolUse",
                         "tool_name": "Write", "tool_input": {"file_path": os.path.join(state_dir, "work", "out.txt"),
                                                              "content": "x"}}).encode()
-    stdin = {RAIL_RELAYED: event, RAIL_ALONE: event}
+    stdin = {RAIL_RELAYED: event, RAIL_ALONE: event, TRAIL_HOOK: _PRE_TOOL_USE, TRAIL_END_HOOK: _POST_TOOL_USE}
     alone_env = {**agent_env, "HEARTBEAT_RELAY": "off"}  # the daemon runs, but this write is the agent's own
     envs = {name: env if "by hand" in name or name in ("python -c pass", STDLIB_FLOOR)
             else alone_env if "no daemon" in name else agent_env for name in commands}
@@ -171,10 +176,9 @@ def bench_cli(state_dir: str, runs: int, *, bytecode_cache: bool, epoch: int,
             cpu_start = _children_cpu()
             served_start = _process_cpu(daemon_pid)
             start = time.perf_counter()
-            proc = subprocess.run(args, env=envs[name], input=stdin.get(name, _PRE_TOOL_USE if name == TRAIL_HOOK else b""),
-                                  capture_output=True, cwd=state_dir)
+            proc = subprocess.run(args, env=envs[name], input=stdin.get(name, b""), capture_output=True, cwd=state_dir)
             elapsed = time.perf_counter() - start
-            if name in stdin and (proc.stdout or proc.stderr):
+            if name in (RAIL_RELAYED, RAIL_ALONE) and (proc.stdout or proc.stderr):
                 raise SystemExit(f"bench_cli: the rail did not allow the call: {proc.stdout!r} {proc.stderr!r}")
             if proc.returncode != 0:
                 raise SystemExit(f"bench_cli: {' '.join(args)} exited {proc.returncode}: {proc.stderr.decode()}")
