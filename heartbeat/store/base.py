@@ -184,6 +184,10 @@ class PulseSink(Protocol):
     def arm_pulse(self, task_id: str, epoch: int) -> bool:
         """After an agent's own write at ``epoch``: let its next touches be pulses. False: not armed."""
 
+    def pulse(self, task_id: str, epoch: int) -> bool:
+        """An agent's touch at ``epoch`` as a pulse, when one is armed for the baton as it is now.
+        False, having changed nothing: the touch must be written."""
+
 
 @runtime_checkable
 class TextImport(Protocol):

@@ -30,6 +30,7 @@ from typing import Any
 
 from heartbeat.hotpath.pulse import apply_pulse
 from heartbeat.hotpath.pulse import arm as _arm_pulse
+from heartbeat.hotpath.pulse import fast_touch as _fast_touch
 from heartbeat.model import defaults
 from heartbeat.model.baton import Baton, Status, check_id, dump_baton, parse_baton
 from heartbeat.model.errors import (
@@ -627,6 +628,11 @@ class FileStore:
             return False
         touched = meta.touched_at.timestamp()
         return _arm_pulse(self.state_dir, task_id, epoch, data, touched, touched + defaults.TOUCH_COALESCE)
+
+    def pulse(self, task_id: str, epoch: int) -> bool:
+        """An agent's touch as a pulse (:func:`heartbeat.hotpath.pulse.fast_touch`, what its CLI
+        ``touch`` does): no baton write, no ledger row, no wake-up of the daemon's watcher."""
+        return _fast_touch(self.state_dir, task_id, epoch)
 
     def put_text(self, task_id: str, text: str) -> bool:
         """Write a baton's text verbatim (import, migrate) unless the id is taken; True when written."""

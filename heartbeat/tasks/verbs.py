@@ -347,7 +347,10 @@ def touch(store: Store, task_id: str, *, epoch: int | None = None, actor: str = 
 
     An agent's touch, ``set`` or ``add`` (``epoch`` given) on a file store then arms its
     pulse, so that its next touches in the coalescing window need no baton write
-    (:mod:`heartbeat.hotpath.pulse`)."""
+    (:mod:`heartbeat.hotpath.pulse`): this one is such a pulse when one is armed, as the CLI's
+    ``touch`` is (the baton returned is read back, the pulse its ``touched_at``)."""
+    if epoch is not None and isinstance(store, PulseSink) and store.pulse(task_id, epoch):
+        return store.load(task_id)
     with store.edit(task_id, epoch=epoch, actor=actor, touch=True) as ed:
         pass
     _arm_pulse(store, task_id, epoch)

@@ -298,3 +298,43 @@ class TestLayout:
 
         layout = StateLayout(str(tmp_path))
         assert layout.pulse("t1", 7) == os.path.join(layout.task_logs("t1"), pulse_name(7))
+
+
+class TestApiTouch:
+    """``open_task(...).touch()``, an agent's touch through the Python API, is a pulse too once armed, as the
+    CLI's is: before, every API touch wrote the baton and its ledger row and woke the daemon's watcher
+    (the suite's toy agents touch four times a step)."""
+
+    def test_touches_after_the_agents_write_move_only_the_pulse(self, hb: Hb, state_dir: Path) -> None:
+        """The first touch writes and arms; the next ones leave baton and ledger alone, and the baton each
+        returns carries the pulse's time, as ``show`` does."""
+        from heartbeat.api import open_task
+
+        env = _claim(hb)
+        task = open_task("t", state_dir=str(state_dir), epoch=int(env["HEARTBEAT_EPOCH"]))
+        try:
+            task.touch()
+            armed, rows = _baton(state_dir), _touch_rows(state_dir)
+            _set_mtime(_pulse(state_dir), time.time() - 30)
+            for _ in range(3):
+                touched = task.touch().meta.touched_at
+            assert _baton(state_dir) == armed and _touch_rows(state_dir) == rows
+            assert touched == datetime.fromtimestamp(_pulse(state_dir).stat().st_mtime, UTC) == _touched_at(hb)
+        finally:
+            task.store.close()
+
+    def test_a_superseded_agents_touch_is_refused_even_with_its_pulse_armed(self, hb: Hb, state_dir: Path) -> None:
+        """Another claim moves the epoch on: the old agent's armed pulse no longer matches the baton, and its
+        touch is refused (exit 5's Conflict), never a silent pulse."""
+        from heartbeat.api import open_task
+        from heartbeat.model.errors import Conflict
+
+        env = _claim(hb)
+        task = open_task("t", state_dir=str(state_dir), epoch=int(env["HEARTBEAT_EPOCH"]))
+        try:
+            task.touch()
+            assert hb("claim", "t", "--force").code == 0
+            with pytest.raises(Conflict):
+                task.touch()
+        finally:
+            task.store.close()
