@@ -130,6 +130,8 @@ class Lease:
         """Task id -> (epoch, owner) of this host's agents; (None, None) for a task claimed and not yet dispatched."""
         self._renewed_at: float | None = None
         """Monotonic time at which the last successful renewal *started* (its leases last ttl from after it)."""
+        self._attempted = time.monotonic()
+        """Monotonic time the last renewal started (a watch that sees none for long fences without one)."""
         self._renewed_clock: float | None = None
         """:func:`lease_clock` time at which the last successful renewal started."""
         self._unreachable = False
@@ -193,6 +195,7 @@ class Lease:
         started = time.monotonic()
         started_clock = lease_clock()
         self._attempt = started  # (before the lock's look: it may hang on a dead connection too)
+        self._attempted = started
         self._keep_lock()
         with self._lock:
             supervised = dict(self._supervised)
@@ -394,21 +397,28 @@ class Lease:
 
     def _watch_loop(self) -> None:
         last = time.monotonic()
+        resumed_until = last
         while not self._stop.wait(min(self.interval, 1.0)):
             with self._lock:
                 at = self._renewed_at
                 fenced = self._fenced_all or self.stood_down
             now = time.monotonic()
             woke_late, last = now - last > min(self.interval, 1.0) + self.interval, now
-            if woke_late:  # this whole process was paused: a renewal in flight since then answers first
+            if woke_late:  # this whole process was paused: the renewal about to run (or in flight) answers first
+                resumed_until = now + max(2 * self.interval, 1.0)
                 continue
             if at is None or fenced or now < at + self._fence_after():
                 continue
             # Past the deadline because renewals fail or hang, not because this whole process
             # was paused (then the next renewal, about to run, says which leases still hold).
             attempt = self._attempt
-            if not self._unreachable and (attempt is None or now - attempt < self.interval):
-                continue
+            if not self._unreachable and attempt is not None and now - attempt < self.interval:
+                continue  # a renewal in flight answers first
+            if not self._unreachable and attempt is None and (
+                    now < resumed_until or now - self._attempted < max(2 * self.interval, 1.0)):
+                continue  # one started a moment ago, or is about to after a pause: it answers first
+            # (No renewal in flight nor started lately: whatever runs them is stuck elsewhere, e.g. the
+            # renewal job in a takeover on a database that stopped answering right after the last renewal.)
             with self._lock:
                 self._fenced_all = True
                 lost = dict(self._supervised)
