@@ -22,6 +22,7 @@ from heartbeat.model import policy as pol
 from heartbeat.model.baton import Baton, GateKind, Owner, OwnerKind, Status
 from heartbeat.model.errors import HeartbeatError, NotFound, UnsafePath
 from heartbeat.model.ledger import Event, EventKind
+from heartbeat.store.base import UnlandedWrites
 
 __all__ = ["BLOCK_KINDS", "BlockMemory", "Observer"]
 
@@ -165,8 +166,16 @@ class Observer:
                     found = sh.store.ledger.events(baton.id, kinds=BLOCK_KINDS)
                     latest = found[-1] if found else None
                 mem.checked = key
-                held = latest is not None and (latest.kind in (EventKind.BLOCKED, EventKind.BYPASS) or (
-                    latest.kind == EventKind.CREATED and latest.data.get("status") == Status.BLOCKED.value))
+                held = _holds_block(latest)
+                if held and latest is not None and isinstance(sh.store, UnlandedWrites):
+                    # The ledger's word of a write whose baton never landed (its writer killed before
+                    # the rename, or still in flight) is no block: a bypass of it would accuse a human.
+                    unlanded = sh.store.unlanded_ids(baton.id)
+                    if latest.id in unlanded:
+                        found = [e for e in sh.store.ledger.events(baton.id, kinds=BLOCK_KINDS)
+                                 if e.id not in unlanded]
+                        latest = found[-1] if found else None
+                        held = _holds_block(latest)
                 mem.dropped = held
                 mem.last_blocked = dict(latest.data) if held and latest is not None else {}
                 if held and latest is not None and latest.kind == EventKind.CREATED:
@@ -310,3 +319,9 @@ class StatusLookup:
         except HeartbeatError:
             return True
         return True
+
+
+def _holds_block(latest: Event | None) -> bool:
+    """Whether the ledger's latest block-related event of a task says it is held blocked."""
+    return latest is not None and (latest.kind in (EventKind.BLOCKED, EventKind.BYPASS) or (
+        latest.kind == EventKind.CREATED and latest.data.get("status") == Status.BLOCKED.value))

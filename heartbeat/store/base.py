@@ -190,6 +190,15 @@ class PulseSink(Protocol):
 
 
 @runtime_checkable
+class UnlandedWrites(Protocol):
+    """A store whose events go in before their baton (the file store: a write killed between the two
+    leaves events of a baton that never landed, until the task's next write removes them)."""
+
+    def unlanded_ids(self, task_id: str) -> set[int]:
+        """The ids of ``task_id``'s events whose baton write has not landed (crashed or in flight)."""
+
+
+@runtime_checkable
 class TextImport(Protocol):
     """A store that takes a baton's text as it is (``heartbeat import`` and ``migrate``)."""
 

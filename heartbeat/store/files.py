@@ -629,6 +629,18 @@ class FileStore:
         touched = meta.touched_at.timestamp()
         return _arm_pulse(self.state_dir, task_id, epoch, data, touched, touched + defaults.TOUCH_COALESCE)
 
+    def unlanded_ids(self, task_id: str) -> set[int]:
+        """Event ids of the pending write of ``task_id`` whose rename never happened: the baton on disk is
+        still the one it replaced (the ledger's check at the next write, asked now)."""
+        ledger = self.ledger
+        if not isinstance(ledger, SqliteLedger):
+            return set()
+        try:
+            current, _ = self._read(task_id)
+        except HeartbeatError:
+            return set()
+        return ledger.unlanded_ids(task_id, write_identity(current))
+
     def pulse(self, task_id: str, epoch: int) -> bool:
         """An agent's touch as a pulse (:func:`heartbeat.hotpath.pulse.fast_touch`, what its CLI
         ``touch`` does): no baton write, no ledger row, no wake-up of the daemon's watcher."""

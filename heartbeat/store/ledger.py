@@ -180,6 +180,16 @@ class SqliteLedger:
             except sqlite3.Error as exc:
                 raise StoreError(f"cannot write the ledger: {exc}", path=self.path) from None
 
+    def unlanded_ids(self, task: str, base: str) -> set[int]:
+        """The ids of ``task``'s pending write whose baton is still ``base`` (see :func:`_crashed_ids`)."""
+        if not os.path.exists(self.path):
+            return set()
+        with self._lock:
+            try:
+                return set(_crashed_ids(self._connect(), task, base))
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot read the ledger: {exc}", path=self.path) from None
+
     def highest_revision(self, task: str, base: str = "") -> int:
         if not os.path.exists(self.path):
             return 0

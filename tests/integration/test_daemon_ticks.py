@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from daemon_harness import NULL_AGENT, in_process_config, toml_list
 
 
@@ -170,6 +171,43 @@ class TestBlockSeed:
             d.tick()
             kinds = [e.kind for e in d.store.ledger.events("held", kinds=["unblocked", "bypass", "dispatched"])]
             assert kinds == ["unblocked", "dispatched"]
+        finally:
+            d.shutdown()
+
+
+    @pytest.mark.parametrize("seeded", [True, False])
+    def test_a_block_whose_write_never_landed_is_no_block_to_bypass(self, tmp_path: Path, seeded: bool) -> None:
+        """A block written to the ledger by a writer killed before its baton's rename (a daemon's settle
+        SIGKILLed by the soak) is not a block a human dropped: no ``bypass``, the task not blocked on its
+        word. Found by the short soak beside two busy loops (a ``bypass`` with no block before it); on
+        9412757 the first pass's seed (``seeded``) and a later look alike restored the phantom block."""
+        import os
+
+        from heartbeat.model.baton import Gate
+        from heartbeat.tasks import verbs as tasks
+
+        tmp_path.chmod(0o700)
+        d = in_process_daemon(tmp_path, "")
+        try:
+            tasks.new_task(d.store, "k", task="t", step="s")
+            if not seeded:
+                d.tick()  # the seed is spent on the first pass: the next look asks the ledger itself
+            real_replace = os.replace
+
+            def killed(*args: Any, **kwargs: Any) -> None:
+                raise KeyboardInterrupt  # the writer dies between its ledger append and its rename
+
+            os.replace = killed  # type: ignore[assignment]
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    tasks.block(d.store, "k", "a phantom", Gate.parse("human"))
+            finally:
+                os.replace = real_replace
+            assert [e.kind for e in d.store.ledger.events("k", kinds=["blocked"])] == ["blocked"]  # the word is there
+            d.tick()
+            d.tick()
+            assert d.store.ledger.events("k", kinds=["bypass"]) == []
+            assert d.store.load("k").meta.status.value != "blocked"
         finally:
             d.shutdown()
 
