@@ -61,6 +61,7 @@ def _hook(argv: list[str]) -> int:
     import os
     import sys
 
+    from heartbeat.hotpath.argv import HOOK_AGENTS, hook_args
     from heartbeat.hotpath.relay import forward_rail
     from heartbeat.model import defaults
 
@@ -70,7 +71,8 @@ def _hook(argv: list[str]) -> int:
         data = b""
     if forward_rail(data) is not None:
         return 0
-    if b"PostToolUse" in data and _plain_hook_args(argv[1:]):  # a tool call's end: its trail line, nothing else
+    agent, _, problem = hook_args(argv[1:])
+    if b"PostToolUse" in data and agent in HOOK_AGENTS and not problem:  # a tool call's end: its trail line alone
         from heartbeat.hotpath.defer import defer_inspect
 
         defer_inspect()
@@ -84,20 +86,6 @@ def _hook(argv: list[str]) -> int:
     from heartbeat.integrations.hooks import hook_main
 
     return hook_main(argv[1:], stdin=io.BytesIO(data))
-
-
-def _plain_hook_args(args: list[str]) -> bool:
-    """``claude`` or ``codex``, then only ``--task``/``--state-dir``/``--config`` with their values: what
-    :func:`heartbeat.integrations.hooks.hook_main` accepts without a word (else it has one to say)."""
-    if not args or args[0] not in ("claude", "codex"):
-        return False
-    rest = args[1:]
-    while rest:
-        key, sep, _ = rest[0].partition("=")
-        if key not in ("--task", "--state-dir", "--config") or (not sep and len(rest) < 2):
-            return False
-        rest = rest[1:] if sep else rest[2:]
-    return True
 
 
 if __name__ == "__main__":

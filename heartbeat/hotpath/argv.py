@@ -15,7 +15,7 @@ read's ``--json``, is not a hot call: argparse reads it and says what is wrong w
 
 from __future__ import annotations
 
-__all__ = ["WRITES", "READS", "AGENT_COMMANDS", "HOOK_AGENTS", "agent_call"]
+__all__ = ["WRITES", "READS", "AGENT_COMMANDS", "HOOK_AGENTS", "HOOK_OPTIONS", "agent_call", "hook_args"]
 
 WRITES = ("touch", "set", "add")
 """The agent's writes the CLI can run without building its parser."""
@@ -28,6 +28,9 @@ READS = ("show", "brief")
 
 HOOK_AGENTS = ("claude", "codex")
 """``heartbeat hook AGENT``: the agent CLI's hook, run at every tool call of a bound session."""
+
+HOOK_OPTIONS = ("--task", "--state-dir", "--config")
+"""The options of ``heartbeat hook AGENT``, each with a value (``--task ID`` or ``--task=ID``)."""
 
 
 def agent_call(argv: list[str] | tuple[str, ...]) -> tuple[str, str, tuple[str, ...], str | None] | None:
@@ -58,3 +61,27 @@ def agent_call(argv: list[str] | tuple[str, ...]) -> tuple[str, str, tuple[str, 
     if (command == "set" and rest) or (command == "add" and len(rest) >= 2):
         return command, task, rest, None
     return None
+
+
+def hook_args(args: list[str] | tuple[str, ...]) -> tuple[str, dict[str, str], str]:
+    """``heartbeat hook``'s arguments (after ``hook``): ``(agent, options, problem)``, read without argparse
+    (the CLI runs the hook at every tool call). ``agent`` is "" when none was given; ``problem`` is the
+    one line to say about an argument it cannot take, else "". Both the full hook
+    (:func:`heartbeat.integrations.hooks.hook_main`) and the tool-call end's fast way read it here."""
+    opts: dict[str, str] = {}
+    agent = ""
+    rest = list(args)
+    while rest:
+        arg = rest.pop(0)
+        key, sep, value = arg.partition("=")
+        if key in HOOK_OPTIONS:
+            if not sep:
+                if not rest:
+                    return agent, opts, f"{key} needs a value"
+                value = rest.pop(0)
+            opts[key] = value
+        elif not agent and not arg.startswith("-"):
+            agent = arg
+        else:
+            return agent, opts, f"unexpected argument {arg[:80]!r}"
+    return agent, opts, ""

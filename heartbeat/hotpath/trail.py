@@ -426,7 +426,7 @@ def end_hook(raw: bytes, env: Mapping[str, str]) -> bool:
         event = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         return False
-    if not isinstance(event, dict) or event.get("hook_event_name") not in HOT_EVENTS[1:]:
+    if not isinstance(event, dict) or event.get("hook_event_name") not in ("PostToolUse", "PostToolUseFailure"):
         return False
     return hot_hook(event, env)
 

@@ -603,24 +603,12 @@ def _open(state_dir: str | None, config: str | None,
 
 def hook_main(argv: Sequence[str], *, stdin: IO[bytes] | None = None) -> int:
     """``heartbeat hook claude|codex [--task ID] [--state-dir DIR] [--config FILE]``, parsed without
-    argparse (the CLI runs the hook at every turn's end)."""
-    opts: dict[str, str] = {}
-    agent = ""
-    args = list(argv)
-    while args:
-        arg = args.pop(0)
-        key, sep, value = arg.partition("=")
-        if key in ("--task", "--state-dir", "--config"):
-            if not sep:
-                if not args:
-                    print(f"heartbeat hook: {key} needs a value", file=sys.stderr)
-                    return 0
-                value = args.pop(0)
-            opts[key] = value
-        elif not agent and not arg.startswith("-"):
-            agent = arg
-        else:
-            print(f"heartbeat hook: unexpected argument {arg[:80]!r}", file=sys.stderr)
-            return 0
+    argparse (the CLI runs the hook at every turn's end: :func:`heartbeat.hotpath.argv.hook_args`)."""
+    from heartbeat.hotpath.argv import hook_args
+
+    agent, opts, problem = hook_args(list(argv))
+    if problem:
+        print(f"heartbeat hook: {problem}", file=sys.stderr)
+        return 0
     return run_hook(agent or "claude", task=opts.get("--task"), state_dir=opts.get("--state-dir"),
                     config=opts.get("--config"), stdin=stdin)

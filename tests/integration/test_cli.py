@@ -615,10 +615,11 @@ class TestHotPath:
     def test_the_hooks_fast_way_takes_only_what_the_full_hook_takes_silently(self, args: list[str], fast: bool) -> None:
         """The tool-call end's fast way (heartbeat.__main__) takes only arguments the full hook parses
         without a word to say; anything else goes the full way, which says what is wrong."""
-        from heartbeat.__main__ import _plain_hook_args
+        from heartbeat.hotpath.argv import HOOK_AGENTS, hook_args
         from heartbeat.integrations.hooks import hook_main
 
-        assert _plain_hook_args(args) is fast
+        agent, _, problem = hook_args(args)
+        assert (agent in HOOK_AGENTS and not problem) is fast
         if fast:
             err = io.StringIO()
             with contextlib.redirect_stderr(err):
